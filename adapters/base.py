@@ -1,0 +1,173 @@
+"""The adapter contract every backend implements.
+
+The core speaks only to this interface. Adapters never import the core: they get plain
+requests in and return plain results, and signal trouble with the exceptions below, which
+the core maps to the CLI's exit codes in one place (`core.errors`).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+
+class Capability(enum.StrEnum):
+    """What a backend can do beyond create/get/list/destroy. The front ends offer only these."""
+
+    EXEC = "exec"
+    LOGS = "logs"
+    PAUSE = "pause"
+    SNAPSHOT = "snapshot"
+    MEMORY_CHECKPOINT = "memory-checkpoint"
+    SET_DEADLINE = "set-deadline"
+    METRICS = "metrics"
+
+
+# Labels sbx puts on every backend object; the `sbx.` prefix is reserved for them.
+LABEL_ID = "sbx.id"
+LABEL_INSTALL = "sbx.install"
+LABEL_HARD_DEADLINE = "sbx.hard-deadline"
+RESERVED_LABEL_PREFIX = "sbx."
+
+
+class AdapterError(Exception):
+    """The backend refused or failed an operation (exit 1)."""
+
+
+class BackendUnavailable(AdapterError):
+    """Engine unreachable, credentials missing or SDK absent (exit 5). Say how to fix it."""
+
+
+class CapabilityNotSupported(AdapterError):
+    """The backend does not offer this action (exit 4)."""
+
+
+class BackendObjectGone(AdapterError):
+    """The backend no longer has the object (it was removed out of band)."""
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    cpu: float | None = None
+    memory_bytes: int | None = None
+    disk_bytes: int | None = None
+    pids: int | None = None
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """Everything a backend needs to make one sandbox; built by the core from a resolved profile."""
+
+    sandbox_id: str
+    labels: Mapping[str, str]
+    image: str | None = None
+    command: Sequence[str] | None = None
+    resources: ResourceLimits = field(default_factory=ResourceLimits)
+    network: str = "none"
+    network_allow: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    hard_deadline: datetime | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendObject:
+    """What the backend reports about one sandbox it holds."""
+
+    ref: str
+    labels: Mapping[str, str]
+    status: str
+    running: bool
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class Health:
+    reachable: bool
+    credentials: bool
+    detail: str
+
+
+class Adapter(abc.ABC):
+    """One backend. Operations are idempotent where the contract says so (destroy)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # A test double (the stub) says so, and `sbx doctor` shows it as one.
+    test_double: ClassVar[bool] = False
+
+    def supports(self, capability: Capability) -> bool:
+        return capability in self.capabilities
+
+    def _unsupported(self, what: str) -> CapabilityNotSupported:
+        return CapabilityNotSupported(f"the {self.name} backend cannot {what}")
+
+    @abc.abstractmethod
+    async def create(self, request: CreateRequest) -> BackendObject:
+        """Make and start the sandbox, carrying `request.labels`. Return its reference."""
+
+    @abc.abstractmethod
+    async def destroy(self, ref: str) -> None:
+        """Remove the sandbox. Already gone, or being removed, is success."""
+
+    @abc.abstractmethod
+    async def get(self, ref: str) -> BackendObject | None:
+        """The object, or None when the backend no longer has it."""
+
+    @abc.abstractmethod
+    async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
+        """Every object carrying all of `labels` (all pages)."""
+
+    @abc.abstractmethod
+    async def health(self) -> Health:
+        """Reachable? Credentials present? Never raises."""
+
+    async def ensure_available(self) -> None:
+        """Raise BackendUnavailable with a way out, before the core writes an intent."""
+        health = await self.health()
+        if not (health.reachable and health.credentials):
+            raise BackendUnavailable(health.detail)
+
+    async def exec(
+        self, ref: str, argv: Sequence[str], timeout_s: float | None = None
+    ) -> ExecResult:
+        raise self._unsupported("run commands")
+
+    def logs(self, ref: str, follow: bool = False, tail: int | None = None) -> AsyncIterator[bytes]:
+        raise self._unsupported("show logs")
+
+    async def set_deadline(self, ref: str, hard_deadline: datetime) -> None:
+        raise self._unsupported("set a deadline of its own")
+
+    async def pause(self, ref: str) -> None:
+        raise self._unsupported("pause")
+
+    async def resume(self, ref: str) -> None:
+        raise self._unsupported("resume")
+
+    async def snapshot(self, ref: str, labels: Mapping[str, str]) -> str:
+        raise self._unsupported("snapshot")
+
+    async def restore(self, artifact: str, request: CreateRequest) -> BackendObject:
+        raise self._unsupported("restore")
+
+    def metrics(self, ref: str) -> AsyncIterator[Mapping[str, Any]]:
+        raise self._unsupported("report metrics")
+
+    async def close(self) -> None:
+        """Release clients and threads."""

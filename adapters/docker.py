@@ -1,0 +1,328 @@
+"""The Docker backend, on docker-py (the engine at `DOCKER_HOST`, else the local socket).
+
+Containers are hardened by default: every capability dropped, no-new-privileges, no network
+unless the profile asks, memory (without swap), CPU and pids limits. docker-py is blocking,
+so each call runs in a worker thread; no database transaction is open while it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import tarfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import docker
+from docker import errors as docker_errors
+
+from adapters.base import (
+    Adapter,
+    AdapterError,
+    BackendObject,
+    BackendObjectGone,
+    BackendUnavailable,
+    Capability,
+    CapabilityNotSupported,
+    CreateRequest,
+    ExecResult,
+    Health,
+)
+
+BASE_IMAGE = "sandboxer/base:busybox"
+# Keeps the container alive and exits at once on TERM; needs only a POSIX sh.
+KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
+BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox")
+START_HINT = (
+    "start one: `make run` does it for you (as root on Debian), or `sudo dockerd &`, "
+    "or `sudo systemctl start docker`; or point DOCKER_HOST at a reachable engine"
+)
+
+
+def engine_url() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def build_base_image(api: docker.APIClient, tag: str = BASE_IMAGE) -> str:
+    """Make the offline base image from the host's static busybox; no registry needed."""
+    busybox = next((p for p in BUSYBOX_PATHS if os.path.isfile(p)), None)
+    if busybox is None:
+        raise AdapterError(
+            f"cannot build {tag}: no busybox on this host (on Debian: apt-get install busybox-static)"
+        )
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for folder in ("bin", "tmp", "etc", "root", "home", "work"):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755
+            tar.addfile(info)
+        tar.add(busybox, arcname="bin/busybox")
+        for applet in applets.stdout.split():
+            if applet != "busybox":
+                link = tarfile.TarInfo(f"bin/{applet}")
+                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+                tar.addfile(link)
+        passwd = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/sh\n"
+        group = b"root:x:0:\nnogroup:x:65534:\n"
+        for name, data in (("etc/passwd", passwd), ("etc/group", group)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    repository, _, version = tag.partition(":")
+    api.import_image_from_data(
+        buf.getvalue(), repository=repository, tag=version or "latest",
+        changes=['CMD ["sh"]', "ENV PATH=/bin", "WORKDIR /work"],
+    )
+    return tag
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return None
+
+
+class DockerAdapter(Adapter):
+    name = "docker"
+    description = "containers on a Docker engine (local socket or DOCKER_HOST)"
+    capabilities = frozenset({Capability.EXEC, Capability.LOGS})
+
+    def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
+        self.base_url = base_url or engine_url()
+        self.timeout = timeout
+        self._api: docker.APIClient | None = None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _client(self) -> docker.APIClient:
+        if self._api is None:
+            try:
+                self._api = docker.APIClient(base_url=self.base_url, version="auto",
+                                             timeout=self.timeout)
+            except docker_errors.DockerException as exc:
+                raise BackendUnavailable(
+                    f"Docker engine unreachable at {self.base_url} ({_short(exc)}); {START_HINT}"
+                ) from exc
+        return self._api
+
+    async def _call(self, fn: Callable[[docker.APIClient], Any]) -> Any:
+        def run() -> Any:
+            api = self._client()
+            try:
+                return fn(api)
+            except docker_errors.NotFound:
+                raise
+            except docker_errors.APIError:
+                raise
+            except docker_errors.DockerException as exc:
+                raise BackendUnavailable(
+                    f"Docker engine unreachable at {self.base_url} ({_short(exc)}); {START_HINT}"
+                ) from exc
+            except OSError as exc:  # connection refused, socket gone
+                raise BackendUnavailable(
+                    f"Docker engine unreachable at {self.base_url} ({exc}); {START_HINT}"
+                ) from exc
+
+        return await asyncio.to_thread(run)
+
+    @staticmethod
+    def _object(info: Mapping[str, Any]) -> BackendObject:
+        if "Config" in info:  # inspect
+            state = info.get("State", {})
+            return BackendObject(
+                ref=info["Id"], labels=info["Config"].get("Labels") or {},
+                status=state.get("Status", "unknown"), running=bool(state.get("Running")),
+                created_at=_parse_time(info.get("Created")),
+            )
+        return BackendObject(  # list entry
+            ref=info["Id"], labels=info.get("Labels") or {}, status=info.get("State", "unknown"),
+            running=info.get("State") == "running",
+        )
+
+    # -- contract ---------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        try:
+            version = await self._call(lambda api: api.version())
+        except AdapterError as exc:
+            return Health(False, True, str(exc))
+        except Exception as exc:
+            return Health(False, True, f"Docker engine at {self.base_url}: {_short(exc)}")
+        return Health(True, True, f"Docker {version.get('Version')} at {self.base_url}")
+
+    async def ensure_available(self) -> None:
+        await self._call(lambda api: api.ping())
+
+    async def create(self, request: CreateRequest) -> BackendObject:
+        if request.network == "egress" and request.network_allow:
+            raise CapabilityNotSupported(
+                "the docker backend cannot enforce an egress allow-list; use network mode "
+                "'none' or 'full'"
+            )
+        image = request.image or BASE_IMAGE
+        limits = request.resources
+
+        def make(api: docker.APIClient) -> str:
+            host_config = api.create_host_config(
+                network_mode="none" if request.network == "none" else "bridge",
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                mem_limit=limits.memory_bytes,
+                memswap_limit=limits.memory_bytes,  # no swap beyond the memory limit
+                nano_cpus=int(limits.cpu * 1e9) if limits.cpu else None,
+                pids_limit=limits.pids,
+                init=False,
+            )
+            spec = dict(
+                image=image, command=list(request.command or KEEPALIVE), name=request.sandbox_id,
+                labels=dict(request.labels), environment=dict(request.env),
+                host_config=host_config, detach=True,
+            )
+            try:
+                created = api.create_container(**spec)
+            except docker_errors.ImageNotFound:
+                self._provide_image(api, image)
+                created = api.create_container(**spec)
+            container_id = created["Id"]
+            try:
+                api.start(container_id)
+            except BaseException:
+                _remove_quietly(api, container_id)
+                raise
+            return container_id
+
+        try:
+            container_id = await self._call(make)
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker refused to create the container: {_short(exc)}") from exc
+        return BackendObject(ref=container_id, labels=dict(request.labels), status="running",
+                             running=True)
+
+    @staticmethod
+    def _provide_image(api: docker.APIClient, image: str) -> None:
+        if image == BASE_IMAGE:
+            build_base_image(api)
+            return
+        try:
+            api.pull(image)
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"image {image!r} is not on the engine and cannot be pulled: "
+                               f"{_short(exc)}") from exc
+
+    async def destroy(self, ref: str) -> None:
+        def remove(api: docker.APIClient) -> None:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    api.remove_container(ref, force=True, v=True)
+                    return
+                except docker_errors.NotFound:
+                    return  # already gone: success
+                except docker_errors.APIError as exc:
+                    # "removal ... already in progress" (409): wait for the other remover
+                    if exc.status_code != 409 or time.monotonic() > deadline:
+                        raise AdapterError(f"docker refused to remove {ref[:12]}: {_short(exc)}") from exc
+                    time.sleep(0.2)
+
+        await self._call(remove)
+
+    async def get(self, ref: str) -> BackendObject | None:
+        try:
+            return self._object(await self._call(lambda api: api.inspect_container(ref)))
+        except docker_errors.NotFound:
+            return None
+
+    async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        found = await self._call(lambda api: api.containers(all=True, filters=filters))
+        return [self._object(info) for info in found]
+
+    async def exec(self, ref: str, argv: Sequence[str],
+                   timeout_s: float | None = None) -> ExecResult:
+        started = time.perf_counter()
+        exec_id: dict[str, str] = {}
+
+        def run(api: docker.APIClient) -> tuple[int, bytes, bytes]:
+            exec_id["id"] = api.exec_create(ref, list(argv), stdout=True, stderr=True)["Id"]
+            out, err = api.exec_start(exec_id["id"], demux=True)
+            code = api.exec_inspect(exec_id["id"])["ExitCode"]
+            return (code if code is not None else -1), out or b"", err or b""
+
+        try:
+            job = self._call(run)
+            code, out, err = await (asyncio.wait_for(job, timeout_s) if timeout_s else job)
+        except TimeoutError:
+            killed = await self._kill_exec(exec_id.get("id"))
+            note = "" if killed else " (the process may still run inside the sandbox)"
+            return ExecResult(124, b"", f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
+                              time.perf_counter() - started, timed_out=True)
+        except docker_errors.NotFound as exc:
+            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+        except docker_errors.APIError as exc:
+            if exc.status_code == 409:
+                raise BackendObjectGone(f"container {ref[:12]} is not running") from exc
+            raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
+        return ExecResult(code, out, err, time.perf_counter() - started)
+
+    async def _kill_exec(self, exec_id: str | None) -> bool:
+        """Kill a timed-out exec's process; possible only when the engine runs on this host."""
+        if not exec_id or not self.base_url.startswith("unix://"):
+            return False
+        try:
+            pid = (await self._call(lambda api: api.exec_inspect(exec_id))).get("Pid")
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                return True
+        except (OSError, AdapterError, docker_errors.APIError):
+            pass
+        return False
+
+    async def logs(self, ref: str, follow: bool = False,
+                   tail: int | None = None) -> AsyncIterator[bytes]:
+        def open_stream(api: docker.APIClient) -> Iterator[bytes]:
+            return api.logs(ref, stream=True, follow=follow, stdout=True, stderr=True,
+                            tail="all" if tail is None else tail)
+
+        try:
+            stream = await self._call(open_stream)
+        except docker_errors.NotFound as exc:
+            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+        async for chunk in _in_thread(stream):
+            yield chunk
+
+    async def close(self) -> None:
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
+
+async def _in_thread(iterator: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Drain a blocking iterator from a worker thread, one item at a time."""
+    done = object()
+    while True:
+        item = await asyncio.to_thread(next, iterator, done)
+        if item is done:
+            return
+        yield item
+
+
+def _remove_quietly(api: docker.APIClient, container_id: str) -> None:
+    try:
+        api.remove_container(container_id, force=True, v=True)
+    except docker_errors.DockerException:
+        pass
+
+
+def _short(exc: BaseException) -> str:
+    explanation = getattr(exc, "explanation", None)
+    text = str(explanation or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

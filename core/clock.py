@@ -1,0 +1,59 @@
+"""Time, injectable. Every TTL decision asks a Clock, so tests can move time.
+
+`SBX_CLOCK_OFFSET` (a duration, optionally prefixed by `-`) shifts the system clock of a
+whole process, so subprocess tests can look into the future without sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+
+
+class Clock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class OffsetClock(Clock):
+    def __init__(self, offset: timedelta) -> None:
+        self.offset = offset
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
+class FrozenClock(Clock):
+    """A clock that moves only when told: for unit tests."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+
+    def now(self) -> datetime:
+        return self._now
+
+    def advance(self, delta: timedelta) -> None:
+        self._now += delta
+
+
+def clock_from_env() -> Clock:
+    raw = os.environ.get("SBX_CLOCK_OFFSET", "").strip()
+    if not raw:
+        return Clock()
+    from core.durations import parse_duration
+
+    sign = -1 if raw.startswith("-") else 1
+    return OffsetClock(sign * parse_duration(raw.lstrip("+-"), "SBX_CLOCK_OFFSET"))
+
+
+def to_iso(moment: datetime | None) -> str | None:
+    """ISO 8601 in UTC with a `Z`, fixed width, so strings sort as the times do."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def from_iso(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)

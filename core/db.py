@@ -1,0 +1,133 @@
+"""The database: SQLite (WAL, busy timeout, `BEGIN IMMEDIATE` for writers) or PostgreSQL.
+
+Writers take the write lock at BEGIN, so a read-then-write transaction never fails with
+"database is locked" halfway (see shared/notes/reliability.md). Readers use deferred
+transactions and, under WAL, never wait for a writer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from core.errors import OperationFailed, Unavailable
+from core.migrations import SCHEMA_HEAD
+
+BUSY_TIMEOUT_MS = 30_000
+_WRITE = "sbx_write"
+
+
+def _sqlite_path(url: sa.URL) -> Path | None:
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database)
+
+
+def _precreate_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does, so it is never world-readable."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+
+
+def make_engine(url: str) -> Engine:
+    parsed = sa.make_url(url)
+    path = _sqlite_path(parsed)
+    if parsed.get_backend_name() != "sqlite":
+        return sa.create_engine(url, pool_pre_ping=True)
+    if path is not None:
+        _precreate_private(path)
+    engine = sa.create_engine(
+        url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, poolclass=sa.pool.NullPool
+    )
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        if path is not None:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql(
+            "BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN"
+        )
+
+    return engine
+
+
+class Database:
+    """An engine plus the two kinds of transaction sbx uses."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            self.engine = make_engine(url)
+        except Exception as exc:
+            raise Unavailable(f"cannot open the database {redact(url)}: {exc}") from exc
+        self._migrated = False
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A short write transaction (BEGIN IMMEDIATE on SQLite). Never hold it across I/O."""
+        self.migrate()
+        with self.engine.connect().execution_options(**{_WRITE: True}) as conn:
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        self.migrate()
+        with self.engine.connect() as conn:
+            with conn.begin():
+                yield conn
+
+    def schema_version(self) -> str | None:
+        try:
+            with self.engine.connect() as conn:
+                return conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+        except sa.exc.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise Unavailable(f"cannot read the database {redact(self.url)}: {exc}") from exc
+        except sa.exc.ProgrammingError:
+            return None
+
+    def migrate(self) -> None:
+        """Bring the schema to head; cheap when it already is (Alembic is imported only to upgrade)."""
+        if self._migrated:
+            return
+        if self.schema_version() != SCHEMA_HEAD:
+            from core.migrations import upgrade
+
+            with self.engine.connect().execution_options(**{_WRITE: True}) as conn:
+                with conn.begin():
+                    try:
+                        upgrade(conn)
+                    except Exception as exc:
+                        raise OperationFailed(f"database migration failed: {exc}") from exc
+        self._migrated = True
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def redact(url: str) -> str:
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"

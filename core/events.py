@@ -1,0 +1,87 @@
+"""The event log: append-only rows chained by SHA-256, written inside the transaction that
+makes the change they record (outbox), so a state change never exists without its event."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from core.models import Event
+
+GENESIS = "0" * 64
+EVENTS = Event.__table__
+
+
+def canonical(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def event_hash(row: Mapping[str, Any]) -> str:
+    """The hash covers every field but `hash` itself, including the id and `prev_hash`."""
+    body = {k: row[k] for k in ("id", "time", "sandbox_id", "type", "actor", "reason",
+                                "payload_json", "prev_hash")}
+    return hashlib.sha256(canonical(body).encode()).hexdigest()
+
+
+def append(
+    conn: Connection,
+    *,
+    time: str,
+    type: str,
+    actor: str,
+    sandbox_id: str | None = None,
+    reason: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Append one event. Call inside a write transaction (which serialises the chain)."""
+    last = conn.execute(
+        sa.select(EVENTS.c.id, EVENTS.c.hash).order_by(EVENTS.c.id.desc()).limit(1)
+    ).first()
+    row: dict[str, Any] = {
+        "id": (last.id + 1) if last else 1,
+        "time": time,
+        "sandbox_id": sandbox_id,
+        "type": type,
+        "actor": actor,
+        "reason": reason,
+        "payload_json": canonical(payload or {}),
+        "prev_hash": last.hash if last else GENESIS,
+    }
+    row["hash"] = event_hash(row)
+    conn.execute(EVENTS.insert().values(**row))
+    return row
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    checked: int
+    broken_at: int | None = None
+    problem: str | None = None
+
+    @property
+    def intact(self) -> bool:
+        return self.broken_at is None
+
+
+def verify(rows: Iterator[Mapping[str, Any]]) -> ChainReport:
+    """Walk the chain in id order; name the first link that does not hold."""
+    prev_hash, prev_id, count = GENESIS, 0, 0
+    for row in rows:
+        if row["id"] != prev_id + 1:
+            return ChainReport(count, row["id"], f"event(s) {prev_id + 1}..{row['id'] - 1} are missing")
+        if row["prev_hash"] != prev_hash:
+            return ChainReport(count, row["id"], "prev_hash does not match the event before it")
+        if event_hash(row) != row["hash"]:
+            return ChainReport(count, row["id"], "its content was changed after it was written")
+        prev_hash, prev_id, count = row["hash"], row["id"], count + 1
+    return ChainReport(count)
+
+
+def payload(row: Mapping[str, Any]) -> dict[str, Any]:
+    return json.loads(row["payload_json"] or "{}")

@@ -1,0 +1,479 @@
+"""The lifecycle manager: every front end calls this, never a backend directly.
+
+Each mutation follows one pattern (DESIGN.md, "How an operation runs"):
+1. a short write transaction checks the state, takes the sandbox's lease (compare-and-set,
+   returning a fence token), records the intent and its event;
+2. the backend call, outside any transaction;
+3. a second short transaction, fenced by the token, records the result and its event and
+   releases the lease. A stale holder (its lease taken over) cannot commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from adapters import registry
+from adapters.base import (
+    LABEL_HARD_DEADLINE,
+    LABEL_ID,
+    LABEL_INSTALL,
+    Adapter,
+    AdapterError,
+    Capability,
+    CreateRequest,
+    ExecResult,
+    ResourceLimits,
+)
+from core import events as eventlog
+from core import settings
+from core.clock import Clock, clock_from_env, from_iso, to_iso
+from core.db import Database
+from core.durations import format_duration
+from core.errors import BadInput, Conflict, LeaseLost, NotFound, OperationFailed
+from core.ids import PREFIX, new_sandbox_id, validate_name
+from core.labels import validate_labels
+from core.models import Event, Sandbox
+from core.profiles import Profile, dump
+from core.states import CREATED_EVENT, State, can_transition, transition_event
+
+SANDBOXES = Sandbox.__table__
+EVENTS = Event.__table__
+DEFAULT_LEASE = timedelta(minutes=2)
+
+
+@dataclass(frozen=True)
+class Lease:
+    sandbox_id: str
+    fence: int
+
+
+def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
+    """The public shape of a sandbox (cli.md "JSON"), shared by every front end."""
+    view = {
+        "id": row["id"],
+        "name": row["name"],
+        "profile": row["profile"],
+        "backend": row["backend"],
+        "backend_ref": row["backend_ref"],
+        "state": row["state"],
+        "owner": row["owner"],
+        "task": row["task"],
+        "labels": json.loads(row["labels_json"] or "{}"),
+        "install": row["install_id"],
+        "created_at": row["created_at"],
+        "started_at": row["started_at"],
+        "deadline": row["deadline"],
+        "hard_deadline": row["hard_deadline"],
+        "last_activity_at": row["last_activity_at"],
+        "ended_at": row["ended_at"],
+        "error": row["error"],
+    }
+    if now_iso is not None:
+        left = None
+        if row["state"] in (State.CREATING, State.RUNNING, State.PAUSED):
+            delta = from_iso(row["deadline"]) - from_iso(now_iso)
+            left = max(0, int(delta.total_seconds()))
+        view["ttl_left_s"] = left
+    return view
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+class Manager:
+    """One per process (or per test). Holds the database, the clock and loaded adapters."""
+
+    def __init__(
+        self,
+        db: Database | None = None,
+        clock: Clock | None = None,
+        *,
+        actor: str | None = None,
+        install_id: str | None = None,
+        lease_ttl: timedelta = DEFAULT_LEASE,
+    ) -> None:
+        self.db = db or Database(settings.database_url())
+        self.clock = clock or clock_from_env()
+        self.actor = actor or settings.actor()
+        self.install_id = install_id or settings.install_id()
+        self.lease_ttl = lease_ttl
+        self.lease_owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._adapters: dict[str, Adapter] = {}
+
+    # -- adapters ---------------------------------------------------------------------------
+
+    def adapter(self, backend: str) -> Adapter:
+        if backend not in self._adapters:
+            if not registry.is_registered(backend):
+                raise BadInput(
+                    f"unknown backend {backend!r} (known: {', '.join(registry.names())})"
+                )
+            self._adapters[backend] = registry.load_class(backend)()
+        return self._adapters[backend]
+
+    async def close(self) -> None:
+        for adapter in self._adapters.values():
+            await adapter.close()
+        self.db.dispose()
+
+    def _now(self) -> str:
+        return to_iso(self.clock.now())
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def resolve(self, ref: str) -> dict[str, Any]:
+        """A sandbox by id, unique id prefix (with or without `sbx-`) or name."""
+        text = ref.strip()
+        if not text:
+            raise BadInput("empty sandbox id")
+        lowered = text.lower()
+        prefix = lowered if lowered.startswith(PREFIX) else PREFIX + lowered
+        with self.db.read() as conn:
+            exact = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == prefix)).mappings().first()
+            if exact:
+                return dict(exact)
+            by_id = conn.execute(
+                sa.select(SANDBOXES).where(SANDBOXES.c.id.like(_like_prefix(prefix), escape="\\"))
+            ).mappings().all()
+            by_name = conn.execute(
+                sa.select(SANDBOXES)
+                .where(SANDBOXES.c.name == text)
+                .order_by(SANDBOXES.c.created_at.desc())
+            ).mappings().all()
+        live_named = [r for r in by_name if r["state"] != State.DESTROYED]
+        candidates = {r["id"]: r for r in by_id}
+        if live_named:
+            candidates.update({r["id"]: r for r in live_named})
+        elif by_name and not by_id:
+            return dict(by_name[0])  # the newest of that name, all destroyed
+        if not candidates:
+            raise NotFound(f"no sandbox {ref!r}")
+        if len(candidates) > 1:
+            ids = ", ".join(sorted(candidates)[:5])
+            raise BadInput(f"sandbox {ref!r} is ambiguous: it matches {ids}")
+        return dict(next(iter(candidates.values())))
+
+    def list(
+        self,
+        *,
+        include_all: bool = False,
+        state: str | None = None,
+        backend: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        query = sa.select(SANDBOXES).order_by(SANDBOXES.c.created_at)
+        if state:
+            try:
+                query = query.where(SANDBOXES.c.state == State(state))
+            except ValueError:
+                raise BadInput(
+                    f"bad state {state!r} (one of {', '.join(s.value for s in State)})"
+                ) from None
+        elif not include_all:
+            query = query.where(SANDBOXES.c.state != State.DESTROYED)
+        if backend:
+            query = query.where(SANDBOXES.c.backend == backend)
+        with self.db.read() as conn:
+            rows = [dict(r) for r in conn.execute(query).mappings()]
+        if labels:
+            wanted = dict(labels)
+            rows = [
+                r for r in rows
+                if wanted.items() <= json.loads(r["labels_json"] or "{}").items()
+            ]
+        return rows
+
+    def events(
+        self, sandbox_id: str | None = None, since: str | None = None, after_id: int = 0
+    ) -> list[dict[str, Any]]:
+        query = sa.select(EVENTS).where(EVENTS.c.id > after_id).order_by(EVENTS.c.id)
+        if sandbox_id:
+            query = query.where(EVENTS.c.sandbox_id == sandbox_id)
+        if since:
+            query = query.where(EVENTS.c.time >= since)
+        with self.db.read() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def verify_events(self) -> eventlog.ChainReport:
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(EVENTS).order_by(EVENTS.c.id)).mappings()
+            return eventlog.verify(iter(rows))
+
+    # -- the pattern ------------------------------------------------------------------------
+
+    def _event(self, conn: Connection, sandbox_id: str, type: str, *, reason: str | None = None,
+               payload: Mapping[str, Any] | None = None) -> None:
+        eventlog.append(conn, time=self._now(), type=type, actor=self.actor,
+                        sandbox_id=sandbox_id, reason=reason, payload=payload)
+
+    def _begin(self, sandbox_id: str, intent: State, *, reason: str | None,
+               payload: Mapping[str, Any] | None = None) -> tuple[Lease, dict[str, Any]]:
+        """Step 1: check the state, take the lease, record the intent and its event."""
+        now = self._now()
+        with self.db.write() as conn:
+            row = conn.execute(
+                sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+            ).mappings().first()
+            if row is None:
+                raise NotFound(f"no sandbox {sandbox_id!r}")
+            current = State(row["state"])
+            resuming = current == intent  # completing an interrupted intent
+            if not resuming:
+                transition_event(current, intent)  # IllegalTransition when not allowed
+            held = row["lease_owner"] and row["lease_expires_at"] >= now
+            if held:
+                raise Conflict(
+                    f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
+                    f"until {row['lease_expires_at']}"
+                )
+            fence = conn.execute(
+                SANDBOXES.update()
+                .where(SANDBOXES.c.id == sandbox_id, SANDBOXES.c.fence == row["fence"])
+                .values(
+                    state=intent,
+                    lease_owner=self.lease_owner,
+                    lease_expires_at=to_iso(self.clock.now() + self.lease_ttl),
+                    fence=SANDBOXES.c.fence + 1,
+                )
+                .returning(SANDBOXES.c.fence)
+            ).scalar()
+            if fence is None:
+                raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
+            if not resuming:
+                self._event(conn, sandbox_id, transition_event(current, intent),
+                            reason=reason, payload=payload)
+            return Lease(sandbox_id, fence), dict(row)
+
+    def _finish(self, lease: Lease, result: State, *, values: Mapping[str, Any] | None = None,
+                reason: str | None = None, payload: Mapping[str, Any] | None = None,
+                ) -> dict[str, Any]:
+        """Step 3: record the result and its event, fenced by the token; release the lease."""
+        with self.db.write() as conn:
+            row = conn.execute(
+                sa.select(SANDBOXES).where(SANDBOXES.c.id == lease.sandbox_id)
+            ).mappings().first()
+            if row is None or row["fence"] != lease.fence or row["lease_owner"] != self.lease_owner:
+                raise LeaseLost(
+                    f"sandbox {lease.sandbox_id}: another process took it over; "
+                    "this result was not recorded"
+                )
+            event_type = transition_event(row["state"], result) if row["state"] != result else None
+            updated = conn.execute(
+                SANDBOXES.update()
+                .where(SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence)
+                .values(state=result, lease_owner=None, lease_expires_at=None, **(values or {}))
+                .returning(SANDBOXES)
+            ).mappings().first()
+            if event_type:
+                self._event(conn, lease.sandbox_id, event_type, reason=reason, payload=payload)
+            return dict(updated)
+
+    def _release(self, lease: Lease, **values: Any) -> None:
+        """Give the lease back without a transition (the intent stays for reconcile)."""
+        with self.db.write() as conn:
+            conn.execute(
+                SANDBOXES.update()
+                .where(SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
+                       SANDBOXES.c.lease_owner == self.lease_owner)
+                .values(lease_owner=None, lease_expires_at=None, **values)
+            )
+
+    # -- create -----------------------------------------------------------------------------
+
+    async def create(
+        self,
+        profile: Profile,
+        *,
+        ttl: timedelta | None = None,
+        name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        owner: str | None = None,
+        task: str | None = None,
+    ) -> dict[str, Any]:
+        """Validate everything, then intent -> backend create -> fenced result."""
+        ttl = ttl or profile.ttl.default
+        if ttl > profile.ttl.max:
+            raise BadInput(
+                f"ttl {format_duration(ttl)} is longer than profile {profile.name!r} allows "
+                f"(max {format_duration(profile.ttl.max)})"
+            )
+        if name is not None:
+            validate_name(name)
+        all_labels = {**profile.labels, **validate_labels(labels or {})}
+        env = {**profile.env, **self._read_secrets(profile.secrets)}
+        adapter = self.adapter(profile.backend)
+        await adapter.ensure_available()
+
+        now = self.clock.now()
+        sandbox_id = new_sandbox_id()
+        deadline, hard_deadline = now + ttl, now + profile.ttl.max
+        row = {
+            "id": sandbox_id,
+            "name": name,
+            "profile": profile.name,
+            "profile_json": json.dumps(dump(profile), sort_keys=True),
+            "backend": profile.backend,
+            "backend_ref": None,
+            "install_id": self.install_id,
+            "state": State.CREATING,
+            "owner": owner or self.actor,
+            "task": task,
+            "labels_json": json.dumps(all_labels, sort_keys=True),
+            "created_at": to_iso(now),
+            "deadline": to_iso(deadline),
+            "hard_deadline": to_iso(hard_deadline),
+            "last_activity_at": to_iso(now),
+            "lease_owner": self.lease_owner,
+            "lease_expires_at": to_iso(now + self.lease_ttl),
+            "fence": 1,
+        }
+        with self.db.write() as conn:
+            if name is not None and conn.execute(
+                sa.select(SANDBOXES.c.id).where(
+                    SANDBOXES.c.name == name, SANDBOXES.c.state != State.DESTROYED
+                )
+            ).first():
+                raise Conflict(f"name {name!r} is taken by a sandbox that is not destroyed")
+            conn.execute(SANDBOXES.insert().values(**row))
+            self._event(conn, sandbox_id, CREATED_EVENT, payload={
+                "profile": profile.name, "backend": profile.backend, "name": name,
+                "owner": row["owner"], "task": task, "labels": all_labels,
+                "deadline": row["deadline"], "hard_deadline": row["hard_deadline"],
+            })
+        lease = Lease(sandbox_id, 1)
+
+        request = CreateRequest(
+            sandbox_id=sandbox_id,
+            labels={**all_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install_id,
+                    LABEL_HARD_DEADLINE: row["hard_deadline"]},
+            image=profile.image or profile.template,
+            command=profile.command,
+            resources=ResourceLimits(
+                cpu=profile.resources.cpu,
+                memory_bytes=profile.resources.memory,
+                disk_bytes=profile.resources.disk,
+                pids=profile.resources.pids,
+                gpu=profile.resources.gpu,
+            ),
+            network=profile.network.mode,
+            network_allow=tuple(profile.network.allow),
+            env=env,
+            hard_deadline=hard_deadline,
+            options=profile.options,
+        )
+        try:
+            obj = await adapter.create(request)
+        except BaseException as exc:
+            message = str(exc) or type(exc).__name__
+            try:
+                self._finish(lease, State.FAILED, reason="failed", payload={"error": message},
+                             values={"error": message, "ended_at": self._now()})
+            except LeaseLost:
+                pass
+            if isinstance(exc, AdapterError | OperationFailed) or not isinstance(exc, Exception):
+                raise
+            raise OperationFailed(f"create failed on {profile.backend}: {message}") from exc
+        return self._finish(
+            lease, State.RUNNING,
+            values={"backend_ref": obj.ref, "started_at": self._now()},
+            payload={"backend_ref": obj.ref},
+        )
+
+    @staticmethod
+    def _read_secrets(refs: Mapping[str, str]) -> dict[str, str]:
+        """Secret values, read now from where the references point; never stored."""
+        values = {}
+        for key, ref in refs.items():
+            variable = ref.removeprefix("env:")
+            if variable not in os.environ:
+                raise BadInput(f"secret {key!r} refers to {ref}, but ${variable} is not set")
+            values[key] = os.environ[variable]
+        return values
+
+    # -- destroy ----------------------------------------------------------------------------
+
+    async def destroy(self, ref: str, *, reason: str = "manual") -> tuple[dict[str, Any], bool]:
+        """Destroy one sandbox. Returns (row, done_now); already destroyed is (row, False)."""
+        row = self.resolve(ref)
+        if row["state"] == State.DESTROYED:
+            return row, False
+        if not can_transition(row["state"], State.DESTROYING) and row["state"] != State.DESTROYING:
+            transition_event(row["state"], State.DESTROYING)
+        adapter = self.adapter(row["backend"])
+        await adapter.ensure_available()
+        lease, row = self._begin(row["id"], State.DESTROYING, reason=reason)
+        try:
+            refs = [row["backend_ref"]] if row["backend_ref"] else [
+                obj.ref for obj in await adapter.list({LABEL_ID: row["id"]})
+            ]
+            for backend_ref in refs:
+                await adapter.destroy(backend_ref)
+        except BaseException as exc:
+            message = str(exc) or type(exc).__name__
+            self._release(lease, error=message)
+            if isinstance(exc, AdapterError) or not isinstance(exc, Exception):
+                raise
+            raise OperationFailed(f"destroy failed on {row['backend']}: {message}") from exc
+        done = self._finish(lease, State.DESTROYED, reason=reason,
+                            values={"ended_at": self._now()})
+        return done, True
+
+    # -- exec and logs ----------------------------------------------------------------------
+
+    def _usable(self, row: Mapping[str, Any], capability: Capability, verb: str) -> Adapter:
+        if row["state"] != State.RUNNING:
+            raise Conflict(f"sandbox {row['id']} is {row['state']}: cannot {verb}")
+        adapter = self.adapter(row["backend"])
+        if not adapter.supports(capability):
+            raise Conflict(f"the {row['backend']} backend cannot {verb}")
+        return adapter
+
+    async def exec(self, ref: str, argv: Sequence[str],
+                   timeout: timedelta | None = None) -> ExecResult:
+        """Run a command; record it as an event (argv, exit code, duration, output digests)."""
+        if not argv:
+            raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
+        row = self.resolve(ref)
+        adapter = self._usable(row, Capability.EXEC, "exec")
+        result = await adapter.exec(row["backend_ref"], list(argv),
+                                    timeout.total_seconds() if timeout else None)
+        with self.db.write() as conn:
+            conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == row["id"])
+                         .values(last_activity_at=self._now()))
+            self._event(conn, row["id"], "sandbox.exec", payload={
+                "argv": list(argv),
+                "exit_code": result.exit_code,
+                "timed_out": result.timed_out,
+                "duration_s": round(result.duration_s, 3),
+                "stdout": _digest(result.stdout),
+                "stderr": _digest(result.stderr),
+            })
+        return result
+
+    async def logs(self, ref: str, *, follow: bool = False,
+                   tail: int | None = None) -> AsyncIterator[bytes]:
+        row = self.resolve(ref)
+        if row["state"] not in (State.RUNNING, State.PAUSED):
+            raise Conflict(f"sandbox {row['id']} is {row['state']}: its logs are gone")
+        adapter = self.adapter(row["backend"])
+        if not adapter.supports(Capability.LOGS):
+            raise Conflict(f"the {row['backend']} backend has no logs")
+        async for chunk in adapter.logs(row["backend_ref"], follow=follow, tail=tail):
+            yield chunk
+
+
+def _digest(data: bytes) -> dict[str, Any]:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+

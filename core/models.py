@@ -1,0 +1,65 @@
+"""The tables. Times are ISO 8601 UTC strings of fixed width (see core.clock.to_iso):
+they sort as times do on every store and read the same from any client."""
+
+from __future__ import annotations
+
+from sqlmodel import Field, SQLModel
+
+TIME = 27  # len("2026-11-30T12:00:00.000000Z")
+
+
+class Sandbox(SQLModel, table=True):
+    __tablename__ = "sandboxes"
+
+    id: str = Field(primary_key=True, max_length=40)
+    name: str | None = Field(default=None, index=True, max_length=128)
+    profile: str = Field(max_length=128)
+    profile_json: str  # the resolved profile, as asked for (secrets as references)
+    backend: str = Field(max_length=64)
+    backend_ref: str | None = Field(default=None, max_length=256)
+    install_id: str = Field(max_length=64)  # the installation (host) that made it
+    state: str = Field(index=True, max_length=16)
+    owner: str = Field(max_length=256)
+    task: str | None = Field(default=None)
+    labels_json: str = Field(default="{}")
+    created_at: str = Field(index=True, max_length=TIME)
+    started_at: str | None = Field(default=None, max_length=TIME)
+    deadline: str = Field(index=True, max_length=TIME)
+    hard_deadline: str = Field(max_length=TIME)
+    last_activity_at: str = Field(max_length=TIME)
+    ended_at: str | None = Field(default=None, max_length=TIME)
+    error: str | None = Field(default=None)
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: str | None = Field(default=None, max_length=TIME)
+    fence: int = Field(default=0)
+
+
+class Checkpoint(SQLModel, table=True):
+    __tablename__ = "checkpoints"
+
+    id: str = Field(primary_key=True, max_length=40)
+    sandbox_id: str = Field(index=True, foreign_key="sandboxes.id", max_length=40)
+    parent_id: str | None = Field(default=None, foreign_key="checkpoints.id", max_length=40)
+    name: str | None = Field(default=None, max_length=128)
+    kind: str = Field(max_length=16)  # filesystem | memory
+    backend: str = Field(max_length=64)
+    backend_ref: str = Field(max_length=256)
+    size_bytes: int | None = Field(default=None)
+    created_at: str = Field(max_length=TIME)
+    expires_at: str | None = Field(default=None, max_length=TIME)
+
+
+class Event(SQLModel, table=True):
+    """Append-only; `hash` chains every row to the one before it (see core.events)."""
+
+    __tablename__ = "events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    time: str = Field(index=True, max_length=TIME)
+    sandbox_id: str | None = Field(default=None, index=True, max_length=40)
+    type: str = Field(max_length=64)
+    actor: str = Field(max_length=256)
+    reason: str | None = Field(default=None, max_length=32)
+    payload_json: str = Field(default="{}")
+    prev_hash: str = Field(max_length=64)
+    hash: str = Field(max_length=64, unique=True)

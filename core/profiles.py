@@ -1,0 +1,285 @@
+"""Profiles: the one schema (pydantic), YAML files, the search path and `extends:`.
+
+Search path, later wins by name: built-in `profiles/` -> the user config folder ->
+`./.sbx/profiles` -> `$SBX_PROFILE_PATH` folders -> an explicit file. A profile that
+`extends:` its own name inherits the one of that name further down the path.
+Secrets are references (`env:NAME`) and stay references; the value is read at create time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from adapters import registry
+from core.durations import format_duration, parse_duration
+from core.errors import BadInput, NotFound
+from core.labels import validate_label
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+SECRET_REF = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]*")
+SUFFIXES = (".yaml", ".yml")
+
+
+def _duration(value: Any) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    try:
+        return parse_duration(str(value))
+    except BadInput as exc:
+        raise ValueError(str(exc)) from None
+
+
+Duration = Annotated[
+    timedelta, BeforeValidator(_duration), PlainSerializer(format_duration, return_type=str)
+]
+Size = Annotated[ByteSize, PlainSerializer(int, return_type=int)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Strict):
+    cpu: PositiveFloat = 1.0
+    memory: Size | None = ByteSize(512 * 1024**2)
+    disk: Size | None = None
+    pids: PositiveInt | None = 256
+    gpu: str | None = None
+
+
+class Network(_Strict):
+    mode: Literal["none", "egress", "full"] = "none"
+    allow: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _allow_only_for_egress(self) -> Network:
+        if self.allow and self.mode != "egress":
+            raise ValueError("'allow' applies only to mode 'egress'")
+        return self
+
+
+class TTLPolicy(_Strict):
+    default: Duration = timedelta(minutes=30)
+    max: Duration = timedelta(hours=4)
+    idle: Duration | None = None
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> TTLPolicy:
+        if self.default > self.max:
+            raise ValueError(
+                f"default {format_duration(self.default)} is longer than max {format_duration(self.max)}"
+            )
+        return self
+
+
+class CheckpointPolicy(_Strict):
+    keep: PositiveInt | None = None
+    ttl: Duration | None = None
+
+
+class Profile(_Strict):
+    name: str
+    description: str = ""
+    backend: str
+    image: str | None = None
+    template: str | None = None
+    command: list[str] | None = None
+    resources: Resources = Resources()
+    network: Network = Network()
+    env: dict[str, str] = Field(default_factory=dict)
+    secrets: dict[str, str] = Field(default_factory=dict)
+    ttl: TTLPolicy = TTLPolicy()
+    labels: dict[str, str] = Field(default_factory=dict)
+    setup: list[str] = Field(default_factory=list)
+    checkpoints: CheckpointPolicy = CheckpointPolicy()
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.fullmatch(v):
+            raise ValueError("use lower-case letters, digits, '.', '_' or '-' (at most 63)")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        if not registry.is_registered(v):
+            raise ValueError(f"unknown backend {v!r} (known: {', '.join(registry.names())})")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _references_only(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, ref in v.items():
+            if not SECRET_REF.fullmatch(str(ref)):
+                raise ValueError(
+                    f"secret {key!r} must be a reference such as env:VARIABLE, never the value"
+                )
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        try:
+            return dict(validate_label(str(k), str(val)) for k, val in v.items())
+        except BadInput as exc:
+            raise ValueError(str(exc)) from None
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": self.backend, "description": self.description}
+
+
+class ProfileError(BadInput):
+    """A profile file that cannot be used: names the file, the field and the reason."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(problems[0] if len(problems) == 1 else "; ".join(problems))
+
+
+def _builtin_dir() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("profiles")))
+
+
+def search_path() -> list[Path]:
+    """Folders in increasing precedence."""
+    from core.settings import user_config_dir
+
+    folders = [_builtin_dir(), user_config_dir() / "profiles", Path.cwd() / ".sbx" / "profiles"]
+    extra = os.environ.get("SBX_PROFILE_PATH", "")
+    folders += [Path(p).expanduser() for p in extra.split(":") if p]
+    return folders
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ProfileError([f"{path}:{where}: invalid YAML: {problem}"]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ProfileError([f"{path}: a profile must be a mapping of fields, not {type(data).__name__}"])
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; anything else (lists included) is replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(profile)"
+
+
+class ProfileLoader:
+    """Resolves names along the search path; one instance per command."""
+
+    def __init__(self, folders: list[Path] | None = None) -> None:
+        self.folders = search_path() if folders is None else folders
+
+    def _find(self, name: str, below: int | None = None) -> tuple[int, Path] | None:
+        top = len(self.folders) if below is None else below
+        for index in range(top - 1, -1, -1):
+            for suffix in SUFFIXES:
+                candidate = self.folders[index] / f"{name}{suffix}"
+                if candidate.is_file():
+                    return index, candidate
+        return None
+
+    def names(self) -> dict[str, Path]:
+        found: dict[str, Path] = {}
+        for folder in self.folders:
+            if folder.is_dir():
+                for path in sorted(folder.iterdir()):
+                    if path.suffix in SUFFIXES and path.is_file():
+                        found[path.stem] = path
+        return dict(sorted(found.items()))
+
+    def _resolve(self, data: dict[str, Any], path: Path, layer: int | None,
+                 name: str, stack: tuple[str, ...]) -> dict[str, Any]:
+        """`data` with its `extends:` chain merged underneath it."""
+        own = {k: v for k, v in data.items() if k != "extends"}
+        parent = data.get("extends")
+        if parent is None:
+            return own
+        if not isinstance(parent, str):
+            raise ProfileError([f"{path}: extends: must be a profile name"])
+        if parent != name and parent in stack:
+            raise ProfileError([f"{path}: extends: cycle {' -> '.join((*stack, parent))}"])
+        hit = self._find(parent, below=layer if parent == name else None)
+        if hit is None or hit[1] == path:
+            raise ProfileError([f"{path}: extends: no profile named {parent!r} to inherit from"])
+        parent_layer, parent_path = hit
+        base = self._resolve(_read_yaml(parent_path), parent_path, parent_layer, parent,
+                             (*stack, parent))
+        base.pop("name", None)
+        return _merge(base, own)
+
+    def _validate(self, merged: dict[str, Any], path: Path, name: str) -> Profile:
+        merged.setdefault("name", name)
+        try:
+            return Profile.model_validate(merged)
+        except ValidationError as exc:
+            problems = [
+                f"{path}: {_field_path(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+                for err in exc.errors()
+            ]
+            raise ProfileError(problems) from None
+
+    def load(self, name: str) -> Profile:
+        """The named profile, resolved. NotFound (exit 3) when no file has that name."""
+        hit = self._find(name)
+        if hit is None:
+            raise NotFound(
+                f"no profile named {name!r} (known: {', '.join(self.names()) or 'none'})"
+            )
+        layer, path = hit
+        return self.load_file(path, layer=layer, name=name)
+
+    def load_file(self, path: Path, layer: int | None = None, name: str | None = None) -> Profile:
+        """A profile from an explicit file; its `extends:` resolves along the search path."""
+        data = _read_yaml(path)
+        name = name or str(data.get("name") or path.stem)
+        merged = self._resolve(data, path, layer, name, (name,))
+        return self._validate(merged, path, name)
+
+
+def dump(profile: Profile) -> dict[str, Any]:
+    """The resolved profile as stored and shown: durations as `30m`, sizes in bytes."""
+    return profile.model_dump(mode="json")

@@ -1,0 +1,71 @@
+"""Where sbx keeps its state, and who is acting. Read from the environment at use."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from pathlib import Path
+
+from ulid import ULID
+
+APP_NAME = "sandboxer"
+
+
+def sbx_home() -> Path:
+    """`$SBX_HOME`, else the platform's user data folder; created 0700."""
+    raw = os.environ.get("SBX_HOME")
+    if raw:
+        home = Path(raw).expanduser()
+    else:
+        from platformdirs import user_data_path
+
+        home = user_data_path(APP_NAME)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return home
+
+
+def user_config_dir() -> Path:
+    from platformdirs import user_config_path
+
+    return user_config_path(APP_NAME)
+
+
+def database_url() -> str:
+    return os.environ.get("SBX_DATABASE_URL") or f"sqlite:///{sbx_home() / 'sbx.db'}"
+
+
+def install_id() -> str:
+    """This installation's id, kept beside (not inside) the database.
+
+    Backend objects carry it as `sbx.install`, so `sbx reap --orphans` still recognises
+    them when the database is lost.
+    """
+    path = sbx_home() / "install-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    new = f"inst-{str(ULID()).lower()}"
+    tmp = path.with_name(f".install-id.{os.getpid()}")
+    tmp.write_text(new)
+    tmp.chmod(0o600)
+    try:
+        os.link(tmp, path)  # atomic: of two first runs, one id wins and both read it
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_text().strip()
+
+
+def actor() -> str:
+    """Who is acting: `$SBX_ACTOR`, else user@host."""
+    raw = os.environ.get("SBX_ACTOR")
+    if raw:
+        return raw
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"

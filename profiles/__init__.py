@@ -1,0 +1,1 @@
+"""Built-in profiles, shipped with the package."""

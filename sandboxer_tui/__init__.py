@@ -1,0 +1,1 @@
+"""The front ends: the click CLI (and, later, the Textual dashboard)."""

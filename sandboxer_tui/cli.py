@@ -1,0 +1,510 @@
+"""The `sbx` command line (shared/notes/cli.md is its contract).
+
+Commands parse, call the core, and show. No logic lives here. Heavy modules (profiles,
+adapters) load inside the commands that need them, so `sbx ls` and `sbx --help` start fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import click
+
+from core.errors import EXIT_BAD_INPUT, BadInput, classify
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def progress(message: str) -> None:
+    """A line on stderr for slow work, only when a person is watching."""
+    if sys.stderr.isatty():
+        click.echo(message, err=True)
+
+
+def table(rows: Iterable[Iterable[Any]], headers: list[str]) -> str:
+    body = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in body]
+    return "\n".join(lines)
+
+
+def fail(exc: BaseException, as_json: bool) -> None:
+    code, kind = classify(exc)
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if as_json:
+        emit_json({"error": {"code": code, "kind": kind, "message": message}})
+    else:
+        click.echo(f"sbx: {message}", err=True)
+    sys.exit(code)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn any sbx or backend error into its one-line message and documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            sys.exit(130)
+        except Exception as exc:
+            fail(exc, bool(kwargs.get("as_json")))
+
+    return wrapper
+
+
+def manager():
+    from core.manager import Manager
+
+    return Manager()
+
+
+def run(coro_fn: Callable[[Any], Any]) -> Any:
+    """Run one async operation with a Manager, closing it afterwards."""
+
+    async def main() -> Any:
+        mgr = manager()
+        try:
+            return await coro_fn(mgr)
+        finally:
+            await mgr.close()
+
+    return asyncio.run(main())
+
+
+def now_iso(mgr) -> str:
+    from core.clock import to_iso
+
+    return to_iso(mgr.clock.now())
+
+
+def human_left(seconds: int | None) -> str:
+    from datetime import timedelta
+
+    from core.durations import format_duration
+
+    return "-" if seconds is None else format_duration(timedelta(seconds=seconds))
+
+
+def human_age(created_iso: str, now: str) -> str:
+    from core.clock import from_iso
+
+    return human_left(int((from_iso(now) - from_iso(created_iso)).total_seconds()))
+
+
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+
+
+# -- the group ------------------------------------------------------------------------------
+
+
+class DefaultGroup(click.Group):
+    """A group that runs `default_command` when the first word is not a subcommand,
+    so `sbx events ID` and `sbx events verify` both work."""
+
+    def __init__(self, *args: Any, default_command: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.default_command = default_command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or args[0] not in self.commands:
+            if not any(a in ("--help", "-h") for a in args[:1]):
+                args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sandboxer", prog_name="sbx")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Sandboxer: short-lived sandboxes from profiles, on Docker and other backends.
+
+    On a terminal, `sbx` alone shows the inventory; without one it prints this help.
+    """
+    if ctx.invoked_subcommand is None:
+        if sys.stdout.isatty() and sys.stdin.isatty():
+            ctx.invoke(ls_command)
+        else:
+            click.echo(ctx.get_help())
+
+
+# -- doctor ---------------------------------------------------------------------------------
+
+
+@cli.command("doctor")
+@JSON_OPTION
+@command
+def doctor_command(as_json: bool) -> None:
+    """Backends (reachable? credentials? SDK?), the database and versions."""
+    from core.db import Database
+    from core.doctor import report
+    from core.settings import database_url
+
+    db = Database(database_url())
+    data = asyncio.run(report(db))
+    if as_json:
+        emit_json(data)
+    else:
+        click.echo(f"sbx {data['sbx']}  python {data['python']}  sqlite {data['sqlite']}")
+        click.echo(f"home       {data['home']}")
+        click.echo(f"install    {data['install']}")
+        database = data["database"]
+        status = "ok" if database.get("ok") else f"ERROR {database.get('error', '')}"
+        mode = f" mode {database['file_mode']}" if "file_mode" in database else ""
+        click.echo(f"database   {database['url']} ({database['dialect']}, schema "
+                   f"{database.get('schema')}{mode}) {status}")
+        click.echo("backends")
+        for b in data["backends"]:
+            if not b["loaded"]:
+                click.echo(f"  {b['name']:<8} NOT LOADED  {b['error']}")
+                continue
+            tag = "  [test double]" if b["test_double"] else ""
+            state = "ok" if b["reachable"] and b["credentials"] else "UNAVAILABLE"
+            caps = ",".join(b["capabilities"]) or "-"
+            click.echo(f"  {b['name']:<8} {state:<11} {b['detail']}  (capabilities: {caps}){tag}")
+    if not data["database"].get("ok"):
+        sys.exit(5)
+
+
+# -- profiles -------------------------------------------------------------------------------
+
+
+@cli.group("profiles")
+def profiles_group() -> None:
+    """List, show and validate profiles."""
+
+
+@profiles_group.command("list")
+@JSON_OPTION
+@command
+def profiles_list(as_json: bool) -> None:
+    """Every profile on the search path."""
+    from core.profiles import ProfileLoader
+
+    loader = ProfileLoader()
+    rows = []
+    for name, path in loader.names().items():
+        try:
+            rows.append({**loader.load(name).summary(), "source": str(path)})
+        except BadInput as exc:
+            rows.append({"name": name, "backend": None, "description": None,
+                         "source": str(path), "error": str(exc)})
+    if as_json:
+        emit_json(rows)
+    else:
+        click.echo(table(
+            [(r["name"], r["backend"] or "INVALID", r.get("error") or r["description"])
+             for r in rows], ["NAME", "BACKEND", "DESCRIPTION"]))
+
+
+@profiles_group.command("show")
+@click.argument("name")
+@JSON_OPTION
+@command
+def profiles_show(name: str, as_json: bool) -> None:
+    """The resolved profile (after `extends`); secrets shown as references."""
+    import yaml
+
+    from core.profiles import ProfileLoader, dump
+
+    data = dump(ProfileLoader().load(name))
+    if as_json:
+        emit_json(data)
+    else:
+        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@profiles_group.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@command
+def profiles_validate(files: tuple[str, ...]) -> None:
+    """Exit 0 when every file is valid; 2 with one line per problem otherwise."""
+    from pathlib import Path
+
+    from core.profiles import ProfileError, ProfileLoader
+
+    loader = ProfileLoader()
+    problems: list[str] = []
+    for file in files:
+        try:
+            profile = loader.load_file(Path(file))
+            click.echo(f"{file}: ok ({profile.name}, backend {profile.backend})")
+        except ProfileError as exc:
+            problems += exc.problems
+    for line in problems:
+        click.echo(line, err=True)
+    if problems:
+        sys.exit(EXIT_BAD_INPUT)
+
+
+# -- create / ls / show ---------------------------------------------------------------------
+
+
+@cli.command("create")
+@click.option("--profile", "profile_name", metavar="NAME", help="A profile on the search path.")
+@click.option("--profile-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A profile file (its `extends:` resolves along the search path).")
+@click.option("--ttl", metavar="DUR", help="Time to live, e.g. 30m (default from the profile).")
+@click.option("--name", metavar="NAME", help="A name you can use instead of the id.")
+@click.option("--label", "labels", multiple=True, metavar="K=V", help="A label (repeatable).")
+@click.option("--owner", metavar="WHO", help="Who it is for (default: you, user@host).")
+@click.option("--task", metavar="WHAT", help="What it is for.")
+@JSON_OPTION
+@command
+def create_command(profile_name, profile_file, ttl, name, labels, owner, task, as_json) -> None:
+    """Create a sandbox from a profile (`default` unless told)."""
+    from pathlib import Path
+
+    from core.durations import parse_duration
+    from core.labels import parse_labels
+    from core.manager import sandbox_view
+    from core.profiles import ProfileLoader
+
+    if profile_name and profile_file:
+        raise BadInput("give --profile or --profile-file, not both")
+    ttl_delta = parse_duration(ttl, "--ttl") if ttl is not None else None
+    parsed_labels = parse_labels(labels)
+    loader = ProfileLoader()
+    profile = loader.load_file(Path(profile_file)) if profile_file else loader.load(
+        profile_name or "default")
+    progress(f"creating a sandbox from profile {profile.name} on {profile.backend}...")
+
+    async def go(mgr):
+        row = await mgr.create(profile, ttl=ttl_delta, name=name, labels=parsed_labels,
+                               owner=owner, task=task)
+        return sandbox_view(row, now_iso(mgr))
+
+    view = run(go)
+    if as_json:
+        emit_json(view)
+    else:
+        click.echo(view["id"])
+
+
+def _ls_rows(views: list[Mapping[str, Any]], now: str) -> list[list[Any]]:
+    return [[v["id"], v["name"], v["profile"], v["backend"], v["state"], v["owner"],
+             human_age(v["created_at"], now), human_left(v["ttl_left_s"])] for v in views]
+
+
+@cli.command("ls")
+@click.option("--all", "include_all", is_flag=True, help="Include destroyed sandboxes.")
+@click.option("--state", metavar="S", help="Only sandboxes in this state.")
+@click.option("--backend", metavar="B", help="Only sandboxes on this backend.")
+@click.option("--label", "labels", multiple=True, metavar="K=V", help="Only with this label.")
+@JSON_OPTION
+@command
+def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=False) -> None:
+    """The inventory: sandboxes that are not destroyed (all with --all)."""
+    from core.labels import parse_labels
+    from core.manager import Manager, sandbox_view
+
+    wanted = parse_labels(labels)
+    mgr = Manager()
+    now = now_iso(mgr)
+    views = [sandbox_view(r, now) for r in mgr.list(
+        include_all=include_all, state=state, backend=backend, labels=wanted)]
+    mgr.db.dispose()
+    if as_json:
+        emit_json(views)
+    elif views:
+        click.echo(table(_ls_rows(views, now),
+                         ["ID", "NAME", "PROFILE", "BACKEND", "STATE", "OWNER", "AGE", "TTL"]))
+    else:
+        click.echo("no sandboxes" + ("" if include_all else " (sbx ls --all shows destroyed ones)"),
+                   err=True)
+
+
+@cli.command("show")
+@click.argument("sandbox_id", metavar="ID")
+@JSON_OPTION
+@command
+def show_command(sandbox_id: str, as_json: bool) -> None:
+    """One sandbox: state, deadlines, labels, the resolved profile."""
+    from core.manager import Manager, sandbox_view
+
+    mgr = Manager()
+    row = mgr.resolve(sandbox_id)
+    view = {**sandbox_view(row, now_iso(mgr)), "profile_resolved": json.loads(row["profile_json"])}
+    mgr.db.dispose()
+    if as_json:
+        emit_json(view)
+        return
+    for key in ("id", "name", "state", "profile", "backend", "backend_ref", "owner", "task",
+                "install", "created_at", "started_at", "deadline", "hard_deadline",
+                "last_activity_at", "ended_at", "error"):
+        if view.get(key) is not None:
+            click.echo(f"{key:<17} {view[key]}")
+    click.echo(f"{'ttl_left':<17} {human_left(view['ttl_left_s'])}")
+    labels = ", ".join(f"{k}={v}" for k, v in view["labels"].items()) or "-"
+    click.echo(f"{'labels':<17} {labels}")
+
+
+# -- exec / logs / destroy ------------------------------------------------------------------
+
+
+@cli.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("sandbox_id", metavar="ID")
+@click.option("--timeout", metavar="DUR", help="Kill the command after this long (exit 124).")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARG...]")
+@command
+def exec_command(sandbox_id: str, timeout: str | None, argv: tuple[str, ...]) -> None:
+    """Run a command in a sandbox; the exit status is the command's own."""
+    from core.durations import parse_duration
+
+    limit = parse_duration(timeout, "--timeout") if timeout else None
+    result = run(lambda mgr: mgr.exec(sandbox_id, list(argv), timeout=limit))
+    sys.stdout.buffer.write(result.stdout)
+    sys.stdout.flush()
+    sys.stderr.buffer.write(result.stderr)
+    sys.stderr.flush()
+    sys.exit(result.exit_code)
+
+
+@cli.command("logs")
+@click.argument("sandbox_id", metavar="ID")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output.")
+@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Only the last N lines.")
+@command
+def logs_command(sandbox_id: str, follow: bool, tail: int | None) -> None:
+    """The sandbox's output (its main process)."""
+
+    async def go(mgr):
+        async for chunk in mgr.logs(sandbox_id, follow=follow, tail=tail):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+
+    run(go)
+
+
+@cli.command("destroy")
+@click.argument("sandbox_ids", nargs=-1, required=True, metavar="ID...")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask (asked only on a terminal).")
+@JSON_OPTION
+@command
+def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> None:
+    """Destroy sandboxes. Already destroyed counts as done."""
+
+    async def go(mgr):
+        rows = [mgr.resolve(ref) for ref in sandbox_ids]  # all known before any is touched
+        if not yes and sys.stdin.isatty() and not as_json:
+            names = ", ".join(r["id"] + (f" ({r['name']})" if r["name"] else "") for r in rows)
+            click.confirm(f"destroy {names}?", abort=True, err=True)
+        result: dict[str, list[Any]] = {"destroyed": [], "already_destroyed": [], "failed": []}
+        first_error: BaseException | None = None
+        for row in rows:
+            try:
+                _, done = await mgr.destroy(row["id"])
+                result["destroyed" if done else "already_destroyed"].append(row["id"])
+            except Exception as exc:
+                first_error = first_error or exc
+                result["failed"].append({"id": row["id"], "error": " ".join(str(exc).split())})
+        return result, first_error
+
+    result, first_error = run(go)
+    if as_json:
+        emit_json(result)
+    else:
+        for sid in result["destroyed"]:
+            click.echo(f"destroyed {sid}")
+        for sid in result["already_destroyed"]:
+            click.echo(f"{sid} was already destroyed")
+        for failure in result["failed"]:
+            click.echo(f"sbx: {failure['id']}: {failure['error']}", err=True)
+    if first_error is not None:
+        sys.exit(classify(first_error)[0])
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+@cli.group("events", cls=DefaultGroup, default_command="list")
+def events_group() -> None:
+    """The event log: `sbx events [ID]`, `sbx events verify`."""
+
+
+def _event_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    from core.events import payload
+
+    return {"id": row["id"], "time": row["time"], "sandbox_id": row["sandbox_id"],
+            "type": row["type"], "actor": row["actor"], "reason": row["reason"],
+            "payload": payload(row), "prev_hash": row["prev_hash"], "hash": row["hash"]}
+
+
+def _event_line(view: Mapping[str, Any]) -> str:
+    data = " ".join(f"{k}={json.dumps(v)}" for k, v in view["payload"].items())
+    reason = f" reason={view['reason']}" if view["reason"] else ""
+    return (f"{view['time']}  {view['sandbox_id'] or '-'}  {view['type']}  "
+            f"by {view['actor']}{reason}  {data}").rstrip()
+
+
+@events_group.command("list")
+@click.argument("sandbox_id", required=False, metavar="[ID]")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events.")
+@click.option("--since", metavar="DUR", help="Only events from the last DUR.")
+@JSON_OPTION
+@command
+def events_list(sandbox_id: str | None, follow: bool, since: str | None, as_json: bool) -> None:
+    """Events, oldest first (of one sandbox with ID)."""
+    import time
+
+    from core.clock import to_iso
+    from core.durations import parse_duration
+    from core.manager import Manager
+
+    since_delta = parse_duration(since, "--since") if since else None
+    mgr = Manager()
+    sid = mgr.resolve(sandbox_id)["id"] if sandbox_id else None
+    since_iso = to_iso(mgr.clock.now() - since_delta) if since_delta else None
+    views = [_event_view(r) for r in mgr.events(sid, since=since_iso)]
+    if as_json and not follow:
+        emit_json(views)
+        return
+    last = views[-1]["id"] if views else 0
+    for view in views:
+        click.echo(json.dumps(view) if as_json else _event_line(view))
+    while follow:  # JSON Lines when following with --json
+        time.sleep(0.5)
+        for row in mgr.events(sid, after_id=last):
+            view = _event_view(row)
+            click.echo(json.dumps(view) if as_json else _event_line(view))
+            last = view["id"]
+
+
+@events_group.command("verify")
+@JSON_OPTION
+@command
+def events_verify(as_json: bool) -> None:
+    """Check the hash chain; name the first broken link (exit 1)."""
+    from core.manager import Manager
+
+    report = Manager().verify_events()
+    if as_json:
+        emit_json({"checked": report.checked, "intact": report.intact,
+                   "broken_at": report.broken_at, "problem": report.problem})
+    elif report.intact:
+        click.echo(f"{report.checked} events, chain intact")
+    else:
+        click.echo(f"sbx: event chain broken at event {report.broken_at}: {report.problem} "
+                   f"({report.checked} events before it verified)", err=True)
+    if not report.intact:
+        sys.exit(1)
+
+
+def main() -> None:
+    cli(prog_name="sbx")
+
+
+if __name__ == "__main__":
+    main()
