@@ -169,5 +169,5 @@ class Adapter(abc.ABC):
     def metrics(self, ref: str) -> AsyncIterator[Mapping[str, Any]]:
         raise self._unsupported("report metrics")
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release clients and threads."""

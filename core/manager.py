@@ -36,8 +36,8 @@ from adapters.base import (
     ResourceLimits,
 )
 from core import events as eventlog
-from core import settings
-from core.clock import Clock, clock_from_env, from_iso, to_iso
+from core import inventory, settings
+from core.clock import Clock, clock_from_env, to_iso
 from core.db import Database
 from core.durations import format_duration
 from core.errors import BadInput, Conflict, LeaseLost, NotFound, OperationFailed
@@ -56,36 +56,6 @@ DEFAULT_LEASE = timedelta(minutes=2)
 class Lease:
     sandbox_id: str
     fence: int
-
-
-def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
-    """The public shape of a sandbox (cli.md "JSON"), shared by every front end."""
-    view = {
-        "id": row["id"],
-        "name": row["name"],
-        "profile": row["profile"],
-        "backend": row["backend"],
-        "backend_ref": row["backend_ref"],
-        "state": row["state"],
-        "owner": row["owner"],
-        "task": row["task"],
-        "labels": json.loads(row["labels_json"] or "{}"),
-        "install": row["install_id"],
-        "created_at": row["created_at"],
-        "started_at": row["started_at"],
-        "deadline": row["deadline"],
-        "hard_deadline": row["hard_deadline"],
-        "last_activity_at": row["last_activity_at"],
-        "ended_at": row["ended_at"],
-        "error": row["error"],
-    }
-    if now_iso is not None:
-        left = None
-        if row["state"] in (State.CREATING, State.RUNNING, State.PAUSED):
-            delta = from_iso(row["deadline"]) - from_iso(now_iso)
-            left = max(0, int(delta.total_seconds()))
-        view["ttl_left_s"] = left
-    return view
 
 
 def _like_prefix(text: str) -> str:
@@ -173,27 +143,11 @@ class Manager:
         backend: str | None = None,
         labels: Mapping[str, str] | None = None,
     ) -> list[dict[str, Any]]:
-        query = sa.select(SANDBOXES).order_by(SANDBOXES.c.created_at)
-        if state:
-            try:
-                query = query.where(SANDBOXES.c.state == State(state))
-            except ValueError:
-                raise BadInput(
-                    f"bad state {state!r} (one of {', '.join(s.value for s in State)})"
-                ) from None
-        elif not include_all:
-            query = query.where(SANDBOXES.c.state != State.DESTROYED)
-        if backend:
-            query = query.where(SANDBOXES.c.backend == backend)
+        placeholder = "?" if self.db.engine.dialect.paramstyle == "qmark" else "%s"
         with self.db.read() as conn:
-            rows = [dict(r) for r in conn.execute(query).mappings()]
-        if labels:
-            wanted = dict(labels)
-            rows = [
-                r for r in rows
-                if wanted.items() <= json.loads(r["labels_json"] or "{}").items()
-            ]
-        return rows
+            return inventory.list_sandboxes(
+                conn.connection.driver_connection, include_all=include_all, state=state,
+                backend=backend, labels=labels, placeholder=placeholder)
 
     def events(
         self, sandbox_id: str | None = None, since: str | None = None, after_id: int = 0

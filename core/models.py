@@ -3,6 +3,7 @@ they sort as times do on every store and read the same from any client."""
 
 from __future__ import annotations
 
+from sqlalchemy import Text
 from sqlmodel import Field, SQLModel
 
 TIME = 27  # len("2026-11-30T12:00:00.000000Z")
@@ -14,21 +15,21 @@ class Sandbox(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     name: str | None = Field(default=None, index=True, max_length=128)
     profile: str = Field(max_length=128)
-    profile_json: str  # the resolved profile, as asked for (secrets as references)
+    profile_json: str = Field(sa_type=Text)  # the resolved profile, as asked for (secrets as references)
     backend: str = Field(max_length=64)
     backend_ref: str | None = Field(default=None, max_length=256)
     install_id: str = Field(max_length=64)  # the installation (host) that made it
     state: str = Field(index=True, max_length=16)
     owner: str = Field(max_length=256)
-    task: str | None = Field(default=None)
-    labels_json: str = Field(default="{}")
+    task: str | None = Field(default=None, sa_type=Text)
+    labels_json: str = Field(default="{}", sa_type=Text)
     created_at: str = Field(index=True, max_length=TIME)
     started_at: str | None = Field(default=None, max_length=TIME)
     deadline: str = Field(index=True, max_length=TIME)
     hard_deadline: str = Field(max_length=TIME)
     last_activity_at: str = Field(max_length=TIME)
     ended_at: str | None = Field(default=None, max_length=TIME)
-    error: str | None = Field(default=None)
+    error: str | None = Field(default=None, sa_type=Text)
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: str | None = Field(default=None, max_length=TIME)
     fence: int = Field(default=0)
@@ -60,6 +61,6 @@ class Event(SQLModel, table=True):
     type: str = Field(max_length=64)
     actor: str = Field(max_length=256)
     reason: str | None = Field(default=None, max_length=32)
-    payload_json: str = Field(default="{}")
+    payload_json: str = Field(default="{}", sa_type=Text)
     prev_hash: str = Field(max_length=64)
     hash: str = Field(max_length=64, unique=True)

@@ -7,8 +7,6 @@ import os
 import socket
 from pathlib import Path
 
-from ulid import ULID
-
 APP_NAME = "sandboxer"
 
 
@@ -46,6 +44,8 @@ def install_id() -> str:
         return path.read_text().strip()
     except FileNotFoundError:
         pass
+    from ulid import ULID
+
     new = f"inst-{str(ULID()).lower()}"
     tmp = path.with_name(f".install-id.{os.getpid()}")
     tmp.write_text(new)

@@ -269,8 +269,8 @@ def create_command(profile_name, profile_file, ttl, name, labels, owner, task, a
 
     from core.durations import parse_duration
     from core.labels import parse_labels
-    from core.manager import sandbox_view
     from core.profiles import ProfileLoader
+    from core.views import sandbox_view
 
     if profile_name and profile_file:
         raise BadInput("give --profile or --profile-file, not both")
@@ -307,15 +307,25 @@ def _ls_rows(views: list[Mapping[str, Any]], now: str) -> list[list[Any]]:
 @command
 def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=False) -> None:
     """The inventory: sandboxes that are not destroyed (all with --all)."""
+    from core import inventory
+    from core.clock import clock_from_env, to_iso
     from core.labels import parse_labels
-    from core.manager import Manager, sandbox_view
+    from core.settings import database_url
+    from core.views import sandbox_view
 
     wanted = parse_labels(labels)
-    mgr = Manager()
-    now = now_iso(mgr)
-    views = [sandbox_view(r, now) for r in mgr.list(
-        include_all=include_all, state=state, backend=backend, labels=wanted)]
-    mgr.db.dispose()
+    filters = dict(include_all=include_all, state=state, backend=backend, labels=wanted)
+    now = to_iso(clock_from_env().now())
+    fast = inventory.open_sqlite_readonly(database_url())
+    if fast is not None:  # the common case: no ORM to import
+        with fast:
+            rows = inventory.list_sandboxes(fast, **filters)
+        fast.close()
+    else:
+        mgr = manager()
+        rows = mgr.list(**filters)
+        mgr.db.dispose()
+    views = [sandbox_view(r, now) for r in rows]
     if as_json:
         emit_json(views)
     elif views:
@@ -332,9 +342,9 @@ def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=F
 @command
 def show_command(sandbox_id: str, as_json: bool) -> None:
     """One sandbox: state, deadlines, labels, the resolved profile."""
-    from core.manager import Manager, sandbox_view
+    from core.views import sandbox_view
 
-    mgr = Manager()
+    mgr = manager()
     row = mgr.resolve(sandbox_id)
     view = {**sandbox_view(row, now_iso(mgr)), "profile_resolved": json.loads(row["profile_json"])}
     mgr.db.dispose()
@@ -434,14 +444,6 @@ def events_group() -> None:
     """The event log: `sbx events [ID]`, `sbx events verify`."""
 
 
-def _event_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    from core.events import payload
-
-    return {"id": row["id"], "time": row["time"], "sandbox_id": row["sandbox_id"],
-            "type": row["type"], "actor": row["actor"], "reason": row["reason"],
-            "payload": payload(row), "prev_hash": row["prev_hash"], "hash": row["hash"]}
-
-
 def _event_line(view: Mapping[str, Any]) -> str:
     data = " ".join(f"{k}={json.dumps(v)}" for k, v in view["payload"].items())
     reason = f" reason={view['reason']}" if view["reason"] else ""
@@ -461,13 +463,13 @@ def events_list(sandbox_id: str | None, follow: bool, since: str | None, as_json
 
     from core.clock import to_iso
     from core.durations import parse_duration
-    from core.manager import Manager
+    from core.views import event_view
 
     since_delta = parse_duration(since, "--since") if since else None
-    mgr = Manager()
+    mgr = manager()
     sid = mgr.resolve(sandbox_id)["id"] if sandbox_id else None
     since_iso = to_iso(mgr.clock.now() - since_delta) if since_delta else None
-    views = [_event_view(r) for r in mgr.events(sid, since=since_iso)]
+    views = [event_view(r) for r in mgr.events(sid, since=since_iso)]
     if as_json and not follow:
         emit_json(views)
         return
@@ -477,7 +479,7 @@ def events_list(sandbox_id: str | None, follow: bool, since: str | None, as_json
     while follow:  # JSON Lines when following with --json
         time.sleep(0.5)
         for row in mgr.events(sid, after_id=last):
-            view = _event_view(row)
+            view = event_view(row)
             click.echo(json.dumps(view) if as_json else _event_line(view))
             last = view["id"]
 
@@ -487,9 +489,7 @@ def events_list(sandbox_id: str | None, follow: bool, since: str | None, as_json
 @command
 def events_verify(as_json: bool) -> None:
     """Check the hash chain; name the first broken link (exit 1)."""
-    from core.manager import Manager
-
-    report = Manager().verify_events()
+    report = manager().verify_events()
     if as_json:
         emit_json({"checked": report.checked, "intact": report.intact,
                    "broken_at": report.broken_at, "problem": report.problem})

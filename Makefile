@@ -1,0 +1,42 @@
+# `make run` opens sbx; `make test` runs the whole suite. Both set everything up first:
+# the .venv, the project, a reachable Docker engine, and the offline base image.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test setup venv docker image lint bench clean
+
+run: setup
+	$(BIN)/sbx
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q
+
+setup: venv docker image
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+docker:
+	scripts/ensure-docker.sh
+
+image: venv docker
+	$(BIN)/python -m adapters.docker_image
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+bench: setup
+	$(BIN)/python bench/bench_lifecycle.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

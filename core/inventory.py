@@ -1,0 +1,84 @@
+"""Reading the inventory with plain SQL on a DB-API connection, no ORM.
+
+`sbx ls` must answer in a fraction of a second from a fresh process; importing the ORM alone
+costs more than that. So listing is one SQL builder used two ways: by the Manager on its
+SQLAlchemy connection, and by `sbx ls` on a read-only stdlib sqlite3 connection when the
+schema is current (otherwise `sbx ls` takes the Manager's path, which migrates).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from core.errors import BadInput
+from core.migrations import SCHEMA_HEAD
+from core.states import State
+
+
+def parse_state(state: str) -> State:
+    try:
+        return State(state)
+    except ValueError:
+        raise BadInput(
+            f"bad state {state!r} (one of {', '.join(s.value for s in State)})"
+        ) from None
+
+
+def list_sandboxes(
+    dbapi_conn: Any,
+    *,
+    include_all: bool = False,
+    state: str | None = None,
+    backend: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    placeholder: str = "?",
+) -> list[dict[str, Any]]:
+    """Sandboxes, oldest first: not destroyed unless `include_all` or a `state` is given."""
+    where, params = [], []
+    if state:
+        where.append(f"state = {placeholder}")
+        params.append(parse_state(state).value)
+    elif not include_all:
+        where.append(f"state <> {placeholder}")
+        params.append(State.DESTROYED.value)
+    if backend:
+        where.append(f"backend = {placeholder}")
+        params.append(backend)
+    sql = "SELECT * FROM sandboxes"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY created_at, id"
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(sql, params)
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    finally:
+        cursor.close()
+    if labels:
+        wanted = dict(labels).items()
+        rows = [r for r in rows if wanted <= json.loads(r["labels_json"] or "{}").items()]
+    return rows
+
+
+def open_sqlite_readonly(url: str) -> sqlite3.Connection | None:
+    """A read-only connection when `url` is a current SQLite database; None otherwise."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        return None
+    path = Path(url[len(prefix):])
+    if not path.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        version = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        return None
+    if version is None or version[0] != SCHEMA_HEAD:
+        conn.close()
+        return None
+    return conn

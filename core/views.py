@@ -1,0 +1,47 @@
+"""The public shapes of records (cli.md "JSON"), shared by every front end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from core.clock import from_iso
+from core.states import State
+
+_COUNTING = (State.CREATING, State.RUNNING, State.PAUSED)
+
+
+def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
+    view = {
+        "id": row["id"],
+        "name": row["name"],
+        "profile": row["profile"],
+        "backend": row["backend"],
+        "backend_ref": row["backend_ref"],
+        "state": row["state"],
+        "owner": row["owner"],
+        "task": row["task"],
+        "labels": json.loads(row["labels_json"] or "{}"),
+        "install": row["install_id"],
+        "created_at": row["created_at"],
+        "started_at": row["started_at"],
+        "deadline": row["deadline"],
+        "hard_deadline": row["hard_deadline"],
+        "last_activity_at": row["last_activity_at"],
+        "ended_at": row["ended_at"],
+        "error": row["error"],
+    }
+    if now_iso is not None:
+        left = None
+        if row["state"] in _COUNTING:
+            left = max(0, int((from_iso(row["deadline"]) - from_iso(now_iso)).total_seconds()))
+        view["ttl_left_s"] = left
+    return view
+
+
+def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "time": row["time"], "sandbox_id": row["sandbox_id"],
+            "type": row["type"], "actor": row["actor"], "reason": row["reason"],
+            "payload": json.loads(row["payload_json"] or "{}"),
+            "prev_hash": row["prev_hash"], "hash": row["hash"]}

@@ -1,0 +1,112 @@
+"""Shared fixtures. Every test gets its own SBX_HOME (so its own database and installation
+id); everything a test creates on the engine carries the per-run label `sbx-test-run`, and
+teardown removes only those containers, by id."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_ID = uuid.uuid4().hex[:12]
+RUN_LABEL = f"sbx-test-run={RUN_ID}"
+SBX = [sys.executable, "-m", "sandboxer_tui.cli"]
+
+
+@pytest.fixture
+def sbx_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "sbx-home"
+    monkeypatch.setenv("SBX_HOME", str(home))
+    monkeypatch.delenv("SBX_DATABASE_URL", raising=False)
+    monkeypatch.delenv("SBX_PROFILE_PATH", raising=False)
+    monkeypatch.delenv("SBX_CLOCK_OFFSET", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.chdir(tmp_path)
+    return home
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self):
+        return json.loads(self.out)
+
+
+@dataclass
+class SbxRunner:
+    """Runs the real `sbx` in a subprocess with the test's own SBX_HOME."""
+
+    home: Path
+    cwd: Path
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        env.update(SBX_HOME=str(self.home), XDG_CONFIG_HOME=str(self.cwd / "xdg-config"))
+        env.update(extra or {})
+        return env
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
+                 input: str | None = None) -> Result:
+        proc = subprocess.run([*SBX, *args], cwd=self.cwd, env=self.env(env), text=True,
+                              capture_output=True, timeout=timeout, input=input)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def create(self, *args: str, env: dict[str, str] | None = None) -> dict:
+        """`sbx create --json` with the run label; fails the test if it does not work."""
+        result = self("create", "--label", RUN_LABEL, *args, "--json", env=env)
+        assert result.code == 0, result.err or result.out
+        return result.json()
+
+
+@pytest.fixture
+def sbx(sbx_home: Path, tmp_path: Path) -> Iterator[SbxRunner]:
+    runner = SbxRunner(sbx_home, tmp_path)
+    yield runner
+    remove_test_containers(sbx_home)
+
+
+def install_id_of(home: Path) -> str | None:
+    path = home / "install-id"
+    return path.read_text().strip() if path.exists() else None
+
+
+def remove_test_containers(home: Path) -> None:
+    """Remove, by id, the containers this test's installation made (and only those)."""
+    install = install_id_of(home)
+    if install is None:
+        return
+    try:
+        import docker
+    except ImportError:
+        return
+    try:
+        api = docker.APIClient(version="auto")
+        found = api.containers(all=True, filters={"label": [f"sbx.install={install}"]})
+        for info in found:
+            api.remove_container(info["Id"], force=True, v=True)
+        api.close()
+    except docker.errors.DockerException:
+        pass
+
+
+@pytest.fixture
+def docker_api() -> Iterator[object]:
+    """The real engine's API client. `make test` starts the engine; without one this fails,
+    it does not skip: the Docker tests are the point of the suite."""
+    import docker
+
+    api = docker.APIClient(version="auto")
+    api.ping()
+    yield api
+    api.close()

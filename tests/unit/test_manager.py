@@ -1,0 +1,202 @@
+"""The manager's operation pattern, on the stub backend (a test double) and a real SQLite file:
+intent, backend call, fenced result; leases; an event with every transition."""
+
+import asyncio
+import hashlib
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from adapters.base import AdapterError
+from adapters.stub import StubAdapter
+from core.clock import FrozenClock
+from core.db import Database
+from core.errors import BadInput, Conflict, LeaseLost, NotFound, OperationFailed
+from core.manager import EVENTS, SANDBOXES, Manager
+from core.profiles import ProfileLoader
+
+
+@pytest.fixture
+def stub_profile(sbx_home, tmp_path):
+    path = tmp_path / "stubby.yaml"
+    path.write_text("backend: stub\nttl: {default: 10m, max: 1h}\nlabels: {team: core}\n")
+    return ProfileLoader().load_file(path)
+
+
+@pytest.fixture
+def clock():
+    return FrozenClock()
+
+
+@pytest.fixture
+def mgr(sbx_home, clock):
+    StubAdapter.reset()
+    m = Manager(Database(f"sqlite:///{sbx_home / 'sbx.db'}"), clock, actor="tester")
+    yield m
+    asyncio.run(m.close())
+
+
+def rows(mgr, table):
+    with mgr.db.read() as conn:
+        return [dict(r) for r in conn.execute(sa.select(table)).mappings()]
+
+
+def test_create_records_intent_result_and_events(mgr, stub_profile, clock):
+    row = asyncio.run(mgr.create(stub_profile, name="one", labels={"x": "1"}, task="t"))
+    assert row["state"] == "running"
+    assert row["backend_ref"] == f"stub-{row['id']}"
+    assert row["lease_owner"] is None  # released
+    assert row["deadline"] == "2026-01-01T00:10:00.000000Z"
+    assert row["hard_deadline"] == "2026-01-01T01:00:00.000000Z"
+    request = StubAdapter.requests[row["backend_ref"]]
+    assert request.labels["sbx.id"] == row["id"]
+    assert request.labels["sbx.install"] == mgr.install_id
+    assert request.labels["sbx.hard-deadline"] == row["hard_deadline"]
+    assert request.labels["team"] == "core" and request.labels["x"] == "1"
+    assert [e["type"] for e in rows(mgr, EVENTS)] == ["sandbox.creating", "sandbox.created"]
+    assert all(e["actor"] == "tester" for e in rows(mgr, EVENTS))
+
+
+def test_ttl_longer_than_max_is_refused_before_anything_is_written(mgr, stub_profile):
+    with pytest.raises(BadInput, match="max 1h"):
+        asyncio.run(mgr.create(stub_profile, ttl=timedelta(hours=2)))
+    assert rows(mgr, SANDBOXES) == [] and rows(mgr, EVENTS) == []
+    assert StubAdapter.calls == []
+
+
+def test_missing_secret_is_refused_before_anything_is_written(mgr, sbx_home, tmp_path, monkeypatch):
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    path = tmp_path / "sec.yaml"
+    path.write_text("backend: stub\nsecrets: {TOKEN: 'env:NOT_SET_ANYWHERE'}\n")
+    with pytest.raises(BadInput, match=r"\$NOT_SET_ANYWHERE is not set"):
+        asyncio.run(mgr.create(ProfileLoader().load_file(path)))
+    assert rows(mgr, SANDBOXES) == []
+
+
+def test_secret_value_reaches_the_backend_but_not_the_database(mgr, tmp_path, monkeypatch):
+    monkeypatch.setenv("SBX_TEST_TOKEN", "tok-123456789")
+    path = tmp_path / "sec.yaml"
+    path.write_text("backend: stub\nsecrets: {TOKEN: 'env:SBX_TEST_TOKEN'}\n")
+    row = asyncio.run(mgr.create(ProfileLoader().load_file(path)))
+    assert StubAdapter.requests[row["backend_ref"]].env["TOKEN"] == "tok-123456789"
+    db_bytes = Path(mgr.db.engine.url.database).read_bytes()
+    wal = Path(str(mgr.db.engine.url.database) + "-wal")
+    assert b"tok-123456789" not in db_bytes + (wal.read_bytes() if wal.exists() else b"")
+
+
+def test_failed_create_ends_failed_with_its_event(mgr, stub_profile):
+    StubAdapter.fail_next["create"] = AdapterError("quota exceeded")
+    with pytest.raises(AdapterError, match="quota"):
+        asyncio.run(mgr.create(stub_profile))
+    (row,) = rows(mgr, SANDBOXES)
+    assert row["state"] == "failed" and row["error"] == "quota exceeded"
+    assert row["lease_owner"] is None
+    events = rows(mgr, EVENTS)
+    assert [e["type"] for e in events] == ["sandbox.creating", "sandbox.failed"]
+    assert events[-1]["reason"] == "failed"
+
+
+def test_destroy_is_idempotent_and_survives_backend_loss(mgr, stub_profile):
+    row = asyncio.run(mgr.create(stub_profile, name="gone"))
+    StubAdapter.lose(row["backend_ref"])  # removed out of band
+    done, now = asyncio.run(mgr.destroy("gone"))
+    assert now and done["state"] == "destroyed" and done["ended_at"]
+    again, now = asyncio.run(mgr.destroy(row["id"]))
+    assert not now and again["state"] == "destroyed"
+    assert [e["type"] for e in rows(mgr, EVENTS)][-2:] == ["sandbox.destroying", "sandbox.destroyed"]
+
+
+def test_a_held_lease_refuses_a_second_actor(mgr, stub_profile, sbx_home, clock):
+    row = asyncio.run(mgr.create(stub_profile))
+    lease, _ = mgr._begin(row["id"], "destroying", reason="manual")
+    other = Manager(mgr.db, clock, actor="other")
+    with pytest.raises(Conflict, match="is busy"):
+        asyncio.run(other.destroy(row["id"]))
+    assert lease.fence == 2
+
+
+def test_an_expired_lease_is_taken_over_and_the_stale_holder_cannot_commit(mgr, stub_profile, clock):
+    row = asyncio.run(mgr.create(stub_profile))
+    stale, _ = mgr._begin(row["id"], "destroying", reason="manual")  # then "crashes"
+    clock.advance(mgr.lease_ttl + timedelta(seconds=1))
+    other = Manager(mgr.db, clock, actor="reaper")
+    done, now = asyncio.run(other.destroy(row["id"]))  # completes the interrupted intent
+    assert now and done["state"] == "destroyed" and done["fence"] == 3
+    with pytest.raises(LeaseLost):
+        mgr._finish(stale, "destroyed")
+    types = [e["type"] for e in rows(mgr, EVENTS)]
+    assert types.count("sandbox.destroying") == 1 and types.count("sandbox.destroyed") == 1
+
+
+def test_failed_destroy_keeps_the_intent_for_reconcile(mgr, stub_profile):
+    row = asyncio.run(mgr.create(stub_profile))
+    StubAdapter.fail_next["destroy"] = AdapterError("engine hiccup")
+    with pytest.raises(AdapterError):
+        asyncio.run(mgr.destroy(row["id"]))
+    after = mgr.resolve(row["id"])
+    assert after["state"] == "destroying" and after["lease_owner"] is None
+    assert after["error"] == "engine hiccup"
+    done, _ = asyncio.run(mgr.destroy(row["id"]))  # a retry completes it
+    assert done["state"] == "destroyed"
+
+
+def test_resolve_by_id_prefix_and_name(mgr, stub_profile):
+    a = asyncio.run(mgr.create(stub_profile, name="alpha"))
+    b = asyncio.run(mgr.create(stub_profile))
+    assert mgr.resolve(a["id"])["id"] == a["id"]
+    assert mgr.resolve(a["id"][:-3].upper())["id"] == a["id"]
+    assert mgr.resolve(a["id"].removeprefix("sbx-")[:-2])["id"] == a["id"]
+    assert mgr.resolve("alpha")["id"] == a["id"]
+    common = next(i for i in range(30) if a["id"][i] != b["id"][i])
+    with pytest.raises(BadInput, match="ambiguous"):
+        mgr.resolve(a["id"][:common])
+    with pytest.raises(NotFound):
+        mgr.resolve("sbx-zzzz")
+
+
+def test_names_are_unique_among_sandboxes_that_are_not_destroyed(mgr, stub_profile):
+    asyncio.run(mgr.create(stub_profile, name="dup"))
+    with pytest.raises(Conflict, match="taken"):
+        asyncio.run(mgr.create(stub_profile, name="dup"))
+    asyncio.run(mgr.destroy("dup"))
+    again = asyncio.run(mgr.create(stub_profile, name="dup"))
+    assert mgr.resolve("dup")["id"] == again["id"]
+
+
+def test_exec_records_digests_not_output_and_refuses_dead_sandboxes(mgr, stub_profile, clock):
+    row = asyncio.run(mgr.create(stub_profile))
+    clock.advance(timedelta(minutes=1))
+    result = asyncio.run(mgr.exec(row["id"], ["echo", "hello"]))
+    assert (result.exit_code, result.stdout) == (0, b"hello\n")
+    event = rows(mgr, EVENTS)[-1]
+    payload = json.loads(event["payload_json"])
+    assert event["type"] == "sandbox.exec" and payload["argv"] == ["echo", "hello"]
+    assert payload["stdout"] == {"sha256": hashlib.sha256(b"hello\n").hexdigest(), "bytes": 6}
+    assert "hello\\n" not in event["payload_json"]  # the digest, never the content
+    assert mgr.resolve(row["id"])["last_activity_at"] == "2026-01-01T00:01:00.000000Z"
+    asyncio.run(mgr.destroy(row["id"]))
+    with pytest.raises(Conflict, match="is destroyed: cannot exec"):
+        asyncio.run(mgr.exec(row["id"], ["echo", "x"]))
+
+
+def test_the_chain_holds_across_operations(mgr, stub_profile):
+    for _ in range(3):
+        row = asyncio.run(mgr.create(stub_profile))
+        asyncio.run(mgr.exec(row["id"], ["true"]))
+        asyncio.run(mgr.destroy(row["id"]))
+    report = mgr.verify_events()
+    assert report.intact and report.checked == 15
+
+
+def test_unknown_backend_is_bad_input(mgr):
+    with pytest.raises(BadInput, match="unknown backend 'nowhere'"):
+        mgr.adapter("nowhere")
+
+
+def test_operation_failed_wraps_unexpected_errors(mgr, stub_profile):
+    StubAdapter.fail_next["create"] = RuntimeError("boom")
+    with pytest.raises(OperationFailed, match="create failed on stub: boom"):
+        asyncio.run(mgr.create(stub_profile))
