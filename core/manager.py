@@ -18,7 +18,7 @@ import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -44,8 +44,10 @@ from core.errors import BadInput, Conflict, LeaseLost, NotFound, OperationFailed
 from core.ids import PREFIX, new_sandbox_id, validate_name
 from core.labels import validate_labels
 from core.models import Event, Sandbox
-from core.profiles import Profile, dump
 from core.states import CREATED_EVENT, State, can_transition, transition_event
+
+if TYPE_CHECKING:  # profiles (pydantic, yaml) load only where a profile is used
+    from core.profiles import Profile
 
 SANDBOXES = Sandbox.__table__
 EVENTS = Event.__table__
@@ -257,6 +259,8 @@ class Manager:
         task: str | None = None,
     ) -> dict[str, Any]:
         """Validate everything, then intent -> backend create -> fenced result."""
+        from core.profiles import dump
+
         ttl = ttl or profile.ttl.default
         if ttl > profile.ttl.max:
             raise BadInput(
