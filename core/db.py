@@ -42,9 +42,7 @@ def make_engine(url: str) -> Engine:
         return sa.create_engine(url, pool_pre_ping=True)
     if path is not None:
         _precreate_private(path)
-    engine = sa.create_engine(
-        url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, poolclass=sa.pool.NullPool
-    )
+    engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):

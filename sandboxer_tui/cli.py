@@ -6,7 +6,6 @@ adapters) load inside the commands that need them, so `sbx ls` and `sbx --help` 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import sys
@@ -73,6 +72,8 @@ def manager():
 
 def run(coro_fn: Callable[[Any], Any]) -> Any:
     """Run one async operation with a Manager, closing it afterwards."""
+
+    import asyncio
 
     async def main() -> Any:
         mgr = manager()
@@ -148,6 +149,8 @@ def cli(ctx: click.Context) -> None:
 @command
 def doctor_command(as_json: bool) -> None:
     """Backends (reachable? credentials? SDK?), the database and versions."""
+    import asyncio
+
     from core.db import Database
     from core.doctor import report
     from core.settings import database_url
@@ -503,7 +506,12 @@ def events_verify(as_json: bool) -> None:
 
 
 def main() -> None:
-    cli(prog_name="sbx")
+    import gc
+
+    try:
+        cli(prog_name="sbx")
+    finally:
+        gc.freeze()  # nothing left to collect: skip the costly sweep at interpreter exit
 
 
 if __name__ == "__main__":
