@@ -505,13 +505,25 @@ def events_verify(as_json: bool) -> None:
         sys.exit(1)
 
 
-def main() -> None:
+def main(args: list[str] | None = None) -> None:
+    """Run sbx. Click's own usage errors follow the same rules as ours: one line (or one
+    JSON object under --json) and exit 2."""
     import gc
 
+    args = sys.argv[1:] if args is None else args
     try:
-        cli(prog_name="sbx")
+        code = cli.main(args=args, prog_name="sbx", standalone_mode=False)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "sbx"
+        fail(BadInput(f"{exc.format_message()} (see {where} --help)"), "--json" in args)
+    except click.Abort:
+        click.echo("sbx: aborted", err=True)
+        code = 1
+    except click.ClickException as exc:
+        fail(BadInput(exc.format_message()), "--json" in args)
     finally:
         gc.freeze()  # nothing left to collect: skip the costly sweep at interpreter exit
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

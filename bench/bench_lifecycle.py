@@ -1,0 +1,708 @@
+"""Lifecycle benchmark for sbx, against a real local Docker engine.
+
+    .venv/bin/python bench/bench_lifecycle.py [--rounds N] [--json FILE]
+
+Three measurements in one run, each against its target:
+
+1. CLI: `sbx create --json` + `sbx destroy --yes ID` (fresh processes, an isolated SBX_HOME)
+   against `docker run -d ...` + `docker rm -f ID` with the same image, command and limits.
+   Rounds are interleaved (sbx, docker, sbx, docker, ...) to cancel drift.
+   Target: median(sbx) / median(docker) <= 1.3.
+2. Manager overhead in-process: time of Manager.create / Manager.destroy minus the time spent
+   inside the docker adapter (ensure_available, create, destroy, list). Target: <= 10 ms.
+3. `sbx ls --json` and `sbx ls` over 1,000 sandboxes in the database (seeded through
+   Manager.create on the `stub` test double). Target: <= 0.3 s.
+
+Then, for information: phases of one `sbx create` in a fresh process, and the most expensive
+imports of `sbx ls --json` (python -X importtime).
+
+Only containers this run made are removed, by id; the run label `sbx-bench=<runid>` is on all
+of them, and a final check lists (and removes, by id) any of them still present. Never prunes.
+Exit status 0 whatever the figures (this is a report); non-zero only when something crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TARGET_RATIO = 1.3
+TARGET_OVERHEAD_S = 0.010
+TARGET_LS_S = 0.3
+SEED_COUNT = 1000
+IMAGE = "sandboxer/base:busybox"
+# the same limits as profiles/default.yaml (cpu 1, memory 512MiB without swap, pids 256)
+DOCKER_LIMITS = ["--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                 "--memory", "512m", "--memory-swap", "512m", "--cpus", "1",
+                 "--pids-limit", "256"]
+TIMEOUT_S = 120
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def p90(xs: Sequence[float]) -> float:
+    """Nearest-rank 90th percentile (for 10 samples: the 9th smallest)."""
+    if not xs:
+        return math.nan
+    ordered = sorted(xs)
+    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+def ms(seconds: float) -> str:
+    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
+
+
+def secs(seconds: float) -> str:
+    return "-" if seconds is None or math.isnan(seconds) else f"{seconds:.3f} s"
+
+
+def print_table(headers: list[str], rows: list[list[Any]], title: str | None = None) -> None:
+    body = [[str(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    if title:
+        print(f"\n{title}")
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    print(line.rstrip())
+    print("  ".join("-" * w for w in widths))
+    for r in body:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+class CommandFailed(RuntimeError):
+    pass
+
+
+def run_cmd(argv: Sequence[str], *, env: dict[str, str] | None = None,
+            cwd: Path | None = None, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
+    """Run one command; return (wall seconds, result). Raises CommandFailed on a non-zero exit."""
+    started = time.perf_counter()
+    proc = subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    if check and proc.returncode != 0:
+        raise CommandFailed(f"{' '.join(argv)} exited {proc.returncode}: "
+                            f"{(proc.stderr or proc.stdout).strip()[:500]}")
+    return elapsed, proc
+
+
+class Timer:
+    """Accumulates time spent inside wrapped async methods / context managers."""
+
+    def __init__(self) -> None:
+        self.by: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    @property
+    def total(self) -> float:
+        return sum(self.by.values())
+
+    def reset(self) -> None:
+        self.by.clear()
+        self.calls.clear()
+
+    def add(self, name: str, dt: float) -> None:
+        self.by[name] += dt
+        self.calls[name] += 1
+
+    def wrap_async(self, obj: Any, names: Sequence[str]) -> None:
+        for name in names:
+            setattr(obj, name, self._async(name, getattr(obj, name)))
+
+    def _async(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                self.add(name, time.perf_counter() - started)
+
+        return timed
+
+    def wrap_cm(self, obj: Any, names: Sequence[str]) -> None:
+        for name in names:
+            setattr(obj, name, self._cm(name, getattr(obj, name)))
+
+    def _cm(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @contextmanager
+        def timed(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            started = time.perf_counter()
+            try:
+                with fn(*args, **kwargs) as value:
+                    yield value
+            finally:
+                self.add(name, time.perf_counter() - started)
+
+        return timed
+
+
+# -- the run context -------------------------------------------------------------------------
+
+
+class Context:
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.run_id = uuid.uuid4().hex[:12]
+        self.label = f"sbx-bench={self.run_id}"
+        self._tmp = tempfile.TemporaryDirectory(prefix="sbx-bench-")
+        self.tmp = Path(self._tmp.name)
+        sbx = Path(sys.executable).parent / "sbx"
+        self.sbx = [str(sbx)] if sbx.exists() else [sys.executable, "-m", "sandboxer_tui.cli"]
+        # what this run made and has not removed yet: sbx id -> SBX_HOME; docker container ids
+        self.sbx_live: dict[str, Path] = {}
+        self.docker_live: set[str] = set()
+        self.cleanup_notes: list[str] = []
+
+    def home(self, name: str) -> Path:
+        path = self.tmp / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def sbx_env(self, home: Path) -> dict[str, str]:
+        """Explicit environment for sbx subprocesses: our own SBX_HOME and config dir, no other SBX_*."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        env["SBX_HOME"] = str(home)
+        env["XDG_CONFIG_HOME"] = str(self.tmp / "xdg-config")
+        env["SBX_ACTOR"] = "sbx-bench"
+        return env
+
+    def cleanup(self) -> None:
+        for sid, home in list(self.sbx_live.items()):
+            try:
+                run_cmd([*self.sbx, "destroy", "--yes", sid], env=self.sbx_env(home), cwd=self.tmp)
+                self.sbx_live.pop(sid)
+                self.cleanup_notes.append(f"cleanup: sbx destroy {sid}")
+            except Exception as exc:  # keep going; reported below
+                self.cleanup_notes.append(f"cleanup: sbx destroy {sid} FAILED: {exc}")
+        if self.docker_live:
+            ids = sorted(self.docker_live)
+            _, proc = run_cmd(["docker", "rm", "-f", *ids], check=False)
+            self.cleanup_notes.append(f"cleanup: docker rm -f {len(ids)} container(s): rc {proc.returncode}")
+            if proc.returncode == 0:
+                self.docker_live.clear()
+        # last check: anything still carrying this run's unique label is ours; remove it by id
+        _, proc = run_cmd(["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={self.label}"],
+                          check=False)
+        left = proc.stdout.split()
+        if left:
+            run_cmd(["docker", "rm", "-f", *left], check=False)
+            self.cleanup_notes.append(f"cleanup: {len(left)} leftover container(s) with "
+                                      f"{self.label} removed by id: {' '.join(i[:12] for i in left)}")
+        self._tmp.cleanup()
+
+
+# -- 1. CLI create+destroy vs raw docker -----------------------------------------------------
+
+
+def bench_cli(ctx: Context) -> dict[str, Any]:
+    from adapters.docker import KEEPALIVE  # ["sh", "-c", "<script>"]
+
+    home = ctx.home("cli-home")
+    env = ctx.sbx_env(home)
+
+    def sbx_round() -> tuple[float, float]:
+        t_create, proc = run_cmd([*ctx.sbx, "create", "--label", ctx.label, "--json"],
+                                 env=env, cwd=ctx.tmp)
+        sid = json.loads(proc.stdout)["id"]
+        ctx.sbx_live[sid] = home
+        t_destroy, _ = run_cmd([*ctx.sbx, "destroy", "--yes", sid], env=env, cwd=ctx.tmp)
+        ctx.sbx_live.pop(sid, None)
+        return t_create, t_destroy
+
+    def docker_round() -> tuple[float, float]:
+        t_run, proc = run_cmd(["docker", "run", "-d", *DOCKER_LIMITS, "--label", ctx.label,
+                               IMAGE, *KEEPALIVE])
+        cid = proc.stdout.split()[-1]
+        ctx.docker_live.add(cid)
+        t_rm, _ = run_cmd(["docker", "rm", "-f", cid])
+        ctx.docker_live.discard(cid)
+        return t_run, t_rm
+
+    # warm-up, not counted: the first sbx create makes and migrates the database
+    cold_create, cold_destroy = sbx_round()
+    docker_round()
+
+    sbx_c, sbx_d, dock_c, dock_d = [], [], [], []
+    for _ in range(ctx.rounds):
+        c, d = sbx_round()
+        sbx_c.append(c)
+        sbx_d.append(d)
+        c, d = docker_round()
+        dock_c.append(c)
+        dock_d.append(d)
+    sbx_total = [c + d for c, d in zip(sbx_c, sbx_d, strict=True)]
+    dock_total = [c + d for c, d in zip(dock_c, dock_d, strict=True)]
+
+    version = [run_cmd([*ctx.sbx, "--version"], env=env, cwd=ctx.tmp)[0] for _ in range(ctx.rounds)]
+    pypass = [run_cmd([sys.executable, "-c", "pass"])[0] for _ in range(ctx.rounds)]
+    dversion = [run_cmd(["docker", "--version"])[0] for _ in range(ctx.rounds)]
+
+    ratio = median(sbx_total) / median(dock_total)
+    result = {
+        "rounds": ctx.rounds,
+        "sbx": {"create_s": sbx_c, "destroy_s": sbx_d, "total_s": sbx_total},
+        "docker": {"run_s": dock_c, "rm_s": dock_d, "total_s": dock_total},
+        "sbx_cold_first_create_s": cold_create,
+        "sbx_cold_first_destroy_s": cold_destroy,
+        "sbx_version_s": version,
+        "python_pass_s": pypass,
+        "docker_version_s": dversion,
+        "median": {
+            "sbx_create": median(sbx_c), "sbx_destroy": median(sbx_d),
+            "sbx_total": median(sbx_total),
+            "docker_run": median(dock_c), "docker_rm": median(dock_d),
+            "docker_total": median(dock_total),
+            "sbx_version": median(version), "python_pass": median(pypass),
+            "docker_version": median(dversion),
+        },
+        "ratio": ratio,
+    }
+    m = result["median"]
+    print_table(
+        ["step", "sbx (median)", "docker (median)", "sbx - docker", "sbx / docker"],
+        [
+            ["create / run -d", ms(m["sbx_create"]), ms(m["docker_run"]),
+             ms(m["sbx_create"] - m["docker_run"]), f"{m['sbx_create'] / m['docker_run']:.2f}x"],
+            ["destroy / rm -f", ms(m["sbx_destroy"]), ms(m["docker_rm"]),
+             ms(m["sbx_destroy"] - m["docker_rm"]), f"{m['sbx_destroy'] / m['docker_rm']:.2f}x"],
+            ["create + destroy", ms(m["sbx_total"]), ms(m["docker_total"]),
+             ms(m["sbx_total"] - m["docker_total"]), f"{ratio:.2f}x"],
+            ["bare start-up (--version)", ms(m["sbx_version"]), ms(m["docker_version"]), "", ""],
+        ],
+        title=f"1. CLI create+destroy vs raw docker ({ctx.rounds} interleaved rounds, "
+              f"fresh process each)",
+    )
+    print(f"   python -c pass: {ms(m['python_pass'])}; first create in a fresh SBX_HOME "
+          f"(db made + migrated, not counted): {ms(cold_create)}")
+    print(f"   ratio of medians (sbx / docker): {ratio:.2f}  (target <= {TARGET_RATIO})")
+    return result
+
+
+# -- 2. Manager overhead in-process ----------------------------------------------------------
+
+
+async def bench_manager(ctx: Context) -> dict[str, Any]:
+    from core.db import Database
+    from core.manager import Manager
+    from core.profiles import ProfileLoader
+
+    home = ctx.home("mgr-home")
+    db = Database(f"sqlite:///{home / 'sbx.db'}")
+    mgr = Manager(db, actor="sbx-bench")
+    profile = ProfileLoader().load("default")
+    adapter = mgr.adapter(profile.backend)
+    inside = Timer()
+    inside.wrap_async(adapter, ["ensure_available", "create", "destroy", "list"])
+    dbt = Timer()
+    dbt.wrap_cm(db, ["write", "read"])
+    labels = dict([ctx.label.split("=", 1)])
+    live: dict[str, str | None] = {}  # sbx id -> backend ref
+
+    async def one_round() -> dict[str, float]:
+        out: dict[str, float] = {}
+        inside.reset()
+        dbt.reset()
+        started = time.perf_counter()
+        row = await mgr.create(profile, labels=labels)
+        out["create_total"] = time.perf_counter() - started
+        live[row["id"]] = row["backend_ref"]
+        out["create_adapter"] = inside.total
+        out["create_ensure"] = inside.by["ensure_available"]
+        out["create_db"] = dbt.total
+        out["create_tx"] = sum(dbt.calls.values())
+        inside.reset()
+        dbt.reset()
+        started = time.perf_counter()
+        await mgr.destroy(row["id"])
+        out["destroy_total"] = time.perf_counter() - started
+        live.pop(row["id"], None)
+        out["destroy_adapter"] = inside.total
+        out["destroy_ensure"] = inside.by["ensure_available"]
+        out["destroy_db"] = dbt.total
+        out["destroy_tx"] = sum(dbt.calls.values())
+        return out
+
+    samples: list[dict[str, float]] = []
+    try:
+        await one_round()  # warm-up: migration, docker-py import, client + version handshake
+        for _ in range(ctx.rounds):
+            samples.append(await one_round())
+    finally:
+        for sid, ref in list(live.items()):
+            try:
+                await mgr.destroy(sid)
+            except Exception as exc:
+                ctx.cleanup_notes.append(f"cleanup: Manager.destroy {sid} failed ({exc}); "
+                                         f"removing {ref} directly")
+                if ref:
+                    await adapter.destroy(ref)
+        await mgr.close()
+
+    def col(key: str) -> list[float]:
+        return [s[key] for s in samples]
+
+    result: dict[str, Any] = {"rounds": ctx.rounds, "samples": samples}
+    rows = []
+    for op in ("create", "destroy"):
+        overhead = [s[f"{op}_total"] - s[f"{op}_adapter"] for s in samples]
+        other = [s[f"{op}_total"] - s[f"{op}_adapter"] - s[f"{op}_db"] for s in samples]
+        result[op] = {
+            "overhead_median_s": median(overhead), "overhead_p90_s": p90(overhead),
+            "total_median_s": median(col(f"{op}_total")),
+            "adapter_median_s": median(col(f"{op}_adapter")),
+            "ensure_available_median_s": median(col(f"{op}_ensure")),
+            "db_median_s": median(col(f"{op}_db")),
+            "other_median_s": median(other),
+            "transactions": int(median(col(f"{op}_tx"))),
+        }
+        r = result[op]
+        rows.append([f"Manager.{op}", ms(r["total_median_s"]), ms(r["adapter_median_s"]),
+                     ms(r["ensure_available_median_s"]), ms(r["overhead_median_s"]),
+                     ms(r["overhead_p90_s"]), f"{ms(r['db_median_s'])} ({r['transactions']} tx)",
+                     ms(r["other_median_s"])])
+    print_table(
+        ["operation", "total", "in adapter", "(of which ping)", "overhead med", "overhead p90",
+         "in db transactions", "other python"],
+        rows,
+        title=f"2. Manager overhead in-process, docker backend ({ctx.rounds} rounds, medians; "
+              f"overhead = total - time inside the adapter)",
+    )
+    print(f"   target: overhead <= {TARGET_OVERHEAD_S * 1000:.0f} ms per operation")
+    return result
+
+
+# -- 3. sbx ls with 1,000 sandboxes ----------------------------------------------------------
+
+
+async def seed(home: Path, count: int, label: str) -> float:
+    from core.db import Database
+    from core.manager import Manager
+    from core.profiles import ProfileLoader
+
+    profile_file = home.parent / "bench-stub.yaml"
+    profile_file.write_text("name: bench-stub\ndescription: sbx-bench seed (stub test double)\n"
+                            "backend: stub\n")
+    profile = ProfileLoader().load_file(profile_file)
+    mgr = Manager(Database(f"sqlite:///{home / 'sbx.db'}"), actor="sbx-bench")
+    labels = dict([label.split("=", 1)])
+    started = time.perf_counter()
+    try:
+        for _ in range(count):
+            await mgr.create(profile, labels=labels)
+    finally:
+        await mgr.close()
+    return time.perf_counter() - started
+
+
+def bench_ls(ctx: Context) -> dict[str, Any]:
+    home = ctx.home("ls-home")
+    env = ctx.sbx_env(home)
+    seed_s = asyncio.run(seed(home, SEED_COUNT, ctx.label))
+    _, proc = run_cmd([*ctx.sbx, "ls", "--json"], env=env, cwd=ctx.tmp)  # check + warm-up
+    listed = len(json.loads(proc.stdout))
+    if listed != SEED_COUNT:
+        raise RuntimeError(f"sbx ls --json listed {listed} sandboxes, expected {SEED_COUNT}")
+    ls_json, ls_table, pypass = [], [], []
+    for _ in range(ctx.rounds):
+        ls_json.append(run_cmd([*ctx.sbx, "ls", "--json"], env=env, cwd=ctx.tmp)[0])
+        ls_table.append(run_cmd([*ctx.sbx, "ls"], env=env, cwd=ctx.tmp)[0])
+        pypass.append(run_cmd([sys.executable, "-c", "pass"])[0])
+    version = [run_cmd([*ctx.sbx, "--version"], env=env, cwd=ctx.tmp)[0] for _ in range(ctx.rounds)]
+    result = {
+        "sandboxes": SEED_COUNT, "seed_s": seed_s, "seed_per_create_s": seed_s / SEED_COUNT,
+        "ls_json_s": ls_json, "ls_s": ls_table, "python_pass_s": pypass, "sbx_version_s": version,
+        "median": {"ls_json": median(ls_json), "ls": median(ls_table),
+                   "python_pass": median(pypass), "sbx_version": median(version)},
+        "p90": {"ls_json": p90(ls_json), "ls": p90(ls_table)},
+        "home": home,
+    }
+    m = result["median"]
+    print_table(
+        ["command", "median", "p90"],
+        [["sbx ls --json", secs(m["ls_json"]), secs(result["p90"]["ls_json"])],
+         ["sbx ls", secs(m["ls"]), secs(result["p90"]["ls"])],
+         ["sbx --version", secs(m["sbx_version"]), ""],
+         ["python -c pass", secs(m["python_pass"]), ""]],
+        title=f"3. sbx ls with {SEED_COUNT} sandboxes in the database ({ctx.rounds} rounds, "
+              f"fresh process each)",
+    )
+    print(f"   seeding {SEED_COUNT} via Manager.create on the stub backend: {seed_s:.2f} s "
+          f"({ms(seed_s / SEED_COUNT)} per create, all overhead); target: ls <= {TARGET_LS_S} s")
+    return result
+
+
+# -- 4. where the time goes (information) ----------------------------------------------------
+
+# One `sbx create` + destroy in a fresh process, the way the CLI does it, with a clock at each
+# phase. Prints one JSON document.
+PROBE = r"""
+import time
+T0_WALL = time.time()
+T0 = time.perf_counter()
+phases = []
+last = [T0]
+def mark(name):
+    now = time.perf_counter()
+    phases.append([name, now - last[0]])
+    last[0] = now
+import sys, json, asyncio
+import sandboxer_tui.cli
+mark("import sandboxer_tui.cli (click)")
+from core.manager import Manager
+from core.profiles import ProfileLoader
+try:
+    from core.views import sandbox_view
+except ImportError:  # older layout
+    from core.manager import sandbox_view
+mark("import core.manager + core.profiles (sqlalchemy, pydantic, yaml)")
+profile = ProfileLoader().load("default")
+mark("load profile 'default' (yaml + pydantic)")
+label = sys.argv[1].split("=", 1)
+
+async def main():
+    mgr = Manager()
+    mark("Manager() (engine, install id)")
+    adapter = mgr.adapter("docker")
+    mark("import adapters.docker (docker-py)")
+    await asyncio.to_thread(adapter._client)
+    mark("docker.APIClient(version='auto') (GET /version)")
+    api = adapter._api
+    spent = {}
+    def wrap(obj, name, key):
+        fn = getattr(obj, name)
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
+        setattr(obj, name, timed)
+    for name in ("ping", "create_container", "start", "remove_container"):
+        wrap(api, name, "api." + name)
+    db_time = {"t": 0.0}
+    from contextlib import contextmanager
+    for name in ("write", "read"):
+        fn = getattr(mgr.db, name)
+        def make(fn):
+            @contextmanager
+            def timed(*a, **k):
+                t = time.perf_counter()
+                try:
+                    with fn(*a, **k) as c:
+                        yield c
+                finally:
+                    db_time["t"] += time.perf_counter() - t
+            return timed
+        setattr(mgr.db, name, make(fn))
+    t = time.perf_counter()
+    row = await mgr.create(profile, labels={label[0]: label[1]})
+    total = time.perf_counter() - t
+    last[0] = time.perf_counter()
+    phases.append(["  Manager.create: docker ping (ensure_available)", spent.get("api.ping", 0.0)])
+    phases.append(["  Manager.create: docker create_container", spent.get("api.create_container", 0.0)])
+    phases.append(["  Manager.create: docker start", spent.get("api.start", 0.0)])
+    phases.append(["  Manager.create: db transactions", db_time["t"]])
+    docker_calls = sum(spent.values())
+    phases.append(["  Manager.create: everything else", total - docker_calls - db_time["t"]])
+    out = json.dumps(sandbox_view(row, row["created_at"]), indent=2)
+    mark("sandbox_view + json")
+    spent.clear(); db_time["t"] = 0.0
+    t = time.perf_counter()
+    await mgr.destroy(row["id"])
+    dtotal = time.perf_counter() - t
+    last[0] = time.perf_counter()
+    await mgr.close()
+    mark("Manager.close()")
+    return row["id"], total, dtotal, dict(spent), db_time["t"]
+
+sid, total, dtotal, dspent, ddb = asyncio.run(main())
+inner = time.perf_counter() - T0
+print(json.dumps({"id": sid, "phases": phases, "create_total": total, "destroy_total": dtotal,
+                  "destroy_ping": dspent.get("api.ping", 0.0),
+                  "destroy_remove": dspent.get("api.remove_container", 0.0),
+                  "destroy_db": ddb, "inner_total": inner, "t0_wall": T0_WALL,
+                  "end_wall": time.time()}), flush=True)
+"""
+
+
+def bench_phases(ctx: Context, rounds: int = 3) -> dict[str, Any]:
+    home = ctx.home("probe-home")
+    env = ctx.sbx_env(home)
+    runs = []
+    for i in range(rounds + 1):  # the first one migrates the database: not counted
+        spawned = time.time()
+        wall, proc = run_cmd([sys.executable, "-c", PROBE, ctx.label], env=env, cwd=ctx.tmp)
+        reaped = time.time()
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+        if i:
+            data["wall"] = wall
+            data["startup"] = data["t0_wall"] - spawned
+            data["exit"] = reaped - data["end_wall"]
+            runs.append(data)
+    names = [p[0] for p in runs[0]["phases"]]
+    med = {n: median([dict(map(tuple, r["phases"]))[n] for r in runs]) for n in names}
+    startup = median([r["startup"] for r in runs])
+    rows = [["spawn + python start-up + site (before the script's first line)", ms(startup)]]
+    rows += [[n, ms(med[n])] for n in names]
+    destroy = {k: median([r[k] for r in runs]) for k in
+               ("create_total", "destroy_total", "destroy_ping", "destroy_remove", "destroy_db")}
+    rows.insert(1 + names.index("sandbox_view + json"),
+                ["Manager.create total (the rows above marked with two spaces)",
+                 ms(destroy["create_total"])])
+    rows.append(["in-process Manager.destroy (same process; CLI destroy pays start-up again)",
+                 ms(destroy["destroy_total"])])
+    rows.append(["  of which docker ping / remove_container / db",
+                 f"{ms(destroy['destroy_ping'])} / {ms(destroy['destroy_remove'])} / "
+                 f"{ms(destroy['destroy_db'])}"])
+    exit_s = median([r["exit"] for r in runs])
+    rows.append(["interpreter exit (after the last line, until reaped)", ms(exit_s)])
+    rows.append(["whole probe process, wall", ms(median([r["wall"] for r in runs]))])
+    print_table(["phase of one `sbx create` in a fresh process", "median"], rows,
+                title=f"4. Where the time goes in `sbx create` ({rounds} fresh processes)")
+    return {"rounds": rounds, "python_startup_s": startup, "python_exit_s": exit_s, "phases_median_s": med, **destroy,
+            "runs": runs}
+
+
+def import_profile(ctx: Context, home: Path, top: int = 10) -> dict[str, Any]:
+    env = ctx.sbx_env(home)
+    _, proc = run_cmd([sys.executable, "-X", "importtime", "-m", "sandboxer_tui.cli", "ls", "--json"],
+                      env=env, cwd=ctx.tmp)
+    entries = []
+    for line in proc.stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, cum_us, raw = line.split(":", 1)[1].split("|")
+        name = raw[1:]  # one space after the bar, then two per level of nesting
+        entries.append({"module": name.strip(), "depth": (len(name) - len(name.lstrip())) // 2,
+                        "self_us": int(self_us), "cumulative_us": int(cum_us)})
+    total_us = sum(e["self_us"] for e in entries)
+    top_level = sorted((e for e in entries if e["depth"] == 0), key=lambda e: -e["cumulative_us"])
+    by_self = sorted(entries, key=lambda e: -e["self_us"])
+    print_table(["top-level import (cumulative)", "ms", "", "module (self time)", "ms"],
+                [[a["module"], f"{a['cumulative_us'] / 1000:.1f}", "", b["module"],
+                  f"{b['self_us'] / 1000:.1f}"]
+                 for a, b in zip(top_level[:top], by_self[:top], strict=False)],
+                title=f"5. Imports of `sbx ls --json` (python -X importtime, one run; "
+                      f"{len(entries)} modules, {total_us / 1000:.0f} ms in total)")
+    return {"modules": len(entries), "total_ms": total_us / 1000,
+            "top_cumulative": top_level[:top], "top_self": by_self[:top]}
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def preflight() -> dict[str, Any]:
+    _, proc = run_cmd(["docker", "version", "--format", "{{.Server.Version}}"])
+    _, img = run_cmd(["docker", "image", "inspect", "--format", "{{.Id}}", IMAGE], check=False)
+    if img.returncode != 0:
+        raise SystemExit(f"the base image {IMAGE} is not on the engine; `make image` builds it")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
+                                capture_output=True, text=True).stdout.strip())
+    return {"docker_server": proc.stdout.strip(), "python": platform.python_version(),
+            "platform": platform.platform(), "cpus": os.cpu_count(),
+            "git_commit": commit + ("+dirty" if dirty else ""),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def verdict(value: float, target: float) -> str:
+    return "PASS" if value <= target else "MISS"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10, help="rounds per measurement (default 10)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+
+    meta = preflight()
+    ctx = Context(args.rounds)
+    # this process's own sbx state, away from the user's
+    for key in [k for k in os.environ if k.startswith("SBX_")]:
+        del os.environ[key]
+    os.environ["SBX_HOME"] = str(ctx.home("inproc-home"))
+    os.environ["XDG_CONFIG_HOME"] = str(ctx.tmp / "xdg-config")
+    meta.update(run_id=ctx.run_id, label=ctx.label, rounds=args.rounds, sbx=" ".join(ctx.sbx))
+    print(f"sbx lifecycle benchmark  run {ctx.run_id}  commit {meta['git_commit']}  "
+          f"docker {meta['docker_server']}  python {meta['python']}  {meta['cpus']} cpus")
+
+    started = time.perf_counter()
+    results: dict[str, Any] = {"meta": meta}
+    try:
+        results["cli"] = bench_cli(ctx)
+        results["manager"] = asyncio.run(bench_manager(ctx))
+        results["ls"] = bench_ls(ctx)
+        results["phases"] = bench_phases(ctx)
+        results["imports"] = import_profile(ctx, results["ls"].pop("home"))
+    finally:
+        ctx.cleanup()
+        for note in ctx.cleanup_notes:
+            print(note, file=sys.stderr)
+        if ctx.sbx_live or ctx.docker_live:
+            print(f"WARNING: not removed: {sorted(ctx.sbx_live)} {sorted(ctx.docker_live)}",
+                  file=sys.stderr)
+
+    cli, mgr, ls = results["cli"], results["manager"], results["ls"]
+    summary = [
+        ("CLI create+destroy, ratio of medians sbx/docker", cli["ratio"], TARGET_RATIO,
+         f"{cli['ratio']:.2f}", f"<= {TARGET_RATIO}"),
+        ("Manager.create overhead, median", mgr["create"]["overhead_median_s"], TARGET_OVERHEAD_S,
+         ms(mgr["create"]["overhead_median_s"]), f"<= {TARGET_OVERHEAD_S * 1000:.0f} ms"),
+        ("Manager.create overhead, p90", mgr["create"]["overhead_p90_s"], TARGET_OVERHEAD_S,
+         ms(mgr["create"]["overhead_p90_s"]), f"<= {TARGET_OVERHEAD_S * 1000:.0f} ms"),
+        ("Manager.destroy overhead, median", mgr["destroy"]["overhead_median_s"], TARGET_OVERHEAD_S,
+         ms(mgr["destroy"]["overhead_median_s"]), f"<= {TARGET_OVERHEAD_S * 1000:.0f} ms"),
+        ("Manager.destroy overhead, p90", mgr["destroy"]["overhead_p90_s"], TARGET_OVERHEAD_S,
+         ms(mgr["destroy"]["overhead_p90_s"]), f"<= {TARGET_OVERHEAD_S * 1000:.0f} ms"),
+        (f"sbx ls --json, {SEED_COUNT} sandboxes, median", ls["median"]["ls_json"], TARGET_LS_S,
+         secs(ls["median"]["ls_json"]), f"<= {TARGET_LS_S} s"),
+        (f"sbx ls, {SEED_COUNT} sandboxes, median", ls["median"]["ls"], TARGET_LS_S,
+         secs(ls["median"]["ls"]), f"<= {TARGET_LS_S} s"),
+    ]
+    rows = [[name, shown, target_text, verdict(value, target)]
+            for name, value, target, shown, target_text in summary]
+    rows += [
+        ["  for reference: sbx create+destroy / docker run+rm (medians)",
+         f"{ms(cli['median']['sbx_total'])} / {ms(cli['median']['docker_total'])}", "", "info"],
+        ["  for reference: sbx --version / python -c pass (medians)",
+         f"{ms(cli['median']['sbx_version'])} / {ms(cli['median']['python_pass'])}", "", "info"],
+    ]
+    print_table(["measurement", "value", "target", "result"], rows,
+                title=f"SUMMARY (run {ctx.run_id}, {time.perf_counter() - started:.0f} s)")
+    results["summary"] = [{"measurement": n, "value": v, "target": t, "pass": v <= t}
+                          for n, v, t, _, _ in summary]
+    results["elapsed_s"] = time.perf_counter() - started
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Bad input gets a clear one-line error and changes nothing (reliability.md guarantee 14).
+
+Each case runs the real `sbx` against an installation that already has a real sandbox (and a
+destroyed one), snapshots the database rows and this installation's containers on the engine,
+runs the bad command, and checks: the exit code from cli.md, one line on stderr naming the
+offending thing, and an identical snapshot afterwards.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from conftest import install_id_of
+
+pytestmark = pytest.mark.docker
+
+
+# -- the snapshot of "everything that could change" ----------------------------------------
+
+
+def table_rows(home: Path, table: str) -> list[tuple]:
+    path = home / "sbx.db"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
+    finally:
+        conn.close()
+
+
+def snapshot(home: Path, docker_api) -> dict:
+    install = install_id_of(home)
+    containers = sorted(
+        c["Id"] for c in docker_api.containers(
+            all=True, filters={"label": [f"sbx.install={install}"]})
+    ) if install else []
+    return {
+        "sandboxes": table_rows(home, "sandboxes"),
+        "events": table_rows(home, "events"),
+        "containers": containers,
+    }
+
+
+# -- the cases ------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    argv: list[str]
+    code: int
+    mentions: list[str]  # what the message must name (file, field, value)
+    files: dict[str, str] = field(default_factory=dict)
+    lines: int = 1  # lines expected on stderr
+    never: list[str] = field(default_factory=list)  # what must never be printed
+
+
+def profile_case(name: str, body: str, *mentions: str, **kw) -> Case:
+    file = f"{name}.yaml"
+    return Case(["create", "--profile-file", file], 2, [file, *mentions], {file: body}, **kw)
+
+
+GOOD = "backend: docker\nimage: sandboxer/base:busybox\n"
+
+CASES: dict[str, Case] = {
+    "unknown-profile": Case(["create", "--profile", "nope"], 3, ["nope"]),
+    "unknown-backend": profile_case("bad-backend", "backend: nope\n", "backend", "nope"),
+    "invalid-yaml": profile_case("broken", "backend: docker\nimage: [unclosed\n"),
+    "wrong-type-memory": profile_case(
+        "mem-list", "backend: docker\nresources:\n  memory: [1]\n", "resources.memory"),
+    "wrong-type-ttl": profile_case(
+        "ttl-int", "backend: docker\nttl:\n  default: 5\n", "ttl.default"),
+    "unknown-field": profile_case("extra", "backend: docker\nbogus_field: 1\n", "bogus_field"),
+    "default-over-max": profile_case(
+        "over", "backend: docker\nttl:\n  default: 5h\n  max: 1h\n", "ttl", "5h", "1h"),
+    "secret-as-value": profile_case(
+        "leaky", "backend: docker\nsecrets:\n  API_TOKEN: hunter2-s3cr3t\n",
+        "secrets", "API_TOKEN", never=["hunter2-s3cr3t"]),
+    "ttl-zero": Case(["create", "--ttl", "0s"], 2, ["--ttl", "'0s'"]),
+    "ttl-negative": Case(["create", "--ttl", "-5m"], 2, ["--ttl", "'-5m'"]),
+    "ttl-word": Case(["create", "--ttl", "abc"], 2, ["--ttl", "'abc'"]),
+    "ttl-unit": Case(["create", "--ttl", "1x"], 2, ["--ttl", "'1x'"]),
+    "ttl-empty": Case(["create", "--ttl", ""], 2, ["--ttl"]),
+    "ttl-over-profile-max": Case(["create", "--ttl", "5h"], 2, ["5h", "default", "4h"]),
+    "label-no-equals": Case(["create", "--label", "noequals"], 2, ["noequals"]),
+    "label-upper": Case(["create", "--label", "Bad=1"], 2, ["Bad"]),
+    "label-reserved": Case(["create", "--label", "sbx.id=x"], 2, ["sbx.id"]),
+    "label-dash": Case(["create", "--label", "-x=1"], 2, ["-x"]),
+    "name-bad": Case(["create", "--name", "no spaces"], 2, ["no spaces"]),
+    "both-profile-options": Case(
+        ["create", "--profile", "default", "--profile-file", "good.yaml"], 2,
+        ["--profile", "--profile-file"], {"good.yaml": GOOD}),
+    "show-unknown": Case(["show", "sbx-zzzzzzzz"], 3, ["sbx-zzzzzzzz"]),
+    "exec-unknown": Case(["exec", "sbx-zzzzzzzz", "--", "sh", "-c", "echo"], 3,
+                         ["sbx-zzzzzzzz"]),
+    "destroy-unknown": Case(["destroy", "sbx-zzzzzzzz"], 3, ["sbx-zzzzzzzz"]),
+    "destroy-one-unknown-of-two": Case(["destroy", "{live}", "sbx-zzzzzzzz"], 3,
+                                       ["sbx-zzzzzzzz"]),
+    "logs-unknown": Case(["logs", "sbx-zzzzzzzz"], 3, ["sbx-zzzzzzzz"]),
+    "exec-bad-timeout": Case(["exec", "{live}", "--timeout", "soon", "--", "sh", "-c", "echo"],
+                             2, ["--timeout", "soon"]),
+    "exec-in-destroyed": Case(["exec", "{destroyed}", "--", "sh", "-c", "echo"], 4,
+                              ["{destroyed}", "destroyed"]),
+    "logs-of-destroyed": Case(["logs", "{destroyed}"], 4, ["{destroyed}", "destroyed"]),
+    "validate-two-bad": Case(
+        ["profiles", "validate", "first-bad.yaml", "second-bad.yaml"], 2,
+        ["first-bad.yaml", "second-bad.yaml", "backend", "bogus_field"],
+        {"first-bad.yaml": "backend: nope\n", "second-bad.yaml": "backend: docker\nbogus_field: 1\n"},
+        lines=2),
+    "unknown-flag": Case(["create", "--bogus"], 2, ["--bogus"]),
+    "ls-unknown-state": Case(["ls", "--state", "sleeping"], 2, ["sleeping"]),
+}
+
+
+def make_world(sbx, case: Case) -> dict[str, str]:
+    """A live sandbox, so that "unchanged" means something; a destroyed one when needed."""
+    world = {"live": sbx.create()["id"]}
+    if any("{destroyed}" in a for a in case.argv):
+        world["destroyed"] = sbx.create()["id"]
+        assert sbx("destroy", world["destroyed"]).code == 0
+    return world
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_refused_with_one_line_and_changes_nothing(name, sbx, docker_api, tmp_path):
+    case = CASES[name]
+    world = make_world(sbx, case)
+    for file, body in case.files.items():
+        (tmp_path / file).write_text(body)
+    argv = [a.format(**world) for a in case.argv]
+    before = snapshot(sbx.home, docker_api)
+    assert before["sandboxes"] and before["events"] and before["containers"], before
+
+    result = sbx(*argv)
+
+    assert result.code == case.code, (result.code, result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == case.lines, f"expected {case.lines} line(s) on stderr:\n{result.err}"
+    for mention in case.mentions:
+        mention = mention.format(**world)
+        assert mention in result.err, f"{mention!r} not named in: {result.err}"
+    for secret in case.never:
+        assert secret not in result.err + result.out
+    assert snapshot(sbx.home, docker_api) == before
+
+
+def test_validate_names_each_problem_on_its_own_line(sbx, tmp_path):
+    (tmp_path / "a.yaml").write_text("backend: nope\n")
+    (tmp_path / "b.yaml").write_text("backend: docker\nresources:\n  memory: [1]\n")
+    result = sbx("profiles", "validate", "a.yaml", "b.yaml")
+    assert result.code == 2
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 2, result.err
+    assert "a.yaml" in lines[0] and "backend" in lines[0]
+    assert "b.yaml" in lines[1] and "resources.memory" in lines[1]
+
+
+def test_validate_good_file_exits_0(sbx, tmp_path):
+    (tmp_path / "fine.yaml").write_text(GOOD)
+    result = sbx("profiles", "validate", "fine.yaml")
+    assert result.code == 0, result.err
+    assert result.err == ""
+    assert "fine.yaml" in result.out
+
+
+def test_validate_mixed_files_exits_2_naming_only_the_bad_one(sbx, tmp_path):
+    (tmp_path / "fine.yaml").write_text(GOOD)
+    (tmp_path / "bad.yaml").write_text("backend: docker\nttl:\n  default: 5\n")
+    result = sbx("profiles", "validate", "fine.yaml", "bad.yaml")
+    assert result.code == 2
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert "bad.yaml" in lines[0] and "ttl.default" in lines[0]
+    assert "fine.yaml" not in result.err
+
+
+def test_bad_input_on_a_fresh_installation_writes_nothing(sbx, docker_api):
+    """Before any sandbox exists, a refused create leaves no sandbox, event or container."""
+    for argv in (["create", "--ttl", "abc"], ["create", "--label", "Bad=1"],
+                 ["create", "--profile", "nope"], ["create", "--ttl", "5h"]):
+        result = sbx(*argv)
+        assert result.code in (2, 3), (argv, result.err)
+        assert snapshot(sbx.home, docker_api) == {"sandboxes": [], "events": [], "containers": []}

@@ -1,0 +1,303 @@
+"""The Docker backend against the real engine, driven through the real `sbx` CLI.
+
+Every container here is made by `sbx` in the test's own SBX_HOME (so it carries that
+installation's `sbx.install` label and the run label), and the `sbx` fixture removes exactly
+those containers, by id, at teardown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+from conftest import RUN_ID, install_id_of
+
+pytestmark = pytest.mark.docker
+
+MiB = 1024**2
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def write_profile(folder: Path, name: str, body: str) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(body)
+    return path
+
+
+def events_of(sbx, sandbox_id: str) -> list[dict]:
+    result = sbx("events", sandbox_id, "--json")
+    assert result.code == 0, result.err
+    return result.json()
+
+
+def db_rows(home: Path, table: str) -> list[tuple]:
+    """Every row of a table; [] when the database or the table does not exist yet."""
+    path = home / "sbx.db"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
+    finally:
+        conn.close()
+
+
+def cgroup_value(sbx, sandbox_id: str, *paths: str) -> str | None:
+    """The first readable cgroup file among `paths` inside the sandbox (v2 or v1), or None."""
+    script = "; ".join(f"cat {p} 2>/dev/null && exit 0" for p in paths) + "; exit 1"
+    result = sbx("exec", sandbox_id, "--", "sh", "-c", script)
+    return result.out.strip() if result.code == 0 else None
+
+
+# -- create: labels and hardening -----------------------------------------------------------
+
+
+def test_create_default_profile_labels_and_hardening(sbx, docker_api):
+    box = sbx.create("--label", "team=infra", "--label", "purpose=ci")
+    assert box["state"] == "running"
+    assert box["backend"] == "docker"
+
+    info = docker_api.inspect_container(box["backend_ref"])
+    assert info["State"]["Running"] is True
+
+    labels = info["Config"]["Labels"]
+    assert labels["sbx.id"] == box["id"]
+    assert labels["sbx.install"] == (sbx.home / "install-id").read_text().strip()
+    assert labels["sbx.hard-deadline"] == box["hard_deadline"]
+    assert labels["team"] == "infra"
+    assert labels["purpose"] == "ci"
+    assert labels["sbx-test-run"] == RUN_ID
+
+    host = info["HostConfig"]
+    assert host["CapDrop"] == ["ALL"]
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["NetworkMode"] == "none"
+    assert host["Memory"] == 512 * MiB
+    assert host["MemorySwap"] == host["Memory"]
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["PidsLimit"] == 256
+
+
+def test_create_from_profile_file_applies_its_limits(sbx, docker_api, tmp_path):
+    path = write_profile(tmp_path, "small", (
+        "backend: docker\n"
+        "image: sandboxer/base:busybox\n"
+        "resources:\n  cpu: 0.5\n  memory: 256MiB\n  pids: 64\n"
+    ))
+    box = sbx.create("--profile-file", str(path))
+    assert box["state"] == "running"
+    assert box["profile"] == "small"
+
+    host = docker_api.inspect_container(box["backend_ref"])["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == 256 * MiB
+    assert host["MemorySwap"] == 256 * MiB
+    assert host["PidsLimit"] == 64
+    assert host["CapDrop"] == ["ALL"]
+    assert host["NetworkMode"] == "none"
+
+
+# -- exec -----------------------------------------------------------------------------------
+
+
+def test_exec_passes_stdout_stderr_and_exit_code_through(sbx):
+    box = sbx.create()
+    result = sbx("exec", box["id"], "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert result.code == 7
+    assert result.out == "out\n"
+    assert result.err == "err\n"
+
+    ok = sbx("exec", box["id"], "--", "sh", "-c", "echo fine")
+    assert (ok.code, ok.out) == (0, "fine\n")
+
+
+def test_exec_timeout_kills_the_command_with_124(sbx):
+    box = sbx.create()
+    started = time.monotonic()
+    result = sbx("exec", box["id"], "--timeout", "1s", "--", "sleep", "30", timeout=60)
+    elapsed = time.monotonic() - started
+    assert result.code == 124
+    assert elapsed < 15, f"exec --timeout 1s took {elapsed:.1f}s"
+
+    # The sandbox is still usable afterwards.
+    after = sbx("exec", box["id"], "--", "sh", "-c", "echo alive")
+    assert (after.code, after.out) == (0, "alive\n")
+
+
+def test_exec_is_recorded_as_an_event_with_digests_not_output(sbx):
+    box = sbx.create()
+    argv = ["sh", "-c", "echo out; echo err >&2; exit 7"]
+    assert sbx("exec", box["id"], "--", *argv).code == 7
+
+    execs = [e for e in events_of(sbx, box["id"]) if e["type"] == "sandbox.exec"]
+    assert len(execs) == 1
+    payload = execs[0]["payload"]
+    assert payload["argv"] == argv
+    assert payload["exit_code"] == 7
+    assert payload["stdout"]["sha256"] == hashlib.sha256(b"out\n").hexdigest()
+    assert payload["stderr"]["sha256"] == hashlib.sha256(b"err\n").hexdigest()
+    for stream in ("stdout", "stderr"):
+        assert set(payload[stream]) <= {"sha256", "bytes"}, payload[stream]
+
+
+def test_exec_output_content_never_reaches_the_event_log(sbx):
+    box = sbx.create()
+    # The output (abc-def-4711) does not appear in the argv, so any trace of it in the
+    # event log could only come from the output itself.
+    argv = ["sh", "-c", "printf '%s-%s-%s\\n' abc def 4711; printf '%s_%s\\n' err only >&2"]
+    result = sbx("exec", box["id"], "--", *argv)
+    assert (result.code, result.out, result.err) == (0, "abc-def-4711\n", "err_only\n")
+
+    event = [e for e in events_of(sbx, box["id"]) if e["type"] == "sandbox.exec"][-1]
+    assert event["payload"]["stdout"]["sha256"] == hashlib.sha256(b"abc-def-4711\n").hexdigest()
+    raw = json.dumps(db_rows(sbx.home, "events"))
+    assert "abc-def-4711" not in raw
+    assert "err_only" not in raw
+
+
+# -- logs -----------------------------------------------------------------------------------
+
+
+def wait_for_logs(sbx, sandbox_id: str, needle: str, *args: str, within: float = 10) -> str:
+    deadline = time.monotonic() + within
+    while True:
+        result = sbx("logs", sandbox_id, *args)
+        assert result.code == 0, result.err
+        if needle in result.out or time.monotonic() > deadline:
+            return result.out
+        time.sleep(0.2)
+
+
+def test_logs_show_the_main_process_output(sbx, tmp_path):
+    path = write_profile(tmp_path, "talker", (
+        "extends: default\n"
+        "command: [\"sh\", \"-c\", \"echo hello-from-sbx; exec sleep 3600\"]\n"
+    ))
+    box = sbx.create("--profile-file", str(path))
+    out = wait_for_logs(sbx, box["id"], "hello-from-sbx")
+    assert "hello-from-sbx" in out
+
+
+def test_logs_tail_gives_only_the_last_lines(sbx, tmp_path):
+    path = write_profile(tmp_path, "chatty", (
+        "extends: default\n"
+        "command: [\"sh\", \"-c\", \"echo line-one; echo line-two; echo line-three; "
+        "exec sleep 3600\"]\n"
+    ))
+    box = sbx.create("--profile-file", str(path))
+    full = wait_for_logs(sbx, box["id"], "line-three")
+    assert full.splitlines() == ["line-one", "line-two", "line-three"]
+
+    tail1 = sbx("logs", box["id"], "--tail", "1")
+    assert tail1.code == 0, tail1.err
+    assert tail1.out.splitlines() == ["line-three"]
+    tail2 = sbx("logs", box["id"], "--tail", "2")
+    assert tail2.out.splitlines() == ["line-two", "line-three"]
+
+
+# -- destroy --------------------------------------------------------------------------------
+
+
+def test_destroy_removes_the_container_and_records_events(sbx, docker_api):
+    box = sbx.create()
+    result = sbx("destroy", box["id"])
+    assert result.code == 0, result.err
+    with pytest.raises(docker.errors.NotFound):
+        docker_api.inspect_container(box["backend_ref"])
+
+    shown = sbx("show", box["id"], "--json")
+    assert shown.code == 0
+    assert shown.json()["state"] == "destroyed"
+    types = [e["type"] for e in events_of(sbx, box["id"])]
+    assert types[-2:] == ["sandbox.destroying", "sandbox.destroyed"]
+
+
+def test_destroy_after_out_of_band_removal_succeeds(sbx, docker_api):
+    box = sbx.create()
+    docker_api.remove_container(box["backend_ref"], force=True)
+
+    result = sbx("destroy", box["id"])
+    assert result.code == 0, result.err
+    assert sbx("show", box["id"], "--json").json()["state"] == "destroyed"
+    types = [e["type"] for e in events_of(sbx, box["id"])]
+    assert types[-2:] == ["sandbox.destroying", "sandbox.destroyed"]
+
+
+def test_destroy_twice_is_fine(sbx):
+    box = sbx.create()
+    first = sbx("destroy", box["id"])
+    assert first.code == 0, first.err
+    second = sbx("destroy", box["id"])
+    assert second.code == 0, second.err
+    assert "already destroyed" in second.out
+    # no second pair of destroy events
+    types = [e["type"] for e in events_of(sbx, box["id"])]
+    assert types.count("sandbox.destroyed") == 1
+
+
+# -- the engine unreachable ----------------------------------------------------------------
+
+
+def test_engine_unreachable_exits_5_and_writes_nothing(sbx, docker_api):
+    socket = f"/tmp/sbx-no-engine-{uuid.uuid4().hex}.sock"
+    assert not Path(socket).exists()
+    result = sbx("create", "--label", f"sbx-test-run={RUN_ID}",
+                 env={"DOCKER_HOST": f"unix://{socket}"})
+    assert result.code == 5, (result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert "dockerd" in lines[0] or "DOCKER_HOST" in lines[0]
+    assert result.out == ""
+
+    assert db_rows(sbx.home, "sandboxes") == []
+    assert db_rows(sbx.home, "events") == []
+    listed = sbx("ls", "--all", "--json")
+    assert listed.code == 0
+    assert listed.json() == []
+    install = install_id_of(sbx.home)
+    if install is not None:
+        assert docker_api.containers(all=True, filters={"label": [f"sbx.install={install}"]}) == []
+
+
+# -- limits really hold ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_box(sbx, tmp_path):
+    path = write_profile(tmp_path, "tight", (
+        "extends: default\n"
+        "resources:\n  cpu: 0.5\n  memory: 256MiB\n  pids: 64\n"
+    ))
+    return sbx.create("--profile-file", str(path))
+
+
+def test_pids_limit_stops_a_fork_bomb(sbx, small_box):
+    result = sbx("exec", small_box["id"], "--timeout", "25s", "--", "sh", "-c",
+                 "for i in $(seq 100); do sleep 30 & done; wait", timeout=60)
+    assert result.code != 124, "the fork loop was not stopped by the pids limit"
+    assert result.code != 0 or "can't fork" in result.err, (result.code, result.err)
+
+
+def test_memory_and_pids_limits_are_visible_in_the_cgroup(sbx, small_box, docker_api):
+    host = docker_api.inspect_container(small_box["backend_ref"])["HostConfig"]
+    assert host["Memory"] == 256 * MiB
+    memory = cgroup_value(sbx, small_box["id"], "/sys/fs/cgroup/memory.max",
+                          "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    if memory is not None and memory.isdigit():
+        assert int(memory) == 256 * MiB
+    pids = cgroup_value(sbx, small_box["id"], "/sys/fs/cgroup/pids.max",
+                        "/sys/fs/cgroup/pids/pids.max")
+    if pids is not None and pids.isdigit():
+        assert int(pids) == 64
