@@ -49,6 +49,10 @@ class Unavailable(SbxError):
     kind = "unavailable"
 
 
+class NotDue(Conflict):
+    """A reaper's precondition no longer held inside the transaction; nothing was written."""
+
+
 class LeaseLost(Conflict):
     """Another process took the sandbox's lease: our result is stale and was not written."""
 

@@ -82,3 +82,16 @@ def open_sqlite_readonly(url: str) -> sqlite3.Connection | None:
         conn.close()
         return None
     return conn
+
+
+def rows_by_ids(dbapi_conn: Any, ids: list[str], placeholder: str = "?") -> dict[str, dict]:
+    if not ids:
+        return {}
+    marks = ", ".join([placeholder] * len(ids))
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(f"SELECT * FROM sandboxes WHERE id IN ({marks})", list(ids))
+        names = [d[0] for d in cursor.description]
+        return {r[0]: dict(zip(names, r, strict=True)) for r in cursor.fetchall()}
+    finally:
+        cursor.close()

@@ -15,7 +15,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ from adapters.base import (
     LABEL_INSTALL,
     Adapter,
     AdapterError,
+    BackendObject,
     Capability,
     CreateRequest,
     ExecResult,
@@ -37,27 +38,30 @@ from adapters.base import (
 )
 from core import events as eventlog
 from core import inventory, settings
-from core.clock import Clock, clock_from_env, to_iso
+from core.clock import Clock, clock_from_env, from_iso, to_iso
 from core.db import Database
 from core.durations import format_duration
-from core.errors import BadInput, Conflict, LeaseLost, NotFound, OperationFailed
+from core.errors import BadInput, Conflict, LeaseLost, NotDue, NotFound, OperationFailed
+from core.failpoints import failpoint
 from core.ids import PREFIX, new_sandbox_id, validate_name
 from core.labels import validate_labels
 from core.models import Event, Sandbox
-from core.states import CREATED_EVENT, State, can_transition, transition_event
+from core.states import ADOPTED_EVENT, CREATED_EVENT, State, transition_event
+from core.ttl import ON_THE_CLOCK, effective_deadline, expiry_reason, extended, warning_due
 
 if TYPE_CHECKING:  # profiles (pydantic, yaml) load only where a profile is used
     from core.profiles import Profile
 
 SANDBOXES = Sandbox.__table__
+ACTIVITY_EVERY = timedelta(seconds=30)
 EVENTS = Event.__table__
-DEFAULT_LEASE = timedelta(minutes=2)
 
 
 @dataclass(frozen=True)
 class Lease:
     sandbox_id: str
     fence: int
+    reason: str | None = None  # the reason recorded with the intent
 
 
 def _like_prefix(text: str) -> str:
@@ -74,15 +78,16 @@ class Manager:
         *,
         actor: str | None = None,
         install_id: str | None = None,
-        lease_ttl: timedelta = DEFAULT_LEASE,
+        lease_ttl: timedelta | None = None,
+        adapters: dict[str, Adapter] | None = None,
     ) -> None:
         self.db = db or Database(settings.database_url())
         self.clock = clock or clock_from_env()
         self.actor = actor or settings.actor()
         self.install_id = install_id or settings.install_id()
-        self.lease_ttl = lease_ttl
+        self.lease_ttl = lease_ttl or settings.lease_ttl()
         self.lease_owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._adapters: dict[str, Adapter] = {}
+        self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
 
     # -- adapters ---------------------------------------------------------------------------
 
@@ -151,6 +156,11 @@ class Manager:
                 conn.connection.driver_connection, include_all=include_all, state=state,
                 backend=backend, labels=labels, placeholder=placeholder)
 
+    def rows_by_ids(self, ids) -> dict[str, dict[str, Any]]:
+        placeholder = "?" if self.db.engine.dialect.paramstyle == "qmark" else "%s"
+        with self.db.read() as conn:
+            return inventory.rows_by_ids(conn.connection.driver_connection, list(ids), placeholder)
+
     def events(
         self, sandbox_id: str | None = None, since: str | None = None, after_id: int = 0
     ) -> list[dict[str, Any]]:
@@ -174,22 +184,34 @@ class Manager:
         eventlog.append(conn, time=self._now(), type=type, actor=self.actor,
                         sandbox_id=sandbox_id, reason=reason, payload=payload)
 
-    def _begin(self, sandbox_id: str, intent: State, *, reason: str | None,
-               payload: Mapping[str, Any] | None = None) -> tuple[Lease, dict[str, Any]]:
-        """Step 1: check the state, take the lease, record the intent and its event."""
-        now = self._now()
+    def _begin(self, sandbox_id: str, intent: State,
+               *, reason: str | None | Callable[[Mapping[str, Any]], str | None],
+               payload: Mapping[str, Any] | None = None,
+               precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
+               ) -> tuple[Lease, dict[str, Any]]:
+        """Step 1: check the state, take the lease, record the intent and its event.
+
+        `precondition(row)` is re-checked inside this transaction (the reaper passes "still
+        expired"); when it returns a reason not to go on, NotDue is raised and nothing written.
+        A callable `reason(row)` gives the reason true inside the transaction.
+        """
         with self.db.write() as conn:
             row = conn.execute(
                 sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
             ).mappings().first()
             if row is None:
                 raise NotFound(f"no sandbox {sandbox_id!r}")
+            if precondition is not None:
+                why_not = precondition(row)
+                if why_not:
+                    raise NotDue(f"sandbox {sandbox_id}: {why_not}")
+            if callable(reason):
+                reason = reason(row)
             current = State(row["state"])
             resuming = current == intent  # completing an interrupted intent
             if not resuming:
                 transition_event(current, intent)  # IllegalTransition when not allowed
-            held = row["lease_owner"] and row["lease_expires_at"] >= now
-            if held:
+            if self._held(row):
                 raise Conflict(
                     f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
                     f"until {row['lease_expires_at']}"
@@ -210,7 +232,7 @@ class Manager:
             if not resuming:
                 self._event(conn, sandbox_id, transition_event(current, intent),
                             reason=reason, payload=payload)
-            return Lease(sandbox_id, fence), dict(row)
+            return Lease(sandbox_id, fence, reason), dict(row)
 
     def _finish(self, lease: Lease, result: State, *, values: Mapping[str, Any] | None = None,
                 reason: str | None = None, payload: Mapping[str, Any] | None = None,
@@ -293,6 +315,7 @@ class Manager:
             "deadline": to_iso(deadline),
             "hard_deadline": to_iso(hard_deadline),
             "last_activity_at": to_iso(now),
+            "idle_timeout_s": int(profile.ttl.idle.total_seconds()) if profile.ttl.idle else None,
             "lease_owner": self.lease_owner,
             "lease_expires_at": to_iso(now + self.lease_ttl),
             "fence": 1,
@@ -311,6 +334,7 @@ class Manager:
                 "deadline": row["deadline"], "hard_deadline": row["hard_deadline"],
             })
         lease = Lease(sandbox_id, 1)
+        failpoint("create.after-intent")
 
         request = CreateRequest(
             sandbox_id=sandbox_id,
@@ -343,6 +367,7 @@ class Manager:
             if isinstance(exc, AdapterError | OperationFailed) or not isinstance(exc, Exception):
                 raise
             raise OperationFailed(f"create failed on {profile.backend}: {message}") from exc
+        failpoint("create.after-backend")
         return self._finish(
             lease, State.RUNNING,
             values={"backend_ref": obj.ref, "started_at": self._now()},
@@ -367,11 +392,49 @@ class Manager:
         row = self.resolve(ref)
         if row["state"] == State.DESTROYED:
             return row, False
-        if not can_transition(row["state"], State.DESTROYING) and row["state"] != State.DESTROYING:
-            transition_event(row["state"], State.DESTROYING)
+        if row["state"] != State.DESTROYING:
+            transition_event(row["state"], State.DESTROYING)  # refuse before any I/O
+        return await self._destroy(row, reason=reason), True
+
+    async def destroy_if(self, sandbox_id: str, *, reason: str | None) -> dict[str, Any] | None:
+        """The reaper's destroy: only if, inside the transaction, the reason still holds
+        (still expired; still failed; an interrupted destroy). None when it no longer does."""
+        def still_due(row: Mapping[str, Any]) -> str | None:
+            if reason in ("ttl", "idle", "max-ttl"):
+                if row["state"] not in (State.RUNNING, State.PAUSED, State.LOST):
+                    return f"it is {row['state']}"
+                if not expiry_reason(row, self.clock.now()):
+                    return "its deadline moved (extended or touched)"
+            elif reason == "failed" and row["state"] != State.FAILED:
+                return f"it is {row['state']}, not failed"
+            elif reason is None and row["state"] != State.DESTROYING:
+                return f"it is {row['state']}, not destroying"
+            return None
+
+        with self.db.read() as conn:
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                               ).mappings().first()
+        if row is None or still_due(row):
+            return None
+        def reason_now(current: Mapping[str, Any]) -> str | None:
+            return expiry_reason(current, self.clock.now()) or reason  # idle may have become ttl
+
+        expiring = reason in ("ttl", "idle", "max-ttl")
+        try:
+            return await self._destroy(dict(row), reason=reason_now if expiring else reason,
+                                       precondition=still_due)
+        except NotDue:
+            return None
+
+    async def _destroy(self, row: Mapping[str, Any], *,
+                       reason: str | None | Callable[[Mapping[str, Any]], str | None],
+                       precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
+                       ) -> dict[str, Any]:
         adapter = self.adapter(row["backend"])
         await adapter.ensure_available()
-        lease, row = self._begin(row["id"], State.DESTROYING, reason=reason)
+        lease, row = self._begin(row["id"], State.DESTROYING, reason=reason,
+                                 precondition=precondition)
+        failpoint("destroy.after-intent")
         try:
             refs = [row["backend_ref"]] if row["backend_ref"] else [
                 obj.ref for obj in await adapter.list({LABEL_ID: row["id"]})
@@ -384,9 +447,145 @@ class Manager:
             if isinstance(exc, AdapterError) or not isinstance(exc, Exception):
                 raise
             raise OperationFailed(f"destroy failed on {row['backend']}: {message}") from exc
-        done = self._finish(lease, State.DESTROYED, reason=reason,
+        failpoint("destroy.after-backend")
+        return self._finish(lease, State.DESTROYED, reason=lease.reason,
                             values={"ended_at": self._now()})
-        return done, True
+
+    # -- deadlines --------------------------------------------------------------------------
+
+    async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
+        """Add `by` to the deadline in one atomic update: never earlier, never past the hard
+        deadline. Returns (row, capped). A reaper that re-checks after this keeps the sandbox."""
+        sandbox_id = self.resolve(ref)["id"]
+        with self.db.write() as conn:
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                               ).mappings().first()
+            if row["state"] not in ON_THE_CLOCK:
+                raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot extend")
+            new, capped = extended(from_iso(row["deadline"]), from_iso(row["hard_deadline"]), by)
+            new_iso = to_iso(new)
+            updated = conn.execute(
+                SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
+                .values(deadline=new_iso).returning(SANDBOXES)
+            ).mappings().first()
+            self._event(conn, sandbox_id, "sandbox.extended", reason="manual", payload={
+                "from": row["deadline"], "to": new_iso, "by": format_duration(by),
+                "capped": capped,
+            })
+        adapter = self.adapter(row["backend"])
+        if adapter.supports(Capability.SET_DEADLINE) and row["backend_ref"]:
+            await adapter.set_deadline(row["backend_ref"], new)
+        return dict(updated), capped
+
+    def touch(self, ref: str, *, event: bool = True) -> dict[str, Any]:
+        """Record activity now: the idle clock starts again."""
+        sandbox_id = self.resolve(ref)["id"]
+        with self.db.write() as conn:
+            row = conn.execute(
+                SANDBOXES.update()
+                .where(SANDBOXES.c.id == sandbox_id,
+                       SANDBOXES.c.state.in_([State.RUNNING, State.PAUSED]))
+                .values(last_activity_at=self._now()).returning(SANDBOXES)
+            ).mappings().first()
+            if row is None:
+                state = conn.execute(sa.select(SANDBOXES.c.state)
+                                     .where(SANDBOXES.c.id == sandbox_id)).scalar()
+                raise Conflict(f"sandbox {sandbox_id} is {state}: cannot touch")
+            if event:
+                self._event(conn, sandbox_id, "sandbox.touched", reason="manual")
+        return dict(row)
+
+    def warn_expiring(self, sandbox_id: str, warn_before: timedelta) -> bool:
+        """Write `sandbox.expiring` once per deadline, if still due."""
+        now = self.clock.now()
+        with self.db.write() as conn:
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                               ).mappings().first()
+            if row is None or not warning_due(row, now, warn_before):
+                return False
+            deadline = effective_deadline(row)
+            conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
+                         .values(warned_deadline=to_iso(deadline)))
+            idle = row["idle_timeout_s"] and deadline < from_iso(row["deadline"])
+            self._event(conn, sandbox_id, "sandbox.expiring", reason="idle" if idle else "ttl",
+                        payload={"deadline": to_iso(deadline),
+                                 "in_s": int((deadline - now).total_seconds())})
+        return True
+
+    # -- reconcile --------------------------------------------------------------------------
+
+    def adopt(self, backend: str, obj: BackendObject) -> bool:
+        """A backend object of ours with no row (the database was lost or restored): record it,
+        keeping the hard deadline its label carries, so the reaper ends it on time."""
+        sandbox_id = obj.labels[LABEL_ID]
+        hard = obj.labels[LABEL_HARD_DEADLINE]
+        now = self._now()
+        created = to_iso(obj.created_at) if obj.created_at else now
+        labels = {k: v for k, v in obj.labels.items() if not k.startswith("sbx.")}
+        with self.db.write() as conn:
+            if conn.execute(sa.select(SANDBOXES.c.id).where(SANDBOXES.c.id == sandbox_id)).first():
+                return False
+            conn.execute(SANDBOXES.insert().values(
+                id=sandbox_id, name=None, profile="(adopted)", profile_json="{}",
+                backend=backend, backend_ref=obj.ref, install_id=self.install_id,
+                state=State.PAUSED if obj.status == "paused" else State.RUNNING,
+                owner="(unknown: adopted)", task=None, labels_json=json.dumps(labels),
+                created_at=created, started_at=created, deadline=hard, hard_deadline=hard,
+                last_activity_at=now, fence=0,
+            ))
+            self._event(conn, sandbox_id, ADOPTED_EVENT, reason="orphan",
+                        payload={"backend": backend, "backend_ref": obj.ref, "deadline": hard})
+        return True
+
+    def finish_interrupted_create(self, sandbox_id: str, obj: BackendObject) -> bool:
+        """A create that died after the backend made the object: the sandbox is running."""
+        with self.db.write() as conn:
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                               ).mappings().first()
+            if row is None or row["state"] != State.CREATING or self._held(row):
+                return False
+            conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(
+                state=State.RUNNING, backend_ref=obj.ref, started_at=self._now(),
+                lease_owner=None, lease_expires_at=None, fence=SANDBOXES.c.fence + 1))
+            self._event(conn, sandbox_id, transition_event(State.CREATING, State.RUNNING),
+                        payload={"backend_ref": obj.ref, "completed_by": "reconcile"})
+        return True
+
+    def record_backend_state(self, sandbox_id: str, expect: str | None, target: str,
+                             *, reason: str | None = None) -> bool:
+        """What reconcile saw on the backend (lost, paused, resumed, failed), if the row is
+        still as the plan saw it and nobody holds it."""
+        with self.db.write() as conn:
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                               ).mappings().first()
+            if row is None or self._held(row) or (expect and row["state"] != expect):
+                return False
+            event_type = transition_event(row["state"], target)
+            values: dict[str, Any] = {"state": target, "fence": SANDBOXES.c.fence + 1}
+            if target in (State.LOST, State.FAILED):
+                values["ended_at"] = self._now()
+            conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(**values))
+            self._event(conn, sandbox_id, event_type, reason=reason,
+                        payload={"observed_by": "reconcile"})
+        return True
+
+    async def destroy_orphan(self, backend: str, ref: str, sandbox_id: str | None,
+                             *, reason: str | None) -> bool:
+        """Remove a backend object no live row claims. Re-checked against the database first."""
+        if sandbox_id:
+            with self.db.read() as conn:
+                state = conn.execute(sa.select(SANDBOXES.c.state)
+                                     .where(SANDBOXES.c.id == sandbox_id)).scalar()
+            if state is not None and state != State.DESTROYED:
+                return False
+        await self.adapter(backend).destroy(ref)
+        with self.db.write() as conn:
+            self._event(conn, sandbox_id, "sandbox.orphan-destroyed", reason=reason,
+                        payload={"backend": backend, "backend_ref": ref})
+        return True
+
+    def _held(self, row: Mapping[str, Any]) -> bool:
+        return bool(row["lease_owner"]) and row["lease_expires_at"] >= self._now()
 
     # -- exec and logs ----------------------------------------------------------------------
 
@@ -428,7 +627,12 @@ class Manager:
         adapter = self.adapter(row["backend"])
         if not adapter.supports(Capability.LOGS):
             raise Conflict(f"the {row['backend']} backend has no logs")
+        last_touch = None
         async for chunk in adapter.logs(row["backend_ref"], follow=follow, tail=tail):
+            now = self.clock.now()
+            if follow and (last_touch is None or now - last_touch >= ACTIVITY_EVERY):
+                self.touch(row["id"], event=False)  # someone is watching: that is activity
+                last_touch = now
             yield chunk
 
 

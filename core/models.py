@@ -28,6 +28,8 @@ class Sandbox(SQLModel, table=True):
     deadline: str = Field(index=True, max_length=TIME)
     hard_deadline: str = Field(max_length=TIME)
     last_activity_at: str = Field(max_length=TIME)
+    idle_timeout_s: int | None = Field(default=None)  # the profile's ttl.idle, if any
+    warned_deadline: str | None = Field(default=None, max_length=TIME)  # sandbox.expiring sent
     ended_at: str | None = Field(default=None, max_length=TIME)
     error: str | None = Field(default=None, sa_type=Text)
     lease_owner: str | None = Field(default=None, max_length=128)

@@ -69,3 +69,24 @@ def actor() -> str:
     except Exception:
         user = str(os.getuid())
     return f"{user}@{socket.gethostname()}"
+
+
+def _duration_env(name: str, default: str):
+    from core.durations import parse_duration
+
+    return parse_duration(os.environ.get(name) or default, name)
+
+
+def lease_ttl():
+    """How long a lease holds before another process may take over (`SBX_LEASE_TTL`)."""
+    return _duration_env("SBX_LEASE_TTL", "2m")
+
+
+def expiry_warning():
+    """How long before its deadline a sandbox gets `sandbox.expiring` (`SBX_EXPIRY_WARNING`)."""
+    return _duration_env("SBX_EXPIRY_WARNING", "5m")
+
+
+def reconcile_grace():
+    """Backend objects younger than this are left alone by reconcile (`SBX_RECONCILE_GRACE`)."""
+    return _duration_env("SBX_RECONCILE_GRACE", "60s")

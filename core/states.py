@@ -43,6 +43,8 @@ TRANSITIONS: dict[tuple[State, State], str] = {
 
 # The event type of a new row, which has no "from" state.
 CREATED_EVENT = "sandbox.creating"
+# ...or of a row that reconcile made for a backend object of ours that had none.
+ADOPTED_EVENT = "sandbox.adopted"
 
 
 class IllegalTransition(Conflict):

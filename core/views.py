@@ -6,10 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from core.clock import from_iso
-from core.states import State
-
-_COUNTING = (State.CREATING, State.RUNNING, State.PAUSED)
+from core.clock import from_iso, to_iso
+from core.ttl import ON_THE_CLOCK, effective_deadline, idle_deadline
 
 
 def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
@@ -29,13 +27,15 @@ def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str
         "deadline": row["deadline"],
         "hard_deadline": row["hard_deadline"],
         "last_activity_at": row["last_activity_at"],
+        "idle_timeout_s": row.get("idle_timeout_s"),
+        "idle_deadline": to_iso(idle_deadline(row)),
         "ended_at": row["ended_at"],
         "error": row["error"],
     }
     if now_iso is not None:
         left = None
-        if row["state"] in _COUNTING:
-            left = max(0, int((from_iso(row["deadline"]) - from_iso(now_iso)).total_seconds()))
+        if row["state"] in ON_THE_CLOCK:
+            left = max(0, int((effective_deadline(row) - from_iso(now_iso)).total_seconds()))
         view["ttl_left_s"] = left
     return view
 

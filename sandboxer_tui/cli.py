@@ -439,6 +439,170 @@ def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> N
         sys.exit(classify(first_error)[0])
 
 
+# -- deadlines ------------------------------------------------------------------------------
+
+
+@cli.command("extend")
+@click.argument("sandbox_id", metavar="ID")
+@click.argument("duration", metavar="DUR")
+@JSON_OPTION
+@command
+def extend_command(sandbox_id: str, duration: str, as_json: bool) -> None:
+    """Add DUR to the deadline, capped at the hard deadline (never shortens)."""
+    from core.durations import parse_duration
+    from core.views import sandbox_view
+
+    by = parse_duration(duration, "duration")
+
+    async def go(mgr):
+        row, capped = await mgr.extend(sandbox_id, by)
+        return {**sandbox_view(row, now_iso(mgr)), "capped": capped}
+
+    view = run(go)
+    if as_json:
+        emit_json(view)
+        return
+    click.echo(f"{view['id']} deadline {view['deadline']} ({human_left(view['ttl_left_s'])} left)")
+    if view["capped"]:
+        click.echo(f"sbx: capped at the hard deadline {view['hard_deadline']}", err=True)
+
+
+@cli.command("touch")
+@click.argument("sandbox_id", metavar="ID")
+@command
+def touch_command(sandbox_id: str) -> None:
+    """Record activity now (resets the idle clock)."""
+    mgr = manager()
+    row = mgr.touch(sandbox_id)
+    mgr.db.dispose()
+    click.echo(f"{row['id']} active at {row['last_activity_at']}")
+
+
+def _reap_report_lines(report: dict[str, Any]) -> list[str]:
+    lines = [f"destroyed {i}" for i in report["destroyed"]]
+    lines += [f"removed orphan {i}" for i in report["orphans"]]
+    lines += [f"reconciled {r['id'] or r['ref']}: {r['action']}"
+              + (f" -> {r['state']}" if r.get("state") else "") for r in report["reconciled"]]
+    lines += [f"warned {i} (sandbox.expiring)" for i in report["warned"]]
+    lines += [f"skipped {s['id']}: {s['error']}" for s in report["skipped"]]
+    lines += [f"would {p['action']} {p['id'] or p['ref']}" + (f" ({p['reason']})" if p["reason"]
+              else "") for p in report.get("planned", [])]
+    return lines
+
+
+def _cycle_once(reaper, timeout) -> dict[str, Any]:
+    import asyncio
+
+    async def go():
+        try:
+            job = reaper.cycle()
+            return await (asyncio.wait_for(job, timeout.total_seconds()) if timeout else job)
+        finally:
+            await reaper.close()
+
+    try:
+        return asyncio.run(go()).as_json()
+    except TimeoutError:
+        from core.durations import format_duration
+        from core.errors import OperationFailed
+
+        raise OperationFailed(f"timed out after {format_duration(timeout)}; the next run "
+                              "completes what this one left") from None
+
+
+def _failure_line(command_name: str, failed: list[dict[str, str]]) -> str:
+    first = failed[0]
+    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    return f"sbx {command_name}: {first['id']}: {first['error']}{more}"
+
+
+@cli.command("reap")
+@click.option("--dry-run", is_flag=True, help="Show what would be done; change nothing.")
+@click.option("--orphans", is_flag=True,
+              help="Also remove this installation's backend objects past their hard deadline, "
+                   "even with no database.")
+@click.option("--timeout", metavar="DUR", help="Give up after DUR (exit 1).")
+@click.option("--every", metavar="DUR", help="Keep running, a cycle every DUR (stop: SIGTERM).")
+@click.option("--verbose", "-v", is_flag=True, help="Say what was done (silent otherwise).")
+@JSON_OPTION
+@command
+def reap_command(dry_run, orphans, timeout, every, verbose, as_json) -> None:
+    """Reconcile, then destroy every sandbox past its deadline or idle limit. Cron-safe:
+    silent on success, one line and a non-zero exit on failure."""
+    from core.durations import parse_duration
+    from core.reaper import default_reaper
+
+    limit = parse_duration(timeout, "--timeout") if timeout else None
+    interval = parse_duration(every, "--every") if every else None
+
+    def make():
+        return default_reaper(orphans=orphans, dry_run=dry_run)
+
+    def show(report: dict[str, Any]) -> None:
+        if as_json:
+            click.echo(json.dumps(report) if interval else json.dumps(report, indent=2))
+        elif verbose or dry_run:
+            for line in _reap_report_lines(report):
+                click.echo(line)
+        if report["failed"]:
+            click.echo(_failure_line("reap", report["failed"]), err=True)
+
+    if interval is None:
+        report = _cycle_once(make(), limit)
+        show(report)
+        if report["failed"]:
+            sys.exit(1)
+        return
+    _reap_forever(make, interval, limit, show, as_json)
+
+
+def _reap_forever(make, interval, limit, show, as_json) -> None:
+    import asyncio
+    import signal
+
+    from core.errors import classify
+    from core.reaper import run_every
+
+    def on_report(outcome) -> None:
+        if isinstance(outcome, BaseException):
+            code, kind = classify(outcome)
+            message = " ".join(str(outcome).split()) or type(outcome).__name__
+            if as_json:
+                click.echo(json.dumps({"error": {"code": code, "kind": kind, "message": message}}))
+            click.echo(f"sbx reap: {message}", err=True)
+        else:
+            show(outcome.as_json())
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_every(make, interval, stop, on_report, limit)
+
+    asyncio.run(main())
+
+
+@cli.command("reconcile")
+@click.option("--dry-run", is_flag=True, help="Show what would be done; change nothing.")
+@JSON_OPTION
+@command
+def reconcile_command(dry_run: bool, as_json: bool) -> None:
+    """Diff the backends (by this installation's label) with the database and repair: adopt,
+    destroy or mark lost; complete interrupted operations."""
+    from core.reaper import default_reaper
+
+    report = _cycle_once(default_reaper(reap=False, dry_run=dry_run), None)
+    if as_json:
+        emit_json(report)
+    else:
+        for line in _reap_report_lines(report):
+            click.echo(line)
+    if report["failed"]:
+        click.echo(_failure_line("reconcile", report["failed"]), err=True)
+        sys.exit(1)
+
+
 # -- events ---------------------------------------------------------------------------------
 
 

@@ -1,0 +1,388 @@
+"""Reconcile and reap: level-triggered, like a Kubernetes controller.
+
+A cycle reads the database, lists each backend by this installation's `sbx.install` label,
+and *plans* (pure functions, below). Only when the plan has actions does it load the
+Manager, and every action re-checks its preconditions inside the transaction that records
+it, so a plan made from a stale read can never destroy a sandbox that was extended, or act
+twice when several reapers run at once. Nothing is planned from a database that cannot be
+read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from adapters import registry
+from adapters.base import LABEL_HARD_DEADLINE, LABEL_ID, LABEL_INSTALL, Adapter, BackendObject
+from core.clock import Clock, from_iso, to_iso
+from core.errors import Conflict, SbxError, Unavailable
+from core.states import State
+from core.ttl import expiry_reason, warning_due
+
+if TYPE_CHECKING:
+    from core.manager import Manager
+
+# Actions, in the order a cycle applies them.
+FINISH_CREATE = "finish-create"  # an interrupted create whose object exists: running
+FAIL = "fail"                    # an interrupted create with no object: failed
+LOSE = "lose"                    # the backend no longer has it, or it stopped out of band
+SYNC = "sync"                    # paused or resumed out of band: record it
+ADOPT = "adopt"                  # an object of ours with no row, before its hard deadline
+DESTROY = "destroy"              # expired, failed with leftovers, or an interrupted destroy
+DESTROY_OBJECT = "destroy-object"  # an object whose row is gone or destroyed (orphan)
+WARN = "warn"                    # sandbox.expiring
+ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, ADOPT, DESTROY, DESTROY_OBJECT, WARN)
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    backend: str
+    sandbox_id: str | None
+    ref: str | None = None
+    reason: str | None = None
+    target: str | None = None  # the state for LOSE / SYNC / FAIL
+    expect: str | None = None  # the state the plan saw; re-checked when applied
+    obj: BackendObject | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"action": self.kind, "id": self.sandbox_id, "backend": self.backend,
+                "ref": self.ref, "reason": self.reason, "state": self.target}
+
+
+def leased(row: Mapping[str, Any], now_iso: str) -> bool:
+    return bool(row["lease_owner"]) and row["lease_expires_at"] >= now_iso
+
+
+def _young(obj: BackendObject, now: datetime, grace: timedelta) -> bool:
+    return obj.created_at is not None and now - obj.created_at < grace
+
+
+def _object_state(obj: BackendObject) -> str:
+    if obj.status == "paused":
+        return State.PAUSED
+    return State.RUNNING if obj.running else "stopped"
+
+
+def plan_reconcile(
+    backend: str,
+    rows: Sequence[Mapping[str, Any]],
+    objects: Sequence[BackendObject],
+    now: datetime,
+    grace: timedelta,
+    *,
+    gone_rows: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Action]:
+    """Diff one backend's objects with this installation's rows of that backend.
+
+    `rows` are the rows that are not destroyed; `gone_rows` the destroyed rows of objects
+    that are still there. Rows held under a live lease are some process's work in progress.
+    """
+    now_iso = to_iso(now)
+    gone_rows = gone_rows or {}
+    by_id = {r["id"]: r for r in rows if r["backend"] == backend}
+    actions: list[Action] = []
+    seen: set[str] = set()
+    for obj in objects:
+        sid = obj.labels.get(LABEL_ID)
+        row = by_id.get(sid) if sid else None
+        if row is None:
+            if _young(obj, now, grace):
+                continue
+            hard = obj.labels.get(LABEL_HARD_DEADLINE)
+            if sid and sid not in gone_rows and hard and _parse(hard) and _parse(hard) > now:
+                actions.append(Action(ADOPT, backend, sid, obj.ref, "orphan", obj=obj))
+            else:
+                actions.append(Action(DESTROY_OBJECT, backend, sid, obj.ref, "orphan"))
+            continue
+        seen.add(row["id"])
+        if leased(row, now_iso):
+            continue
+        state, actual = row["state"], _object_state(obj)
+        if state == State.CREATING:
+            actions.append(Action(FINISH_CREATE, backend, row["id"], obj.ref, obj=obj))
+        elif state == State.DESTROYING:
+            actions.append(Action(DESTROY, backend, row["id"], obj.ref))
+        elif state == State.FAILED:
+            actions.append(Action(DESTROY, backend, row["id"], obj.ref, "failed"))
+        elif state in (State.RUNNING, State.PAUSED) and actual != state:
+            kind = LOSE if actual == "stopped" else SYNC
+            target = State.LOST if actual == "stopped" else actual
+            actions.append(Action(kind, backend, row["id"], obj.ref, target=target, expect=state))
+    for row in by_id.values():
+        if row["id"] in seen or leased(row, now_iso):
+            continue
+        state = row["state"]
+        if state == State.CREATING and now - from_iso(row["created_at"]) >= grace:
+            actions.append(Action(FAIL, backend, row["id"], reason="failed", target=State.FAILED,
+                                  expect=state))
+        elif state == State.DESTROYING:
+            actions.append(Action(DESTROY, backend, row["id"]))
+        elif state in (State.RUNNING, State.PAUSED):
+            actions.append(Action(LOSE, backend, row["id"], target=State.LOST, expect=state))
+    return actions
+
+
+def plan_reap(rows: Iterable[Mapping[str, Any]], now: datetime,
+              warn_before: timedelta) -> list[Action]:
+    """Expired sandboxes to destroy, and expiry warnings that are due."""
+    now_iso = to_iso(now)
+    actions = []
+    for row in rows:
+        if leased(row, now_iso) or row["state"] not in (State.RUNNING, State.PAUSED, State.LOST):
+            continue
+        reason = expiry_reason(row, now)
+        if reason:
+            actions.append(Action(DESTROY, row["backend"], row["id"], row["backend_ref"], reason))
+        elif warning_due(row, now, warn_before):
+            actions.append(Action(WARN, row["backend"], row["id"], reason="ttl"))
+    return actions
+
+
+def plan_orphans(backend: str, objects: Sequence[BackendObject], now: datetime) -> list[Action]:
+    """Objects of this installation past their `sbx.hard-deadline`: no database needed."""
+    actions = []
+    for obj in objects:
+        hard = _parse(obj.labels.get(LABEL_HARD_DEADLINE))
+        if hard is not None and hard <= now:
+            actions.append(Action(DESTROY_OBJECT, backend, obj.labels.get(LABEL_ID), obj.ref,
+                                  "max-ttl"))
+    return actions
+
+
+def _parse(text: str | None) -> datetime | None:
+    try:
+        return from_iso(text) if text else None
+    except ValueError:
+        return None
+
+
+def merge(reconcile: list[Action], reap: list[Action]) -> list[Action]:
+    """One action per sandbox (reconcile first: it knows the backend's truth), in ORDER."""
+    taken: set[tuple[str | None, str | None]] = set()
+    out = []
+    for action in [*reconcile, *reap]:
+        key = (action.sandbox_id, action.ref) if action.sandbox_id is None else (action.sandbox_id, None)
+        if key in taken:
+            continue
+        taken.add(key)
+        out.append(action)
+    return sorted(out, key=lambda a: ORDER.index(a.kind))
+
+
+# -- running a cycle -----------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    destroyed: list[str] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    reconciled: list[dict[str, Any]] = field(default_factory=list)
+    warned: list[str] = field(default_factory=list)
+    planned: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"destroyed": self.destroyed, "failed": self.failed, "orphans": self.orphans,
+                "skipped": self.skipped, "reconciled": self.reconciled, "warned": self.warned,
+                **({"planned": self.planned} if self.planned else {})}
+
+
+RowSource = Callable[[], tuple[list[dict[str, Any]], Callable[[Iterable[str]], dict[str, dict]]]]
+
+
+class Reaper:
+    """One reconcile-and-reap cycle at a time; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        install_id: str,
+        clock: Clock,
+        read_rows: RowSource,
+        make_manager: Callable[[dict[str, Adapter]], Manager],
+        warn_before: timedelta,
+        grace: timedelta,
+        reap: bool = True,
+        orphans: bool = False,
+        dry_run: bool = False,
+        concurrency: int = 8,
+    ) -> None:
+        self.install_id = install_id
+        self.clock = clock
+        self.read_rows = read_rows
+        self.make_manager = make_manager
+        self.warn_before = warn_before
+        self.grace = grace
+        self.reap = reap
+        self.orphans = orphans
+        self.dry_run = dry_run
+        self.concurrency = concurrency
+        self.adapters: dict[str, Adapter] = {}
+        self._manager: Manager | None = None
+
+    def _adapter(self, backend: str) -> Adapter:
+        if backend not in self.adapters:
+            self.adapters[backend] = registry.load_class(backend)()
+        return self.adapters[backend]
+
+    async def _list(self, backend: str) -> list[BackendObject]:
+        return await self._adapter(backend).list({LABEL_INSTALL: self.install_id})
+
+    async def plan(self, report: Report) -> list[Action]:
+        now = self.clock.now()
+        actions: list[Action] = []
+        if self.orphans:  # first, and without the database: it may be gone
+            for backend in registry.names():
+                try:
+                    cls = registry.load_class(backend)
+                    if cls.test_double:
+                        continue
+                    objects = await self._list(backend)
+                except SbxError:
+                    raise
+                except Exception as exc:  # an absent SDK or unreachable backend
+                    report.skipped.append({"id": f"backend:{backend}", "error": str(exc)})
+                    continue
+                actions += plan_orphans(backend, objects, now)
+        try:
+            rows, rows_by_ids = self.read_rows()
+        except Exception as exc:  # never destructive without the database
+            raise Unavailable(f"cannot read the database, so nothing was changed: {exc}") from exc
+        mine = [r for r in rows if r["install_id"] == self.install_id]
+        reconcile: list[Action] = []
+        for backend in sorted({r["backend"] for r in mine}):
+            objects = await self._list(backend)  # unreachable backend: the cycle fails (exit 5)
+            live_ids = {r["id"] for r in mine}
+            stray = [o.labels.get(LABEL_ID) for o in objects
+                     if o.labels.get(LABEL_ID) and o.labels.get(LABEL_ID) not in live_ids]
+            gone = rows_by_ids(stray) if stray else {}
+            reconcile += plan_reconcile(backend, mine, objects, now, self.grace, gone_rows=gone)
+        reap = plan_reap(mine, now, self.warn_before) if self.reap else []
+        # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
+        return merge(reconcile, [*reap, *actions])
+
+    def manager(self) -> Manager:
+        if self._manager is None:
+            self._manager = self.make_manager(self.adapters)
+        return self._manager
+
+    async def cycle(self) -> Report:
+        report = Report()
+        actions = await self.plan(report)
+        if self.dry_run:
+            report.planned = [a.describe() for a in actions]
+            return report
+        if not actions:
+            return report
+        mgr = self.manager()
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(action: Action) -> None:
+            async with gate:
+                await self._apply(mgr, action, report)
+
+        for kind in ORDER:  # each kind in parallel, kinds in order
+            batch = [a for a in actions if a.kind == kind]
+            if batch:
+                await asyncio.gather(*(one(a) for a in batch))
+        return report
+
+    async def _apply(self, mgr: Manager, action: Action, report: Report) -> None:
+        label = action.sandbox_id or action.ref or "?"
+        try:
+            if action.kind == DESTROY:
+                done = await mgr.destroy_if(action.sandbox_id, reason=action.reason)
+                if done is None:
+                    report.skipped.append({"id": label, "error": "no longer due"})
+                elif action.reason in ("ttl", "idle", "max-ttl"):
+                    report.destroyed.append(label)
+                else:
+                    report.reconciled.append({**action.describe(), "state": done["state"]})
+            elif action.kind == DESTROY_OBJECT:
+                if await mgr.destroy_orphan(action.backend, action.ref, action.sandbox_id,
+                                            reason=action.reason):
+                    report.orphans.append(label)
+                else:
+                    report.skipped.append({"id": label, "error": "claimed by a sandbox"})
+            elif action.kind == WARN:
+                if mgr.warn_expiring(action.sandbox_id, self.warn_before):
+                    report.warned.append(label)
+            elif action.kind == ADOPT:
+                if mgr.adopt(action.backend, action.obj):
+                    report.reconciled.append(action.describe())
+            elif action.kind == FINISH_CREATE:
+                if mgr.finish_interrupted_create(action.sandbox_id, action.obj):
+                    report.reconciled.append(action.describe())
+            elif action.kind in (FAIL, LOSE, SYNC):
+                if mgr.record_backend_state(action.sandbox_id, action.expect, action.target,
+                                            reason=action.reason):
+                    report.reconciled.append(action.describe())
+        except Conflict as exc:  # another process got there first: that is fine
+            report.skipped.append({"id": label, "error": " ".join(str(exc).split())})
+        except Exception as exc:
+            report.failed.append({"id": label, "error": " ".join(str(exc).split())})
+
+    async def close(self) -> None:
+        if self._manager is not None:
+            await self._manager.close()
+        else:
+            for adapter in self.adapters.values():
+                await adapter.close()
+
+
+async def run_every(make: Callable[[], Reaper], every: timedelta, stop: asyncio.Event,
+                    on_report: Callable[[Report | BaseException], None],
+                    timeout: timedelta | None = None) -> None:
+    """`sbx reap --every`: a cycle, then a pause, until `stop` is set (SIGTERM). A failed
+    cycle is reported and the next one tries again."""
+    while not stop.is_set():
+        reaper = make()
+        try:
+            job = reaper.cycle()
+            report = await (asyncio.wait_for(job, timeout.total_seconds()) if timeout else job)
+            on_report(report)
+        except Exception as exc:
+            on_report(exc)
+        finally:
+            await reaper.close()
+        try:
+            await asyncio.wait_for(stop.wait(), every.total_seconds())
+        except TimeoutError:
+            pass
+
+
+def default_reaper(**options: Any) -> Reaper:
+    """A Reaper on this installation's database. It reads rows with the standard library when
+    it can (a cycle with nothing to do then loads neither the ORM nor Alembic)."""
+    from core import inventory, settings
+    from core.clock import clock_from_env
+
+    url = settings.database_url()
+
+    def make_manager(adapters: dict[str, Adapter]) -> Manager:
+        from core.manager import Manager
+
+        return Manager(adapters=adapters)
+
+    def read_rows():
+        fast = inventory.open_sqlite_readonly(url)
+        if fast is not None:
+            rows = inventory.list_sandboxes(fast)
+
+            def gone(ids: Iterable[str]) -> dict[str, dict]:
+                return inventory.rows_by_ids(fast, list(ids))
+            return rows, gone
+        mgr = reaper.manager()
+        return mgr.list(), mgr.rows_by_ids
+
+    options.setdefault("warn_before", settings.expiry_warning())
+    options.setdefault("grace", settings.reconcile_grace())
+    reaper = Reaper(install_id=settings.install_id(), clock=clock_from_env(),
+                    read_rows=read_rows, make_manager=make_manager, **options)
+    return reaper
