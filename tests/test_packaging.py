@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """A fresh venv with the project installed from a built wheel, not the work tree.
+    """A fresh venv with the project installed from its wheel (what `pip install .` builds),
+    not from the work tree.
     Dependencies come from the test venv through a .pth line, to stay offline and fast."""
     base = tmp_path_factory.mktemp("plain-install")
     venv = base / "venv"
@@ -24,8 +25,12 @@ def installed(tmp_path_factory):
         [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         check=True, capture_output=True, text=True).stdout.strip())
     (site / "zz-test-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", str(ROOT)], check=True, capture_output=True)
+    wheels = base / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = wheels.glob("sandboxer-*.whl")
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True)
     return venv, site
 
 
@@ -55,7 +60,7 @@ def _imported(args, env):
             if line.startswith("import time:")}
 
 
-@pytest.mark.parametrize("args", [["--help"], ["ls"], ["ls", "--json"], ["events"],
+@pytest.mark.parametrize("args", [["--help"], ["ls"], ["ls", "--json"], ["events"], ["reap"],
                                   ["profiles", "list"]])
 def test_fast_paths_import_no_textual_e2b_or_modal(args, sbx_home):
     _imported(["ls"], dict(os.environ))  # the first start migrates (and may import Alembic)
