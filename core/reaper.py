@@ -162,16 +162,19 @@ def _parse(text: str | None) -> datetime | None:
 
 
 def merge(reconcile: list[Action], reap: list[Action]) -> list[Action]:
-    """One action per sandbox (reconcile first: it knows the backend's truth), in ORDER."""
-    taken: set[tuple[str | None, str | None]] = set()
-    out = []
+    """One action per sandbox, reconcile first (it knows the backend's truth), in ORDER.
+    The one exception: a sandbox reconcile finds lost is also reaped when it is due, so
+    the cycle that notices an expired sandbox is gone also ends it."""
+    chosen: dict[tuple[str | None, str | None], Action] = {}
+    extra: list[Action] = []
     for action in [*reconcile, *reap]:
-        key = (action.sandbox_id, action.ref) if action.sandbox_id is None else (action.sandbox_id, None)
-        if key in taken:
-            continue
-        taken.add(key)
-        out.append(action)
-    return sorted(out, key=lambda a: ORDER.index(a.kind))
+        key = (action.sandbox_id, None) if action.sandbox_id else (None, action.ref)
+        first = chosen.get(key)
+        if first is None:
+            chosen[key] = action
+        elif first.kind == LOSE and action.kind == DESTROY:
+            extra.append(action)
+    return sorted([*chosen.values(), *extra], key=lambda a: ORDER.index(a.kind))
 
 
 # -- running a cycle -----------------------------------------------------------------------

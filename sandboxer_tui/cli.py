@@ -356,7 +356,7 @@ def show_command(sandbox_id: str, as_json: bool) -> None:
         return
     for key in ("id", "name", "state", "profile", "backend", "backend_ref", "owner", "task",
                 "install", "created_at", "started_at", "deadline", "hard_deadline",
-                "last_activity_at", "ended_at", "error"):
+                "last_activity_at", "idle_deadline", "ended_at", "error"):
         if view.get(key) is not None:
             click.echo(f"{key:<17} {view[key]}")
     click.echo(f"{'ttl_left':<17} {human_left(view['ttl_left_s'])}")
