@@ -46,7 +46,7 @@ from core.failpoints import failpoint
 from core.ids import PREFIX, new_sandbox_id, validate_name
 from core.labels import validate_labels
 from core.models import Event, Sandbox
-from core.states import ADOPTED_EVENT, CREATED_EVENT, State, transition_event
+from core.states import ADOPTED_EVENT, CREATED_EVENT, State, entry_events, transition_event
 from core.ttl import ON_THE_CLOCK, effective_deadline, expiry_reason, extended, warning_due
 
 if TYPE_CHECKING:  # profiles (pydantic, yaml) load only where a profile is used
@@ -205,10 +205,17 @@ class Manager:
                 why_not = precondition(row)
                 if why_not:
                     raise NotDue(f"sandbox {sandbox_id}: {why_not}")
-            if callable(reason):
-                reason = reason(row)
             current = State(row["state"])
             resuming = current == intent  # completing an interrupted intent
+            if callable(reason):
+                reason = reason(row)
+            if resuming and reason is None:  # carry on with the interrupted intent's reason
+                reason = conn.execute(
+                    sa.select(EVENTS.c.reason)
+                    .where(EVENTS.c.sandbox_id == sandbox_id,
+                           EVENTS.c.type.in_(entry_events(intent)))
+                    .order_by(EVENTS.c.id.desc()).limit(1)
+                ).scalar()
             if not resuming:
                 transition_event(current, intent)  # IllegalTransition when not allowed
             if self._held(row):

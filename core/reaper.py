@@ -127,13 +127,17 @@ def plan_reconcile(
     return actions
 
 
+# Creating rows appear here only once their lease lapsed (an interrupted create).
+REAPABLE = (State.CREATING, State.RUNNING, State.PAUSED, State.LOST)
+
+
 def plan_reap(rows: Iterable[Mapping[str, Any]], now: datetime,
               warn_before: timedelta) -> list[Action]:
     """Expired sandboxes to destroy, and expiry warnings that are due."""
     now_iso = to_iso(now)
     actions = []
     for row in rows:
-        if leased(row, now_iso) or row["state"] not in (State.RUNNING, State.PAUSED, State.LOST):
+        if leased(row, now_iso) or row["state"] not in REAPABLE:
             continue
         reason = expiry_reason(row, now)
         if reason:
@@ -163,8 +167,8 @@ def _parse(text: str | None) -> datetime | None:
 
 def merge(reconcile: list[Action], reap: list[Action]) -> list[Action]:
     """One action per sandbox, reconcile first (it knows the backend's truth), in ORDER.
-    The one exception: a sandbox reconcile finds lost is also reaped when it is due, so
-    the cycle that notices an expired sandbox is gone also ends it."""
+    The one exception: a sandbox that reconcile finds lost, or whose interrupted create it
+    completes, is also reaped when it is due, so one cycle ends what is past its deadline."""
     chosen: dict[tuple[str | None, str | None], Action] = {}
     extra: list[Action] = []
     for action in [*reconcile, *reap]:
@@ -172,7 +176,7 @@ def merge(reconcile: list[Action], reap: list[Action]) -> list[Action]:
         first = chosen.get(key)
         if first is None:
             chosen[key] = action
-        elif first.kind == LOSE and action.kind == DESTROY:
+        elif first.kind in (LOSE, FINISH_CREATE) and action.kind == DESTROY:
             extra.append(action)
     return sorted([*chosen.values(), *extra], key=lambda a: ORDER.index(a.kind))
 
@@ -258,9 +262,18 @@ class Reaper:
         except Exception as exc:  # never destructive without the database
             raise Unavailable(f"cannot read the database, so nothing was changed: {exc}") from exc
         mine = [r for r in rows if r["install_id"] == self.install_id]
+        in_use = {r["backend"] for r in mine}
         reconcile: list[Action] = []
-        for backend in sorted({r["backend"] for r in mine}):
-            objects = await self._list(backend)  # unreachable backend: the cycle fails (exit 5)
+        for backend in registry.names():
+            if backend in in_use:
+                objects = await self._list(backend)  # unreachable: the cycle fails (exit 5)
+            else:  # objects of ours with no row at all (a lost database): adopt them
+                try:
+                    if registry.load_class(backend).test_double:
+                        continue
+                    objects = await self._list(backend)
+                except Exception:
+                    continue  # a backend we have nothing on may well be unavailable
             live_ids = {r["id"] for r in mine}
             stray = [o.labels.get(LABEL_ID) for o in objects
                      if o.labels.get(LABEL_ID) and o.labels.get(LABEL_ID) not in live_ids]

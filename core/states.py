@@ -64,3 +64,8 @@ def transition_event(current: State | str, target: State | str) -> str:
 
 def can_transition(current: State | str, target: State | str) -> bool:
     return (State(current), State(target)) in TRANSITIONS
+
+
+def entry_events(target: State | str) -> set[str]:
+    """The event types written on entering `target` (to find an interrupted intent's reason)."""
+    return {event for (_, dst), event in TRANSITIONS.items() if dst == State(target)}

@@ -490,24 +490,36 @@ def _reap_report_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _cycle_once(reaper, timeout) -> dict[str, Any]:
+def _cycle_once(reaper, timeout, as_json: bool = False) -> dict[str, Any]:
     import asyncio
 
     async def go():
         try:
             job = reaper.cycle()
             return await (asyncio.wait_for(job, timeout.total_seconds()) if timeout else job)
+        except TimeoutError:
+            _exit_now(timeout, as_json)
         finally:
             await reaper.close()
 
-    try:
-        return asyncio.run(go()).as_json()
-    except TimeoutError:
-        from core.durations import format_duration
-        from core.errors import OperationFailed
+    return asyncio.run(go()).as_json()
 
-        raise OperationFailed(f"timed out after {format_duration(timeout)}; the next run "
-                              "completes what this one left") from None
+
+def _exit_now(timeout, as_json: bool) -> None:
+    """Leave at once: a backend call may still block a worker thread, and waiting for it
+    (as asyncio.run would) breaks the bound. Leases taken lapse; the next run completes."""
+    import os
+
+    from core.durations import format_duration
+    from core.errors import OperationFailed
+
+    try:
+        fail(OperationFailed(f"timed out after {format_duration(timeout)}; the next run "
+                             "completes what this one left"), as_json)
+    except SystemExit as stop:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stop.code)
 
 
 def _failure_line(command_name: str, failed: list[dict[str, str]]) -> str:
@@ -548,7 +560,7 @@ def reap_command(dry_run, orphans, timeout, every, verbose, as_json) -> None:
             click.echo(_failure_line("reap", report["failed"]), err=True)
 
     if interval is None:
-        report = _cycle_once(make(), limit)
+        report = _cycle_once(make(), limit, as_json)
         show(report)
         if report["failed"]:
             sys.exit(1)

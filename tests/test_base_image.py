@@ -1,9 +1,9 @@
 """The offline base image is built from the host's busybox, with no registry, and works."""
 
 import pytest
+from conftest import RUN_ID
 
 from adapters.docker import KEEPALIVE, build_base_image
-from conftest import RUN_ID
 
 pytestmark = pytest.mark.docker
 
