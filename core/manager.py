@@ -401,11 +401,15 @@ class Manager:
             return row, False
         if row["state"] != State.DESTROYING:
             transition_event(row["state"], State.DESTROYING)  # refuse before any I/O
-        return await self._destroy(row, reason=reason), True
+        adapter = self.adapter(row["backend"])
+        await adapter.ensure_available()  # unreachable: exit 5 before anything is written
+        return await self._destroy(row["id"], adapter, reason=reason), True
 
-    async def destroy_if(self, sandbox_id: str, *, reason: str | None) -> dict[str, Any] | None:
+    async def destroy_if(self, sandbox_id: str, backend: str, *,
+                         reason: str | None) -> dict[str, Any] | None:
         """The reaper's destroy: only if, inside the transaction, the reason still holds
-        (still expired; still failed; an interrupted destroy). None when it no longer does."""
+        (still expired; still failed; an interrupted destroy). None when it no longer does.
+        The reaper has just listed the backend, so it is not pinged again."""
         def still_due(row: Mapping[str, Any]) -> str | None:
             if reason in ("ttl", "idle", "max-ttl"):
                 if row["state"] not in (State.RUNNING, State.PAUSED, State.LOST):
@@ -418,28 +422,22 @@ class Manager:
                 return f"it is {row['state']}, not destroying"
             return None
 
-        with self.db.read() as conn:
-            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
-                               ).mappings().first()
-        if row is None or still_due(row):
-            return None
         def reason_now(current: Mapping[str, Any]) -> str | None:
             return expiry_reason(current, self.clock.now()) or reason  # idle may have become ttl
 
         expiring = reason in ("ttl", "idle", "max-ttl")
         try:
-            return await self._destroy(dict(row), reason=reason_now if expiring else reason,
+            return await self._destroy(sandbox_id, self.adapter(backend),
+                                       reason=reason_now if expiring else reason,
                                        precondition=still_due)
-        except NotDue:
+        except (NotDue, NotFound):
             return None
 
-    async def _destroy(self, row: Mapping[str, Any], *,
+    async def _destroy(self, sandbox_id: str, adapter: Adapter, *,
                        reason: str | None | Callable[[Mapping[str, Any]], str | None],
                        precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
                        ) -> dict[str, Any]:
-        adapter = self.adapter(row["backend"])
-        await adapter.ensure_available()
-        lease, row = self._begin(row["id"], State.DESTROYING, reason=reason,
+        lease, row = self._begin(sandbox_id, State.DESTROYING, reason=reason,
                                  precondition=precondition)
         failpoint("destroy.after-intent")
         try:
@@ -463,6 +461,8 @@ class Manager:
     async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
         """Add `by` to the deadline in one atomic update: never earlier, never past the hard
         deadline. Returns (row, capped). A reaper that re-checks after this keeps the sandbox."""
+        if by <= timedelta(0):
+            raise BadInput(f"bad duration {format_duration(by)!r}: extend only adds time")
         sandbox_id = self.resolve(ref)["id"]
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)

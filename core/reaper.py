@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -218,7 +219,7 @@ class Reaper:
         reap: bool = True,
         orphans: bool = False,
         dry_run: bool = False,
-        concurrency: int = 8,
+        concurrency: int = 16,
     ) -> None:
         self.install_id = install_id
         self.clock = clock
@@ -232,6 +233,7 @@ class Reaper:
         self.concurrency = concurrency
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     def _adapter(self, backend: str) -> Adapter:
         if backend not in self.adapters:
@@ -289,6 +291,9 @@ class Reaper:
         return self._manager
 
     async def cycle(self) -> Report:
+        # blocking SDK calls run in threads: as many as the actions we run at once
+        self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="sbx-reap")
+        asyncio.get_running_loop().set_default_executor(self._executor)
         report = Report()
         actions = await self.plan(report)
         if self.dry_run:
@@ -313,7 +318,8 @@ class Reaper:
         label = action.sandbox_id or action.ref or "?"
         try:
             if action.kind == DESTROY:
-                done = await mgr.destroy_if(action.sandbox_id, reason=action.reason)
+                done = await mgr.destroy_if(action.sandbox_id, action.backend,
+                                            reason=action.reason)
                 if done is None:
                     report.skipped.append({"id": label, "error": "no longer due"})
                 elif action.reason in ("ttl", "idle", "max-ttl"):
@@ -350,6 +356,8 @@ class Reaper:
         else:
             for adapter in self.adapters.values():
                 await adapter.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
 
 
 async def run_every(make: Callable[[], Reaper], every: timedelta, stop: asyncio.Event,

@@ -40,7 +40,7 @@ def expiry_reason(row: Mapping[str, Any], now: datetime) -> str | None:
 
 def extended(deadline: datetime, hard_deadline: datetime, by: timedelta) -> tuple[datetime, bool]:
     """(new deadline, capped): adds `by`, never past the hard deadline, never earlier."""
-    wanted = deadline + by
+    wanted = max(deadline, deadline + by)
     if wanted > hard_deadline:
         return max(deadline, hard_deadline), True
     return wanted, False

@@ -1,0 +1,430 @@
+"""Reap benchmark for sbx, against a real local Docker engine.
+
+    .venv/bin/python bench/bench_reap.py [--rounds N] [--count N] [--idle-runs N] [--json FILE]
+
+Two measurements in one run, each against its target:
+
+1. Mass expiry: N (default 100) sandboxes made by `Manager.create` in-process on the docker
+   backend with a 1m ttl, in a temporary SBX_HOME; then ONE `sbx reap --json` in a fresh
+   process with SBX_CLOCK_OFFSET=2m, which must destroy all N. Against it: `docker rm -f` of N
+   equivalent containers (same image, limits and KEEPALIVE command as adapters/docker.py) in one
+   command. Rounds alternate sbx, docker (default 1 round: it is slow).
+   Target: median(sbx reap) / median(docker rm -f) <= 1.3.
+2. Nothing to do: `sbx reap` in a fresh process with 20 live, unexpired docker sandboxes in the
+   database (median of 10, after one warm-up); `python -c pass` beside it for reference.
+   Target: <= 0.3 s.
+
+Then, for information, the most expensive imports of that idle `sbx reap`.
+
+Every container this run makes carries `sbx-bench=<runid>`; only those are removed, by id, and
+a final check removes (by id) any still carrying the run label. Never prunes. Exit status 0
+whatever the figures (this is a report); non-zero only when something crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TARGET_RATIO = 1.3
+TARGET_IDLE_S = 0.3
+IMAGE = "sandboxer/base:busybox"
+# the same limits as profiles/default.yaml (cpu 1, memory 512MiB without swap, pids 256)
+DOCKER_LIMITS = ["--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                 "--memory", "512m", "--memory-swap", "512m", "--cpus", "1",
+                 "--pids-limit", "256"]
+TIMEOUT_S = 600
+CREATE_PARALLEL = 8
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def ms(seconds: float) -> str:
+    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
+
+
+def secs(seconds: float) -> str:
+    return "-" if seconds is None or math.isnan(seconds) else f"{seconds:.3f} s"
+
+
+def print_table(headers: list[str], rows: list[list[Any]], title: str | None = None) -> None:
+    body = [[str(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    if title:
+        print(f"\n{title}")
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    print("  ".join("-" * w for w in widths))
+    for r in body:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+class CommandFailed(RuntimeError):
+    pass
+
+
+def run_cmd(argv: Sequence[str], *, env: dict[str, str] | None = None,
+            cwd: Path | None = None, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
+    """Run one command; return (wall seconds, result). Raises CommandFailed on a non-zero exit."""
+    started = time.perf_counter()
+    proc = subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    if check and proc.returncode != 0:
+        raise CommandFailed(f"{' '.join(argv[:6])}{' ...' if len(argv) > 6 else ''} exited "
+                            f"{proc.returncode}: {(proc.stderr or proc.stdout).strip()[:500]}")
+    return elapsed, proc
+
+
+def verdict(value: float, target: float) -> str:
+    return "PASS" if value <= target else "MISS"
+
+
+# -- the run context -------------------------------------------------------------------------
+
+
+class Context:
+    def __init__(self) -> None:
+        self.run_id = uuid.uuid4().hex[:12]
+        self.label = f"sbx-bench={self.run_id}"
+        self._tmp = tempfile.TemporaryDirectory(prefix="sbx-bench-reap-")
+        self.tmp = Path(self._tmp.name)
+        sbx = Path(sys.executable).parent / "sbx"
+        self.sbx = [str(sbx)] if sbx.exists() else [sys.executable, "-m", "sandboxer_tui.cli"]
+        self.containers: set[str] = set()  # every container id this run made and may still hold
+        self.notes: list[str] = []
+
+    def home(self, name: str) -> Path:
+        path = self.tmp / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def sbx_env(self, home: Path, **extra: str) -> dict[str, str]:
+        """Explicit environment for sbx subprocesses: our SBX_HOME and config dir, no other SBX_*."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        env.update(SBX_HOME=str(home), XDG_CONFIG_HOME=str(self.tmp / "xdg-config"),
+                   SBX_ACTOR="sbx-bench", **extra)
+        return env
+
+    def still_present(self, ids: set[str]) -> set[str]:
+        if not ids:
+            return set()
+        _, proc = run_cmd(["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={self.label}"])
+        return ids & set(proc.stdout.split())
+
+    def cleanup(self) -> None:
+        left = self.still_present(self.containers) if self.containers else set()
+        if left:
+            _, proc = run_cmd(["docker", "rm", "-f", *sorted(left)], check=False)
+            self.notes.append(f"cleanup: docker rm -f {len(left)} container(s) of this run: "
+                              f"rc {proc.returncode}")
+        self.containers.clear()
+        # last check: anything still carrying this run's unique label is ours; remove it by id
+        _, proc = run_cmd(["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={self.label}"],
+                          check=False)
+        stray = proc.stdout.split()
+        if stray:
+            run_cmd(["docker", "rm", "-f", *stray], check=False)
+            self.notes.append(f"cleanup: {len(stray)} leftover container(s) with {self.label} "
+                              f"removed by id: {' '.join(i[:12] for i in stray)}")
+        self._tmp.cleanup()
+
+
+@contextmanager
+def sbx_home_env(ctx: Context, home: Path) -> Iterator[None]:
+    """This process acts as an sbx client of `home` (its database and installation id)."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SBX_") or k == "XDG_CONFIG_HOME"}
+    for key in [k for k in os.environ if k.startswith("SBX_")]:
+        del os.environ[key]
+    os.environ.update(SBX_HOME=str(home), XDG_CONFIG_HOME=str(ctx.tmp / "xdg-config"),
+                      SBX_ACTOR="sbx-bench")
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("SBX_")]:
+            del os.environ[key]
+        os.environ.pop("XDG_CONFIG_HOME", None)
+        os.environ.update(saved)
+
+
+def make_sandboxes(ctx: Context, home: Path, count: int, ttl: str | None) -> tuple[list[str], float]:
+    """`count` docker sandboxes in `home`'s database through Manager.create, CREATE_PARALLEL at
+    a time. Returns (sandbox ids, seconds). Every container id is recorded for cleanup."""
+    with sbx_home_env(ctx, home):
+        from core.durations import parse_duration
+        from core.manager import Manager
+        from core.profiles import ProfileLoader
+
+        profile = ProfileLoader().load("default")
+        key, value = ctx.label.split("=", 1)
+
+        async def main() -> list[str]:
+            mgr = Manager()
+            gate = asyncio.Semaphore(CREATE_PARALLEL)
+
+            async def one() -> str:
+                async with gate:
+                    row = await mgr.create(profile, ttl=parse_duration(ttl) if ttl else None,
+                                           labels={key: value})
+                ctx.containers.add(row["backend_ref"])
+                return row["id"]
+
+            try:
+                results = await asyncio.gather(*(one() for _ in range(count)),
+                                               return_exceptions=True)
+            finally:
+                await mgr.close()
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise RuntimeError(f"{len(errors)} of {count} creates failed: {errors[0]}")
+            return list(results)
+
+        started = time.perf_counter()
+        ids = asyncio.run(main())
+        return ids, time.perf_counter() - started
+
+
+def states(home: Path) -> dict[str, int]:
+    conn = sqlite3.connect(f"file:{home / 'sbx.db'}?mode=ro", uri=True)
+    try:
+        return dict(conn.execute("SELECT state, count(*) FROM sandboxes GROUP BY state"))
+    finally:
+        conn.close()
+
+
+def docker_containers(ctx: Context, count: int) -> tuple[list[str], float]:
+    """`count` containers equivalent to sbx's (same image, limits, command), made in parallel."""
+    from adapters.docker import KEEPALIVE
+
+    def one(_: int) -> str:
+        _, proc = run_cmd(["docker", "run", "-d", *DOCKER_LIMITS, "--label", ctx.label,
+                           IMAGE, *KEEPALIVE])
+        cid = proc.stdout.split()[-1]
+        ctx.containers.add(cid)
+        return cid
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(CREATE_PARALLEL) as pool:
+        ids = list(pool.map(one, range(count)))
+    return ids, time.perf_counter() - started
+
+
+# -- 1. mass expiry: one sbx reap against one docker rm -f -----------------------------------
+
+
+def bench_mass(ctx: Context, rounds: int, count: int) -> dict[str, Any]:
+    samples: list[dict[str, Any]] = []
+    for r in range(rounds):
+        home = ctx.home(f"mass-home-{r}")
+        ids, made_s = make_sandboxes(ctx, home, count, "1m")
+        refs = set(ctx.containers)
+        reap_s, proc = run_cmd([*ctx.sbx, "reap", "--json"],
+                               env=ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m"), cwd=ctx.tmp)
+        report = json.loads(proc.stdout)
+        left = ctx.still_present(refs)
+        if sorted(report["destroyed"]) != sorted(ids) or report["failed"] or left:
+            raise RuntimeError(f"sbx reap destroyed {len(report['destroyed'])} of {count}; "
+                               f"failed {report['failed'][:3]}; {len(left)} container(s) left")
+        if states(home) != {"destroyed": count}:
+            raise RuntimeError(f"after sbx reap the database holds {states(home)}")
+        ctx.containers -= refs
+
+        cids, dmade_s = docker_containers(ctx, count)
+        rm_s, _ = run_cmd(["docker", "rm", "-f", *cids])
+        left = ctx.still_present(set(cids))
+        if left:
+            raise RuntimeError(f"docker rm -f left {len(left)} container(s)")
+        ctx.containers -= set(cids)
+        samples.append({"sbx_reap_s": reap_s, "docker_rm_s": rm_s, "sbx_create_all_s": made_s,
+                        "docker_run_all_s": dmade_s})
+        print(f"   round {r + 1}/{rounds}: made {count} sbx sandboxes in {made_s:.1f} s and "
+              f"{count} containers in {dmade_s:.1f} s; sbx reap {reap_s:.2f} s, "
+              f"docker rm -f {rm_s:.2f} s", flush=True)
+
+    reap = median([s["sbx_reap_s"] for s in samples])
+    rm = median([s["docker_rm_s"] for s in samples])
+    result = {"rounds": rounds, "count": count, "samples": samples,
+              "sbx_reap_median_s": reap, "docker_rm_median_s": rm, "ratio": reap / rm}
+    print_table(
+        ["command", "median", f"per sandbox ({count})"],
+        [[f"sbx reap (fresh process, SBX_CLOCK_OFFSET=2m): destroys {count}", secs(reap),
+          ms(reap / count)],
+         [f"docker rm -f <{count} ids> (one command)", secs(rm), ms(rm / count)],
+         ["ratio sbx / docker", f"{reap / rm:.2f}", f"target <= {TARGET_RATIO}"]],
+        title=f"1. Mass expiry: {count} sandboxes past a 1m ttl ({rounds} round(s))",
+    )
+    return result
+
+
+# -- 2. a reap with nothing to do --------------------------------------------------------------
+
+
+def bench_idle(ctx: Context, runs: int, live: int) -> dict[str, Any]:
+    home = ctx.home("idle-home")
+    ids, made_s = make_sandboxes(ctx, home, live, None)  # the profile's 30m default
+    env = ctx.sbx_env(home)
+    run_cmd([*ctx.sbx, "reap"], env=env, cwd=ctx.tmp)  # warm-up, not counted
+    reap, pypass, version = [], [], []
+    for _ in range(runs):
+        t, proc = run_cmd([*ctx.sbx, "reap"], env=env, cwd=ctx.tmp)
+        if proc.stdout.strip() or proc.stderr.strip():
+            raise RuntimeError(f"sbx reap with nothing to do said something: "
+                               f"{(proc.stdout + proc.stderr).strip()[:300]}")
+        reap.append(t)
+        pypass.append(run_cmd([sys.executable, "-c", "pass"])[0])
+        version.append(run_cmd([*ctx.sbx, "--version"], env=env, cwd=ctx.tmp)[0])
+    if states(home) != {"running": live}:
+        raise RuntimeError(f"an idle reap changed the database: {states(home)}")
+    _, dry = run_cmd([*ctx.sbx, "reap", "--dry-run", "--json"], env=env, cwd=ctx.tmp)
+    planned = json.loads(dry.stdout).get("planned", [])
+    result = {"live": live, "runs": runs, "sbx_reap_s": reap, "python_pass_s": pypass,
+              "sbx_version_s": version, "made_s": made_s, "planned": planned,
+              "median": {"sbx_reap": median(reap), "python_pass": median(pypass),
+                         "sbx_version": median(version)},
+              "home": home}
+    m = result["median"]
+    print_table(
+        ["command", "median", "min", "max"],
+        [[f"sbx reap, nothing to do ({live} live docker sandboxes)", secs(m["sbx_reap"]),
+          secs(min(reap)), secs(max(reap))],
+         ["sbx --version", secs(m["sbx_version"]), secs(min(version)), secs(max(version))],
+         ["python -c pass", secs(m["python_pass"]), secs(min(pypass)), secs(max(pypass))]],
+        title=f"2. sbx reap with nothing to do ({runs} fresh processes each)",
+    )
+    print(f"   target: <= {TARGET_IDLE_S} s; `sbx reap --dry-run` plans {len(planned)} action(s)")
+    return result
+
+
+def import_profile(ctx: Context, home: Path, top: int = 8) -> dict[str, Any]:
+    """Where an idle `sbx reap` spends its imports (python -X importtime, one run)."""
+    _, proc = run_cmd([sys.executable, "-X", "importtime", "-m", "sandboxer_tui.cli", "reap"],
+                      env=ctx.sbx_env(home), cwd=ctx.tmp)
+    entries = []
+    for line in proc.stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, cum_us, raw = line.split(":", 1)[1].split("|")
+        name = raw[1:]
+        entries.append({"module": name.strip(), "depth": (len(name) - len(name.lstrip())) // 2,
+                        "self_us": int(self_us), "cumulative_us": int(cum_us)})
+    total_us = sum(e["self_us"] for e in entries)
+    top_level = sorted((e for e in entries if e["depth"] == 0), key=lambda e: -e["cumulative_us"])
+    print_table(["top-level import of an idle `sbx reap` (cumulative)", "ms"],
+                [[e["module"], f"{e['cumulative_us'] / 1000:.1f}"] for e in top_level[:top]],
+                title=f"3. Imports of an idle `sbx reap` ({len(entries)} modules, "
+                      f"{total_us / 1000:.0f} ms in total; information)")
+    loaded = {e["module"] for e in entries}
+    heavy = [m for m in ("sqlalchemy", "alembic", "pydantic", "yaml", "docker", "requests")
+             if m in loaded]
+    print(f"   heavy packages loaded: {', '.join(heavy) or 'none'}")
+    return {"modules": len(entries), "total_ms": total_us / 1000, "heavy": heavy,
+            "top_cumulative": top_level[:top]}
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def preflight() -> dict[str, Any]:
+    _, proc = run_cmd(["docker", "version", "--format", "{{.Server.Version}}"])
+    _, img = run_cmd(["docker", "image", "inspect", "--format", "{{.Id}}", IMAGE], check=False)
+    if img.returncode != 0:
+        raise SystemExit(f"the base image {IMAGE} is not on the engine; `make image` builds it")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
+                                capture_output=True, text=True).stdout.strip())
+    return {"docker_server": proc.stdout.strip(), "python": platform.python_version(),
+            "platform": platform.platform(), "cpus": os.cpu_count(),
+            "git_commit": commit + ("+dirty" if dirty else ""),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of the mass-expiry measurement (default 1: it is slow)")
+    parser.add_argument("--count", type=int, default=100,
+                        help="sandboxes per mass-expiry round (default 100)")
+    parser.add_argument("--idle-runs", type=int, default=10,
+                        help="fresh `sbx reap` processes with nothing to do (default 10)")
+    parser.add_argument("--idle-live", type=int, default=20,
+                        help="live, unexpired sandboxes during those runs (default 20)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    for name in ("rounds", "count", "idle_runs", "idle_live"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+
+    meta = preflight()
+    ctx = Context()
+    meta.update(run_id=ctx.run_id, label=ctx.label, sbx=" ".join(ctx.sbx), rounds=args.rounds,
+                count=args.count)
+    print(f"sbx reap benchmark  run {ctx.run_id}  commit {meta['git_commit']}  "
+          f"docker {meta['docker_server']}  python {meta['python']}  {meta['cpus']} cpus",
+          flush=True)
+
+    started = time.perf_counter()
+    results: dict[str, Any] = {"meta": meta}
+    try:
+        results["mass"] = bench_mass(ctx, args.rounds, args.count)
+        results["idle"] = bench_idle(ctx, args.idle_runs, args.idle_live)
+        results["imports"] = import_profile(ctx, results["idle"].pop("home"))
+    finally:
+        ctx.cleanup()
+        for note in ctx.notes:
+            print(note, file=sys.stderr)
+
+    mass, idle = results["mass"], results["idle"]
+    summary = [
+        (f"sbx reap of {args.count} expired / docker rm -f of {args.count}, ratio of medians",
+         mass["ratio"], TARGET_RATIO, f"{mass['ratio']:.2f}", f"<= {TARGET_RATIO}"),
+        (f"sbx reap with nothing to do ({args.idle_live} live), median",
+         idle["median"]["sbx_reap"], TARGET_IDLE_S, secs(idle["median"]["sbx_reap"]),
+         f"<= {TARGET_IDLE_S} s"),
+    ]
+    rows = [[name, shown, target_text, verdict(value, target)]
+            for name, value, target, shown, target_text in summary]
+    rows += [
+        ["  for reference: sbx reap / docker rm -f (medians)",
+         f"{secs(mass['sbx_reap_median_s'])} / {secs(mass['docker_rm_median_s'])}", "", "info"],
+        ["  for reference: python -c pass / sbx --version (medians)",
+         f"{secs(idle['median']['python_pass'])} / {secs(idle['median']['sbx_version'])}", "",
+         "info"],
+    ]
+    print_table(["measurement", "value", "target", "result"], rows,
+                title=f"SUMMARY (run {ctx.run_id}, {time.perf_counter() - started:.0f} s)")
+    results["summary"] = [{"measurement": n, "value": v, "target": t, "pass": v <= t}
+                          for n, v, t, _, _ in summary]
+    results["elapsed_s"] = time.perf_counter() - started
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
