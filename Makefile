@@ -37,6 +37,7 @@ lint: venv
 
 bench: setup
 	$(BIN)/python bench/bench_lifecycle.py
+	$(BIN)/python bench/bench_reap.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
