@@ -70,7 +70,7 @@ class CreateRequest:
     resources: ResourceLimits = field(default_factory=ResourceLimits)
     network: str = "none"
     network_allow: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
     hard_deadline: datetime | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -137,6 +137,10 @@ class Adapter(abc.ABC):
     async def health(self) -> Health:
         """Reachable? Credentials present? Never raises."""
 
+    def validate(self, request: CreateRequest) -> None:  # noqa: B027 (optional hook)
+        """Refuse (CapabilityNotSupported) what this backend cannot enforce, before anything
+        is written: a limit silently ignored is a sandbox that is not what was asked for."""
+
     async def ensure_available(self) -> None:
         """Raise BackendUnavailable with a way out, before the core writes an intent."""
         health = await self.health()
@@ -151,7 +155,8 @@ class Adapter(abc.ABC):
     def logs(self, ref: str, follow: bool = False, tail: int | None = None) -> AsyncIterator[bytes]:
         raise self._unsupported("show logs")
 
-    async def set_deadline(self, ref: str, hard_deadline: datetime) -> None:
+    async def set_deadline(self, ref: str, deadline: datetime) -> None:
+        """Make the backend end the sandbox at `deadline` by itself (E2B's timeout, say)."""
         raise self._unsupported("set a deadline of its own")
 
     async def pause(self, ref: str) -> None:

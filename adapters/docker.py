@@ -15,7 +15,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import docker
@@ -119,9 +119,7 @@ class DockerAdapter(Adapter):
             api = self._client()
             try:
                 return fn(api)
-            except docker_errors.NotFound:
-                raise
-            except docker_errors.APIError:
+            except docker_errors.APIError:  # the engine answered: the caller decides
                 raise
             except docker_errors.DockerException as exc:
                 raise BackendUnavailable(
@@ -143,9 +141,11 @@ class DockerAdapter(Adapter):
                 status=state.get("Status", "unknown"), running=bool(state.get("Running")),
                 created_at=_parse_time(info.get("Created")),
             )
+        created = info.get("Created")
         return BackendObject(  # list entry
             ref=info["Id"], labels=info.get("Labels") or {}, status=info.get("State", "unknown"),
             running=info.get("State") == "running",
+            created_at=datetime.fromtimestamp(created, UTC) if created else None,
         )
 
     # -- contract ---------------------------------------------------------------------------
@@ -162,18 +162,27 @@ class DockerAdapter(Adapter):
     async def ensure_available(self) -> None:
         await self._call(lambda api: api.ping())
 
-    async def create(self, request: CreateRequest) -> BackendObject:
-        if request.network == "egress" and request.network_allow:
+    def validate(self, request: CreateRequest) -> None:
+        if request.network == "egress":
             raise CapabilityNotSupported(
-                "the docker backend cannot enforce an egress allow-list; use network mode "
+                "the docker backend cannot restrict egress (network mode 'egress'); use "
                 "'none' or 'full'"
             )
+        if request.resources.disk_bytes is not None:
+            raise CapabilityNotSupported("the docker backend cannot limit disk (resources.disk)")
+        if request.resources.gpu is not None:
+            raise CapabilityNotSupported("the docker backend offers no GPU (resources.gpu)")
+        if request.options:
+            raise CapabilityNotSupported(
+                f"the docker backend has no options (got {', '.join(sorted(request.options))})")
+
+    async def create(self, request: CreateRequest) -> BackendObject:
         image = request.image or BASE_IMAGE
         limits = request.resources
 
         def make(api: docker.APIClient) -> str:
             host_config = api.create_host_config(
-                network_mode="none" if request.network == "none" else "bridge",
+                network_mode="none" if request.network == "none" else "bridge",  # "full"
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
                 mem_limit=limits.memory_bytes,

@@ -6,20 +6,12 @@ and a broken or absent SDK only matters when its backend is used.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
 from adapters.base import Adapter, BackendUnavailable
 
 GROUP = "sandboxer.adapters"
-
-
-@dataclass(frozen=True)
-class AdapterLoadError:
-    name: str
-    target: str
-    error: str
 
 
 @cache

@@ -15,7 +15,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from core.errors import OperationFailed, Unavailable
+from core.errors import BadInput, OperationFailed, Unavailable
 from core.migrations import SCHEMA_HEAD
 
 BUSY_TIMEOUT_MS = 30_000
@@ -39,7 +39,9 @@ def make_engine(url: str) -> Engine:
     parsed = sa.make_url(url)
     path = _sqlite_path(parsed)
     if parsed.get_backend_name() != "sqlite":
-        return sa.create_engine(url, pool_pre_ping=True)
+        # Leases, the event chain and the reaper's re-checks rely on SQLite's write lock;
+        # PostgreSQL needs row locks in their place (fleet mode), so it is refused until then.
+        raise BadInput(f"database {redact(url)}: only sqlite:/// URLs are supported so far")
     if path is not None:
         _precreate_private(path)
     engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
@@ -71,6 +73,8 @@ class Database:
         self.url = url
         try:
             self.engine = make_engine(url)
+        except BadInput:
+            raise
         except Exception as exc:
             raise Unavailable(f"cannot open the database {redact(url)}: {exc}") from exc
         self._migrated = False

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from adapters.base import (
-    AdapterError,
     BackendObjectGone,
     BackendUnavailable,
     CapabilityNotSupported,
@@ -67,6 +66,4 @@ def classify(exc: BaseException) -> tuple[int, str]:
         return EXIT_CONFLICT, "conflict"
     if isinstance(exc, BackendObjectGone):
         return EXIT_CONFLICT, "conflict"
-    if isinstance(exc, AdapterError):
-        return EXIT_FAILED, "failed"
-    return EXIT_FAILED, "failed"
+    return EXIT_FAILED, "failed"  # AdapterError and anything unexpected

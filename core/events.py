@@ -82,6 +82,3 @@ def verify(rows: Iterator[Mapping[str, Any]]) -> ChainReport:
         prev_hash, prev_id, count = row["hash"], row["id"], count + 1
     return ChainReport(count)
 
-
-def payload(row: Mapping[str, Any]) -> dict[str, Any]:
-    return json.loads(row["payload_json"] or "{}")

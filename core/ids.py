@@ -16,10 +16,6 @@ def new_sandbox_id() -> str:
     return PREFIX + str(ULID()).lower()
 
 
-def new_checkpoint_id() -> str:
-    return "ckpt-" + str(ULID()).lower()
-
-
 def validate_name(name: str) -> str:
     if not _NAME.fullmatch(name):
         raise BadInput(

@@ -95,3 +95,15 @@ def rows_by_ids(dbapi_conn: Any, ids: list[str], placeholder: str = "?") -> dict
         return {r[0]: dict(zip(names, r, strict=True)) for r in cursor.fetchall()}
     finally:
         cursor.close()
+
+
+def read_fast(url: str, **filters: Any) -> list[dict[str, Any]] | None:
+    """The inventory through a read-only sqlite3 connection, or None when the database is
+    not a current SQLite file (then the Manager's path, which migrates, is the way)."""
+    conn = open_sqlite_readonly(url)
+    if conn is None:
+        return None
+    try:
+        return list_sandboxes(conn, **filters)
+    finally:
+        conn.close()

@@ -10,6 +10,8 @@ Each mutation follows one pattern (DESIGN.md, "How an operation runs"):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -41,13 +43,31 @@ from core import inventory, settings
 from core.clock import Clock, clock_from_env, from_iso, to_iso
 from core.db import Database
 from core.durations import format_duration
-from core.errors import BadInput, Conflict, LeaseLost, NotDue, NotFound, OperationFailed
+from core.errors import (
+    BadInput,
+    Conflict,
+    LeaseLost,
+    NotDue,
+    NotFound,
+    OperationFailed,
+    Unavailable,
+)
 from core.failpoints import failpoint
 from core.ids import PREFIX, new_sandbox_id, validate_name
 from core.labels import validate_labels
 from core.models import Event, Sandbox
-from core.states import ADOPTED_EVENT, CREATED_EVENT, State, entry_events, transition_event
-from core.ttl import ON_THE_CLOCK, effective_deadline, expiry_reason, extended, warning_due
+from core.states import (
+    ACTIVE,
+    ADOPTED_EVENT,
+    CREATED_EVENT,
+    ON_THE_CLOCK,
+    REAPABLE,
+    State,
+    entry_events,
+    leased,
+    transition_event,
+)
+from core.ttl import EXPIRY_REASONS, effective_deadline, expiry_reason, extended, warning_due
 
 if TYPE_CHECKING:  # profiles (pydantic, yaml) load only where a profile is used
     from core.profiles import Profile
@@ -93,9 +113,10 @@ class Manager:
 
     def adapter(self, backend: str) -> Adapter:
         if backend not in self._adapters:
-            if not registry.is_registered(backend):
-                raise BadInput(
-                    f"unknown backend {backend!r} (known: {', '.join(registry.names())})"
+            if not registry.is_registered(backend):  # profiles refuse unknown ones (exit 2)
+                raise Unavailable(
+                    f"backend {backend!r} is not installed here "
+                    f"(installed: {', '.join(registry.names())})"
                 )
             self._adapters[backend] = registry.load_class(backend)()
         return self._adapters[backend]
@@ -130,11 +151,11 @@ class Manager:
                 .order_by(SANDBOXES.c.created_at.desc())
             ).mappings().all()
         live_named = [r for r in by_name if r["state"] != State.DESTROYED]
-        candidates = {r["id"]: r for r in by_id}
-        if live_named:
-            candidates.update({r["id"]: r for r in live_named})
-        elif by_name and not by_id:
+        if live_named:  # a name is explicit: it wins over an id prefix (names are unique live)
+            return dict(live_named[0])
+        if by_name and not by_id:
             return dict(by_name[0])  # the newest of that name, all destroyed
+        candidates = {r["id"]: r for r in by_id}
         if not candidates:
             raise NotFound(f"no sandbox {ref!r}")
         if len(candidates) > 1:
@@ -218,7 +239,7 @@ class Manager:
                 ).scalar()
             if not resuming:
                 transition_event(current, intent)  # IllegalTransition when not allowed
-            if self._held(row):
+            if leased(row, self._now()):
                 raise Conflict(
                     f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
                     f"until {row['lease_expires_at']}"
@@ -265,15 +286,45 @@ class Manager:
                 self._event(conn, lease.sandbox_id, event_type, reason=reason, payload=payload)
             return dict(updated)
 
-    def _release(self, lease: Lease, **values: Any) -> None:
-        """Give the lease back without a transition (the intent stays for reconcile)."""
+    def _release(self, lease: Lease, error: str) -> None:
+        """Give the lease back after a failed backend call, recording why; the intent stays
+        for the next attempt (a retry or reconcile)."""
         with self.db.write() as conn:
-            conn.execute(
+            released = conn.execute(
                 SANDBOXES.update()
                 .where(SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
                        SANDBOXES.c.lease_owner == self.lease_owner)
-                .values(lease_owner=None, lease_expires_at=None, **values)
-            )
+                .values(lease_owner=None, lease_expires_at=None, error=error)
+            ).rowcount
+            if released:
+                self._event(conn, lease.sandbox_id, "sandbox.attempt-failed", reason=lease.reason,
+                            payload={"error": error})
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, lease: Lease) -> AsyncIterator[None]:
+        """Keep the lease alive while a backend call runs (a slow image pull, say): a live
+        process is never taken over; a dead or stopped one is, once its lease lapses."""
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(self.lease_ttl.total_seconds() / 3)
+                with self.db.write() as conn:
+                    kept = conn.execute(
+                        SANDBOXES.update()
+                        .where(SANDBOXES.c.id == lease.sandbox_id,
+                               SANDBOXES.c.fence == lease.fence,
+                               SANDBOXES.c.lease_owner == self.lease_owner)
+                        .values(lease_expires_at=to_iso(self.clock.now() + self.lease_ttl))
+                    ).rowcount
+                if not kept:
+                    return  # taken over: the fence will refuse our result
+
+        task = asyncio.create_task(renew())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     # -- create -----------------------------------------------------------------------------
 
@@ -300,12 +351,31 @@ class Manager:
             validate_name(name)
         all_labels = {**profile.labels, **validate_labels(labels or {})}
         env = {**profile.env, **self._read_secrets(profile.secrets)}
-        adapter = self.adapter(profile.backend)
-        await adapter.ensure_available()
-
         now = self.clock.now()
         sandbox_id = new_sandbox_id()
         deadline, hard_deadline = now + ttl, now + profile.ttl.max
+        request = CreateRequest(
+            sandbox_id=sandbox_id,
+            labels={**all_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install_id,
+                    LABEL_HARD_DEADLINE: to_iso(hard_deadline)},
+            image=profile.image or profile.template,
+            command=profile.command,
+            resources=ResourceLimits(
+                cpu=profile.resources.cpu,
+                memory_bytes=profile.resources.memory,
+                disk_bytes=profile.resources.disk,
+                pids=profile.resources.pids,
+                gpu=profile.resources.gpu,
+            ),
+            network=profile.network.mode,
+            network_allow=tuple(profile.network.allow),
+            env=env,
+            hard_deadline=hard_deadline,
+            options=profile.options,
+        )
+        adapter = self.adapter(profile.backend)
+        adapter.validate(request)  # what this backend cannot enforce is refused, not ignored
+        await adapter.ensure_available()
         row = {
             "id": sandbox_id,
             "name": name,
@@ -342,28 +412,9 @@ class Manager:
             })
         lease = Lease(sandbox_id, 1)
         failpoint("create.after-intent")
-
-        request = CreateRequest(
-            sandbox_id=sandbox_id,
-            labels={**all_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install_id,
-                    LABEL_HARD_DEADLINE: row["hard_deadline"]},
-            image=profile.image or profile.template,
-            command=profile.command,
-            resources=ResourceLimits(
-                cpu=profile.resources.cpu,
-                memory_bytes=profile.resources.memory,
-                disk_bytes=profile.resources.disk,
-                pids=profile.resources.pids,
-                gpu=profile.resources.gpu,
-            ),
-            network=profile.network.mode,
-            network_allow=tuple(profile.network.allow),
-            env=env,
-            hard_deadline=hard_deadline,
-            options=profile.options,
-        )
         try:
-            obj = await adapter.create(request)
+            async with self._holding(lease):
+                obj = await adapter.create(request)
         except BaseException as exc:
             message = str(exc) or type(exc).__name__
             try:
@@ -411,8 +462,8 @@ class Manager:
         (still expired; still failed; an interrupted destroy). None when it no longer does.
         The reaper has just listed the backend, so it is not pinged again."""
         def still_due(row: Mapping[str, Any]) -> str | None:
-            if reason in ("ttl", "idle", "max-ttl"):
-                if row["state"] not in (State.RUNNING, State.PAUSED, State.LOST):
+            if reason in EXPIRY_REASONS:
+                if row["state"] not in REAPABLE or leased(row, self._now()):
                     return f"it is {row['state']}"
                 if not expiry_reason(row, self.clock.now()):
                     return "its deadline moved (extended or touched)"
@@ -425,7 +476,7 @@ class Manager:
         def reason_now(current: Mapping[str, Any]) -> str | None:
             return expiry_reason(current, self.clock.now()) or reason  # idle may have become ttl
 
-        expiring = reason in ("ttl", "idle", "max-ttl")
+        expiring = reason in EXPIRY_REASONS
         try:
             return await self._destroy(sandbox_id, self.adapter(backend),
                                        reason=reason_now if expiring else reason,
@@ -441,14 +492,15 @@ class Manager:
                                  precondition=precondition)
         failpoint("destroy.after-intent")
         try:
-            refs = [row["backend_ref"]] if row["backend_ref"] else [
-                obj.ref for obj in await adapter.list({LABEL_ID: row["id"]})
-            ]
-            for backend_ref in refs:
-                await adapter.destroy(backend_ref)
+            async with self._holding(lease):
+                refs = [row["backend_ref"]] if row["backend_ref"] else [
+                    obj.ref for obj in await adapter.list({LABEL_ID: row["id"]})
+                ]
+                for backend_ref in refs:
+                    await adapter.destroy(backend_ref)
         except BaseException as exc:
             message = str(exc) or type(exc).__name__
-            self._release(lease, error=message)
+            self._release(lease, message)
             if isinstance(exc, AdapterError) or not isinstance(exc, Exception):
                 raise
             raise OperationFailed(f"destroy failed on {row['backend']}: {message}") from exc
@@ -463,7 +515,9 @@ class Manager:
         deadline. Returns (row, capped). A reaper that re-checks after this keeps the sandbox."""
         if by <= timedelta(0):
             raise BadInput(f"bad duration {format_duration(by)!r}: extend only adds time")
-        sandbox_id = self.resolve(ref)["id"]
+        current = self.resolve(ref)
+        sandbox_id = current["id"]
+        adapter = self.adapter(current["backend"])  # before writing: unavailable changes nothing
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
                                ).mappings().first()
@@ -471,15 +525,14 @@ class Manager:
                 raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot extend")
             new, capped = extended(from_iso(row["deadline"]), from_iso(row["hard_deadline"]), by)
             new_iso = to_iso(new)
-            updated = conn.execute(
+            updated = conn.execute(  # asking for more time is activity: the idle clock restarts
                 SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
-                .values(deadline=new_iso).returning(SANDBOXES)
+                .values(deadline=new_iso, last_activity_at=self._now()).returning(SANDBOXES)
             ).mappings().first()
             self._event(conn, sandbox_id, "sandbox.extended", reason="manual", payload={
                 "from": row["deadline"], "to": new_iso, "by": format_duration(by),
                 "capped": capped,
             })
-        adapter = self.adapter(row["backend"])
         if adapter.supports(Capability.SET_DEADLINE) and row["backend_ref"]:
             await adapter.set_deadline(row["backend_ref"], new)
         return dict(updated), capped
@@ -491,7 +544,7 @@ class Manager:
             row = conn.execute(
                 SANDBOXES.update()
                 .where(SANDBOXES.c.id == sandbox_id,
-                       SANDBOXES.c.state.in_([State.RUNNING, State.PAUSED]))
+                       SANDBOXES.c.state.in_(ACTIVE))
                 .values(last_activity_at=self._now()).returning(SANDBOXES)
             ).mappings().first()
             if row is None:
@@ -549,7 +602,7 @@ class Manager:
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
                                ).mappings().first()
-            if row is None or row["state"] != State.CREATING or self._held(row):
+            if row is None or row["state"] != State.CREATING or leased(row, self._now()):
                 return False
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(
                 state=State.RUNNING, backend_ref=obj.ref, started_at=self._now(),
@@ -565,10 +618,11 @@ class Manager:
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
                                ).mappings().first()
-            if row is None or self._held(row) or (expect and row["state"] != expect):
+            if row is None or leased(row, self._now()) or (expect and row["state"] != expect):
                 return False
             event_type = transition_event(row["state"], target)
-            values: dict[str, Any] = {"state": target, "fence": SANDBOXES.c.fence + 1}
+            values: dict[str, Any] = {"state": target, "fence": SANDBOXES.c.fence + 1,
+                                      "lease_owner": None, "lease_expires_at": None}
             if target in (State.LOST, State.FAILED):
                 values["ended_at"] = self._now()
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(**values))
@@ -591,9 +645,6 @@ class Manager:
                         payload={"backend": backend, "backend_ref": ref})
         return True
 
-    def _held(self, row: Mapping[str, Any]) -> bool:
-        return bool(row["lease_owner"]) and row["lease_expires_at"] >= self._now()
-
     # -- exec and logs ----------------------------------------------------------------------
 
     def _usable(self, row: Mapping[str, Any], capability: Capability, verb: str) -> Adapter:
@@ -611,6 +662,7 @@ class Manager:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
         row = self.resolve(ref)
         adapter = self._usable(row, Capability.EXEC, "exec")
+        self.touch(row["id"], event=False)  # a long command is activity from its start
         result = await adapter.exec(row["backend_ref"], list(argv),
                                     timeout.total_seconds() if timeout else None)
         with self.db.write() as conn:

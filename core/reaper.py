@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from adapters import registry
 from adapters.base import LABEL_HARD_DEADLINE, LABEL_ID, LABEL_INSTALL, Adapter, BackendObject
 from core.clock import Clock, from_iso, to_iso
-from core.errors import Conflict, SbxError, Unavailable
-from core.states import State
-from core.ttl import expiry_reason, warning_due
+from core.errors import Conflict, Unavailable, classify
+from core.states import REAPABLE, State, leased
+from core.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
 if TYPE_CHECKING:
     from core.manager import Manager
@@ -55,10 +55,6 @@ class Action:
                 "ref": self.ref, "reason": self.reason, "state": self.target}
 
 
-def leased(row: Mapping[str, Any], now_iso: str) -> bool:
-    return bool(row["lease_owner"]) and row["lease_expires_at"] >= now_iso
-
-
 def _young(obj: BackendObject, now: datetime, grace: timedelta) -> bool:
     return obj.created_at is not None and now - obj.created_at < grace
 
@@ -76,15 +72,16 @@ def plan_reconcile(
     now: datetime,
     grace: timedelta,
     *,
-    gone_rows: Mapping[str, Mapping[str, Any]] | None = None,
+    rows_outside: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Action]:
     """Diff one backend's objects with this installation's rows of that backend.
 
-    `rows` are the rows that are not destroyed; `gone_rows` the destroyed rows of objects
-    that are still there. Rows held under a live lease are some process's work in progress.
+    `rows` is the snapshot of rows that are not destroyed; `rows_outside` the rows, read
+    afterwards, of objects the snapshot did not have: destroyed ones, or ones created since.
+    Rows held under a live lease are some process's work in progress.
     """
     now_iso = to_iso(now)
-    gone_rows = gone_rows or {}
+    rows_outside = rows_outside or {}
     by_id = {r["id"]: r for r in rows if r["backend"] == backend}
     actions: list[Action] = []
     seen: set[str] = set()
@@ -92,10 +89,11 @@ def plan_reconcile(
         sid = obj.labels.get(LABEL_ID)
         row = by_id.get(sid) if sid else None
         if row is None:
-            if _young(obj, now, grace):
-                continue
+            later = rows_outside.get(sid) if sid else None
+            if _young(obj, now, grace) or (later and later["state"] != State.DESTROYED):
+                continue  # being made, or made after the snapshot: not ours to judge now
             hard = obj.labels.get(LABEL_HARD_DEADLINE)
-            if sid and sid not in gone_rows and hard and _parse(hard) and _parse(hard) > now:
+            if sid and later is None and hard and _parse(hard) and _parse(hard) > now:
                 actions.append(Action(ADOPT, backend, sid, obj.ref, "orphan", obj=obj))
             else:
                 actions.append(Action(DESTROY_OBJECT, backend, sid, obj.ref, "orphan"))
@@ -126,10 +124,6 @@ def plan_reconcile(
         elif state in (State.RUNNING, State.PAUSED):
             actions.append(Action(LOSE, backend, row["id"], target=State.LOST, expect=state))
     return actions
-
-
-# Creating rows appear here only once their lease lapsed (an interrupted create).
-REAPABLE = (State.CREATING, State.RUNNING, State.PAUSED, State.LOST)
 
 
 def plan_reap(rows: Iterable[Mapping[str, Any]], now: datetime,
@@ -168,8 +162,9 @@ def _parse(text: str | None) -> datetime | None:
 
 def merge(reconcile: list[Action], reap: list[Action]) -> list[Action]:
     """One action per sandbox, reconcile first (it knows the backend's truth), in ORDER.
-    The one exception: a sandbox that reconcile finds lost, or whose interrupted create it
-    completes, is also reaped when it is due, so one cycle ends what is past its deadline."""
+    The one exception: a sandbox whose record reconcile repairs (lost, paused, an interrupted
+    create completed) is also reaped when it is due, so one cycle ends what is past its
+    deadline."""
     chosen: dict[tuple[str | None, str | None], Action] = {}
     extra: list[Action] = []
     for action in [*reconcile, *reap]:
@@ -177,8 +172,8 @@ def merge(reconcile: list[Action], reap: list[Action]) -> list[Action]:
         first = chosen.get(key)
         if first is None:
             chosen[key] = action
-        elif first.kind in (LOSE, FINISH_CREATE) and action.kind == DESTROY:
-            extra.append(action)
+        elif first.kind not in (DESTROY, DESTROY_OBJECT) and action.kind == DESTROY:
+            extra.append(action)  # destroy_if re-checks that it is still due
     return sorted([*chosen.values(), *extra], key=lambda a: ORDER.index(a.kind))
 
 
@@ -244,46 +239,39 @@ class Reaper:
         return await self._adapter(backend).list({LABEL_INSTALL: self.install_id})
 
     async def plan(self, report: Report) -> list[Action]:
+        """Read the database (or refuse), list each backend once, and plan."""
         now = self.clock.now()
-        actions: list[Action] = []
-        if self.orphans:  # first, and without the database: it may be gone
-            for backend in registry.names():
-                try:
-                    cls = registry.load_class(backend)
-                    if cls.test_double:
-                        continue
-                    objects = await self._list(backend)
-                except SbxError:
-                    raise
-                except Exception as exc:  # an absent SDK or unreachable backend
-                    report.skipped.append({"id": f"backend:{backend}", "error": str(exc)})
-                    continue
-                actions += plan_orphans(backend, objects, now)
         try:
             rows, rows_by_ids = self.read_rows()
         except Exception as exc:  # never destructive without the database
             raise Unavailable(f"cannot read the database, so nothing was changed: {exc}") from exc
         mine = [r for r in rows if r["install_id"] == self.install_id]
         in_use = {r["backend"] for r in mine}
+        live_ids = {r["id"] for r in mine}
         reconcile: list[Action] = []
+        orphans: list[Action] = []
+        unreachable: set[str] = set()
         for backend in registry.names():
-            if backend in in_use:
-                objects = await self._list(backend)  # unreachable: the cycle fails (exit 5)
-            else:  # objects of ours with no row at all (a lost database): adopt them
-                try:
-                    if registry.load_class(backend).test_double:
-                        continue
-                    objects = await self._list(backend)
-                except Exception:
-                    continue  # a backend we have nothing on may well be unavailable
-            live_ids = {r["id"] for r in mine}
-            stray = [o.labels.get(LABEL_ID) for o in objects
-                     if o.labels.get(LABEL_ID) and o.labels.get(LABEL_ID) not in live_ids]
-            gone = rows_by_ids(stray) if stray else {}
-            reconcile += plan_reconcile(backend, mine, objects, now, self.grace, gone_rows=gone)
-        reap = plan_reap(mine, now, self.warn_before) if self.reap else []
+            try:
+                if backend not in in_use and registry.load_class(backend).test_double:
+                    continue
+                objects = await self._list(backend)
+            except Exception as exc:
+                if backend in in_use:  # its sandboxes cannot be checked: say so, go on
+                    unreachable.add(backend)
+                    report.failed.append({"id": f"backend:{backend}", "code": classify(exc)[0],
+                                          "error": " ".join(str(exc).split())})
+                continue  # a backend we have nothing on may well be unavailable
+            stray = [o.labels[LABEL_ID] for o in objects
+                     if o.labels.get(LABEL_ID) and o.labels[LABEL_ID] not in live_ids]
+            reconcile += plan_reconcile(backend, mine, objects, now, self.grace,
+                                        rows_outside=rows_by_ids(stray) if stray else {})
+            if self.orphans:
+                orphans += plan_orphans(backend, objects, now)
+        reachable = [r for r in mine if r["backend"] not in unreachable]
+        reap = plan_reap(reachable, now, self.warn_before) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
-        return merge(reconcile, [*reap, *actions])
+        return merge(reconcile, [*reap, *orphans])
 
     def manager(self) -> Manager:
         if self._manager is None:
@@ -322,7 +310,7 @@ class Reaper:
                                             reason=action.reason)
                 if done is None:
                     report.skipped.append({"id": label, "error": "no longer due"})
-                elif action.reason in ("ttl", "idle", "max-ttl"):
+                elif action.reason in EXPIRY_REASONS:
                     report.destroyed.append(label)
                 else:
                     report.reconciled.append({**action.describe(), "state": done["state"]})
@@ -348,7 +336,8 @@ class Reaper:
         except Conflict as exc:  # another process got there first: that is fine
             report.skipped.append({"id": label, "error": " ".join(str(exc).split())})
         except Exception as exc:
-            report.failed.append({"id": label, "error": " ".join(str(exc).split())})
+            report.failed.append({"id": label, "code": classify(exc)[0],
+                                  "error": " ".join(str(exc).split())})
 
     async def close(self) -> None:
         if self._manager is not None:
@@ -399,9 +388,9 @@ def default_reaper(**options: Any) -> Reaper:
         if fast is not None:
             rows = inventory.list_sandboxes(fast)
 
-            def gone(ids: Iterable[str]) -> dict[str, dict]:
+            def rows_by_ids(ids: Iterable[str]) -> dict[str, dict]:
                 return inventory.rows_by_ids(fast, list(ids))
-            return rows, gone
+            return rows, rows_by_ids
         mgr = reaper.manager()
         return mgr.list(), mgr.rows_by_ids
 

@@ -19,8 +19,12 @@ class State(enum.StrEnum):
 
 S = State
 LIVE = frozenset({S.CREATING, S.RUNNING, S.PAUSED, S.DESTROYING})
-# Intents: a row in one of these with an expired lease is an interrupted operation.
-INTENTS = frozenset({S.CREATING, S.DESTROYING})
+# Holding resources on a deadline: extend applies, the TTL counts down.
+ON_THE_CLOCK = frozenset({S.CREATING, S.RUNNING, S.PAUSED})
+# Up and usable: touch applies, the expiry warning fires.
+ACTIVE = frozenset({S.RUNNING, S.PAUSED})
+# What the reaper destroys when due (a creating row only once its lease has lapsed).
+REAPABLE = frozenset({S.CREATING, S.RUNNING, S.PAUSED, S.LOST})
 
 # (from, to) -> event type written with the transition.
 TRANSITIONS: dict[tuple[State, State], str] = {
@@ -69,3 +73,8 @@ def can_transition(current: State | str, target: State | str) -> bool:
 def entry_events(target: State | str) -> set[str]:
     """The event types written on entering `target` (to find an interrupted intent's reason)."""
     return {event for (_, dst), event in TRANSITIONS.items() if dst == State(target)}
+
+
+def leased(row, now_iso: str) -> bool:
+    """Some process holds this row's lease: its operation is in progress."""
+    return bool(row["lease_owner"]) and row["lease_expires_at"] >= now_iso

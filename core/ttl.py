@@ -8,10 +8,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.clock import from_iso, to_iso
-from core.states import State
+from core.states import ACTIVE
 
-# States in which a sandbox holds resources on a deadline.
-ON_THE_CLOCK = (State.CREATING, State.RUNNING, State.PAUSED)
+EXPIRY_REASONS = ("ttl", "idle", "max-ttl")
 
 
 def idle_deadline(row: Mapping[str, Any]) -> datetime | None:
@@ -40,7 +39,7 @@ def expiry_reason(row: Mapping[str, Any], now: datetime) -> str | None:
 
 def extended(deadline: datetime, hard_deadline: datetime, by: timedelta) -> tuple[datetime, bool]:
     """(new deadline, capped): adds `by`, never past the hard deadline, never earlier."""
-    wanted = max(deadline, deadline + by)
+    wanted = max(deadline, deadline + by)  # a non-positive `by` changes nothing
     if wanted > hard_deadline:
         return max(deadline, hard_deadline), True
     return wanted, False
@@ -48,7 +47,7 @@ def extended(deadline: datetime, hard_deadline: datetime, by: timedelta) -> tupl
 
 def warning_due(row: Mapping[str, Any], now: datetime, warn_before: timedelta) -> bool:
     """The `sandbox.expiring` event is due once per deadline (an extend re-arms it)."""
-    if row["state"] not in (State.RUNNING, State.PAUSED):
+    if row["state"] not in ACTIVE:
         return False
     deadline = effective_deadline(row)
     if row.get("warned_deadline") == to_iso(deadline):

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from core.clock import from_iso, to_iso
-from core.ttl import ON_THE_CLOCK, effective_deadline, idle_deadline
+from core.states import ON_THE_CLOCK
+from core.ttl import effective_deadline, idle_deadline
 
 
 def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:

@@ -132,7 +132,8 @@ class DefaultGroup(click.Group):
 def cli(ctx: click.Context) -> None:
     """Sandboxer: short-lived sandboxes from profiles, on Docker and other backends.
 
-    On a terminal, `sbx` alone shows the inventory; without one it prints this help.
+    On a terminal, `sbx` alone shows the inventory (the dashboard, once it lands);
+    without one it prints this help.
     """
     if ctx.invoked_subcommand is None:
         if sys.stdout.isatty() and sys.stdin.isatty():
@@ -319,12 +320,8 @@ def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=F
     wanted = parse_labels(labels)
     filters = dict(include_all=include_all, state=state, backend=backend, labels=wanted)
     now = to_iso(clock_from_env().now())
-    fast = inventory.open_sqlite_readonly(database_url())
-    if fast is not None:  # the common case: no ORM to import
-        with fast:
-            rows = inventory.list_sandboxes(fast, **filters)
-        fast.close()
-    else:
+    rows = inventory.read_fast(database_url(), **filters)
+    if rows is None:
         mgr = manager()
         rows = mgr.list(**filters)
         mgr.db.dispose()
@@ -522,6 +519,11 @@ def _exit_now(timeout, as_json: bool) -> None:
         os._exit(stop.code)
 
 
+def _failure_code(failed: list[dict[str, Any]]) -> int:
+    """5 when a backend was unreachable, else 1 (the operation failed)."""
+    return 5 if any(f.get("code") == 5 for f in failed) else 1
+
+
 def _failure_line(command_name: str, failed: list[dict[str, str]]) -> str:
     first = failed[0]
     more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
@@ -563,7 +565,7 @@ def reap_command(dry_run, orphans, timeout, every, verbose, as_json) -> None:
         report = _cycle_once(make(), limit, as_json)
         show(report)
         if report["failed"]:
-            sys.exit(1)
+            sys.exit(_failure_code(report["failed"]))
         return
     _reap_forever(make, interval, limit, show, as_json)
 
@@ -612,7 +614,7 @@ def reconcile_command(dry_run: bool, as_json: bool) -> None:
             click.echo(line)
     if report["failed"]:
         click.echo(_failure_line("reconcile", report["failed"]), err=True)
-        sys.exit(1)
+        sys.exit(_failure_code(report["failed"]))
 
 
 # -- events ---------------------------------------------------------------------------------

@@ -208,6 +208,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         wanted = m.deadline + by
         assert capped == (wanted > m.hard)
         m.deadline = min(wanted, m.hard)
+        m.last_activity = self.now()  # asking for more time is activity
         assert row["deadline"] == to_iso(m.deadline)
 
     @rule(sid=sandboxes)
@@ -230,6 +231,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if m.gone:  # the backend says so; sbx does not learn it from a failed exec
             with pytest.raises(AdapterError):
                 asyncio.run(self.mgr.exec(sid, ["echo", "hi"]))
+            m.last_activity = self.now()  # activity is recorded when a command starts
             return
         result = asyncio.run(self.mgr.exec(sid, ["echo", "hi"]))
         assert (result.exit_code, result.stdout) == (0, b"hi\n")

@@ -14,7 +14,7 @@ from adapters.base import AdapterError
 from adapters.stub import StubAdapter
 from core.clock import FrozenClock
 from core.db import Database
-from core.errors import BadInput, Conflict, LeaseLost, NotFound, OperationFailed
+from core.errors import BadInput, Conflict, LeaseLost, NotFound, OperationFailed, Unavailable
 from core.manager import EVENTS, SANDBOXES, Manager
 from core.profiles import ProfileLoader
 
@@ -191,8 +191,8 @@ def test_the_chain_holds_across_operations(mgr, stub_profile):
     assert report.intact and report.checked == 15
 
 
-def test_unknown_backend_is_bad_input(mgr):
-    with pytest.raises(BadInput, match="unknown backend 'nowhere'"):
+def test_a_stored_sandbox_on_a_backend_not_installed_here_is_unavailable(mgr):
+    with pytest.raises(Unavailable, match="backend 'nowhere' is not installed here"):
         mgr.adapter("nowhere")
 
 

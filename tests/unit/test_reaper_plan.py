@@ -71,7 +71,7 @@ def obj(sid: str | None = "sbx-a", *, status: str = "running", running: bool | N
 
 
 def reconcile(rows, objects, *, gone=None, now=NOW):
-    return plan_reconcile(BACKEND, rows, objects, now, GRACE, gone_rows=gone)
+    return plan_reconcile(BACKEND, rows, objects, now, GRACE, rows_outside=gone)
 
 
 def kinds(actions):
@@ -355,7 +355,9 @@ def test_merge_keeps_one_action_per_sandbox_and_reconcile_wins():
     sync = Action(SYNC, BACKEND, "sbx-a", "ref-a", target="paused", expect="running")
     destroy = Action(DESTROY, BACKEND, "sbx-a", "ref-a", "ttl")
     orphan = Action(DESTROY_OBJECT, BACKEND, "sbx-a", "ref-a", "max-ttl")
-    assert merge([sync], [destroy, orphan]) == [sync]
+    assert merge([sync], [orphan]) == [sync]
+    # a due destroy still follows a repaired record (paused out of band and expired)
+    assert merge([sync], [destroy, orphan]) == [sync, destroy]
     interrupted = Action(DESTROY, BACKEND, "sbx-b", "ref-b")  # reconcile's: a destroying row
     assert merge([interrupted], [Action(DESTROY, BACKEND, "sbx-b", "ref-b", "ttl")]) == [
         interrupted]
