@@ -15,6 +15,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from core.anchor import HEAD_KEY, move_anchor
 from core.errors import BadInput, OperationFailed, Unavailable
 from core.migrations import SCHEMA_HEAD
 
@@ -83,6 +84,12 @@ class Database:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    @property
+    def anchor_path(self) -> Path | None:
+        """Where the event log's head is anchored: beside the SQLite file."""
+        path = _sqlite_path(self.engine.url)
+        return path.with_name(path.name + ".head") if path else None
+
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A short write transaction (BEGIN IMMEDIATE on SQLite). Never hold it across I/O."""
@@ -90,6 +97,9 @@ class Database:
         with self.engine.connect().execution_options(**{_WRITE: True}) as conn:
             with conn.begin():
                 yield conn
+            head = conn.info.pop(HEAD_KEY, None)  # committed: move the anchor
+            if head and self.anchor_path:
+                move_anchor(self.anchor_path, head)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

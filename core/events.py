@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from core.anchor import HEAD_KEY
 from core.models import Event
 
 GENESIS = "0" * 64
@@ -55,6 +56,7 @@ def append(
     }
     row["hash"] = event_hash(row)
     conn.execute(EVENTS.insert().values(**row))
+    conn.info[HEAD_KEY] = (row["id"], row["hash"])  # the anchor is moved after commit
     return row
 
 
@@ -69,10 +71,14 @@ class ChainReport:
         return self.broken_at is None
 
 
-def verify(rows: Iterator[Mapping[str, Any]]) -> ChainReport:
-    """Walk the chain in id order; name the first link that does not hold."""
+def verify(rows: Iterator[Mapping[str, Any]],
+           anchor: tuple[int, str] | None = None) -> ChainReport:
+    """Walk the chain in id order; name the first link that does not hold, and check the
+    chain reaches the anchor with the same hash."""
     prev_hash, prev_id, count = GENESIS, 0, 0
     for row in rows:
+        if anchor is not None and row["id"] == anchor[0] and row["hash"] != anchor[1]:
+            return ChainReport(count, row["id"], "it differs from the anchored head of the log")
         if row["id"] != prev_id + 1:
             return ChainReport(count, row["id"], f"event(s) {prev_id + 1}..{row['id'] - 1} are missing")
         if row["prev_hash"] != prev_hash:
@@ -80,5 +86,8 @@ def verify(rows: Iterator[Mapping[str, Any]]) -> ChainReport:
         if event_hash(row) != row["hash"]:
             return ChainReport(count, row["id"], "its content was changed after it was written")
         prev_hash, prev_id, count = row["hash"], row["id"], count + 1
+    if anchor is not None and prev_id < anchor[0]:
+        return ChainReport(count, prev_id + 1,
+                           f"event(s) {prev_id + 1}..{anchor[0]} were cut from the end of the log")
     return ChainReport(count)
 

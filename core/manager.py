@@ -40,6 +40,7 @@ from adapters.base import (
 )
 from core import events as eventlog
 from core import inventory, settings
+from core.anchor import read_anchor
 from core.clock import Clock, clock_from_env, from_iso, to_iso
 from core.db import Database
 from core.durations import format_duration
@@ -194,9 +195,10 @@ class Manager:
             return [dict(r) for r in conn.execute(query).mappings()]
 
     def verify_events(self) -> eventlog.ChainReport:
+        anchor = read_anchor(self.db.anchor_path) if self.db.anchor_path else None
         with self.db.read() as conn:
             rows = conn.execute(sa.select(EVENTS).order_by(EVENTS.c.id)).mappings()
-            return eventlog.verify(iter(rows))
+            return eventlog.verify(iter(rows), anchor)
 
     # -- the pattern ------------------------------------------------------------------------
 

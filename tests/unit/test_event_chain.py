@@ -66,3 +66,27 @@ def test_rehashed_forgery_still_breaks_the_next_link(tmp_path):
     rows[1] = forged
     report = events.verify(iter(rows))
     assert report.broken_at == 3  # ...but the next row still points at the original
+
+
+def test_events_cut_from_the_end_are_caught_by_the_anchor(tmp_path):
+    from core.anchor import read_anchor
+
+    db = _db(tmp_path)
+    _fill(db)
+    anchor = read_anchor(db.anchor_path)
+    assert anchor == (5, _rows(db)[-1]["hash"])
+    assert events.verify(iter(_rows(db)), anchor).intact
+    with db.engine.begin() as conn:  # the newest two rows vanish, the chain itself still holds
+        conn.execute(events.EVENTS.delete().where(events.EVENTS.c.id >= 4))
+    assert events.verify(iter(_rows(db))).intact  # the chain alone cannot see it...
+    report = events.verify(iter(_rows(db)), anchor)  # ...the anchor does
+    assert not report.intact and report.broken_at == 4 and "cut from the end" in report.problem
+
+
+def test_anchor_never_moves_back(tmp_path):
+    from core.anchor import move_anchor, read_anchor
+
+    path = tmp_path / "head"
+    move_anchor(path, (7, "b"))
+    move_anchor(path, (3, "a"))
+    assert read_anchor(path) == (7, "b")
