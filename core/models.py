@@ -66,3 +66,28 @@ class Event(SQLModel, table=True):
     payload_json: str = Field(default="{}", sa_type=Text)
     prev_hash: str = Field(max_length=64)
     hash: str = Field(max_length=64, unique=True)
+
+
+class SinkCursor(SQLModel, table=True):
+    """How far one sink has delivered the event log, and who is delivering it now."""
+
+    __tablename__ = "sink_cursors"
+
+    sink: str = Field(primary_key=True, max_length=64)
+    delivered_id: int = Field(default=0)
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: str | None = Field(default=None, max_length=TIME)
+    fence: int = Field(default=0)
+
+
+class Delivery(SQLModel, table=True):
+    """An event a sink refused: waiting for its retry, or parked after too many."""
+
+    __tablename__ = "deliveries"
+
+    sink: str = Field(primary_key=True, max_length=64)
+    event_id: int = Field(primary_key=True)
+    attempts: int = Field(default=0)
+    next_attempt_at: str | None = Field(default=None, max_length=TIME)
+    last_error: str | None = Field(default=None, sa_type=Text)
+    parked: bool = Field(default=False)

@@ -351,9 +351,10 @@ class Reaper:
 
 async def run_every(make: Callable[[], Reaper], every: timedelta, stop: asyncio.Event,
                     on_report: Callable[[Report | BaseException], None],
-                    timeout: timedelta | None = None) -> None:
-    """`sbx reap --every`: a cycle, then a pause, until `stop` is set (SIGTERM). A failed
-    cycle is reported and the next one tries again."""
+                    timeout: timedelta | None = None,
+                    deliver: Callable[[], Any] | None = None) -> None:
+    """`sbx reap --every`: a cycle (then event delivery, in a thread), then a pause, until
+    `stop` is set (SIGTERM). A failed cycle is reported and the next one tries again."""
     while not stop.is_set():
         reaper = make()
         try:
@@ -364,6 +365,11 @@ async def run_every(make: Callable[[], Reaper], every: timedelta, stop: asyncio.
             on_report(exc)
         finally:
             await reaper.close()
+        if deliver is not None:
+            try:
+                await asyncio.to_thread(deliver)
+            except Exception as exc:
+                on_report(exc)
         try:
             await asyncio.wait_for(stop.wait(), every.total_seconds())
         except TimeoutError:

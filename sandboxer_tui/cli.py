@@ -587,12 +587,21 @@ def _reap_forever(make, interval, limit, show, as_json) -> None:
         else:
             show(outcome.as_json())
 
+    from core.delivery import default_deliverer, load_settings
+
+    load_settings()  # a bad sink setting is refused before the first cycle
+
+    def deliver() -> None:
+        for report in default_deliverer().run():
+            if report.error:
+                click.echo(f"sbx reap: delivery to {report.sink}: {report.error}", err=True)
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_every(make, interval, stop, on_report, limit)
+        await run_every(make, interval, stop, on_report, limit, deliver)
 
     asyncio.run(main())
 
@@ -636,10 +645,16 @@ def _event_line(view: Mapping[str, Any]) -> str:
 @click.argument("sandbox_id", required=False, metavar="[ID]")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events.")
 @click.option("--since", metavar="DUR", help="Only events from the last DUR.")
+@click.option("--undelivered", is_flag=True,
+              help="Events a sink refused: waiting for a retry, or parked.")
 @JSON_OPTION
 @command
-def events_list(sandbox_id: str | None, follow: bool, since: str | None, as_json: bool) -> None:
+def events_list(sandbox_id: str | None, follow: bool, since: str | None, undelivered: bool,
+                as_json: bool) -> None:
     """Events, oldest first (of one sandbox with ID)."""
+    if undelivered:
+        _show_undelivered(as_json)
+        return
     import time
 
     from core.clock import to_iso
@@ -663,6 +678,59 @@ def events_list(sandbox_id: str | None, follow: bool, since: str | None, as_json
             view = event_view(row)
             click.echo(json.dumps(view) if as_json else _event_line(view))
             last = view["id"]
+
+
+def _show_undelivered(as_json: bool) -> None:
+    from core.delivery import default_deliverer
+
+    rows = default_deliverer().undelivered()
+    if as_json:
+        emit_json(rows)
+    elif rows:
+        click.echo(table([(r["sink"], r["event_id"], "parked" if r["parked"] else "retrying",
+                           r["attempts"], r["last_error"]) for r in rows],
+                         ["SINK", "EVENT", "STATE", "ATTEMPTS", "LAST ERROR"]))
+    else:
+        click.echo("every event was delivered", err=True)
+
+
+@events_group.command("deliver")
+@JSON_OPTION
+@command
+def events_deliver(as_json: bool) -> None:
+    """Deliver pending events to the sinks now (the JSON Lines file, the webhook)."""
+    from core.delivery import default_deliverer
+
+    reports = [r.as_json() for r in default_deliverer().run()]
+    if as_json:
+        emit_json(reports)
+    else:
+        for r in reports:
+            state = "busy (another deliverer)" if r["busy"] else (r["error"] or "up to date")
+            click.echo(f"{r['sink']}: {r['delivered']} delivered, {r['parked']} parked; {state}")
+    failing = [r for r in reports if r["error"]]
+    if failing:
+        click.echo(f"sbx events deliver: {failing[0]['sink']}: {failing[0]['error']}", err=True)
+        sys.exit(1)
+
+
+@events_group.command("redeliver")
+@click.argument("event_ids", nargs=-1, type=int, metavar="[EVENT...]")
+@JSON_OPTION
+@command
+def events_redeliver(event_ids: tuple[int, ...], as_json: bool) -> None:
+    """Send parked events again (all of them, or the ones named)."""
+    from core.delivery import default_deliverer
+
+    outcome = default_deliverer().redeliver(list(event_ids) or None)
+    if as_json:
+        emit_json(outcome)
+    else:
+        for o in outcome:
+            click.echo(f"{o['sink']} event {o['event_id']}: "
+                       + ("delivered" if o["delivered"] else f"refused again: {o['error']}"))
+    if any(not o["delivered"] for o in outcome):
+        sys.exit(1)
 
 
 @events_group.command("verify")

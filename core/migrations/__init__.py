@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SCHEMA_HEAD = "0002"
+SCHEMA_HEAD = "0003"
 SCRIPT_LOCATION = Path(__file__).parent
 
 
