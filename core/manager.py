@@ -194,6 +194,22 @@ class Manager:
         with self.db.read() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
+    def evidence(self, ref: str) -> dict[str, Any]:
+        """The supervision evidence bundle of one sandbox (see core.evidence)."""
+        from core import evidence
+        from core.models import Checkpoint
+
+        row = self.resolve(ref)
+        checkpoints = Checkpoint.__table__
+        with self.db.read() as conn:
+            events = [dict(r) for r in conn.execute(
+                sa.select(EVENTS).where(EVENTS.c.sandbox_id == row["id"]).order_by(EVENTS.c.id)
+            ).mappings()]
+            ckpts = [dict(r) for r in conn.execute(
+                sa.select(checkpoints).where(checkpoints.c.sandbox_id == row["id"])
+                .order_by(checkpoints.c.created_at)).mappings()]
+        return evidence.build(row, events, ckpts, self._now())
+
     def verify_events(self) -> eventlog.ChainReport:
         anchor = read_anchor(self.db.anchor_path) if self.db.anchor_path else None
         with self.db.read() as conn:
