@@ -96,6 +96,19 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
+class MetricSample:
+    """One reading. None means the backend does not know, never zero by default."""
+
+    time: datetime
+    cpu_pct: float | None = None  # of one core: 200 = two cores busy
+    memory_bytes: int | None = None
+    memory_limit: int | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+    pids: int | None = None
+
+
+@dataclass(frozen=True)
 class Health:
     reachable: bool
     credentials: bool
@@ -171,7 +184,8 @@ class Adapter(abc.ABC):
     async def restore(self, artifact: str, request: CreateRequest) -> BackendObject:
         raise self._unsupported("restore")
 
-    def metrics(self, ref: str) -> AsyncIterator[Mapping[str, Any]]:
+    def metrics(self, ref: str) -> AsyncIterator[MetricSample]:
+        """Samples as the backend produces them, until the caller stops reading."""
         raise self._unsupported("report metrics")
 
     async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)

@@ -32,6 +32,7 @@ from adapters.base import (
     CreateRequest,
     ExecResult,
     Health,
+    MetricSample,
 )
 
 BASE_IMAGE = "sandboxer/base:busybox"
@@ -94,7 +95,7 @@ def _parse_time(text: str | None) -> datetime | None:
 class DockerAdapter(Adapter):
     name = "docker"
     description = "containers on a Docker engine (local socket or DOCKER_HOST)"
-    capabilities = frozenset({Capability.EXEC, Capability.LOGS})
+    capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS})
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
         self.base_url = base_url or engine_url()
@@ -308,10 +309,45 @@ class DockerAdapter(Adapter):
         async for chunk in _in_thread(stream):
             yield chunk
 
+    async def metrics(self, ref: str) -> AsyncIterator[MetricSample]:
+        """The engine's stats stream (a sample a second); the first has no CPU figure."""
+        try:
+            stream = await self._call(lambda api: api.stats(ref, stream=True, decode=True))
+        except docker_errors.NotFound as exc:
+            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+        async for stats in _in_thread(stream):
+            yield sample_from_stats(stats)
+
     async def close(self) -> None:
         if self._api is not None:
             self._api.close()
             self._api = None
+
+
+def sample_from_stats(stats: Mapping[str, Any]) -> MetricSample:
+    """CPU % and memory as `docker stats` computes them (memory without the page cache)."""
+    cpu, pre = stats.get("cpu_stats") or {}, stats.get("precpu_stats") or {}
+    cpu_pct = None
+    if pre.get("system_cpu_usage") and cpu.get("system_cpu_usage"):
+        used = cpu["cpu_usage"]["total_usage"] - pre["cpu_usage"]["total_usage"]
+        system = cpu["system_cpu_usage"] - pre["system_cpu_usage"]
+        cores = cpu.get("online_cpus") or len(cpu["cpu_usage"].get("percpu_usage") or [1])
+        cpu_pct = round(used / system * cores * 100, 2) if system > 0 else None
+    memory = stats.get("memory_stats") or {}
+    usage = memory.get("usage")
+    if usage is not None:
+        detail = memory.get("stats") or {}
+        usage -= detail.get("total_inactive_file", detail.get("inactive_file", 0))
+    networks = (stats.get("networks") or {}).values()
+    return MetricSample(
+        time=_parse_time(stats.get("read")) or datetime.now(UTC),
+        cpu_pct=cpu_pct,
+        memory_bytes=usage,
+        memory_limit=memory.get("limit"),
+        net_rx_bytes=sum(n["rx_bytes"] for n in networks) if networks else None,
+        net_tx_bytes=sum(n["tx_bytes"] for n in networks) if networks else None,
+        pids=(stats.get("pids_stats") or {}).get("current"),
+    )
 
 
 async def _in_thread(iterator: Iterator[bytes]) -> AsyncIterator[bytes]:

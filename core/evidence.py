@@ -26,7 +26,8 @@ def _digest(part: Any) -> str:
 
 
 def build(sandbox: Mapping[str, Any], events: list[Mapping[str, Any]],
-          checkpoints: list[Mapping[str, Any]], generated_at: str) -> dict[str, Any]:
+          checkpoints: list[Mapping[str, Any]], generated_at: str,
+          samples: list[Mapping[str, Any]] = ()) -> dict[str, Any]:
     record = {k: v for k, v in sandbox.items() if k not in ("profile_json", "lease_owner",
                                                            "lease_expires_at", "fence")}
     record["labels"] = json.loads(record.pop("labels_json") or "{}")
@@ -48,6 +49,7 @@ def build(sandbox: Mapping[str, Any], events: list[Mapping[str, Any]],
             "created_at": sandbox["created_at"], "started_at": started, "ended_at": ended,
             "lifetime_s": lifetime, "exec_count": len(execs), "event_count": len(raw_events),
             "actors": sorted({e["actor"] for e in raw_events}),
+            "metrics": _peaks(samples),
         },
     }
     return {"format": FORMAT, "generated_at": generated_at,
@@ -77,3 +79,14 @@ def verify(bundle: Mapping[str, Any]) -> list[str]:
         if isinstance(event, Mapping) and event.get("sandbox_id") != sandbox_id:
             problems.append(f"event {event.get('id')} belongs to another sandbox")
     return problems
+
+
+def _peaks(samples: list[Mapping[str, Any]]) -> dict[str, Any]:
+    def peak(key: str) -> Any:
+        values = [s[key] for s in samples if s[key] is not None]
+        return max(values) if values else None
+
+    return {"samples": len(samples), "peak_cpu_pct": peak("cpu_pct"),
+            "peak_memory_bytes": peak("memory_bytes"),
+            "first": samples[0]["time"] if samples else None,
+            "last": samples[-1]["time"] if samples else None}

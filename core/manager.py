@@ -208,7 +208,8 @@ class Manager:
             ckpts = [dict(r) for r in conn.execute(
                 sa.select(checkpoints).where(checkpoints.c.sandbox_id == row["id"])
                 .order_by(checkpoints.c.created_at)).mappings()]
-        return evidence.build(row, events, ckpts, self._now())
+        history = self.metric_history(row["id"])
+        return evidence.build(row, events, ckpts, self._now(), history)
 
     def verify_events(self) -> eventlog.ChainReport:
         anchor = read_anchor(self.db.anchor_path) if self.db.anchor_path else None
@@ -696,6 +697,45 @@ class Manager:
             })
         return result
 
+    async def metrics(self, ref: str, *, follow: bool = False) -> AsyncIterator[dict[str, Any]]:
+        """Live samples from the backend, stored at a bounded rate for history. Without
+        `follow`, the first sample that has a CPU figure (or none: "no sample yet")."""
+        from core.models import MetricSample
+
+        row = self.resolve(ref)
+        if row["state"] not in ACTIVE:
+            raise Conflict(f"sandbox {row['id']} is {row['state']}: it has no live metrics")
+        adapter = self.adapter(row["backend"])
+        if not adapter.supports(Capability.METRICS):
+            raise Conflict(f"the {row['backend']} backend reports no metrics")
+        samples = MetricSample.__table__
+        every, keep = settings.metrics_every(), settings.metrics_retention()
+        async for sample in adapter.metrics(row["backend_ref"]):
+            view = {"sandbox_id": row["id"], **_sample_view(sample)}
+            if sample.cpu_pct is not None:  # kept at most once per `every`, by any process
+                with self.db.write() as conn:
+                    last = conn.execute(sa.select(sa.func.max(samples.c.time))
+                                        .where(samples.c.sandbox_id == row["id"])).scalar()
+                    if last is None or from_iso(view["time"]) - from_iso(last) >= every:
+                        conn.execute(samples.insert().values(view))
+                        conn.execute(samples.delete().where(
+                            samples.c.sandbox_id == row["id"],
+                            samples.c.time < to_iso(self.clock.now() - keep)))
+            if follow or sample.cpu_pct is not None:
+                yield view
+            if not follow and sample.cpu_pct is not None:
+                return
+
+    def metric_history(self, ref: str) -> list[dict[str, Any]]:
+        from core.models import MetricSample
+
+        samples = MetricSample.__table__
+        sandbox_id = self.resolve(ref)["id"]
+        with self.db.read() as conn:
+            return [dict(r) for r in conn.execute(
+                sa.select(samples).where(samples.c.sandbox_id == sandbox_id)
+                .order_by(samples.c.time)).mappings()]
+
     async def logs(self, ref: str, *, follow: bool = False,
                    tail: int | None = None) -> AsyncIterator[bytes]:
         row = self.resolve(ref)
@@ -711,6 +751,13 @@ class Manager:
                 self.touch(row["id"], event=False)  # someone is watching: that is activity
                 last_touch = now
             yield chunk
+
+
+def _sample_view(sample: Any) -> dict[str, Any]:
+    return {"time": to_iso(sample.time), "cpu_pct": sample.cpu_pct,
+            "memory_bytes": sample.memory_bytes, "memory_limit": sample.memory_limit,
+            "net_rx_bytes": sample.net_rx_bytes, "net_tx_bytes": sample.net_tx_bytes,
+            "pids": sample.pids}
 
 
 def _digest(data: bytes) -> dict[str, Any]:

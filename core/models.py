@@ -3,7 +3,7 @@ they sort as times do on every store and read the same from any client."""
 
 from __future__ import annotations
 
-from sqlalchemy import Text
+from sqlalchemy import BigInteger, Index, Text
 from sqlmodel import Field, SQLModel
 
 TIME = 27  # len("2026-11-30T12:00:00.000000Z")
@@ -91,3 +91,20 @@ class Delivery(SQLModel, table=True):
     next_attempt_at: str | None = Field(default=None, max_length=TIME)
     last_error: str | None = Field(default=None, sa_type=Text)
     parked: bool = Field(default=False)
+
+
+class MetricSample(SQLModel, table=True):
+    """One reading of a sandbox's resources; None where the backend does not know."""
+
+    __tablename__ = "metric_samples"
+    __table_args__ = (Index("ix_metric_samples_sandbox_time", "sandbox_id", "time"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    sandbox_id: str = Field(max_length=40)
+    time: str = Field(max_length=TIME)
+    cpu_pct: float | None = Field(default=None)
+    memory_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    memory_limit: int | None = Field(default=None, sa_type=BigInteger)
+    net_rx_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    net_tx_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    pids: int | None = Field(default=None)

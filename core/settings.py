@@ -90,3 +90,13 @@ def expiry_warning():
 def reconcile_grace():
     """Backend objects younger than this are left alone by reconcile (`SBX_RECONCILE_GRACE`)."""
     return _duration_env("SBX_RECONCILE_GRACE", "60s")
+
+
+def metrics_every():
+    """At most one stored metric sample per sandbox per this long (`SBX_METRICS_EVERY`)."""
+    return _duration_env("SBX_METRICS_EVERY", "5s")
+
+
+def metrics_retention():
+    """Stored samples older than this are dropped (`SBX_METRICS_RETENTION`)."""
+    return _duration_env("SBX_METRICS_RETENTION", "7d")

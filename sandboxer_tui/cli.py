@@ -751,6 +751,58 @@ def events_verify(as_json: bool) -> None:
         sys.exit(1)
 
 
+# -- metrics --------------------------------------------------------------------------------
+
+
+def _metric_line(view: Mapping[str, Any]) -> str:
+    def mb(value: int | None) -> str:
+        return "-" if value is None else f"{value / 1024**2:.1f}MB"
+
+    cpu = "-" if view["cpu_pct"] is None else f"{view['cpu_pct']:.1f}%"
+    net = ("-" if view["net_rx_bytes"] is None
+           else f"rx {view['net_rx_bytes']}B tx {view['net_tx_bytes']}B")
+    return (f"{view['time']}  cpu {cpu}  mem {mb(view['memory_bytes'])} / "
+            f"{mb(view['memory_limit'])}  pids {view['pids'] if view['pids'] is not None else '-'}"
+            f"  net {net}")
+
+
+@cli.command("metrics")
+@click.argument("sandbox_id", metavar="ID")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing samples (one a second).")
+@click.option("--history", is_flag=True, help="The stored samples instead of a live one.")
+@JSON_OPTION
+@command
+def metrics_command(sandbox_id: str, follow: bool, history: bool, as_json: bool) -> None:
+    """CPU, memory, pids and network of a sandbox, live from its backend."""
+    if history:
+        mgr = manager()
+        rows = mgr.metric_history(sandbox_id)
+        mgr.db.dispose()
+        if as_json:
+            emit_json(rows)
+        for row in rows if not as_json else []:
+            click.echo(_metric_line(row))
+        if not rows and not as_json:
+            click.echo("no sample yet", err=True)
+        return
+
+    async def go(mgr):
+        seen = 0
+        async for view in mgr.metrics(sandbox_id, follow=follow):
+            seen += 1
+            if as_json and not follow:
+                emit_json(view)
+            else:
+                click.echo(json.dumps(view) if as_json else _metric_line(view))
+        return seen
+
+    if run(go) == 0:
+        if as_json:
+            emit_json({"sandbox_id": sandbox_id, "sample": None, "message": "no sample yet"})
+        else:
+            click.echo("no sample yet", err=True)
+
+
 # -- evidence -------------------------------------------------------------------------------
 
 
