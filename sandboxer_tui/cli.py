@@ -767,13 +767,21 @@ def _metric_line(view: Mapping[str, Any]) -> str:
 
 
 @cli.command("metrics")
-@click.argument("sandbox_id", metavar="ID")
+@click.argument("sandbox_id", metavar="ID", required=False)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing samples (one a second).")
 @click.option("--history", is_flag=True, help="The stored samples instead of a live one.")
+@click.option("--all", "all_running", is_flag=True,
+              help="Follow every running sandbox, storing samples (stop: Ctrl-C or SIGTERM).")
 @JSON_OPTION
 @command
-def metrics_command(sandbox_id: str, follow: bool, history: bool, as_json: bool) -> None:
+def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_running: bool,
+                    as_json: bool) -> None:
     """CPU, memory, pids and network of a sandbox, live from its backend."""
+    if all_running:
+        _follow_all(as_json)
+        return
+    if not sandbox_id:
+        raise BadInput("give a sandbox ID, or --all")
     if history:
         mgr = manager()
         rows = mgr.metric_history(sandbox_id)
@@ -801,6 +809,25 @@ def metrics_command(sandbox_id: str, follow: bool, history: bool, as_json: bool)
             emit_json({"sandbox_id": sandbox_id, "sample": None, "message": "no sample yet"})
         else:
             click.echo("no sample yet", err=True)
+
+
+def _follow_all(as_json: bool) -> None:
+    import asyncio
+    import signal
+
+    from core.sampler import follow_all
+
+    def show(view: Mapping[str, Any]) -> None:
+        click.echo(json.dumps(view) if as_json else f"{view['sandbox_id']}  {_metric_line(view)}")
+
+    async def go(mgr) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await follow_all(mgr, show, stop)
+
+    run(go)
 
 
 # -- evidence -------------------------------------------------------------------------------
