@@ -31,6 +31,7 @@ class Capability(enum.StrEnum):
 LABEL_ID = "sbx.id"
 LABEL_INSTALL = "sbx.install"
 LABEL_HARD_DEADLINE = "sbx.hard-deadline"
+LABEL_CHECKPOINT = "sbx.checkpoint"
 RESERVED_LABEL_PREFIX = "sbx."
 
 
@@ -84,6 +85,15 @@ class BackendObject:
     status: str
     running: bool
     created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A checkpoint's backend artifact (on Docker, a committed image)."""
+
+    ref: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    size_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -178,11 +188,27 @@ class Adapter(abc.ABC):
     async def resume(self, ref: str) -> None:
         raise self._unsupported("resume")
 
-    async def snapshot(self, ref: str, labels: Mapping[str, str]) -> str:
+    async def snapshot(self, ref: str, labels: Mapping[str, str]) -> Artifact:
+        """Save the sandbox's filesystem as an artifact carrying `labels`."""
         raise self._unsupported("snapshot")
 
     async def restore(self, artifact: str, request: CreateRequest) -> BackendObject:
+        """A new sandbox from an artifact (as create, with the artifact as its image)."""
         raise self._unsupported("restore")
+
+    async def delete_artifact(self, artifact: str) -> None:
+        """Remove an artifact; already gone is success."""
+        raise self._unsupported("delete checkpoints")
+
+    async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
+        raise self._unsupported("list checkpoints")
+
+    async def export_artifact(self, artifact: str, path: str) -> None:
+        """Write the artifact to a file another host can import."""
+        raise self._unsupported("export checkpoints")
+
+    async def import_artifact(self, path: str) -> str:
+        raise self._unsupported("import checkpoints")
 
     def metrics(self, ref: str) -> AsyncIterator[MetricSample]:
         """Samples as the backend produces them, until the caller stops reading."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
 import subprocess
 import tarfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,8 +24,10 @@ import docker
 from docker import errors as docker_errors
 
 from adapters.base import (
+    LABEL_CHECKPOINT,
     Adapter,
     AdapterError,
+    Artifact,
     BackendObject,
     BackendObjectGone,
     BackendUnavailable,
@@ -36,6 +40,7 @@ from adapters.base import (
 )
 
 BASE_IMAGE = "sandboxer/base:busybox"
+CHECKPOINT_REPOSITORY = "sandboxer/checkpoint"
 # Keeps the container alive and exits at once on TERM; needs only a POSIX sh.
 KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox")
@@ -95,7 +100,25 @@ def _parse_time(text: str | None) -> datetime | None:
 class DockerAdapter(Adapter):
     name = "docker"
     description = "containers on a Docker engine (local socket or DOCKER_HOST)"
-    capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS})
+    capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
+                              Capability.PAUSE, Capability.SNAPSHOT})
+
+    def supports(self, capability: Capability) -> bool:
+        if capability == Capability.MEMORY_CHECKPOINT:
+            return self._criu_works()
+        return super().supports(capability)
+
+    def _criu_works(self) -> bool:
+        """Memory checkpoints need an experimental daemon and a working CRIU: detect both."""
+        import shutil
+
+        try:
+            if not self._client().info().get("ExperimentalBuild"):
+                return False
+        except Exception:
+            return False
+        criu = shutil.which("criu")
+        return bool(criu) and subprocess.run([criu, "check"], capture_output=True).returncode == 0
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
         self.base_url = base_url or engine_url()
@@ -308,6 +331,80 @@ class DockerAdapter(Adapter):
             raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
         async for chunk in _in_thread(stream):
             yield chunk
+
+    async def pause(self, ref: str) -> None:
+        await self._on_container(ref, lambda api: api.pause(ref), "pause")
+
+    async def resume(self, ref: str) -> None:
+        await self._on_container(ref, lambda api: api.unpause(ref), "resume")
+
+    async def _on_container(self, ref: str, fn: Callable[[docker.APIClient], Any], verb: str) -> Any:
+        try:
+            return await self._call(fn)
+        except docker_errors.NotFound as exc:
+            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker could not {verb} {ref[:12]}: {_short(exc)}") from exc
+
+    async def snapshot(self, ref: str, labels: Mapping[str, str]) -> Artifact:
+        """`docker commit`: the filesystem, not memory or volumes. The image is labelled."""
+        changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()]
+        tag = labels.get(LABEL_CHECKPOINT) or f"sbx-{int(time.time() * 1000)}"
+
+        def commit(api: docker.APIClient) -> Artifact:
+            # tagged, so removing a checkpoint whose image has children (a checkpoint of a
+            # sandbox restored from it) untags it instead of failing
+            api.commit(ref, repository=CHECKPOINT_REPOSITORY, tag=tag, changes=changes)
+            name = f"{CHECKPOINT_REPOSITORY}:{tag}"
+            return Artifact(name, dict(labels), api.inspect_image(name).get("Size"))
+
+        return await self._on_container(ref, commit, "snapshot")
+
+    async def restore(self, artifact: str, request: CreateRequest) -> BackendObject:
+        return await self.create(replace(request, image=artifact))
+
+    async def delete_artifact(self, artifact: str) -> None:
+        def remove(api: docker.APIClient) -> None:
+            try:
+                api.remove_image(artifact, force=True)
+            except docker_errors.NotFound:
+                pass  # already gone: success
+
+        try:
+            await self._call(remove)
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker could not remove image {artifact[:19]}: {_short(exc)}") from exc
+
+    async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        found = await self._call(lambda api: api.images(filters=filters))
+        return [Artifact(next((t for t in i.get("RepoTags") or []
+                               if t.startswith(CHECKPOINT_REPOSITORY + ":")), i["Id"]),
+                         i.get("Labels") or {}, i.get("Size")) for i in found]
+
+    async def export_artifact(self, artifact: str, path: str) -> None:
+        def save(api: docker.APIClient) -> None:
+            with open(path, "wb") as out:
+                for chunk in api.get_image(artifact):
+                    out.write(chunk)
+
+        await self._call(save)
+
+    async def import_artifact(self, path: str) -> str:
+        def load(api: docker.APIClient) -> str:
+            with open(path, "rb") as data:
+                for line in api.load_image(data):
+                    text = line.get("stream", "") if isinstance(line, dict) else str(line)
+                    if "Loaded image:" in text:
+                        return text.split("Loaded image:")[1].strip()
+                    if "Loaded image ID:" in text:
+                        return text.split("Loaded image ID:")[1].strip()
+            raise AdapterError("docker loaded no image from the archive")
+
+        try:
+            return await self._call(load)
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker could not load the checkpoint: {_short(exc)}") from exc
 
     async def metrics(self, ref: str) -> AsyncIterator[MetricSample]:
         """The engine's stats stream (a sample a second); the first has no CPU figure."""

@@ -281,6 +281,36 @@ class Manager:
                             reason=reason, payload=payload)
             return Lease(sandbox_id, fence, reason), dict(row)
 
+    def _take(self, sandbox_id: str, states: frozenset[State] | set[State], verb: str) -> Lease:
+        """The lease alone, for an action that is not a transition yet (snapshot, pause):
+        nobody destroys the sandbox under it. IllegalTransition-like Conflict otherwise."""
+        with self.db.write() as conn:
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                               ).mappings().first()
+            if row is None:
+                raise NotFound(f"no sandbox {sandbox_id!r}")
+            if row["state"] not in states:
+                raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot {verb}")
+            if leased(row, self._now()):
+                raise Conflict(f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
+                               f"until {row['lease_expires_at']}")
+            fence = conn.execute(
+                SANDBOXES.update()
+                .where(SANDBOXES.c.id == sandbox_id, SANDBOXES.c.fence == row["fence"])
+                .values(lease_owner=self.lease_owner, fence=SANDBOXES.c.fence + 1,
+                        lease_expires_at=to_iso(self.clock.now() + self.lease_ttl))
+                .returning(SANDBOXES.c.fence)).scalar()
+            if fence is None:
+                raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
+            return Lease(sandbox_id, fence)
+
+    def _give_back(self, lease: Lease) -> None:
+        with self.db.write() as conn:
+            conn.execute(SANDBOXES.update().where(
+                SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
+                SANDBOXES.c.lease_owner == self.lease_owner,
+            ).values(lease_owner=None, lease_expires_at=None))
+
     def _finish(self, lease: Lease, result: State, *, values: Mapping[str, Any] | None = None,
                 reason: str | None = None, payload: Mapping[str, Any] | None = None,
                 ) -> dict[str, Any]:
@@ -356,8 +386,10 @@ class Manager:
         labels: Mapping[str, str] | None = None,
         owner: str | None = None,
         task: str | None = None,
+        restore_from: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Validate everything, then intent -> backend create -> fenced result."""
+        """Validate everything, then intent -> backend create -> fenced result.
+        With `restore_from` (a checkpoint row), the sandbox starts from its artifact."""
         from core.profiles import dump
 
         ttl = ttl or profile.ttl.default
@@ -394,6 +426,8 @@ class Manager:
         )
         adapter = self.adapter(profile.backend)
         adapter.validate(request)  # what this backend cannot enforce is refused, not ignored
+        if restore_from is not None and not adapter.supports(Capability.SNAPSHOT):
+            raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")
         await adapter.ensure_available()
         row = {
             "id": sandbox_id,
@@ -412,6 +446,7 @@ class Manager:
             "hard_deadline": to_iso(hard_deadline),
             "last_activity_at": to_iso(now),
             "idle_timeout_s": int(profile.ttl.idle.total_seconds()) if profile.ttl.idle else None,
+            "restored_from": restore_from["id"] if restore_from else None,
             "lease_owner": self.lease_owner,
             "lease_expires_at": to_iso(now + self.lease_ttl),
             "fence": 1,
@@ -428,12 +463,14 @@ class Manager:
                 "profile": profile.name, "backend": profile.backend, "name": name,
                 "owner": row["owner"], "task": task, "labels": all_labels,
                 "deadline": row["deadline"], "hard_deadline": row["hard_deadline"],
+                **({"restored_from": restore_from["id"]} if restore_from else {}),
             })
         lease = Lease(sandbox_id, 1)
         failpoint("create.after-intent")
         try:
             async with self._holding(lease):
-                obj = await adapter.create(request)
+                obj = await (adapter.restore(restore_from["backend_ref"], request)
+                             if restore_from else adapter.create(request))
         except BaseException as exc:
             message = str(exc) or type(exc).__name__
             try:
@@ -663,6 +700,33 @@ class Manager:
             self._event(conn, sandbox_id, "sandbox.orphan-destroyed", reason=reason,
                         payload={"backend": backend, "backend_ref": ref})
         return True
+
+    # -- pause and resume -------------------------------------------------------------------
+
+    async def pause(self, ref: str) -> dict[str, Any]:
+        """Freeze the sandbox (no CPU); it keeps its deadline and is reaped on time."""
+        return await self._freeze(ref, State.RUNNING, State.PAUSED, "pause")
+
+    async def resume(self, ref: str) -> dict[str, Any]:
+        return await self._freeze(ref, State.PAUSED, State.RUNNING, "resume")
+
+    async def _freeze(self, ref: str, source: State, target: State, verb: str) -> dict[str, Any]:
+        row = self.resolve(ref)
+        adapter = self.adapter(row["backend"])
+        if not adapter.supports(Capability.PAUSE):
+            raise Conflict(f"the {row['backend']} backend cannot {verb}")
+        if row["state"] != source:
+            raise Conflict(f"sandbox {row['id']} is {row['state']}: cannot {verb}")
+        await adapter.ensure_available()
+        lease = self._take(row["id"], {source}, verb)
+        try:
+            async with self._holding(lease):
+                await (adapter.pause if target == State.PAUSED else adapter.resume)(
+                    row["backend_ref"])
+        except BaseException:
+            self._give_back(lease)
+            raise
+        return self._finish(lease, target, reason="manual")
 
     # -- exec and logs ----------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ class Sandbox(SQLModel, table=True):
     last_activity_at: str = Field(max_length=TIME)
     idle_timeout_s: int | None = Field(default=None)  # the profile's ttl.idle, if any
     warned_deadline: str | None = Field(default=None, max_length=TIME)  # sandbox.expiring sent
+    restored_from: str | None = Field(default=None, max_length=40)  # a checkpoint id
     ended_at: str | None = Field(default=None, max_length=TIME)
     error: str | None = Field(default=None, sa_type=Text)
     lease_owner: str | None = Field(default=None, max_length=128)
@@ -38,16 +39,23 @@ class Sandbox(SQLModel, table=True):
 
 
 class Checkpoint(SQLModel, table=True):
+    """A saved state. It outlives its sandbox (until it expires) and can move between hosts,
+    so it keeps its own copy of the resolved profile and no foreign key to the sandbox."""
+
     __tablename__ = "checkpoints"
 
     id: str = Field(primary_key=True, max_length=40)
-    sandbox_id: str = Field(index=True, foreign_key="sandboxes.id", max_length=40)
-    parent_id: str | None = Field(default=None, foreign_key="checkpoints.id", max_length=40)
+    sandbox_id: str = Field(index=True, max_length=40)
+    parent_id: str | None = Field(default=None, max_length=40)  # restored from: lineage
     name: str | None = Field(default=None, max_length=128)
     kind: str = Field(max_length=16)  # filesystem | memory
+    state: str = Field(max_length=16)  # pending (the backend is making it) | ready
     backend: str = Field(max_length=64)
-    backend_ref: str = Field(max_length=256)
-    size_bytes: int | None = Field(default=None)
+    backend_ref: str | None = Field(default=None, max_length=256)
+    install_id: str = Field(max_length=64)
+    profile: str = Field(max_length=128)
+    profile_json: str = Field(sa_type=Text)
+    size_bytes: int | None = Field(default=None, sa_type=BigInteger)
     created_at: str = Field(max_length=TIME)
     expires_at: str | None = Field(default=None, max_length=TIME)
 

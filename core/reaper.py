@@ -18,7 +18,15 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from adapters import registry
-from adapters.base import LABEL_HARD_DEADLINE, LABEL_ID, LABEL_INSTALL, Adapter, BackendObject
+from adapters.base import (
+    LABEL_CHECKPOINT,
+    LABEL_HARD_DEADLINE,
+    LABEL_ID,
+    LABEL_INSTALL,
+    Adapter,
+    BackendObject,
+    Capability,
+)
 from core.clock import Clock, from_iso, to_iso
 from core.errors import Conflict, Unavailable, classify
 from core.states import REAPABLE, State, leased
@@ -36,7 +44,8 @@ ADOPT = "adopt"                  # an object of ours with no row, before its har
 DESTROY = "destroy"              # expired, failed with leftovers, or an interrupted destroy
 DESTROY_OBJECT = "destroy-object"  # an object whose row is gone or destroyed (orphan)
 WARN = "warn"                    # sandbox.expiring
-ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, ADOPT, DESTROY, DESTROY_OBJECT, WARN)
+CHECKPOINTS = "checkpoints"      # expired, interrupted or orphaned checkpoints on a backend
+ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, ADOPT, DESTROY, DESTROY_OBJECT, WARN, CHECKPOINTS)
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,7 @@ class Reaper:
         install_id: str,
         clock: Clock,
         read_rows: RowSource,
+        read_checkpoints: Callable[[], list[dict[str, Any]]] = list,
         make_manager: Callable[[dict[str, Adapter]], Manager],
         warn_before: timedelta,
         grace: timedelta,
@@ -219,6 +229,7 @@ class Reaper:
         self.install_id = install_id
         self.clock = clock
         self.read_rows = read_rows
+        self.read_checkpoints = read_checkpoints
         self.make_manager = make_manager
         self.warn_before = warn_before
         self.grace = grace
@@ -268,10 +279,39 @@ class Reaper:
                                         rows_outside=rows_by_ids(stray) if stray else {})
             if self.orphans:
                 orphans += plan_orphans(backend, objects, now)
+        if self.reap:
+            reconcile += await self._plan_checkpoints(unreachable, now)
         reachable = [r for r in mine if r["backend"] not in unreachable]
         reap = plan_reap(reachable, now, self.warn_before) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
         return merge(reconcile, [*reap, *orphans])
+
+    async def _plan_checkpoints(self, unreachable: set[str], now: datetime) -> list[Action]:
+        """One CHECKPOINTS action per backend with work: an expired or interrupted checkpoint,
+        or an artifact of ours that no row claims. Nothing to do costs one listing."""
+        rows = self.read_checkpoints()
+        now_iso, grace_iso = to_iso(now), to_iso(now - self.grace)
+        actions = []
+        for backend in registry.names():
+            if backend in unreachable:
+                continue
+            cls = registry.load_class(backend)
+            if cls.test_double or Capability.SNAPSHOT not in cls.capabilities:
+                continue
+            mine = [r for r in rows if r["backend"] == backend]
+            due = any((r["expires_at"] and r["expires_at"] <= now_iso) or
+                      (r["state"] == "pending" and r["created_at"] <= grace_iso) for r in mine)
+            if not due:
+                try:
+                    artifacts = await self._adapter(backend).list_artifacts(
+                        {LABEL_INSTALL: self.install_id})
+                except Exception:
+                    continue
+                known = {r["id"] for r in mine}
+                due = any(a.labels.get(LABEL_CHECKPOINT) not in known for a in artifacts)
+            if due:
+                actions.append(Action(CHECKPOINTS, backend, None, ref=f"checkpoints:{backend}"))
+        return actions
 
     def manager(self) -> Manager:
         if self._manager is None:
@@ -320,6 +360,15 @@ class Reaper:
                     report.orphans.append(label)
                 else:
                     report.skipped.append({"id": label, "error": "claimed by a sandbox"})
+            elif action.kind == CHECKPOINTS:
+                from core.checkpoints import Checkpoints
+
+                store = Checkpoints(mgr)
+                for change in await store.reconcile(action.backend, self.grace):
+                    report.reconciled.append({**action.describe(), **change})
+                for ckpt in await store.prune():
+                    report.reconciled.append({**action.describe(), "checkpoint": ckpt,
+                                              "action": "expired checkpoint removed"})
             elif action.kind == WARN:
                 if mgr.warn_expiring(action.sandbox_id, self.warn_before):
                     report.warned.append(label)
@@ -400,6 +449,18 @@ def default_reaper(**options: Any) -> Reaper:
         mgr = reaper.manager()
         return mgr.list(), mgr.rows_by_ids
 
+    def read_checkpoints() -> list[dict[str, Any]]:
+        fast = inventory.open_sqlite_readonly(url)
+        if fast is None:
+            from core.checkpoints import Checkpoints
+
+            return Checkpoints(reaper.manager()).list()
+        try:
+            return inventory.list_checkpoints(fast)
+        finally:
+            fast.close()
+
+    options.setdefault("read_checkpoints", read_checkpoints)
     options.setdefault("warn_before", settings.expiry_warning())
     options.setdefault("grace", settings.reconcile_grace())
     reaper = Reaper(install_id=settings.install_id(), clock=clock_from_env(),

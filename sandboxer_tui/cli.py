@@ -751,6 +751,190 @@ def events_verify(as_json: bool) -> None:
         sys.exit(1)
 
 
+# -- pause, resume, checkpoints -------------------------------------------------------------
+
+
+@cli.command("pause")
+@click.argument("sandbox_id", metavar="ID")
+@JSON_OPTION
+@command
+def pause_command(sandbox_id: str, as_json: bool) -> None:
+    """Freeze a sandbox (no CPU while paused); its deadline still holds."""
+    _show_sandbox(run(lambda mgr: mgr.pause(sandbox_id)), as_json, "paused")
+
+
+@cli.command("resume")
+@click.argument("sandbox_id", metavar="ID")
+@JSON_OPTION
+@command
+def resume_command(sandbox_id: str, as_json: bool) -> None:
+    """Unfreeze a paused sandbox."""
+    _show_sandbox(run(lambda mgr: mgr.resume(sandbox_id)), as_json, "resumed")
+
+
+def _show_sandbox(row: Mapping[str, Any], as_json: bool, verb: str) -> None:
+    from core.views import sandbox_view
+
+    if as_json:
+        emit_json(sandbox_view(row))
+    else:
+        click.echo(f"{verb} {row['id']}")
+
+
+def _checkpoints(mgr):
+    from core.checkpoints import Checkpoints
+
+    return Checkpoints(mgr)
+
+
+def _checkpoint_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "profile_json"}
+
+
+@cli.command("snapshot")
+@click.argument("sandbox_id", metavar="ID")
+@click.option("--name", metavar="NAME", help="A name for the checkpoint.")
+@JSON_OPTION
+@command
+def snapshot_command(sandbox_id: str, name: str | None, as_json: bool) -> None:
+    """Save a sandbox's filesystem as a checkpoint."""
+    progress(f"snapshotting {sandbox_id}...")
+    row = run(lambda mgr: _checkpoints(mgr).snapshot(sandbox_id, name))
+    if as_json:
+        emit_json(_checkpoint_view(row))
+    else:
+        click.echo(row["id"])
+
+
+@cli.command("restore")
+@click.argument("checkpoint_id", metavar="CHECKPOINT")
+@click.option("--ttl", metavar="DUR", help="Time to live (default from the profile).")
+@click.option("--name", metavar="NAME", help="A name for the new sandbox.")
+@click.option("--label", "labels", multiple=True, metavar="K=V", help="A label (repeatable).")
+@click.option("--owner", metavar="WHO")
+@click.option("--task", metavar="WHAT")
+@JSON_OPTION
+@command
+def restore_command(checkpoint_id, ttl, name, labels, owner, task, as_json) -> None:
+    """A new sandbox from a checkpoint (many may come from one: a fork)."""
+    from core.durations import parse_duration
+    from core.labels import parse_labels
+    from core.views import sandbox_view
+
+    ttl_delta = parse_duration(ttl, "--ttl") if ttl else None
+    parsed = parse_labels(labels)
+
+    async def go(mgr):
+        row = await _checkpoints(mgr).restore(checkpoint_id, ttl=ttl_delta, name=name,
+                                              labels=parsed, owner=owner, task=task)
+        return sandbox_view(row, now_iso(mgr))
+
+    view = run(go)
+    if as_json:
+        emit_json(view)
+    else:
+        click.echo(view["id"])
+
+
+@cli.group("checkpoints", cls=DefaultGroup, default_command="list")
+def checkpoints_group() -> None:
+    """Checkpoints: `sbx checkpoints [ID] [--tree]`, `prune`."""
+
+
+def _tree_lines(nodes: list[Mapping[str, Any]], depth: int = 0) -> list[str]:
+    lines = []
+    for node in nodes:
+        label = f" {node['name']}" if node["name"] else ""
+        lines.append(f"{'   ' * depth}{'└─ ' if depth else ''}{node['id']}{label}  "
+                     f"from {node['sandbox_id']}  {node['created_at']}  {node['state']}")
+        lines += _tree_lines(node["children"], depth + 1)
+    return lines
+
+
+@checkpoints_group.command("list")
+@click.argument("sandbox_id", required=False, metavar="[ID]")
+@click.option("--tree", is_flag=True, help="Show lineage (restored-from) as a tree.")
+@JSON_OPTION
+@command
+def checkpoints_list(sandbox_id: str | None, tree: bool, as_json: bool) -> None:
+    """Checkpoints, oldest first (of one sandbox with ID)."""
+    mgr = manager()
+    store = _checkpoints(mgr)
+    rows = [_checkpoint_view(r) for r in store.list(sandbox_id)]
+    mgr.db.dispose()
+    if tree:
+        nodes = store.tree(rows)
+        if as_json:
+            emit_json(nodes)
+        else:
+            click.echo("\n".join(_tree_lines(nodes)) or "no checkpoints")
+        return
+    if as_json:
+        emit_json(rows)
+    elif rows:
+        click.echo(table([(r["id"], r["name"], r["sandbox_id"], r["kind"], r["state"],
+                           r["size_bytes"], r["created_at"], r["expires_at"]) for r in rows],
+                         ["ID", "NAME", "SANDBOX", "KIND", "STATE", "BYTES", "CREATED",
+                          "EXPIRES"]))
+    else:
+        click.echo("no checkpoints", err=True)
+
+
+@checkpoints_group.command("prune")
+@JSON_OPTION
+@command
+def checkpoints_prune(as_json: bool) -> None:
+    """Remove expired checkpoints and those past each profile's `keep`."""
+    removed = run(lambda mgr: _checkpoints(mgr).prune())
+    if as_json:
+        emit_json({"removed": removed})
+    for ckpt in removed if not as_json else []:
+        click.echo(f"removed {ckpt}")
+
+
+@cli.group("checkpoint")
+def checkpoint_group() -> None:
+    """One checkpoint: rm, export, import."""
+
+
+@checkpoint_group.command("rm")
+@click.argument("checkpoint_ids", nargs=-1, required=True, metavar="CHECKPOINT...")
+@command
+def checkpoint_rm(checkpoint_ids: tuple[str, ...]) -> None:
+    """Remove checkpoints and their backend artifacts."""
+
+    async def go(mgr):
+        store = _checkpoints(mgr)
+        rows = [store.resolve(ref) for ref in checkpoint_ids]  # all known before any goes
+        return [(await store.remove(row["id"]))["id"] for row in rows]
+
+    for ckpt in run(go):
+        click.echo(f"removed {ckpt}")
+
+
+@checkpoint_group.command("export")
+@click.argument("checkpoint_id", metavar="CHECKPOINT")
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), metavar="FILE")
+@command
+def checkpoint_export(checkpoint_id: str, output: str) -> None:
+    """Write a checkpoint to a portable archive (.tar.gz)."""
+    row = run(lambda mgr: _checkpoints(mgr).export(checkpoint_id, output))
+    click.echo(f"{output}: {row['id']}")
+
+
+@checkpoint_group.command("import")
+@click.argument("file", type=click.Path(dir_okay=False))
+@JSON_OPTION
+@command
+def checkpoint_import(file: str, as_json: bool) -> None:
+    """Bring in a checkpoint archive made by `sbx checkpoint export`."""
+    row = run(lambda mgr: _checkpoints(mgr).import_(file))
+    if as_json:
+        emit_json(_checkpoint_view(row))
+    else:
+        click.echo(row["id"])
+
+
 # -- metrics --------------------------------------------------------------------------------
 
 
