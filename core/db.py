@@ -30,9 +30,16 @@ def _sqlite_path(url: sa.URL) -> Path | None:
 
 
 def _precreate_private(path: Path) -> None:
-    """Create the database file 0600 before SQLite does, so it is never world-readable."""
+    """Create the database file 0600 before SQLite does, so it is never world-readable.
+    Only when it is missing: opening and closing an existing database file would drop the
+    POSIX locks SQLite holds on it in this process."""
+    if path.exists():
+        return
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except FileExistsError:
+        return  # another process made it first
     os.close(fd)
 
 

@@ -191,30 +191,43 @@ def load_settings() -> DeliverySettings:
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise BadInput(f"{path}: invalid settings: {exc}") from None
-    sinks_conf = data.get("sinks", {})
-    jsonl_conf = sinks_conf.get("jsonl", {})
-    hook_conf = sinks_conf.get("webhook", {})
+    def table(value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise BadInput(f"{path}: {where}: must be a table")
+        return value
+
+    sinks_conf = table(data.get("sinks", {}), "sinks")
+    jsonl_conf = table(sinks_conf.get("jsonl", {}), "sinks.jsonl")
+    hook_conf = table(sinks_conf.get("webhook", {}), "sinks.webhook")
+
+    def number(conf: dict[str, Any], key: str, default: float, kind: type, where: str,
+               least: float) -> Any:
+        try:
+            value = kind(conf.get(key, default))
+        except (TypeError, ValueError):
+            raise BadInput(f"{path}: {where}.{key}: {conf.get(key)!r} is not a number") from None
+        if value < least:
+            raise BadInput(f"{path}: {where}.{key}: must be at least {least}")
+        return value
+
     sinks: list[Any] = []
     if jsonl_conf.get("enabled", True):
         sinks.append(JsonlSink(
             Path(jsonl_conf.get("path") or settings.sbx_home() / "events.jsonl").expanduser(),
-            int(jsonl_conf.get("max_bytes", 10 * 1024**2)), int(jsonl_conf.get("backups", 3))))
+            number(jsonl_conf, "max_bytes", 10 * 1024**2, int, "sinks.jsonl", 1024),
+            number(jsonl_conf, "backups", 3, int, "sinks.jsonl", 0)))
+    timeout_s = number(hook_conf, "timeout_s", 5.0, float, "sinks.webhook", 0.1)
+    max_attempts = number(hook_conf, "max_attempts", 8, int, "sinks.webhook", 1)
+    backoff_s = number(hook_conf, "backoff_s", 2.0, float, "sinks.webhook", 0)
     url = os.environ.get("SBX_WEBHOOK_URL") or hook_conf.get("url")
     where = "SBX_WEBHOOK_URL" if os.environ.get("SBX_WEBHOOK_URL") else f"{path}: sinks.webhook.url"
     if url:
-        parts = urlsplit(url)
+        parts = urlsplit(str(url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise BadInput(f"{where}: {url!r} is not an http(s) URL")
         if not os.environ.get("SBX_WEBHOOK_SECRET"):
             raise BadInput("the webhook needs a signing secret: set SBX_WEBHOOK_SECRET")
-        sinks.append(WebhookSink(url, float(hook_conf.get("timeout_s", 5.0))))
-    try:
-        max_attempts = int(hook_conf.get("max_attempts", 8))
-        backoff_s = float(hook_conf.get("backoff_s", 2.0))
-    except (TypeError, ValueError) as exc:
-        raise BadInput(f"{path}: sinks.webhook: {exc}") from None
-    if max_attempts < 1 or backoff_s < 0:
-        raise BadInput(f"{path}: sinks.webhook: max_attempts >= 1 and backoff_s >= 0")
+        sinks.append(WebhookSink(str(url), timeout_s))
     return DeliverySettings(sinks, max_attempts, backoff_s)
 
 

@@ -11,6 +11,7 @@ read.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -239,7 +240,6 @@ class Reaper:
         self.concurrency = concurrency
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
-        self._executor: ThreadPoolExecutor | None = None
 
     def _adapter(self, backend: str) -> Adapter:
         if backend not in self.adapters:
@@ -319,9 +319,7 @@ class Reaper:
         return self._manager
 
     async def cycle(self) -> Report:
-        # blocking SDK calls run in threads: as many as the actions we run at once
-        self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="sbx-reap")
-        asyncio.get_running_loop().set_default_executor(self._executor)
+        _size_thread_pool(self.concurrency)
         report = Report()
         actions = await self.plan(report)
         if self.dry_run:
@@ -394,8 +392,19 @@ class Reaper:
         else:
             for adapter in self.adapters.values():
                 await adapter.close()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+
+
+
+_sized_loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _size_thread_pool(workers: int) -> None:
+    """Blocking SDK calls run in the loop's default thread pool: give it as many threads as
+    actions run at once, once per loop (asyncio.run shuts it down at the end)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _sized_loops:
+        loop.set_default_executor(ThreadPoolExecutor(workers, thread_name_prefix="sbx-reap"))
+        _sized_loops[loop] = workers
 
 
 async def run_every(make: Callable[[], Reaper], every: timedelta, stop: asyncio.Event,
