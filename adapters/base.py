@@ -47,6 +47,10 @@ class CapabilityNotSupported(AdapterError):
     """The backend does not offer this action (exit 4)."""
 
 
+class ArtifactRefused(AdapterError):
+    """An imported artifact is not what its archive says it is (exit 2; nothing loaded)."""
+
+
 class BackendObjectGone(AdapterError):
     """The backend no longer has the object (it was removed out of band)."""
 
@@ -207,7 +211,9 @@ class Adapter(abc.ABC):
         """Write the artifact to a file another host can import."""
         raise self._unsupported("export checkpoints")
 
-    async def import_artifact(self, path: str) -> str:
+    async def import_artifact(self, path: str, checkpoint_id: str) -> str:
+        """Load an exported artifact, refusing (ArtifactRefused) one that is not exactly the
+        artifact of `checkpoint_id` before anything is loaded."""
         raise self._unsupported("import checkpoints")
 
     def metrics(self, ref: str) -> AsyncIterator[MetricSample]:

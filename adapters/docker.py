@@ -28,6 +28,7 @@ from adapters.base import (
     Adapter,
     AdapterError,
     Artifact,
+    ArtifactRefused,
     BackendObject,
     BackendObjectGone,
     BackendUnavailable,
@@ -390,16 +391,19 @@ class DockerAdapter(Adapter):
 
         await self._call(save)
 
-    async def import_artifact(self, path: str) -> str:
+    async def import_artifact(self, path: str, checkpoint_id: str) -> str:
+        name = f"{CHECKPOINT_REPOSITORY}:{checkpoint_id}"
+        _check_saved_image(path, name)
+
         def load(api: docker.APIClient) -> str:
             with open(path, "rb") as data:
-                for line in api.load_image(data):
-                    text = line.get("stream", "") if isinstance(line, dict) else str(line)
-                    if "Loaded image:" in text:
-                        return text.split("Loaded image:")[1].strip()
-                    if "Loaded image ID:" in text:
-                        return text.split("Loaded image ID:")[1].strip()
-            raise AdapterError("docker loaded no image from the archive")
+                for _ in api.load_image(data):
+                    pass
+            labels = api.inspect_image(name)["Config"].get("Labels") or {}
+            if labels.get(LABEL_CHECKPOINT) != checkpoint_id:
+                api.remove_image(name, force=True)
+                raise ArtifactRefused(f"the image in the archive is not checkpoint {checkpoint_id}")
+            return name
 
         try:
             return await self._call(load)
@@ -419,6 +423,20 @@ class DockerAdapter(Adapter):
         if self._api is not None:
             self._api.close()
             self._api = None
+
+
+def _check_saved_image(path: str, name: str) -> None:
+    """A `docker save` archive holding exactly one image, tagged `name` and nothing else:
+    loading anything more could retag or replace images sbx does not own."""
+    try:
+        with tarfile.open(path) as tar:
+            manifest = json.load(tar.extractfile("manifest.json"))
+    except (tarfile.TarError, KeyError, OSError, TypeError, json.JSONDecodeError) as exc:
+        raise ArtifactRefused(f"the artifact is not a docker image archive: {exc}") from None
+    tags = [t for entry in manifest for t in (entry.get("RepoTags") or [])]
+    if len(manifest) != 1 or tags != [name]:
+        raise ArtifactRefused(f"the artifact must hold exactly the image {name}, "
+                              f"not {', '.join(tags) or 'an untagged image'}")
 
 
 def sample_from_stats(stats: Mapping[str, Any]) -> MetricSample:

@@ -275,7 +275,8 @@ class Checkpoints:
             raise Conflict(f"the {ckpt['backend']} backend cannot import checkpoints")
         with tempfile.TemporaryDirectory() as tmp, tarfile.open(path, "r:gz") as tar:
             tar.extract(members["artifact.tar"], tmp, filter="data")
-            artifact_ref = await adapter.import_artifact(str(Path(tmp) / "artifact.tar"))
+            artifact_ref = await adapter.import_artifact(str(Path(tmp) / "artifact.tar"),
+                                                         ckpt["id"])
         row = {k: ckpt.get(k) for k in ("id", "sandbox_id", "parent_id", "name", "kind",
                                         "backend", "profile", "profile_json", "size_bytes",
                                         "created_at", "expires_at")}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters import registry
+from adapters.base import Capability
 from core import settings
 from core.db import Database, redact
 from core.migrations import SCHEMA_HEAD
@@ -38,7 +39,7 @@ async def backend_report(name: str) -> dict[str, Any]:
         loaded=True,
         test_double=cls.test_double,
         description=cls.description,
-        capabilities=sorted(c.value for c in cls.capabilities),
+        capabilities=sorted(c.value for c in Capability if adapter.supports(c)),
         reachable=health.reachable,
         credentials=health.credentials,
         detail=health.detail,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from adapters.base import (
+    ArtifactRefused,
     BackendObjectGone,
     BackendUnavailable,
     CapabilityNotSupported,
@@ -60,6 +61,8 @@ def classify(exc: BaseException) -> tuple[int, str]:
     """(exit code, kind) for any exception the front ends may see."""
     if isinstance(exc, SbxError):
         return exc.exit_code, exc.kind
+    if isinstance(exc, ArtifactRefused):
+        return EXIT_BAD_INPUT, "bad_input"
     if isinstance(exc, BackendUnavailable):
         return EXIT_UNAVAILABLE, "unavailable"
     if isinstance(exc, CapabilityNotSupported):

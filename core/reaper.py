@@ -279,8 +279,7 @@ class Reaper:
                                         rows_outside=rows_by_ids(stray) if stray else {})
             if self.orphans:
                 orphans += plan_orphans(backend, objects, now)
-        if self.reap:
-            reconcile += await self._plan_checkpoints(unreachable, now)
+        reconcile += await self._plan_checkpoints(unreachable, now)
         reachable = [r for r in mine if r["backend"] not in unreachable]
         reap = plan_reap(reachable, now, self.warn_before) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
@@ -299,7 +298,7 @@ class Reaper:
             if cls.test_double or Capability.SNAPSHOT not in cls.capabilities:
                 continue
             mine = [r for r in rows if r["backend"] == backend]
-            due = any((r["expires_at"] and r["expires_at"] <= now_iso) or
+            due = any((self.reap and r["expires_at"] and r["expires_at"] <= now_iso) or
                       (r["state"] == "pending" and r["created_at"] <= grace_iso) for r in mine)
             if not due:
                 try:
@@ -364,7 +363,7 @@ class Reaper:
                 store = Checkpoints(mgr)
                 for change in await store.reconcile(action.backend, self.grace):
                     report.reconciled.append({**action.describe(), **change})
-                for ckpt in await store.prune():
+                for ckpt in (await store.prune()) if self.reap else []:
                     report.reconciled.append({**action.describe(), "checkpoint": ckpt,
                                               "action": "expired checkpoint removed"})
             elif action.kind == WARN:
