@@ -26,87 +26,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
-import os
-import platform
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import common
+from common import BenchContext, median, ms, p90, print_table, secs
 
 TARGET_RATIO = 1.3
 TARGET_OVERHEAD_S = 0.010
 TARGET_LS_S = 0.3
 SEED_COUNT = 1000
-IMAGE = "sandboxer/base:busybox"
-# the same limits as profiles/default.yaml (cpu 1, memory 512MiB without swap, pids 256)
-DOCKER_LIMITS = ["--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                 "--memory", "512m", "--memory-swap", "512m", "--cpus", "1",
-                 "--pids-limit", "256"]
-TIMEOUT_S = 120
 
 
-# -- small helpers ---------------------------------------------------------------------------
-
-
-def median(xs: Sequence[float]) -> float:
-    return statistics.median(xs) if xs else math.nan
-
-
-def p90(xs: Sequence[float]) -> float:
-    """Nearest-rank 90th percentile (for 10 samples: the 9th smallest)."""
-    if not xs:
-        return math.nan
-    ordered = sorted(xs)
-    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
-
-
-def ms(seconds: float) -> str:
-    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
-
-
-def secs(seconds: float) -> str:
-    return "-" if seconds is None or math.isnan(seconds) else f"{seconds:.3f} s"
-
-
-def print_table(headers: list[str], rows: list[list[Any]], title: str | None = None) -> None:
-    body = [[str(v) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
-    if title:
-        print(f"\n{title}")
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    print(line.rstrip())
-    print("  ".join("-" * w for w in widths))
-    for r in body:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-
-
-class CommandFailed(RuntimeError):
-    pass
-
-
-def run_cmd(argv: Sequence[str], *, env: dict[str, str] | None = None,
-            cwd: Path | None = None, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
-    """Run one command; return (wall seconds, result). Raises CommandFailed on a non-zero exit."""
-    started = time.perf_counter()
-    proc = subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
-    elapsed = time.perf_counter() - started
-    if check and proc.returncode != 0:
-        raise CommandFailed(f"{' '.join(argv)} exited {proc.returncode}: "
-                            f"{(proc.stderr or proc.stdout).strip()[:500]}")
-    return elapsed, proc
+# -- in-process timing -----------------------------------------------------------------------
 
 
 class Timer:
@@ -162,83 +99,43 @@ class Timer:
 # -- the run context -------------------------------------------------------------------------
 
 
-class Context:
+class Context(BenchContext):
     def __init__(self, rounds: int) -> None:
+        super().__init__("sbx-bench-")
         self.rounds = rounds
-        self.run_id = uuid.uuid4().hex[:12]
-        self.label = f"sbx-bench={self.run_id}"
-        self._tmp = tempfile.TemporaryDirectory(prefix="sbx-bench-")
-        self.tmp = Path(self._tmp.name)
-        sbx = Path(sys.executable).parent / "sbx"
-        self.sbx = [str(sbx)] if sbx.exists() else [sys.executable, "-m", "sandboxer_tui.cli"]
-        # what this run made and has not removed yet: sbx id -> SBX_HOME; docker container ids
+        # what this run made and has not removed yet: sbx id -> SBX_HOME (containers: in the base)
         self.sbx_live: dict[str, Path] = {}
-        self.docker_live: set[str] = set()
-        self.cleanup_notes: list[str] = []
-
-    def home(self, name: str) -> Path:
-        path = self.tmp / name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def sbx_env(self, home: Path) -> dict[str, str]:
-        """Explicit environment for sbx subprocesses: our own SBX_HOME and config dir, no other SBX_*."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-        env["SBX_HOME"] = str(home)
-        env["XDG_CONFIG_HOME"] = str(self.tmp / "xdg-config")
-        env["SBX_ACTOR"] = "sbx-bench"
-        return env
 
     def cleanup(self) -> None:
         for sid, home in list(self.sbx_live.items()):
             try:
-                run_cmd([*self.sbx, "destroy", "--yes", sid], env=self.sbx_env(home), cwd=self.tmp)
+                self.run_sbx(self.sbx_env(home), "destroy", "--yes", sid)
                 self.sbx_live.pop(sid)
-                self.cleanup_notes.append(f"cleanup: sbx destroy {sid}")
+                self.notes.append(f"cleanup: sbx destroy {sid}")
             except Exception as exc:  # keep going; reported below
-                self.cleanup_notes.append(f"cleanup: sbx destroy {sid} FAILED: {exc}")
-        if self.docker_live:
-            ids = sorted(self.docker_live)
-            _, proc = run_cmd(["docker", "rm", "-f", *ids], check=False)
-            self.cleanup_notes.append(f"cleanup: docker rm -f {len(ids)} container(s): rc {proc.returncode}")
-            if proc.returncode == 0:
-                self.docker_live.clear()
-        # last check: anything still carrying this run's unique label is ours; remove it by id
-        _, proc = run_cmd(["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={self.label}"],
-                          check=False)
-        left = proc.stdout.split()
-        if left:
-            run_cmd(["docker", "rm", "-f", *left], check=False)
-            self.cleanup_notes.append(f"cleanup: {len(left)} leftover container(s) with "
-                                      f"{self.label} removed by id: {' '.join(i[:12] for i in left)}")
-        self._tmp.cleanup()
+                self.notes.append(f"cleanup: sbx destroy {sid} FAILED: {exc}")
+        super().cleanup()
 
 
 # -- 1. CLI create+destroy vs raw docker -----------------------------------------------------
 
 
 def bench_cli(ctx: Context) -> dict[str, Any]:
-    from adapters.docker import KEEPALIVE  # ["sh", "-c", "<script>"]
-
     home = ctx.home("cli-home")
     env = ctx.sbx_env(home)
 
     def sbx_round() -> tuple[float, float]:
-        t_create, proc = run_cmd([*ctx.sbx, "create", "--label", ctx.label, "--json"],
-                                 env=env, cwd=ctx.tmp)
+        t_create, proc = ctx.run_sbx(env, "create", "--label", ctx.label, "--json")
         sid = json.loads(proc.stdout)["id"]
         ctx.sbx_live[sid] = home
-        t_destroy, _ = run_cmd([*ctx.sbx, "destroy", "--yes", sid], env=env, cwd=ctx.tmp)
+        t_destroy, _ = ctx.run_sbx(env, "destroy", "--yes", sid)
         ctx.sbx_live.pop(sid, None)
         return t_create, t_destroy
 
     def docker_round() -> tuple[float, float]:
-        t_run, proc = run_cmd(["docker", "run", "-d", *DOCKER_LIMITS, "--label", ctx.label,
-                               IMAGE, *KEEPALIVE])
-        cid = proc.stdout.split()[-1]
-        ctx.docker_live.add(cid)
-        t_rm, _ = run_cmd(["docker", "rm", "-f", cid])
-        ctx.docker_live.discard(cid)
+        t_run, cid = ctx.docker_run()
+        t_rm, _ = ctx.run(["docker", "rm", "-f", cid])
+        ctx.containers.discard(cid)
         return t_run, t_rm
 
     # warm-up, not counted: the first sbx create makes and migrates the database
@@ -256,9 +153,9 @@ def bench_cli(ctx: Context) -> dict[str, Any]:
     sbx_total = [c + d for c, d in zip(sbx_c, sbx_d, strict=True)]
     dock_total = [c + d for c, d in zip(dock_c, dock_d, strict=True)]
 
-    version = [run_cmd([*ctx.sbx, "--version"], env=env, cwd=ctx.tmp)[0] for _ in range(ctx.rounds)]
-    pypass = [run_cmd([sys.executable, "-c", "pass"])[0] for _ in range(ctx.rounds)]
-    dversion = [run_cmd(["docker", "--version"])[0] for _ in range(ctx.rounds)]
+    version = [ctx.run_sbx(env, "--version")[0] for _ in range(ctx.rounds)]
+    pypass = [ctx.python_pass_s() for _ in range(ctx.rounds)]
+    dversion = [ctx.run(["docker", "--version"])[0] for _ in range(ctx.rounds)]
 
     ratio = median(sbx_total) / median(dock_total)
     result = {
@@ -318,7 +215,6 @@ async def bench_manager(ctx: Context) -> dict[str, Any]:
     inside.wrap_async(adapter, ["ensure_available", "create", "destroy", "list"])
     dbt = Timer()
     dbt.wrap_cm(db, ["write", "read"])
-    labels = dict([ctx.label.split("=", 1)])
     live: dict[str, str | None] = {}  # sbx id -> backend ref
 
     async def one_round() -> dict[str, float]:
@@ -326,7 +222,7 @@ async def bench_manager(ctx: Context) -> dict[str, Any]:
         inside.reset()
         dbt.reset()
         started = time.perf_counter()
-        row = await mgr.create(profile, labels=labels)
+        row = await mgr.create(profile, labels=ctx.labels)
         out["create_total"] = time.perf_counter() - started
         live[row["id"]] = row["backend_ref"]
         out["create_adapter"] = inside.total
@@ -355,7 +251,7 @@ async def bench_manager(ctx: Context) -> dict[str, Any]:
             try:
                 await mgr.destroy(sid)
             except Exception as exc:
-                ctx.cleanup_notes.append(f"cleanup: Manager.destroy {sid} failed ({exc}); "
+                ctx.notes.append(f"cleanup: Manager.destroy {sid} failed ({exc}); "
                                          f"removing {ref} directly")
                 if ref:
                     await adapter.destroy(ref)
@@ -397,7 +293,7 @@ async def bench_manager(ctx: Context) -> dict[str, Any]:
 # -- 3. sbx ls with 1,000 sandboxes ----------------------------------------------------------
 
 
-async def seed(home: Path, count: int, label: str) -> float:
+async def seed(home: Path, count: int, labels: dict[str, str]) -> float:
     from core.db import Database
     from core.manager import Manager
     from core.profiles import ProfileLoader
@@ -407,7 +303,6 @@ async def seed(home: Path, count: int, label: str) -> float:
                             "backend: stub\n")
     profile = ProfileLoader().load_file(profile_file)
     mgr = Manager(Database(f"sqlite:///{home / 'sbx.db'}"), actor="sbx-bench")
-    labels = dict([label.split("=", 1)])
     started = time.perf_counter()
     try:
         for _ in range(count):
@@ -420,17 +315,17 @@ async def seed(home: Path, count: int, label: str) -> float:
 def bench_ls(ctx: Context) -> dict[str, Any]:
     home = ctx.home("ls-home")
     env = ctx.sbx_env(home)
-    seed_s = asyncio.run(seed(home, SEED_COUNT, ctx.label))
-    _, proc = run_cmd([*ctx.sbx, "ls", "--json"], env=env, cwd=ctx.tmp)  # check + warm-up
+    seed_s = asyncio.run(seed(home, SEED_COUNT, ctx.labels))
+    _, proc = ctx.run_sbx(env, "ls", "--json")  # check + warm-up
     listed = len(json.loads(proc.stdout))
     if listed != SEED_COUNT:
         raise RuntimeError(f"sbx ls --json listed {listed} sandboxes, expected {SEED_COUNT}")
     ls_json, ls_table, pypass = [], [], []
     for _ in range(ctx.rounds):
-        ls_json.append(run_cmd([*ctx.sbx, "ls", "--json"], env=env, cwd=ctx.tmp)[0])
-        ls_table.append(run_cmd([*ctx.sbx, "ls"], env=env, cwd=ctx.tmp)[0])
-        pypass.append(run_cmd([sys.executable, "-c", "pass"])[0])
-    version = [run_cmd([*ctx.sbx, "--version"], env=env, cwd=ctx.tmp)[0] for _ in range(ctx.rounds)]
+        ls_json.append(ctx.run_sbx(env, "ls", "--json")[0])
+        ls_table.append(ctx.run_sbx(env, "ls")[0])
+        pypass.append(ctx.python_pass_s())
+    version = [ctx.run_sbx(env, "--version")[0] for _ in range(ctx.rounds)]
     result = {
         "sandboxes": SEED_COUNT, "seed_s": seed_s, "seed_per_create_s": seed_s / SEED_COUNT,
         "ls_json_s": ls_json, "ls_s": ls_table, "python_pass_s": pypass, "sbx_version_s": version,
@@ -554,7 +449,7 @@ def bench_phases(ctx: Context, rounds: int = 3) -> dict[str, Any]:
     runs = []
     for i in range(rounds + 1):  # the first one migrates the database: not counted
         spawned = time.time()
-        wall, proc = run_cmd([sys.executable, "-c", PROBE, ctx.label], env=env, cwd=ctx.tmp)
+        wall, proc = ctx.run([sys.executable, "-c", PROBE, ctx.label], env=env, cwd=ctx.tmp)
         reaped = time.time()
         data = json.loads(proc.stdout.strip().splitlines()[-1])
         if i:
@@ -588,18 +483,11 @@ def bench_phases(ctx: Context, rounds: int = 3) -> dict[str, Any]:
 
 def import_profile(ctx: Context, home: Path, top: int = 10) -> dict[str, Any]:
     env = ctx.sbx_env(home)
-    _, proc = run_cmd([sys.executable, "-X", "importtime", "-m", "sandboxer_tui.cli", "ls", "--json"],
+    _, proc = ctx.run([sys.executable, "-X", "importtime", "-m", "sandboxer_tui.cli", "ls", "--json"],
                       env=env, cwd=ctx.tmp)
-    entries = []
-    for line in proc.stderr.splitlines():
-        if not line.startswith("import time:") or "self [us]" in line:
-            continue
-        self_us, cum_us, raw = line.split(":", 1)[1].split("|")
-        name = raw[1:]  # one space after the bar, then two per level of nesting
-        entries.append({"module": name.strip(), "depth": (len(name) - len(name.lstrip())) // 2,
-                        "self_us": int(self_us), "cumulative_us": int(cum_us)})
+    entries = common.parse_importtime(proc.stderr)
     total_us = sum(e["self_us"] for e in entries)
-    top_level = sorted((e for e in entries if e["depth"] == 0), key=lambda e: -e["cumulative_us"])
+    top_level = common.top_level_imports(entries)
     by_self = sorted(entries, key=lambda e: -e["self_us"])
     print_table(["top-level import (cumulative)", "ms", "", "module (self time)", "ms"],
                 [[a["module"], f"{a['cumulative_us'] / 1000:.1f}", "", b["module"],
@@ -614,25 +502,6 @@ def import_profile(ctx: Context, home: Path, top: int = 10) -> dict[str, Any]:
 # -- main ------------------------------------------------------------------------------------
 
 
-def preflight() -> dict[str, Any]:
-    _, proc = run_cmd(["docker", "version", "--format", "{{.Server.Version}}"])
-    _, img = run_cmd(["docker", "image", "inspect", "--format", "{{.Id}}", IMAGE], check=False)
-    if img.returncode != 0:
-        raise SystemExit(f"the base image {IMAGE} is not on the engine; `make image` builds it")
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
-                                capture_output=True, text=True).stdout.strip())
-    return {"docker_server": proc.stdout.strip(), "python": platform.python_version(),
-            "platform": platform.platform(), "cpus": os.cpu_count(),
-            "git_commit": commit + ("+dirty" if dirty else ""),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
-def verdict(value: float, target: float) -> str:
-    return "PASS" if value <= target else "MISS"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10, help="rounds per measurement (default 10)")
@@ -641,31 +510,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
 
-    meta = preflight()
+    meta = common.preflight()
     ctx = Context(args.rounds)
-    # this process's own sbx state, away from the user's
-    for key in [k for k in os.environ if k.startswith("SBX_")]:
-        del os.environ[key]
-    os.environ["SBX_HOME"] = str(ctx.home("inproc-home"))
-    os.environ["XDG_CONFIG_HOME"] = str(ctx.tmp / "xdg-config")
     meta.update(run_id=ctx.run_id, label=ctx.label, rounds=args.rounds, sbx=" ".join(ctx.sbx))
-    print(f"sbx lifecycle benchmark  run {ctx.run_id}  commit {meta['git_commit']}  "
-          f"docker {meta['docker_server']}  python {meta['python']}  {meta['cpus']} cpus")
+    common.print_banner("lifecycle", ctx, meta)
 
     started = time.perf_counter()
     results: dict[str, Any] = {"meta": meta}
     try:
-        results["cli"] = bench_cli(ctx)
-        results["manager"] = asyncio.run(bench_manager(ctx))
-        results["ls"] = bench_ls(ctx)
-        results["phases"] = bench_phases(ctx)
-        results["imports"] = import_profile(ctx, results["ls"].pop("home"))
+        # this process's own sbx state, away from the user's
+        with ctx.in_process(ctx.home("inproc-home")):
+            results["cli"] = bench_cli(ctx)
+            results["manager"] = asyncio.run(bench_manager(ctx))
+            results["ls"] = bench_ls(ctx)
+            results["phases"] = bench_phases(ctx)
+            results["imports"] = import_profile(ctx, results["ls"].pop("home"))
     finally:
         ctx.cleanup()
-        for note in ctx.cleanup_notes:
-            print(note, file=sys.stderr)
-        if ctx.sbx_live or ctx.docker_live:
-            print(f"WARNING: not removed: {sorted(ctx.sbx_live)} {sorted(ctx.docker_live)}",
+        common.print_notes(ctx)
+        if ctx.sbx_live or ctx.containers:
+            print(f"WARNING: not removed: {sorted(ctx.sbx_live)} {sorted(ctx.containers)}",
                   file=sys.stderr)
 
     cli, mgr, ls = results["cli"], results["manager"], results["ls"]
@@ -685,22 +549,14 @@ def main(argv: list[str] | None = None) -> int:
         (f"sbx ls, {SEED_COUNT} sandboxes, median", ls["median"]["ls"], TARGET_LS_S,
          secs(ls["median"]["ls"]), f"<= {TARGET_LS_S} s"),
     ]
-    rows = [[name, shown, target_text, verdict(value, target)]
-            for name, value, target, shown, target_text in summary]
-    rows += [
+    info = [
         ["  for reference: sbx create+destroy / docker run+rm (medians)",
          f"{ms(cli['median']['sbx_total'])} / {ms(cli['median']['docker_total'])}", "", "info"],
         ["  for reference: sbx --version / python -c pass (medians)",
          f"{ms(cli['median']['sbx_version'])} / {ms(cli['median']['python_pass'])}", "", "info"],
     ]
-    print_table(["measurement", "value", "target", "result"], rows,
-                title=f"SUMMARY (run {ctx.run_id}, {time.perf_counter() - started:.0f} s)")
-    results["summary"] = [{"measurement": n, "value": v, "target": t, "pass": v <= t}
-                          for n, v, t, _, _ in summary]
-    results["elapsed_s"] = time.perf_counter() - started
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print(f"results written to {args.json}")
+    common.finish(results, summary, info, run_id=ctx.run_id, started=started,
+                  json_path=args.json)
     return 0
 
 

@@ -26,161 +26,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
-import os
-import platform
 import sqlite3
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import common
+from common import BenchContext, median, ms, print_table, secs
 
 TARGET_RATIO = 1.3
 TARGET_IDLE_S = 0.3
-IMAGE = "sandboxer/base:busybox"
-# the same limits as profiles/default.yaml (cpu 1, memory 512MiB without swap, pids 256)
-DOCKER_LIMITS = ["--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                 "--memory", "512m", "--memory-swap", "512m", "--cpus", "1",
-                 "--pids-limit", "256"]
 TIMEOUT_S = 600
 CREATE_PARALLEL = 8
 
 
-# -- small helpers ---------------------------------------------------------------------------
+# -- the run's sandboxes and containers ------------------------------------------------------
 
 
-def median(xs: Sequence[float]) -> float:
-    return statistics.median(xs) if xs else math.nan
-
-
-def ms(seconds: float) -> str:
-    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
-
-
-def secs(seconds: float) -> str:
-    return "-" if seconds is None or math.isnan(seconds) else f"{seconds:.3f} s"
-
-
-def print_table(headers: list[str], rows: list[list[Any]], title: str | None = None) -> None:
-    body = [[str(v) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
-    if title:
-        print(f"\n{title}")
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
-    print("  ".join("-" * w for w in widths))
-    for r in body:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-
-
-class CommandFailed(RuntimeError):
-    pass
-
-
-def run_cmd(argv: Sequence[str], *, env: dict[str, str] | None = None,
-            cwd: Path | None = None, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
-    """Run one command; return (wall seconds, result). Raises CommandFailed on a non-zero exit."""
-    started = time.perf_counter()
-    proc = subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
-    elapsed = time.perf_counter() - started
-    if check and proc.returncode != 0:
-        raise CommandFailed(f"{' '.join(argv[:6])}{' ...' if len(argv) > 6 else ''} exited "
-                            f"{proc.returncode}: {(proc.stderr or proc.stdout).strip()[:500]}")
-    return elapsed, proc
-
-
-def verdict(value: float, target: float) -> str:
-    return "PASS" if value <= target else "MISS"
-
-
-# -- the run context -------------------------------------------------------------------------
-
-
-class Context:
+class Context(BenchContext):
     def __init__(self) -> None:
-        self.run_id = uuid.uuid4().hex[:12]
-        self.label = f"sbx-bench={self.run_id}"
-        self._tmp = tempfile.TemporaryDirectory(prefix="sbx-bench-reap-")
-        self.tmp = Path(self._tmp.name)
-        sbx = Path(sys.executable).parent / "sbx"
-        self.sbx = [str(sbx)] if sbx.exists() else [sys.executable, "-m", "sandboxer_tui.cli"]
-        self.containers: set[str] = set()  # every container id this run made and may still hold
-        self.notes: list[str] = []
-
-    def home(self, name: str) -> Path:
-        path = self.tmp / name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def sbx_env(self, home: Path, **extra: str) -> dict[str, str]:
-        """Explicit environment for sbx subprocesses: our SBX_HOME and config dir, no other SBX_*."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-        env.update(SBX_HOME=str(home), XDG_CONFIG_HOME=str(self.tmp / "xdg-config"),
-                   SBX_ACTOR="sbx-bench", **extra)
-        return env
-
-    def still_present(self, ids: set[str]) -> set[str]:
-        if not ids:
-            return set()
-        _, proc = run_cmd(["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={self.label}"])
-        return ids & set(proc.stdout.split())
-
-    def cleanup(self) -> None:
-        left = self.still_present(self.containers) if self.containers else set()
-        if left:
-            _, proc = run_cmd(["docker", "rm", "-f", *sorted(left)], check=False)
-            self.notes.append(f"cleanup: docker rm -f {len(left)} container(s) of this run: "
-                              f"rc {proc.returncode}")
-        self.containers.clear()
-        # last check: anything still carrying this run's unique label is ours; remove it by id
-        _, proc = run_cmd(["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={self.label}"],
-                          check=False)
-        stray = proc.stdout.split()
-        if stray:
-            run_cmd(["docker", "rm", "-f", *stray], check=False)
-            self.notes.append(f"cleanup: {len(stray)} leftover container(s) with {self.label} "
-                              f"removed by id: {' '.join(i[:12] for i in stray)}")
-        self._tmp.cleanup()
-
-
-@contextmanager
-def sbx_home_env(ctx: Context, home: Path) -> Iterator[None]:
-    """This process acts as an sbx client of `home` (its database and installation id)."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SBX_") or k == "XDG_CONFIG_HOME"}
-    for key in [k for k in os.environ if k.startswith("SBX_")]:
-        del os.environ[key]
-    os.environ.update(SBX_HOME=str(home), XDG_CONFIG_HOME=str(ctx.tmp / "xdg-config"),
-                      SBX_ACTOR="sbx-bench")
-    try:
-        yield
-    finally:
-        for key in [k for k in os.environ if k.startswith("SBX_")]:
-            del os.environ[key]
-        os.environ.pop("XDG_CONFIG_HOME", None)
-        os.environ.update(saved)
+        super().__init__("sbx-bench-reap-", timeout=TIMEOUT_S)
 
 
 def make_sandboxes(ctx: Context, home: Path, count: int, ttl: str | None) -> tuple[list[str], float]:
     """`count` docker sandboxes in `home`'s database through Manager.create, CREATE_PARALLEL at
     a time. Returns (sandbox ids, seconds). Every container id is recorded for cleanup."""
-    with sbx_home_env(ctx, home):
+    with ctx.in_process(home):
         from core.durations import parse_duration
         from core.manager import Manager
         from core.profiles import ProfileLoader
 
         profile = ProfileLoader().load("default")
-        key, value = ctx.label.split("=", 1)
 
         async def main() -> list[str]:
             mgr = Manager()
@@ -189,7 +67,7 @@ def make_sandboxes(ctx: Context, home: Path, count: int, ttl: str | None) -> tup
             async def one() -> str:
                 async with gate:
                     row = await mgr.create(profile, ttl=parse_duration(ttl) if ttl else None,
-                                           labels={key: value})
+                                           labels=ctx.labels)
                 ctx.containers.add(row["backend_ref"])
                 return row["id"]
 
@@ -218,18 +96,9 @@ def states(home: Path) -> dict[str, int]:
 
 def docker_containers(ctx: Context, count: int) -> tuple[list[str], float]:
     """`count` containers equivalent to sbx's (same image, limits, command), made in parallel."""
-    from adapters.docker import KEEPALIVE
-
-    def one(_: int) -> str:
-        _, proc = run_cmd(["docker", "run", "-d", *DOCKER_LIMITS, "--label", ctx.label,
-                           IMAGE, *KEEPALIVE])
-        cid = proc.stdout.split()[-1]
-        ctx.containers.add(cid)
-        return cid
-
     started = time.perf_counter()
     with ThreadPoolExecutor(CREATE_PARALLEL) as pool:
-        ids = list(pool.map(one, range(count)))
+        ids = [cid for _, cid in pool.map(lambda _: ctx.docker_run(), range(count))]
     return ids, time.perf_counter() - started
 
 
@@ -242,8 +111,7 @@ def bench_mass(ctx: Context, rounds: int, count: int) -> dict[str, Any]:
         home = ctx.home(f"mass-home-{r}")
         ids, made_s = make_sandboxes(ctx, home, count, "1m")
         refs = set(ctx.containers)
-        reap_s, proc = run_cmd([*ctx.sbx, "reap", "--json"],
-                               env=ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m"), cwd=ctx.tmp)
+        reap_s, proc = ctx.run_sbx(ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m"), "reap", "--json")
         report = json.loads(proc.stdout)
         left = ctx.still_present(refs)
         if sorted(report["destroyed"]) != sorted(ids) or report["failed"] or left:
@@ -254,7 +122,7 @@ def bench_mass(ctx: Context, rounds: int, count: int) -> dict[str, Any]:
         ctx.containers -= refs
 
         cids, dmade_s = docker_containers(ctx, count)
-        rm_s, _ = run_cmd(["docker", "rm", "-f", *cids])
+        rm_s, _ = ctx.run(["docker", "rm", "-f", *cids])
         left = ctx.still_present(set(cids))
         if left:
             raise RuntimeError(f"docker rm -f left {len(left)} container(s)")
@@ -287,19 +155,19 @@ def bench_idle(ctx: Context, runs: int, live: int) -> dict[str, Any]:
     home = ctx.home("idle-home")
     ids, made_s = make_sandboxes(ctx, home, live, None)  # the profile's 30m default
     env = ctx.sbx_env(home)
-    run_cmd([*ctx.sbx, "reap"], env=env, cwd=ctx.tmp)  # warm-up, not counted
+    ctx.run_sbx(env, "reap")  # warm-up, not counted
     reap, pypass, version = [], [], []
     for _ in range(runs):
-        t, proc = run_cmd([*ctx.sbx, "reap"], env=env, cwd=ctx.tmp)
+        t, proc = ctx.run_sbx(env, "reap")
         if proc.stdout.strip() or proc.stderr.strip():
             raise RuntimeError(f"sbx reap with nothing to do said something: "
                                f"{(proc.stdout + proc.stderr).strip()[:300]}")
         reap.append(t)
-        pypass.append(run_cmd([sys.executable, "-c", "pass"])[0])
-        version.append(run_cmd([*ctx.sbx, "--version"], env=env, cwd=ctx.tmp)[0])
+        pypass.append(ctx.python_pass_s())
+        version.append(ctx.run_sbx(env, "--version")[0])
     if states(home) != {"running": live}:
         raise RuntimeError(f"an idle reap changed the database: {states(home)}")
-    _, dry = run_cmd([*ctx.sbx, "reap", "--dry-run", "--json"], env=env, cwd=ctx.tmp)
+    _, dry = ctx.run_sbx(env, "reap", "--dry-run", "--json")
     planned = json.loads(dry.stdout).get("planned", [])
     result = {"live": live, "runs": runs, "sbx_reap_s": reap, "python_pass_s": pypass,
               "sbx_version_s": version, "made_s": made_s, "planned": planned,
@@ -321,18 +189,11 @@ def bench_idle(ctx: Context, runs: int, live: int) -> dict[str, Any]:
 
 def import_profile(ctx: Context, home: Path, top: int = 8) -> dict[str, Any]:
     """Where an idle `sbx reap` spends its imports (python -X importtime, one run)."""
-    _, proc = run_cmd([sys.executable, "-X", "importtime", "-m", "sandboxer_tui.cli", "reap"],
+    _, proc = ctx.run([sys.executable, "-X", "importtime", "-m", "sandboxer_tui.cli", "reap"],
                       env=ctx.sbx_env(home), cwd=ctx.tmp)
-    entries = []
-    for line in proc.stderr.splitlines():
-        if not line.startswith("import time:") or "self [us]" in line:
-            continue
-        self_us, cum_us, raw = line.split(":", 1)[1].split("|")
-        name = raw[1:]
-        entries.append({"module": name.strip(), "depth": (len(name) - len(name.lstrip())) // 2,
-                        "self_us": int(self_us), "cumulative_us": int(cum_us)})
+    entries = common.parse_importtime(proc.stderr)
     total_us = sum(e["self_us"] for e in entries)
-    top_level = sorted((e for e in entries if e["depth"] == 0), key=lambda e: -e["cumulative_us"])
+    top_level = common.top_level_imports(entries)
     print_table(["top-level import of an idle `sbx reap` (cumulative)", "ms"],
                 [[e["module"], f"{e['cumulative_us'] / 1000:.1f}"] for e in top_level[:top]],
                 title=f"3. Imports of an idle `sbx reap` ({len(entries)} modules, "
@@ -346,21 +207,6 @@ def import_profile(ctx: Context, home: Path, top: int = 8) -> dict[str, Any]:
 
 
 # -- main ------------------------------------------------------------------------------------
-
-
-def preflight() -> dict[str, Any]:
-    _, proc = run_cmd(["docker", "version", "--format", "{{.Server.Version}}"])
-    _, img = run_cmd(["docker", "image", "inspect", "--format", "{{.Id}}", IMAGE], check=False)
-    if img.returncode != 0:
-        raise SystemExit(f"the base image {IMAGE} is not on the engine; `make image` builds it")
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
-                                capture_output=True, text=True).stdout.strip())
-    return {"docker_server": proc.stdout.strip(), "python": platform.python_version(),
-            "platform": platform.platform(), "cpus": os.cpu_count(),
-            "git_commit": commit + ("+dirty" if dirty else ""),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,13 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
-    meta = preflight()
+    meta = common.preflight(TIMEOUT_S)
     ctx = Context()
     meta.update(run_id=ctx.run_id, label=ctx.label, sbx=" ".join(ctx.sbx), rounds=args.rounds,
                 count=args.count)
-    print(f"sbx reap benchmark  run {ctx.run_id}  commit {meta['git_commit']}  "
-          f"docker {meta['docker_server']}  python {meta['python']}  {meta['cpus']} cpus",
-          flush=True)
+    common.print_banner("reap", ctx, meta)
 
     started = time.perf_counter()
     results: dict[str, Any] = {"meta": meta}
@@ -395,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         results["imports"] = import_profile(ctx, results["idle"].pop("home"))
     finally:
         ctx.cleanup()
-        for note in ctx.notes:
-            print(note, file=sys.stderr)
+        common.print_notes(ctx)
 
     mass, idle = results["mass"], results["idle"]
     summary = [
@@ -406,23 +249,15 @@ def main(argv: list[str] | None = None) -> int:
          idle["median"]["sbx_reap"], TARGET_IDLE_S, secs(idle["median"]["sbx_reap"]),
          f"<= {TARGET_IDLE_S} s"),
     ]
-    rows = [[name, shown, target_text, verdict(value, target)]
-            for name, value, target, shown, target_text in summary]
-    rows += [
+    info = [
         ["  for reference: sbx reap / docker rm -f (medians)",
          f"{secs(mass['sbx_reap_median_s'])} / {secs(mass['docker_rm_median_s'])}", "", "info"],
         ["  for reference: python -c pass / sbx --version (medians)",
          f"{secs(idle['median']['python_pass'])} / {secs(idle['median']['sbx_version'])}", "",
          "info"],
     ]
-    print_table(["measurement", "value", "target", "result"], rows,
-                title=f"SUMMARY (run {ctx.run_id}, {time.perf_counter() - started:.0f} s)")
-    results["summary"] = [{"measurement": n, "value": v, "target": t, "pass": v <= t}
-                          for n, v, t, _, _ in summary]
-    results["elapsed_s"] = time.perf_counter() - started
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print(f"results written to {args.json}")
+    common.finish(results, summary, info, run_id=ctx.run_id, started=started,
+                  json_path=args.json)
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -76,9 +77,45 @@ def sbx(sbx_home: Path, tmp_path: Path) -> Iterator[SbxRunner]:
     remove_test_containers(sbx_home)
 
 
+def one_json(out: str):
+    """stdout holds exactly one JSON document and nothing else."""
+    decoder = json.JSONDecoder()
+    text = out.strip()
+    assert text, "nothing on stdout, expected one JSON document"
+    doc, end = decoder.raw_decode(text)
+    assert text[end:].strip() == "", f"more than one JSON document on stdout: {out!r}"
+    return doc
+
+
+def write_profile(folder: Path, name: str, body: str) -> Path:
+    """A profile file `name`.yaml in `folder`; its path."""
+    path = folder / f"{name}.yaml"
+    path.write_text(body)
+    return path
+
+
+def events_of(sbx: SbxRunner, sandbox_id: str) -> list[dict]:
+    """`sbx events ID --json`, which must succeed: the sandbox's events, oldest first."""
+    result = sbx("events", sandbox_id, "--json")
+    assert result.code == 0, result.err
+    return result.json()
+
+
+def show(sbx: SbxRunner, sandbox_id: str) -> dict:
+    """`sbx show ID --json`, which must succeed: the sandbox as the CLI reports it."""
+    result = sbx("show", sandbox_id, "--json")
+    assert result.code == 0, result.err
+    return result.json()
+
+
 def install_id_of(home: Path) -> str | None:
     path = home / "install-id"
     return path.read_text().strip() if path.exists() else None
+
+
+def containers_of(docker_api, install: str) -> list[dict]:
+    """Every container on the engine (running or not) made by the installation `install`."""
+    return docker_api.containers(all=True, filters={"label": [f"sbx.install={install}"]})
 
 
 def remove_test_containers(home: Path) -> None:
@@ -92,12 +129,46 @@ def remove_test_containers(home: Path) -> None:
         return
     try:
         api = docker.APIClient(version="auto")
-        found = api.containers(all=True, filters={"label": [f"sbx.install={install}"]})
-        for info in found:
+        for info in containers_of(api, install):
             api.remove_container(info["Id"], force=True, v=True)
         api.close()
     except docker.errors.DockerException:
         pass
+
+
+# -- reading the installation's database directly (read-only) -------------------------------
+
+
+def _connect(home: Path) -> sqlite3.Connection:
+    """A read-only connection to `home`'s database (it must exist)."""
+    path = home / "sbx.db"
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+
+
+def query(home: Path, sql: str, *params) -> list[dict]:
+    """The rows of one read-only query on `home`'s database, as dicts."""
+    conn = _connect(home)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params).fetchall()]
+    finally:
+        conn.close()
+
+
+def table_rows(home: Path, table: str) -> list[tuple]:
+    """Every row of a table, in primary-key order; [] when the database or the table does not
+    exist yet."""
+    if not (home / "sbx.db").exists():
+        return []
+    conn = _connect(home)
+    try:
+        return conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
+    finally:
+        conn.close()
 
 
 @pytest.fixture

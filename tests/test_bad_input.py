@@ -8,12 +8,11 @@ offending thing, and an identical snapshot afterwards.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import install_id_of
+from conftest import containers_of, install_id_of, table_rows
 
 pytestmark = pytest.mark.docker
 
@@ -21,27 +20,9 @@ pytestmark = pytest.mark.docker
 # -- the snapshot of "everything that could change" ----------------------------------------
 
 
-def table_rows(home: Path, table: str) -> list[tuple]:
-    path = home / "sbx.db"
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        return conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc):
-            return []
-        raise
-    finally:
-        conn.close()
-
-
 def snapshot(home: Path, docker_api) -> dict:
     install = install_id_of(home)
-    containers = sorted(
-        c["Id"] for c in docker_api.containers(
-            all=True, filters={"label": [f"sbx.install={install}"]})
-    ) if install else []
+    containers = sorted(c["Id"] for c in containers_of(docker_api, install)) if install else []
     return {
         "sandboxes": table_rows(home, "sandboxes"),
         "events": table_rows(home, "events"),

@@ -33,8 +33,9 @@ from conftest import RUN_ID, SBX, Result, install_id_of, one_json, table_rows, w
 pytestmark = pytest.mark.docker
 
 CONTENT_TYPE = "application/cloudevents+json"
-TYPE_RE = re.compile(r"^dev\.sandboxer\.sandbox\.[a-z][a-z-]*$")
-LIFECYCLE = ["sandbox.creating", "sandbox.created", "sandbox.exec", "sandbox.extended",
+TYPE_RE = re.compile(r"^dev\.sandboxer\.(sandbox|checkpoint)\.[a-z][a-z-]*$")
+LIFECYCLE = ["sandbox.creating", "sandbox.created", "sandbox.exec", "checkpoint.creating",
+             "checkpoint.created", "sandbox.extended", "checkpoint.removed",
              "sandbox.destroying", "sandbox.destroyed"]
 
 
@@ -271,19 +272,22 @@ def test_every_transition_arrives_as_a_signed_cloudevent_in_order(sbx, sbx_home,
     env = {"SBX_WEBHOOK_URL": receiver.url, "SBX_WEBHOOK_SECRET": secret}
     box = sbx.create()
     assert sbx("exec", box["id"], "--", "echo", "hi").code == 0
+    snapshot = sbx("snapshot", box["id"])
+    assert snapshot.code == 0, snapshot.err
     assert sbx("extend", box["id"], "10m", "--json").code == 0
+    assert sbx("checkpoint", "rm", snapshot.out.strip()).code == 0  # and its image
     assert sbx("destroy", box["id"], "--yes").code == 0
 
     result, reports = deliver(sbx, env)
     assert result.code == 0, result.err
-    assert reports["webhook"]["delivered"] == 6 and reports["webhook"]["error"] is None
-    assert reports["jsonl"]["delivered"] == 6
+    assert reports["webhook"]["delivered"] == 9 and reports["webhook"]["error"] is None
+    assert reports["jsonl"]["delivered"] == 9
 
     events = all_events(sbx)
     assert [e["type"] for e in events] == LIFECYCLE
     install = install_id_of(sbx_home)
     requests = receiver.snapshot()
-    assert len(requests) == 6 and all(r["status"] == 200 for r in requests)
+    assert len(requests) == 9 and all(r["status"] == 200 for r in requests)
     docs = [json.loads(r["body"]) for r in requests]
     for request, doc, event in zip(requests, docs, events, strict=True):
         assert request["path"] == "/hook"
@@ -300,7 +304,7 @@ def test_every_transition_arrives_as_a_signed_cloudevent_in_order(sbx, sbx_home,
     # nothing more to send: a second run sends nothing
     result, reports = deliver(sbx, env)
     assert result.code == 0 and reports["webhook"]["delivered"] == 0
-    assert len(receiver.snapshot()) == 6
+    assert len(receiver.snapshot()) == 9
 
 
 # -- 2. an outage (500s, then down, then back): nothing lost, in order ---------------------

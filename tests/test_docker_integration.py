@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import time
 import uuid
 from pathlib import Path
 
 import docker
 import pytest
-from conftest import RUN_ID, install_id_of
+from conftest import (
+    RUN_ID,
+    containers_of,
+    events_of,
+    install_id_of,
+    show,
+    table_rows,
+    write_profile,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -24,34 +31,6 @@ MiB = 1024**2
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def write_profile(folder: Path, name: str, body: str) -> Path:
-    path = folder / f"{name}.yaml"
-    path.write_text(body)
-    return path
-
-
-def events_of(sbx, sandbox_id: str) -> list[dict]:
-    result = sbx("events", sandbox_id, "--json")
-    assert result.code == 0, result.err
-    return result.json()
-
-
-def db_rows(home: Path, table: str) -> list[tuple]:
-    """Every row of a table; [] when the database or the table does not exist yet."""
-    path = home / "sbx.db"
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc):
-            return []
-        raise
-    finally:
-        conn.close()
 
 
 def cgroup_value(sbx, sandbox_id: str, *paths: str) -> str | None:
@@ -162,7 +141,7 @@ def test_exec_output_content_never_reaches_the_event_log(sbx):
 
     event = [e for e in events_of(sbx, box["id"]) if e["type"] == "sandbox.exec"][-1]
     assert event["payload"]["stdout"]["sha256"] == hashlib.sha256(b"abc-def-4711\n").hexdigest()
-    raw = json.dumps(db_rows(sbx.home, "events"))
+    raw = json.dumps(table_rows(sbx.home, "events"))
     assert "abc-def-4711" not in raw
     assert "err_only" not in raw
 
@@ -217,9 +196,7 @@ def test_destroy_removes_the_container_and_records_events(sbx, docker_api):
     with pytest.raises(docker.errors.NotFound):
         docker_api.inspect_container(box["backend_ref"])
 
-    shown = sbx("show", box["id"], "--json")
-    assert shown.code == 0
-    assert shown.json()["state"] == "destroyed"
+    assert show(sbx, box["id"])["state"] == "destroyed"
     types = [e["type"] for e in events_of(sbx, box["id"])]
     assert types[-2:] == ["sandbox.destroying", "sandbox.destroyed"]
 
@@ -230,7 +207,7 @@ def test_destroy_after_out_of_band_removal_succeeds(sbx, docker_api):
 
     result = sbx("destroy", box["id"])
     assert result.code == 0, result.err
-    assert sbx("show", box["id"], "--json").json()["state"] == "destroyed"
+    assert show(sbx, box["id"])["state"] == "destroyed"
     types = [e["type"] for e in events_of(sbx, box["id"])]
     assert types[-2:] == ["sandbox.destroying", "sandbox.destroyed"]
 
@@ -261,14 +238,14 @@ def test_engine_unreachable_exits_5_and_writes_nothing(sbx, docker_api):
     assert "dockerd" in lines[0] or "DOCKER_HOST" in lines[0]
     assert result.out == ""
 
-    assert db_rows(sbx.home, "sandboxes") == []
-    assert db_rows(sbx.home, "events") == []
+    assert table_rows(sbx.home, "sandboxes") == []
+    assert table_rows(sbx.home, "events") == []
     listed = sbx("ls", "--all", "--json")
     assert listed.code == 0
     assert listed.json() == []
     install = install_id_of(sbx.home)
     if install is not None:
-        assert docker_api.containers(all=True, filters={"label": [f"sbx.install={install}"]}) == []
+        assert containers_of(docker_api, install) == []
 
 
 # -- limits really hold ---------------------------------------------------------------------

@@ -23,7 +23,20 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import RUN_ID, RUN_LABEL, SBX, Result, install_id_of
+from conftest import (
+    RUN_ID,
+    RUN_LABEL,
+    SBX,
+    Result,
+    containers_of,
+    events_of,
+    install_id_of,
+    one_json,
+    query,
+    show,
+    table_rows,
+    write_profile,
+)
 
 from adapters.docker import BASE_IMAGE, KEEPALIVE
 
@@ -64,20 +77,6 @@ def create_many(sbx, count: int, *args: str) -> list[dict]:
     return boxes
 
 
-def connect(home: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(home / "sbx.db", timeout=30)
-    conn.row_factory = sqlite3.Row
-    return conn
-
-
-def query(home: Path, sql: str, *params) -> list[dict]:
-    conn = connect(home)
-    try:
-        return [dict(r) for r in conn.execute(sql, params).fetchall()]
-    finally:
-        conn.close()
-
-
 def row_of(home: Path, sandbox_id: str) -> dict:
     rows = query(home, "SELECT * FROM sandboxes WHERE id = ?", sandbox_id)
     assert rows, f"no row for {sandbox_id}"
@@ -90,28 +89,11 @@ def state_of(home: Path, sandbox_id: str) -> str:
 
 def snapshot(home: Path) -> dict[str, list[tuple]]:
     """Every row of the tables a command could write."""
-    conn = sqlite3.connect(home / "sbx.db", timeout=30)
-    try:
-        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
-                for t in ("sandboxes", "events", "checkpoints")}
-    finally:
-        conn.close()
-
-
-def events_of(sbx, sandbox_id: str) -> list[dict]:
-    result = sbx("events", sandbox_id, "--json")
-    assert result.code == 0, result.err
-    return result.json()
+    return {t: table_rows(home, t) for t in ("sandboxes", "events", "checkpoints")}
 
 
 def of_type(events: list[dict], type_: str) -> list[dict]:
     return [e for e in events if e["type"] == type_]
-
-
-def show(sbx, sandbox_id: str) -> dict:
-    result = sbx("show", sandbox_id, "--json")
-    assert result.code == 0, result.err
-    return result.json()
 
 
 def reap(sbx, *args: str, offset: str | None = None, env: dict[str, str] | None = None,
@@ -147,16 +129,8 @@ def running(docker_api, ref: str) -> bool:
         return False
 
 
-def containers_of(docker_api, install: str) -> list[dict]:
-    return docker_api.containers(all=True, filters={"label": [f"sbx.install={install}"]})
-
-
 def integrity_ok(home: Path) -> None:
-    conn = sqlite3.connect(home / "sbx.db", timeout=30)
-    try:
-        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    finally:
-        conn.close()
+    assert query(home, "PRAGMA integrity_check") == [{"integrity_check": "ok"}]
 
 
 def chain_verifies(sbx) -> None:
@@ -164,10 +138,30 @@ def chain_verifies(sbx) -> None:
     assert result.code == 0, (result.out, result.err)
 
 
-def write_profile(folder: Path, name: str, body: str) -> Path:
-    path = folder / f"{name}.yaml"
-    path.write_text(body)
-    return path
+def assert_alive(sbx, docker_api, box: dict) -> None:
+    """The sandbox is running, in the database and on the engine."""
+    assert state_of(sbx.home, box["id"]) == "running"
+    assert running(docker_api, box["backend_ref"])
+
+
+def assert_reap_keeps(sbx, docker_api, box: dict, offset: str) -> None:
+    """A reap at +offset succeeds and leaves the sandbox running."""
+    result = reap(sbx, offset=offset)
+    assert result.code == 0, result.err
+    assert_alive(sbx, docker_api, box)
+
+
+def assert_reap_destroys(sbx, docker_api, box: dict, offset: str, reason: str) -> None:
+    """A reap at +offset succeeds and destroys the sandbox, in the database and on the engine,
+    with one destroying and one destroyed event, both for `reason`."""
+    result = reap(sbx, offset=offset)
+    assert result.code == 0, result.err
+    assert state_of(sbx.home, box["id"]) == "destroyed"
+    assert not exists(docker_api, box["backend_ref"])
+    events = events_of(sbx, box["id"])
+    types = [e["type"] for e in events]
+    assert [e["reason"] for e in of_type(events, "sandbox.destroying")] == [reason], types
+    assert [e["reason"] for e in of_type(events, "sandbox.destroyed")] == [reason], types
 
 
 def wait_until(predicate, within: float, what: str) -> None:
@@ -193,22 +187,11 @@ def process_state(pid: int) -> str | None:
 def test_ttl_sandbox_survives_before_its_deadline_and_is_reaped_after(sbx, docker_api):
     box = sbx.create("--ttl", "10m")
 
-    early = reap(sbx, offset="9m")
-    assert early.code == 0, early.err
-    assert state_of(sbx.home, box["id"]) == "running"
-    assert running(docker_api, box["backend_ref"])
+    assert_reap_keeps(sbx, docker_api, box, offset="9m")
     assert of_type(events_of(sbx, box["id"]), "sandbox.destroying") == []
 
-    late = reap(sbx, offset="11m")
-    assert late.code == 0, late.err
+    assert_reap_destroys(sbx, docker_api, box, offset="11m", reason="ttl")
     assert show(sbx, box["id"])["state"] == "destroyed"
-    assert not exists(docker_api, box["backend_ref"])
-    events = events_of(sbx, box["id"])
-    destroying = of_type(events, "sandbox.destroying")
-    destroyed = of_type(events, "sandbox.destroyed")
-    assert len(destroying) == 1 and len(destroyed) == 1, [e["type"] for e in events]
-    assert destroying[0]["reason"] == "ttl"
-    assert destroyed[0]["reason"] == "ttl"
 
 
 def test_idle_limit_touch_keeps_it_alive_then_reaped_as_idle(sbx, docker_api, tmp_path):
@@ -220,18 +203,8 @@ def test_idle_limit_touch_keeps_it_alive_then_reaped_as_idle(sbx, docker_api, tm
     assert touched.code == 0, touched.err
 
     # Idle since +4m: at +8m it has been idle 4m, under the 5m limit.
-    kept = reap(sbx, offset="8m")
-    assert kept.code == 0, kept.err
-    assert state_of(sbx.home, box["id"]) == "running"
-    assert running(docker_api, box["backend_ref"])
-
-    gone = reap(sbx, offset="9m30s")
-    assert gone.code == 0, gone.err
-    assert state_of(sbx.home, box["id"]) == "destroyed"
-    assert not exists(docker_api, box["backend_ref"])
-    events = events_of(sbx, box["id"])
-    assert [e["reason"] for e in of_type(events, "sandbox.destroying")] == ["idle"]
-    assert [e["reason"] for e in of_type(events, "sandbox.destroyed")] == ["idle"]
+    assert_reap_keeps(sbx, docker_api, box, offset="8m")
+    assert_reap_destroys(sbx, docker_api, box, offset="9m30s", reason="idle")
 
 
 def test_extend_never_shortens_caps_at_hard_deadline_and_max_ttl_reap(sbx, docker_api):
@@ -263,18 +236,8 @@ def test_extend_never_shortens_caps_at_hard_deadline_and_max_ttl_reap(sbx, docke
     assert all(e["payload"]["to"] >= e["payload"]["from"] for e in extends)
 
     # 3h59m: past every soft deadline it ever had, but not the hard one.
-    kept = reap(sbx, offset="3h59m")
-    assert kept.code == 0, kept.err
-    assert state_of(sbx.home, box["id"]) == "running"
-    assert running(docker_api, box["backend_ref"])
-
-    gone = reap(sbx, offset="4h1m")
-    assert gone.code == 0, gone.err
-    assert state_of(sbx.home, box["id"]) == "destroyed"
-    assert not exists(docker_api, box["backend_ref"])
-    events = events_of(sbx, box["id"])
-    assert [e["reason"] for e in of_type(events, "sandbox.destroying")] == ["max-ttl"]
-    assert [e["reason"] for e in of_type(events, "sandbox.destroyed")] == ["max-ttl"]
+    assert_reap_keeps(sbx, docker_api, box, offset="3h59m")
+    assert_reap_destroys(sbx, docker_api, box, offset="4h1m", reason="max-ttl")
 
 
 def test_extend_and_reap_refuse_bad_input_and_write_nothing(sbx, docker_api):
@@ -650,9 +613,7 @@ def test_reap_with_nothing_to_do_is_silent_and_json_is_one_object(sbx):
     as_json = sbx("reap", "--json")
     assert as_json.code == 0, as_json.err
     assert as_json.err == ""
-    decoder = json.JSONDecoder()
-    report, end = decoder.raw_decode(as_json.out.strip())
-    assert as_json.out.strip()[end:] == ""
+    report = one_json(as_json.out)
     assert isinstance(report, dict)
     assert REAP_KEYS <= set(report), report
     assert all(report[k] == [] for k in REAP_KEYS), report
@@ -666,8 +627,7 @@ def test_reap_with_engine_unreachable_exits_5_with_one_line(sbx, docker_api):
     assert result.code == 5, (result.code, result.out, result.err)
     assert result.out == ""
     assert len(result.err.strip().splitlines()) == 1, result.err
-    assert state_of(sbx.home, box["id"]) == "running"
-    assert running(docker_api, box["backend_ref"])
+    assert_alive(sbx, docker_api, box)
 
 
 class SilentEngine:
@@ -717,8 +677,7 @@ def test_reap_timeout_bounds_the_run(sbx, docker_api):
     assert "timed out" in result.err
     assert len(result.err.strip().splitlines()) == 1, result.err
     assert elapsed < 10, f"`sbx reap --timeout 2s` took {elapsed:.1f}s"
-    assert state_of(sbx.home, box["id"]) == "running"
-    assert running(docker_api, box["backend_ref"])
+    assert_alive(sbx, docker_api, box)
 
 
 def test_reap_every_keeps_running_and_stops_cleanly_on_sigterm(sbx):
@@ -769,5 +728,4 @@ def test_expiry_warning_once_per_deadline_and_again_after_extend(sbx, docker_api
     expiring = of_type(events_of(sbx, box["id"]), "sandbox.expiring")
     assert len(expiring) == 2
     assert expiring[1]["payload"]["deadline"] == new_deadline
-    assert state_of(sbx.home, box["id"]) == "running"
-    assert running(docker_api, box["backend_ref"])
+    assert_alive(sbx, docker_api, box)
