@@ -128,7 +128,7 @@ def test_a_name_is_taken_only_while_its_sandbox_lives(sbx, docker_api):
 
     def inventory():  # everything but the countdown, which ticks
         return [{k: v for k, v in r.items() if k != "ttl_left_s"}
-                for r in json.loads(sbx("ls", "--all", "--json").out)]
+                for r in one_json(sbx("ls", "--all", "--json").out)]
 
     before_ls, before_containers = inventory(), containers()
     taken = sbx("create", "--name", "shared-name")
