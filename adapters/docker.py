@@ -417,6 +417,8 @@ class DockerAdapter(Adapter):
         except docker_errors.NotFound as exc:
             raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
         async for stats in _in_thread(stream):
+            if str(stats.get("read", "")).startswith("0001-"):
+                return  # the engine's empty reading: the container is not running
             yield sample_from_stats(stats)
 
     async def close(self) -> None:

@@ -774,17 +774,21 @@ class Manager:
             raise Conflict(f"the {row['backend']} backend reports no metrics")
         samples = MetricSample.__table__
         every, keep = settings.metrics_every(), settings.metrics_retention()
+        last_kept = None
         async for sample in adapter.metrics(row["backend_ref"]):
             view = {"sandbox_id": row["id"], **_sample_view(sample)}
-            if sample.cpu_pct is not None:  # kept at most once per `every`, by any process
+            due = sample.cpu_pct is not None and (
+                last_kept is None or sample.time - last_kept >= every)
+            if due:  # kept at most once per `every`, whichever process reads
                 with self.db.write() as conn:
                     last = conn.execute(sa.select(sa.func.max(samples.c.time))
                                         .where(samples.c.sandbox_id == row["id"])).scalar()
-                    if last is None or from_iso(view["time"]) - from_iso(last) >= every:
+                    if last is None or sample.time - from_iso(last) >= every:
                         conn.execute(samples.insert().values(view))
-                        conn.execute(samples.delete().where(
-                            samples.c.sandbox_id == row["id"],
-                            samples.c.time < to_iso(self.clock.now() - keep)))
+                        last_kept = sample.time
+                    # retention for every sandbox, measured on the samples' own clock
+                    conn.execute(samples.delete().where(
+                        samples.c.time < to_iso(sample.time - keep)))
             if follow or sample.cpu_pct is not None:
                 yield view
             if not follow and sample.cpu_pct is not None:
