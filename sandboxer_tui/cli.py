@@ -989,7 +989,7 @@ def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_run
         return seen
 
     if run(go) == 0:
-        if as_json:
+        if as_json and not follow:  # --follow --json stays JSON Lines of samples only
             emit_json({"sandbox_id": sandbox_id, "sample": None, "message": "no sample yet"})
         else:
             click.echo("no sample yet", err=True)
