@@ -36,8 +36,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 bench: setup
-	$(BIN)/python bench/bench_lifecycle.py
-	$(BIN)/python bench/bench_reap.py
+	for b in lifecycle reap checkpoints delivery metrics; do $(BIN)/python bench/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info
