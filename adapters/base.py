@@ -164,6 +164,11 @@ class Adapter(abc.ABC):
     async def health(self) -> Health:
         """Reachable? Credentials present? Never raises."""
 
+    async def instance_id(self) -> str | None:
+        """Which engine or account this adapter reaches (None: only one can exist). A sandbox
+        made on one instance is never judged by an adapter that reaches another."""
+        return None
+
     def validate(self, request: CreateRequest) -> None:  # noqa: B027 (optional hook)
         """Refuse (CapabilityNotSupported) what this backend cannot enforce, before anything
         is written: a limit silently ignored is a sandbox that is not what was asked for."""

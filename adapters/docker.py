@@ -125,6 +125,7 @@ class DockerAdapter(Adapter):
         self.base_url = base_url or engine_url()
         self.timeout = timeout
         self._api: docker.APIClient | None = None
+        self._engine_id: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -186,6 +187,13 @@ class DockerAdapter(Adapter):
 
     async def ensure_available(self) -> None:
         await self._call(lambda api: api.ping())
+
+    async def instance_id(self) -> str | None:
+        """The engine's own ID (`docker info`), so a DOCKER_HOST that reaches another engine
+        cannot mistake this one's containers for gone."""
+        if self._engine_id is None:
+            self._engine_id = (await self._call(lambda api: api.info())).get("ID") or ""
+        return self._engine_id or None
 
     def validate(self, request: CreateRequest) -> None:
         if request.network == "egress":

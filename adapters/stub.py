@@ -33,6 +33,7 @@ class StubAdapter(Adapter):
     requests: ClassVar[dict[str, CreateRequest]] = {}
     fail_next: ClassVar[dict[str, BaseException]] = {}
     calls: ClassVar[list[tuple[str, str]]] = []
+    instance: ClassVar[str | None] = None  # a test may pretend to reach another engine
 
     @classmethod
     def reset(cls) -> None:
@@ -40,6 +41,7 @@ class StubAdapter(Adapter):
         cls.requests.clear()
         cls.fail_next.clear()
         cls.calls.clear()
+        cls.instance = None
 
     @classmethod
     def lose(cls, ref: str) -> None:
@@ -71,6 +73,9 @@ class StubAdapter(Adapter):
     async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
         want = dict(labels).items()
         return [o for o in self.objects.values() if want <= dict(o.labels).items()]
+
+    async def instance_id(self) -> str | None:
+        return self.instance
 
     async def health(self) -> Health:
         return Health(True, True, "in-process test double")

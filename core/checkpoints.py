@@ -99,7 +99,7 @@ class Checkpoints:
             raise Conflict(f"the {sandbox['backend']} backend cannot snapshot")
         if sandbox["state"] not in ACTIVE:
             raise Conflict(f"sandbox {sandbox['id']} is {sandbox['state']}: cannot snapshot")
-        await adapter.ensure_available()
+        await mgr.adapter_for(sandbox)
         lease = mgr._take(sandbox["id"], ACTIVE, "snapshot")
         ckpt_id = new_checkpoint_id()
         profile = json.loads(sandbox["profile_json"] or "{}")

@@ -122,6 +122,20 @@ class Manager:
             self._adapters[backend] = registry.load_class(backend)()
         return self._adapters[backend]
 
+    async def adapter_for(self, row: Mapping[str, Any]) -> Adapter:
+        """The adapter of a sandbox, refusing (exit 5) one that reaches another engine or
+        account than the one the sandbox lives on (a different DOCKER_HOST, say)."""
+        adapter = self.adapter(row["backend"])
+        await adapter.ensure_available()
+        if row.get("backend_instance"):
+            here = await adapter.instance_id()
+            if here != row["backend_instance"]:
+                raise Unavailable(
+                    f"sandbox {row['id']} lives on another {row['backend']} engine "
+                    f"({row['backend_instance'][:20]}) than the one this process reaches "
+                    f"({(here or 'unknown')[:20]}): check DOCKER_HOST")
+        return adapter
+
     async def close(self) -> None:
         for adapter in self._adapters.values():
             await adapter.close()
@@ -429,6 +443,7 @@ class Manager:
         if restore_from is not None and not adapter.supports(Capability.SNAPSHOT):
             raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")
         await adapter.ensure_available()
+        instance = await adapter.instance_id()
         row = {
             "id": sandbox_id,
             "name": name,
@@ -436,6 +451,7 @@ class Manager:
             "profile_json": json.dumps(dump(profile), sort_keys=True),
             "backend": profile.backend,
             "backend_ref": None,
+            "backend_instance": instance,
             "install_id": self.install_id,
             "state": State.CREATING,
             "owner": owner or self.actor,
@@ -508,8 +524,7 @@ class Manager:
             return row, False
         if row["state"] != State.DESTROYING:
             transition_event(row["state"], State.DESTROYING)  # refuse before any I/O
-        adapter = self.adapter(row["backend"])
-        await adapter.ensure_available()  # unreachable: exit 5 before anything is written
+        adapter = await self.adapter_for(row)  # unreachable: exit 5 before anything is written
         return await self._destroy(row["id"], adapter, reason=reason), True
 
     async def destroy_if(self, sandbox_id: str, backend: str, *,
@@ -717,7 +732,7 @@ class Manager:
             raise Conflict(f"the {row['backend']} backend cannot {verb}")
         if row["state"] != source:
             raise Conflict(f"sandbox {row['id']} is {row['state']}: cannot {verb}")
-        await adapter.ensure_available()
+        await self.adapter_for(row)
         lease = self._take(row["id"], {source}, verb)
         try:
             async with self._holding(lease):
@@ -744,7 +759,8 @@ class Manager:
         if not argv:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
         row = self.resolve(ref)
-        adapter = self._usable(row, Capability.EXEC, "exec")
+        self._usable(row, Capability.EXEC, "exec")
+        adapter = await self.adapter_for(row)
         self.touch(row["id"], event=False)  # a long command is activity from its start
         result = await adapter.exec(row["backend_ref"], list(argv),
                                     timeout.total_seconds() if timeout else None)

@@ -18,6 +18,8 @@ class Sandbox(SQLModel, table=True):
     profile_json: str = Field(sa_type=Text)  # the resolved profile, as asked for (secrets as references)
     backend: str = Field(max_length=64)
     backend_ref: str | None = Field(default=None, max_length=256)
+    # which engine/account of the backend holds it: another one is never told it is gone
+    backend_instance: str | None = Field(default=None, max_length=128)
     install_id: str = Field(max_length=64)  # the installation (host) that made it
     state: str = Field(index=True, max_length=16)
     owner: str = Field(max_length=256)

@@ -262,6 +262,7 @@ class Reaper:
         reconcile: list[Action] = []
         orphans: list[Action] = []
         unreachable: set[str] = set()
+        unreachable_rows: set[str] = set()
         for backend in registry.names():
             try:
                 if backend not in in_use and registry.load_class(backend).test_double:
@@ -273,14 +274,26 @@ class Reaper:
                     report.failed.append({"id": f"backend:{backend}", "code": classify(exc)[0],
                                           "error": " ".join(str(exc).split())})
                 continue  # a backend we have nothing on may well be unavailable
+            here = await self._adapter(backend).instance_id()
+            elsewhere = [r for r in mine if r["backend"] == backend and r.get("backend_instance")
+                         and r["backend_instance"] != here]
+            if elsewhere:  # never judge another engine's sandboxes by this one's listing
+                unreachable_rows.update(r["id"] for r in elsewhere)
+                report.failed.append({
+                    "id": f"backend:{backend}", "code": 5,
+                    "error": f"{len(elsewhere)} sandbox(es) live on another {backend} engine "
+                             f"than the one this process reaches ({(here or '?')[:20]}); they "
+                             "were not checked: check DOCKER_HOST"})
+            judged = [r for r in mine if r["id"] not in unreachable_rows]
             stray = [o.labels[LABEL_ID] for o in objects
                      if o.labels.get(LABEL_ID) and o.labels[LABEL_ID] not in live_ids]
-            reconcile += plan_reconcile(backend, mine, objects, now, self.grace,
+            reconcile += plan_reconcile(backend, judged, objects, now, self.grace,
                                         rows_outside=rows_by_ids(stray) if stray else {})
             if self.orphans:
                 orphans += plan_orphans(backend, objects, now)
         reconcile += await self._plan_checkpoints(unreachable, now)
-        reachable = [r for r in mine if r["backend"] not in unreachable]
+        reachable = [r for r in mine
+                     if r["backend"] not in unreachable and r["id"] not in unreachable_rows]
         reap = plan_reap(reachable, now, self.warn_before) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
         return merge(reconcile, [*reap, *orphans])

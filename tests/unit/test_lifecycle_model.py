@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from conftest import NothingHere
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -35,7 +36,7 @@ from hypothesis.stateful import (
 )
 
 from adapters import registry
-from adapters.base import Adapter, AdapterError, Health
+from adapters.base import AdapterError
 from adapters.stub import StubAdapter
 from core.clock import FrozenClock, from_iso, to_iso
 from core.db import Database
@@ -83,27 +84,6 @@ class Model:
         if self.deadline <= now:
             return "max-ttl" if self.deadline >= self.hard else "ttl"
         return None
-
-
-class NothingHere(Adapter):
-    """A backend holding none of this installation's objects."""
-
-    name = "nothing-here"
-
-    async def create(self, request):
-        raise AssertionError("the model creates only on the stub")
-
-    async def destroy(self, ref):
-        raise AssertionError(f"the model has nothing to destroy here ({ref})")
-
-    async def get(self, ref):
-        return None
-
-    async def list(self, labels):
-        return []
-
-    async def health(self):
-        return Health(True, True, "empty stand-in")
 
 
 _TEMPLATE: dict[str, Path] = {}
