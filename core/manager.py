@@ -17,7 +17,8 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -224,6 +225,15 @@ class Manager:
                 .order_by(checkpoints.c.created_at)).mappings()]
         history = self.metric_history(row["id"])
         return evidence.build(row, events, ckpts, self._now(), history)
+
+    def follow_events(self, sandbox_id: str | None = None, *, after_id: int = 0,
+                      every: float = 0.5) -> Iterator[dict[str, Any]]:
+        """New events as other processes write them, polled every `every` seconds; forever."""
+        while True:
+            time.sleep(every)
+            for row in self.events(sandbox_id, after_id=after_id):
+                after_id = row["id"]
+                yield row
 
     def verify_events(self) -> eventlog.ChainReport:
         anchor = read_anchor(self.db.anchor_path) if self.db.anchor_path else None
@@ -526,6 +536,21 @@ class Manager:
             transition_event(row["state"], State.DESTROYING)  # refuse before any I/O
         adapter = await self.adapter_for(row)  # unreachable: exit 5 before anything is written
         return await self._destroy(row["id"], adapter, reason=reason), True
+
+    async def destroy_many(self, sandbox_ids: Sequence[str]
+                           ) -> tuple[dict[str, list[Any]], BaseException | None]:
+        """Destroy each in turn; one failure does not stop the others. Returns the outcome
+        by id and the first error (whose exit code the front end reports)."""
+        result: dict[str, list[Any]] = {"destroyed": [], "already_destroyed": [], "failed": []}
+        first_error: BaseException | None = None
+        for sandbox_id in sandbox_ids:
+            try:
+                _, done = await self.destroy(sandbox_id)
+                result["destroyed" if done else "already_destroyed"].append(sandbox_id)
+            except Exception as exc:
+                first_error = first_error or exc
+                result["failed"].append({"id": sandbox_id, "error": " ".join(str(exc).split())})
+        return result, first_error
 
     async def destroy_if(self, sandbox_id: str, backend: str, *,
                          reason: str | None) -> dict[str, Any] | None:

@@ -37,14 +37,20 @@ def table(rows: Iterable[Iterable[Any]], headers: list[str]) -> str:
     return "\n".join(lines)
 
 
-def fail(exc: BaseException, as_json: bool) -> None:
+def error_doc(exc: BaseException) -> dict[str, Any]:
+    """The one shape of an error under --json (cli.md), with its one-line message."""
     code, kind = classify(exc)
-    message = " ".join(str(exc).split()) or type(exc).__name__
+    return {"error": {"code": code, "kind": kind,
+                      "message": " ".join(str(exc).split()) or type(exc).__name__}}
+
+
+def fail(exc: BaseException, as_json: bool) -> None:
+    doc = error_doc(exc)
     if as_json:
-        emit_json({"error": {"code": code, "kind": kind, "message": message}})
+        emit_json(doc)
     else:
-        click.echo(f"sbx: {message}", err=True)
-    sys.exit(code)
+        click.echo(f"sbx: {doc['error']['message']}", err=True)
+    sys.exit(doc["error"]["code"])
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -411,16 +417,7 @@ def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> N
         if not yes and sys.stdin.isatty() and not as_json:
             names = ", ".join(r["id"] + (f" ({r['name']})" if r["name"] else "") for r in rows)
             click.confirm(f"destroy {names}?", abort=True, err=True)
-        result: dict[str, list[Any]] = {"destroyed": [], "already_destroyed": [], "failed": []}
-        first_error: BaseException | None = None
-        for row in rows:
-            try:
-                _, done = await mgr.destroy(row["id"])
-                result["destroyed" if done else "already_destroyed"].append(row["id"])
-            except Exception as exc:
-                first_error = first_error or exc
-                result["failed"].append({"id": row["id"], "error": " ".join(str(exc).split())})
-        return result, first_error
+        return await mgr.destroy_many([r["id"] for r in rows])
 
     result, first_error = run(go)
     if as_json:
@@ -574,16 +571,14 @@ def _reap_forever(make, interval, limit, show, as_json) -> None:
     import asyncio
     import signal
 
-    from core.errors import classify
     from core.reaper import run_every
 
     def on_report(outcome) -> None:
         if isinstance(outcome, BaseException):
-            code, kind = classify(outcome)
-            message = " ".join(str(outcome).split()) or type(outcome).__name__
+            doc = error_doc(outcome)
             if as_json:
-                click.echo(json.dumps({"error": {"code": code, "kind": kind, "message": message}}))
-            click.echo(f"sbx reap: {message}", err=True)
+                click.echo(json.dumps(doc))
+            click.echo(f"sbx reap: {doc['error']['message']}", err=True)
         else:
             show(outcome.as_json())
 
@@ -655,7 +650,6 @@ def events_list(sandbox_id: str | None, follow: bool, since: str | None, undeliv
     if undelivered:
         _show_undelivered(as_json)
         return
-    import time
 
     from core.clock import to_iso
     from core.durations import parse_duration
@@ -672,12 +666,10 @@ def events_list(sandbox_id: str | None, follow: bool, since: str | None, undeliv
     last = views[-1]["id"] if views else 0
     for view in views:
         click.echo(json.dumps(view) if as_json else _event_line(view))
-    while follow:  # JSON Lines when following with --json
-        time.sleep(0.5)
-        for row in mgr.events(sid, after_id=last):
+    if follow:  # JSON Lines when following with --json
+        for row in mgr.follow_events(sid, after_id=last):
             view = event_view(row)
             click.echo(json.dumps(view) if as_json else _event_line(view))
-            last = view["id"]
 
 
 def _show_undelivered(as_json: bool) -> None:
