@@ -1,0 +1,440 @@
+"""The Modal backend, on the `modal` SDK's async (`.aio`) API, with your own Modal token.
+
+The SDK is imported only when a Modal call is about to be made, so `sbx ls`, `sbx reap` and
+`sbx --help` never load it, and a missing token is reported (exit 5, naming the variables)
+before it is. The token is read from the environment at the moment of each call and handed to
+`modal.Client.from_credentials` (never the SDK's process-wide env client); it is written
+nowhere. A backend reference is the Modal sandbox id, followed by the NAMES of the token
+variables when a profile chose other ones (`sb-...?token_id=WORK_ID&token_secret=WORK_SECRET`),
+so a process without the profile (the reaper) can still reach the sandbox.
+
+What Modal cannot do, sbx does not claim: it cannot extend a sandbox's timeout (so the Modal
+`timeout` is the hard deadline and sbx's reaper enforces the soft one), pause, or label images.
+See docs/modal.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import math
+import os
+import re
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
+
+from adapters.base import (
+    Adapter,
+    AdapterError,
+    Artifact,
+    BackendObject,
+    BackendObjectGone,
+    BackendUnavailable,
+    Capability,
+    CapabilityNotSupported,
+    CreateRequest,
+    ExecResult,
+    Health,
+)
+
+if TYPE_CHECKING:
+    import modal as modal_sdk
+
+TOKEN_ID = "MODAL_TOKEN_ID"
+TOKEN_SECRET = "MODAL_TOKEN_SECRET"
+DEFAULT_APP = "sandboxer"
+DEFAULT_SERVER = "https://api.modal.com"
+OPTIONS = frozenset({"app", "token_id", "token_secret"})
+ENV_REF = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
+DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}", re.IGNORECASE)
+MiB = 1024**2
+INSTALL_HINT = "pip install 'sandboxer[modal]'"
+TOKEN_HINT = "create one with `modal token new` or in your Modal workspace settings"
+
+
+@dataclass(frozen=True)
+class TokenVariables:
+    """Which environment variables hold the token: names only, never values."""
+
+    id_name: str = TOKEN_ID
+    secret_name: str = TOKEN_SECRET
+
+    @property
+    def is_default(self) -> bool:
+        return (self.id_name, self.secret_name) == (TOKEN_ID, TOKEN_SECRET)
+
+    def describe(self) -> str:
+        return f"${self.id_name} and ${self.secret_name}"
+
+    def read(self) -> tuple[str, str]:
+        """The token, read now. BackendUnavailable naming both variables when one is unset."""
+        token_id = os.environ.get(self.id_name, "").strip()
+        token_secret = os.environ.get(self.secret_name, "").strip()
+        if not (token_id and token_secret):
+            missing = [n for n, v in ((self.id_name, token_id), (self.secret_name, token_secret))
+                       if not v]
+            raise BackendUnavailable(
+                f"no Modal token: set {self.describe()} ({', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not set); {TOKEN_HINT}")
+        return token_id, token_secret
+
+    def present(self) -> bool:
+        return bool(os.environ.get(self.id_name, "").strip()
+                    and os.environ.get(self.secret_name, "").strip())
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> TokenVariables:
+        """`options: {token_id: env:NAME, token_secret: env:NAME}`: both or neither."""
+        refs = {key: options.get(key) for key in ("token_id", "token_secret")}
+        if all(v is None for v in refs.values()):
+            return cls()
+        names = {}
+        for key, ref in refs.items():
+            match = ENV_REF.fullmatch(str(ref)) if ref is not None else None
+            if match is None:
+                raise CapabilityNotSupported(
+                    f"the modal backend needs options.token_id and options.token_secret together, "
+                    f"each a reference such as env:VARIABLE (options.{key} is {ref!r})")
+            names[key] = match.group(1)
+        return cls(names["token_id"], names["token_secret"])
+
+
+def split_ref(ref: str) -> tuple[str, TokenVariables]:
+    """`sb-...` or `sb-...?token_id=A&token_secret=B` -> (Modal id, token variables)."""
+    object_id, _, query = ref.partition("?")
+    names = dict(parse_qsl(query))
+    if not names:
+        return object_id, TokenVariables()
+    return object_id, TokenVariables(names.get("token_id", TOKEN_ID),
+                                     names.get("token_secret", TOKEN_SECRET))
+
+
+def join_ref(object_id: str, tokens: TokenVariables) -> str:
+    if tokens.is_default:
+        return object_id
+    return f"{object_id}?{urlencode({'token_id': tokens.id_name, 'token_secret': tokens.secret_name})}"
+
+
+def server_url() -> str:
+    return os.environ.get("MODAL_SERVER_URL") or DEFAULT_SERVER
+
+
+def _sdk() -> modal_sdk:
+    """The modal SDK, imported on first use. BackendUnavailable (exit 5) when absent."""
+    try:
+        import modal
+        from modal.exception import DeprecationError
+    except ImportError as exc:
+        raise BackendUnavailable(f"the modal SDK is not installed ({exc}): {INSTALL_HINT}") from exc
+    # Listing by tag across the environment (not one app) is what reconcile needs: sandboxes of
+    # every profile's app carry this installation's tag. Modal marks it deprecated; say it once
+    # here, in the docs, rather than on every `sbx reap`.
+    warnings.filterwarnings("ignore", message=".*Listing Sandboxes without an `app_id`",
+                            category=DeprecationError)
+    return modal
+
+
+def _error_text(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "running"
+    return {124: "timed-out", 137: "terminated"}.get(code, f"exited ({code})")
+
+
+class ModalAdapter(Adapter):
+    name = "modal"
+    description = "Modal sandboxes with your own token (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET)"
+    capabilities = frozenset({Capability.EXEC, Capability.SNAPSHOT})
+
+    def __init__(self) -> None:
+        # clients by (server, token): in memory for this process only
+        self._clients: dict[tuple[str, str, str], modal_sdk.Client] = {}
+        self._apps: dict[tuple[int, str], Any] = {}
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _client(self, tokens: TokenVariables) -> modal_sdk.Client:
+        token_id, token_secret = tokens.read()  # before the SDK is imported: exit 5, fast
+        modal = _sdk()
+        key = (server_url(), token_id, token_secret)
+        client = self._clients.get(key)
+        if client is None:
+            try:
+                client = await modal.Client.from_credentials.aio(token_id, token_secret)
+            except Exception as exc:
+                raise self._translate(exc, tokens, "connect") from exc
+            self._clients[key] = client
+        return client
+
+    def _translate(self, exc: BaseException, tokens: TokenVariables, doing: str) -> AdapterError:
+        """One SDK error as the contract's: unreachable or refused token -> exit 5."""
+        from modal import exception as modal_errors
+
+        if isinstance(exc, AdapterError):
+            return exc
+        if isinstance(exc, modal_errors.AuthError):
+            return BackendUnavailable(
+                f"Modal at {server_url()} refused the token in {tokens.describe()} "
+                f"({_error_text(exc)}); check it, or {TOKEN_HINT}")
+        if isinstance(exc, modal_errors.ConnectionError | ConnectionError | OSError):
+            return BackendUnavailable(
+                f"Modal unreachable at {server_url()} ({_error_text(exc)}); check your network "
+                "or MODAL_SERVER_URL")
+        return AdapterError(f"Modal could not {doing}: {_error_text(exc)}")
+
+    async def _app(self, client: modal_sdk.Client, name: str) -> Any:
+        key = (id(client), name)
+        if key not in self._apps:
+            self._apps[key] = await _sdk().App.lookup.aio(name, create_if_missing=True,
+                                                          client=client)
+        return self._apps[key]
+
+    async def _sandbox(self, ref: str, doing: str) -> tuple[modal_sdk.Sandbox | None, TokenVariables]:
+        """The sandbox handle (one lookup), or None when Modal does not know it."""
+        from modal.exception import NotFoundError
+
+        object_id, tokens = split_ref(ref)
+        client = await self._client(tokens)
+        try:
+            return await _sdk().Sandbox.from_id.aio(object_id, client=client), tokens
+        except NotFoundError:
+            return None, tokens
+        except Exception as exc:
+            raise self._translate(exc, tokens, doing) from exc
+
+    # -- contract ---------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        tokens = TokenVariables()
+        if not tokens.present():
+            return Health(False, False, f"set {tokens.describe()} (your Modal token); {TOKEN_HINT}")
+        try:
+            client = await self._client(tokens)
+        except AdapterError as exc:  # no SDK, or no server
+            return Health(False, True, str(exc))
+        try:
+            await client.hello.aio()
+        except Exception as exc:
+            from modal.exception import AuthError
+
+            problem = self._translate(exc, tokens, "answer")
+            return Health(isinstance(exc, AuthError), not isinstance(exc, AuthError), str(problem))
+        return Health(True, True, f"Modal at {server_url()}, token from {tokens.describe()}")
+
+    async def ensure_available(self) -> None:
+        """The SDK must be installed. The token is checked where it is known: in validate()
+        for a create (the profile may name its own variables), in each call otherwise."""
+        _sdk()
+
+    def validate(self, request: CreateRequest) -> None:
+        unknown = set(request.options) - OPTIONS
+        if unknown:
+            raise CapabilityNotSupported(
+                f"the modal backend has no option {', '.join(sorted(unknown))} "
+                f"(it knows {', '.join(sorted(OPTIONS))})")
+        app = request.options.get("app", DEFAULT_APP)
+        if not isinstance(app, str) or not app:
+            raise CapabilityNotSupported(f"options.app must be a Modal app name, not {app!r}")
+        if not request.image:
+            raise CapabilityNotSupported(
+                "the modal backend needs an image: a Modal image id (im-...) or a registry "
+                "reference such as python:3.12-slim")
+        limits = request.resources
+        if limits.pids is not None:
+            raise CapabilityNotSupported(
+                "the modal backend cannot limit processes (resources.pids); set it to null")
+        if limits.disk_bytes is not None:
+            raise CapabilityNotSupported(
+                "the modal backend cannot limit disk for sandboxes (resources.disk)")
+        if request.network == "egress":
+            self._allow_lists(request.network_allow)
+        TokenVariables.from_options(request.options).read()  # exit 5 before anything is written
+
+    @staticmethod
+    def _allow_lists(allow: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Split an egress allow-list into Modal's CIDR and domain allow-lists; refuse what
+        is neither (a port, a URL), since Modal could not enforce it."""
+        cidrs, domains = [], []
+        for entry in allow:
+            try:
+                cidrs.append(str(ipaddress.ip_network(entry, strict=False)))
+                continue
+            except ValueError:
+                pass
+            if DOMAIN.fullmatch(entry):
+                domains.append(entry.lower())
+                continue
+            raise CapabilityNotSupported(
+                f"the modal backend can allow only CIDRs (10.0.0.0/8, 1.2.3.4) or domains "
+                f"(example.com, *.example.com) in network.allow, not {entry!r}")
+        return cidrs, domains
+
+    async def create(self, request: CreateRequest) -> BackendObject:
+        return await self._create(request, image_id=None)
+
+    async def restore(self, artifact: str, request: CreateRequest) -> BackendObject:
+        """A new sandbox whose filesystem is the snapshot image's."""
+        image_id, _ = split_ref(artifact)
+        return await self._create(replace(request, image=image_id), image_id=image_id)
+
+    async def _create(self, request: CreateRequest, *, image_id: str | None) -> BackendObject:
+        modal = _sdk()
+        tokens = TokenVariables.from_options(request.options)
+        client = await self._client(tokens)
+        image_ref = image_id or request.image or ""
+        image = (modal.Image.from_id(image_ref, client=client) if image_ref.startswith("im-")
+                 else modal.Image.from_registry(image_ref))
+        limits = request.resources
+        network: dict[str, Any] = {"block_network": request.network == "none"}
+        if request.network == "egress":
+            cidrs, domains = self._allow_lists(request.network_allow)
+            network["outbound_cidr_allowlist"] = cidrs
+            if domains:
+                network["outbound_domain_allowlist"] = domains
+        memory_mib = math.ceil(limits.memory_bytes / MiB) if limits.memory_bytes else None
+        try:
+            app = await self._app(client, request.options.get("app", DEFAULT_APP))
+            sandbox = await modal.Sandbox.create.aio(
+                *(request.command or ()),
+                app=app,
+                image=image,
+                timeout=self._timeout(request),
+                cpu=(limits.cpu, limits.cpu) if limits.cpu else None,  # request = hard limit
+                memory=(memory_mib, memory_mib) if memory_mib else None,
+                gpu=limits.gpu,
+                tags=dict(request.labels),
+                env=dict(request.env) or None,
+                client=client,
+                **network,
+            )
+        except Exception as exc:
+            raise self._translate(exc, tokens, "create the sandbox") from exc
+        return BackendObject(ref=join_ref(sandbox.object_id, tokens), labels=dict(request.labels),
+                             status="running", running=True, created_at=datetime.now(UTC))
+
+    @staticmethod
+    def _timeout(request: CreateRequest) -> int:
+        """Modal's own timeout, in whole seconds from now: the hard deadline, which Modal
+        enforces even if sbx never runs again (it cannot be extended later)."""
+        if request.hard_deadline is None:
+            raise CapabilityNotSupported("the modal backend needs a hard deadline (ttl.max)")
+        return max(1, math.ceil(request.hard_deadline.timestamp() - time.time()))
+
+    async def destroy(self, ref: str) -> None:
+        from modal.exception import NotFoundError
+
+        sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
+        if sandbox is None:
+            return  # Modal no longer knows it: gone already is success
+        try:
+            await sandbox.terminate.aio()
+        except NotFoundError:
+            return
+        except Exception as exc:
+            raise self._translate(exc, tokens, f"terminate {split_ref(ref)[0]}") from exc
+
+    async def get(self, ref: str) -> BackendObject | None:
+        sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
+        if sandbox is None:
+            return None
+        code = sandbox.returncode  # from the lookup itself
+        try:
+            labels = await sandbox.get_tags.aio()
+        except Exception as exc:
+            raise self._translate(exc, tokens, "read the sandbox's tags") from exc
+        return BackendObject(ref=ref, labels=labels, status=_status(code), running=code is None)
+
+    async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
+        """Running sandboxes carrying all `labels` (tags), every page, through the default
+        token variables: a process without profiles (the reaper) has only those."""
+        tokens = TokenVariables()
+        client = await self._client(tokens)
+        modal = _sdk()
+        try:
+            found = [s async for s in modal.Sandbox.list.aio(tags=dict(labels), client=client)]
+            tags = await asyncio.gather(*(s.get_tags.aio() for s in found))
+        except Exception as exc:
+            raise self._translate(exc, tokens, "list sandboxes") from exc
+        return [BackendObject(ref=s.object_id, labels=t, status=_status(s.returncode),
+                              running=s.returncode is None)
+                for s, t in zip(found, tags, strict=True)]
+
+    async def exec(self, ref: str, argv: Sequence[str],
+                   timeout_s: float | None = None) -> ExecResult:
+        from modal.exception import ConflictError, ExecTimeoutError, NotFoundError
+
+        started = time.perf_counter()
+        sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
+        if sandbox is None:
+            raise BackendObjectGone(f"Modal sandbox {split_ref(ref)[0]} is gone")
+        try:
+            process = await sandbox.exec.aio(
+                *argv, timeout=math.ceil(timeout_s) if timeout_s else None, text=False)
+            out, err = await asyncio.gather(process.stdout.read.aio(), process.stderr.read.aio())
+            code = await process.wait.aio()
+        except ExecTimeoutError:
+            code, out, err = -1, b"", b""
+        except (NotFoundError, ConflictError) as exc:
+            raise BackendObjectGone(
+                f"Modal sandbox {split_ref(ref)[0]} has ended ({_error_text(exc)})") from exc
+        except Exception as exc:
+            raise self._translate(exc, tokens, "run the command") from exc
+        elapsed = time.perf_counter() - started
+        if code == -1 and timeout_s and elapsed >= timeout_s:  # the SDK's "deadline passed"
+            return ExecResult(124, out, err + f"sbx: timed out after {timeout_s:g}s\n".encode(),
+                              elapsed, timed_out=True)
+        return ExecResult(code, out, err, elapsed)
+
+    async def snapshot(self, ref: str, labels: Mapping[str, str]) -> Artifact:
+        """`snapshot_filesystem`: the filesystem as a Modal image (not memory). Modal images
+        carry no labels, so `labels` live only in sbx's checkpoint row."""
+        from modal.exception import ConflictError, NotFoundError
+
+        sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
+        if sandbox is None:
+            raise BackendObjectGone(f"Modal sandbox {split_ref(ref)[0]} is gone")
+        try:
+            image = await sandbox.snapshot_filesystem.aio()
+        except (NotFoundError, ConflictError) as exc:
+            raise BackendObjectGone(
+                f"Modal sandbox {split_ref(ref)[0]} has ended ({_error_text(exc)})") from exc
+        except Exception as exc:
+            raise self._translate(exc, tokens, "snapshot the sandbox") from exc
+        return Artifact(join_ref(image.object_id, tokens), dict(labels))
+
+    async def delete_artifact(self, artifact: str) -> None:
+        """Delete the snapshot image (the SDK's `modal.experimental.image_delete`)."""
+        from modal.exception import NotFoundError
+        from modal.experimental import image_delete
+
+        image_id, tokens = split_ref(artifact)
+        client = await self._client(tokens)
+        try:
+            await image_delete.aio(image_id, client=client)
+        except NotFoundError:
+            pass  # already gone: success
+        except Exception as exc:
+            raise self._translate(exc, tokens, f"delete image {image_id}") from exc
+
+    async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
+        """Modal cannot list images by label: none are reported, so reconcile never removes
+        a snapshot image it cannot prove is ours (docs/modal.md)."""
+        return []
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        self._apps.clear()
+        for client in clients:
+            try:
+                await client.close.aio()
+            except Exception:
+                pass

@@ -1,0 +1,689 @@
+"""A local stand-in for Modal's API, for testing the modal adapter through the real SDK.
+
+Two gRPC services on 127.0.0.1, built on the servicer base classes the `modal` package ships:
+the control plane (`modal_proto.api_grpc.ModalClientBase`) and the task command router
+(`modal_proto.task_command_router_grpc.TaskCommandRouterBase`) that exec and filesystem
+snapshots go to. Every RPC the stand-in does not implement answers UNIMPLEMENTED and is
+recorded in `unimplemented`, so an SDK upgrade that calls something new fails loudly.
+
+What a "sandbox" is here: a folder (its filesystem, the working directory of its commands)
+and local `sh` processes. Commands run for real on this host (not in Docker), with real exit
+codes, stdout and stderr. A filesystem snapshot copies the folder into an image; a sandbox
+created from that image starts from a copy. Server-side deadlines are real: a sandbox past its
+`timeout` ends with the timed-out result (exit 124), as on Modal, and its processes are killed.
+
+Auth as on Modal: the token pair arrives as metadata on every control-plane call
+(UNAUTHENTICATED when wrong), `AuthTokenGet` hands out a JWT-shaped token with an `exp` claim
+that V2 calls carry, and the router wants the per-sandbox JWT it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import empty_pb2
+from grpclib import GRPCError, Status
+from grpclib.server import Server, Stream
+from modal_proto import api_pb2
+from modal_proto import task_command_router_pb2 as router_pb2
+from modal_proto.api_grpc import ModalClientBase
+from modal_proto.task_command_router_grpc import TaskCommandRouterBase
+
+GenericResult = api_pb2.GenericResult
+V1_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _jwt(claims: dict[str, Any]) -> str:
+    def part(data: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.{secrets.token_hex(8)}"
+
+
+@dataclass
+class Exec:
+    """One command started in a sandbox, with its output as it arrives."""
+
+    process: asyncio.subprocess.Process
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    closed: dict[int, bool] = field(default_factory=lambda: {0: False, 1: False})
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Sandbox:
+    id: str
+    task_id: str
+    app_id: str
+    created_at: float
+    definition: api_pb2.Sandbox
+    tags: dict[str, str]
+    fs: Path
+    env: dict[str, str]
+    jwt: str
+    version: int
+    result: api_pb2.GenericResult | None = None
+    last_activity: float = 0.0
+    execs: dict[str, Exec] = field(default_factory=dict)
+    entrypoint: asyncio.subprocess.Process | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.result is None
+
+
+@dataclass
+class Call:
+    """One RPC as the stand-in received it (metadata without token values)."""
+
+    service: str
+    method: str
+    request: Any
+
+
+class ModalStandin:
+    """The stand-in's state and both servers, run on a loop in a thread of its own so the
+    test process can serve the `sbx` subprocesses it starts and call the SDK itself."""
+
+    def __init__(self, root: Path, token_id: str, token_secret: str, *, page_size: int = 3):
+        self.root = root
+        self.token_id = token_id
+        self.token_secret = token_secret
+        self.page_size = page_size
+        self.calls: list[Call] = []
+        self.unimplemented: list[str] = []
+        self.creates: list[Any] = []  # SandboxCreateV2Request / SandboxCreateRequest, in order
+        self.rejected_tokens = 0
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.images: dict[str, Path | None] = {}
+        self.registry_images: dict[str, list[str]] = {}  # image id -> Dockerfile commands
+        self.deleted_images: list[str] = []
+        self.apps: dict[str, str] = {}
+        self.auth_tokens: set[str] = set()
+        self.api_port = _free_port()
+        self.router_port = _free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="modal-standin",
+                                        daemon=True)
+        self._servers: list[Server] = []
+
+    # -- running ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    def start(self) -> ModalStandin:
+        self._thread.start()
+        self.call(self._start())
+        return self
+
+    async def _start(self) -> None:
+        for handler, port in ((with_unimplemented(ControlPlane)(self), self.api_port),
+                              (with_unimplemented(TaskRouter)(self), self.router_port)):
+            server = Server([handler])
+            await server.start("127.0.0.1", port)
+            self._servers.append(server)
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            for sandbox in list(self.sandboxes.values()):
+                await self._end(sandbox, GenericResult.GENERIC_STATUS_TERMINATED)
+            for server in self._servers:
+                server.close()
+                await server.wait_closed()
+
+        self.call(shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def call(self, coro: Awaitable[Any], timeout: float = 30) -> Any:
+        """Run a coroutine on the stand-in's loop from the test's thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # -- what tests look at ----------------------------------------------------------------
+
+    def methods(self) -> list[str]:
+        return [c.method for c in self.calls]
+
+    def create_of(self, sandbox_id: str) -> Any:
+        """The create request that made the sandbox whose `sbx.id` tag is `sandbox_id`."""
+        for request in self.creates:
+            if {t.tag_name: t.tag_value for t in request.tags}.get("sbx.id") == sandbox_id:
+                return request
+        raise KeyError(sandbox_id)
+
+    def sandbox_by_tag(self, sandbox_id: str) -> Sandbox:
+        return next(s for s in self.sandboxes.values() if s.tags.get("sbx.id") == sandbox_id)
+
+    def terminate_out_of_band(self, modal_id: str) -> None:
+        self.call(self._end(self.sandboxes[modal_id], GenericResult.GENERIC_STATUS_TERMINATED))
+
+    def forget(self, modal_id: str) -> None:
+        """Modal no longer knows the sandbox at all (long gone)."""
+        self.call(self._forget(modal_id))
+
+    async def _forget(self, modal_id: str) -> None:
+        sandbox = self.sandboxes[modal_id]
+        await self._end(sandbox, GenericResult.GENERIC_STATUS_TERMINATED)
+        del self.sandboxes[modal_id]
+
+    def running_processes(self) -> int:
+        return sum(1 for s in self.sandboxes.values() for e in s.execs.values()
+                   if e.process.returncode is None)
+
+    # -- sandboxes -------------------------------------------------------------------------
+
+    def _new_sandbox(self, version: int, app_id: str, definition: api_pb2.Sandbox,
+                     tags: dict[str, str], env: dict[str, str]) -> Sandbox:
+        if version == 1:
+            sandbox_id = "sb-" + "".join(secrets.choice(V1_ALPHABET) for _ in range(22))
+        else:
+            sandbox_id = f"sb-v2-{uuid.uuid4().hex[:16]}"
+        image_id = definition.image_id
+        if image_id not in self.images:
+            raise GRPCError(Status.NOT_FOUND, f"Image {image_id} not found")
+        fs = self.root / "sandboxes" / sandbox_id
+        source = self.images[image_id]
+        if source is not None:
+            shutil.copytree(source, fs, symlinks=True)
+        else:
+            fs.mkdir(parents=True)
+        now = time.time()
+        latest = max((s.created_at for s in self.sandboxes.values()), default=0.0)
+        sandbox = Sandbox(
+            id=sandbox_id, task_id=f"ta-{uuid.uuid4().hex[:12]}{'V' if version == 2 else ''}",
+            app_id=app_id, created_at=max(now, latest + 1e-3), definition=definition, tags=tags,
+            fs=fs, env=env, jwt=_jwt({"sub": sandbox_id, "exp": int(now) + 3600}),
+            version=version, last_activity=now,
+        )
+        self.sandboxes[sandbox_id] = sandbox
+        loop = asyncio.get_running_loop()
+        if definition.timeout_secs:
+            sandbox.timers.append(loop.call_later(
+                definition.timeout_secs, self._end_soon, sandbox,
+                GenericResult.GENERIC_STATUS_TIMEOUT))
+        if definition.idle_timeout_secs:
+            sandbox.timers.append(loop.call_later(1, self._check_idle, sandbox))
+        if definition.entrypoint_args:
+            loop.create_task(self._run_entrypoint(sandbox))
+        return sandbox
+
+    def _check_idle(self, sandbox: Sandbox) -> None:
+        if not sandbox.running:
+            return
+        busy = any(e.exit_code is None and e.exit_signal is None for e in sandbox.execs.values())
+        if not busy and time.time() - sandbox.last_activity >= sandbox.definition.idle_timeout_secs:
+            self._end_soon(sandbox, GenericResult.GENERIC_STATUS_IDLE_TIMEOUT)
+        else:
+            sandbox.timers.append(asyncio.get_running_loop().call_later(
+                1, self._check_idle, sandbox))
+
+    async def _run_entrypoint(self, sandbox: Sandbox) -> None:
+        sandbox.entrypoint = await self._spawn(sandbox, list(sandbox.definition.entrypoint_args),
+                                               {}, capture=False)
+        code = await sandbox.entrypoint.wait()
+        if sandbox.running:
+            await self._end(sandbox, GenericResult.GENERIC_STATUS_SUCCESS if code == 0
+                            else GenericResult.GENERIC_STATUS_FAILURE, exitcode=code)
+
+    def _end_soon(self, sandbox: Sandbox, status: int) -> None:
+        asyncio.get_running_loop().create_task(self._end(sandbox, status))
+
+    async def _end(self, sandbox: Sandbox, status: int, exitcode: int = 0) -> None:
+        """The sandbox stops: its result is set and every process in it is killed."""
+        if not sandbox.running:
+            return
+        sandbox.result = GenericResult(status=status, exitcode=exitcode,
+                                       exception={3: "Sandbox terminated", 4: "Sandbox timed out",
+                                                  7: "Sandbox idle timeout"}.get(status, ""))
+        for timer in sandbox.timers:
+            timer.cancel()
+        processes = [e.process for e in sandbox.execs.values()]
+        if sandbox.entrypoint is not None:
+            processes.append(sandbox.entrypoint)
+        for process in processes:
+            if process.returncode is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for process in processes:
+            await process.wait()
+        sandbox.ended.set()
+
+    async def _spawn(self, sandbox: Sandbox, argv: list[str], env: dict[str, str], *,
+                     capture: bool) -> asyncio.subprocess.Process:
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(sandbox.fs),
+                    **sandbox.env, **env}
+        pipe = asyncio.subprocess.PIPE if capture else asyncio.subprocess.DEVNULL
+        try:
+            return await asyncio.create_subprocess_exec(
+                *argv, cwd=sandbox.fs, env=full_env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=pipe, stderr=pipe, start_new_session=True)
+        except OSError as exc:
+            raise GRPCError(Status.FAILED_PRECONDITION, f"cannot start {argv[0]!r}: {exc}") from None
+
+    def _sandbox(self, sandbox_id: str) -> Sandbox:
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise GRPCError(Status.NOT_FOUND, f"Sandbox {sandbox_id} not found")
+        return sandbox
+
+    def _by_task(self, task_id: str) -> Sandbox:
+        for sandbox in self.sandboxes.values():
+            if sandbox.task_id == task_id:
+                return sandbox
+        raise GRPCError(Status.NOT_FOUND, f"Task {task_id} not found")
+
+    def _info(self, sandbox: Sandbox) -> api_pb2.SandboxInfo:
+        return api_pb2.SandboxInfo(
+            id=sandbox.id, created_at=sandbox.created_at, app_id=sandbox.app_id,
+            tags=[api_pb2.SandboxTag(tag_name=k, tag_value=v) for k, v in sandbox.tags.items()],
+            image_id=sandbox.definition.image_id, timeout_secs=sandbox.definition.timeout_secs,
+            idle_timeout_secs=sandbox.definition.idle_timeout_secs,
+            task_info=api_pb2.TaskInfo(id=sandbox.task_id, started_at=sandbox.created_at,
+                                       result=sandbox.result, sandbox_id=sandbox.id),
+            metadata=self._metadata(sandbox),
+        )
+
+    @staticmethod
+    def _metadata(sandbox: Sandbox) -> api_pb2.SandboxHandleMetadata:
+        return api_pb2.SandboxHandleMetadata(app_id=sandbox.app_id, result=sandbox.result)
+
+    # -- images ----------------------------------------------------------------------------
+
+    def add_image(self, files: dict[str, str] | None = None) -> str:
+        """An image the account already has (what `Image.from_id` refers to)."""
+        image_id = f"im-{uuid.uuid4().hex[:20]}"
+        folder = None
+        if files:
+            folder = self.root / "images" / image_id
+            folder.mkdir(parents=True)
+            for name, text in files.items():
+                (folder / name).write_text(text)
+        self.images[image_id] = folder
+        return image_id
+
+
+def with_unimplemented(cls: type) -> type:
+    """`cls` with every abstract RPC it does not define answering UNIMPLEMENTED, recorded."""
+
+    def unimplemented(name: str) -> Callable[..., Awaitable[None]]:
+        async def handler(self: Any, stream: Stream) -> None:
+            self.standin.unimplemented.append(name)
+            self.standin.calls.append(Call(self.service, name, None))
+            raise GRPCError(Status.UNIMPLEMENTED, f"the Modal stand-in does not implement {name}")
+
+        return handler
+
+    missing = {name: unimplemented(name) for name in cls.__abstractmethods__}
+    return type(cls.__name__, (cls,), missing)
+
+
+class _Service:
+    service = ""
+
+    def __init__(self, standin: ModalStandin) -> None:
+        self.standin = standin
+
+    async def _unary(self, stream: Stream, name: str,
+                     answer: Callable[[Any], Any | Awaitable[Any]]) -> None:
+        request = await stream.recv_message()
+        self.standin.calls.append(Call(self.service, name, request))
+        self._authenticate(stream)
+        response = answer(request)
+        if asyncio.iscoroutine(response):
+            response = await response
+        await stream.send_message(response)
+
+    def _authenticate(self, stream: Stream) -> None:
+        raise NotImplementedError
+
+
+class ControlPlane(_Service, ModalClientBase):
+    service = "api"
+
+    def _authenticate(self, stream: Stream) -> None:
+        metadata = stream.metadata or {}
+        if (metadata.get("x-modal-token-id") != self.standin.token_id
+                or metadata.get("x-modal-token-secret") != self.standin.token_secret):
+            self.standin.rejected_tokens += 1
+            raise GRPCError(Status.UNAUTHENTICATED, "Token ID or secret is invalid")
+        auth_token = metadata.get("x-modal-auth-token")
+        if auth_token is not None and auth_token not in self.standin.auth_tokens:
+            raise GRPCError(Status.UNAUTHENTICATED, "Invalid auth token")
+
+    # -- session, apps, images -------------------------------------------------------------
+
+    async def ClientHello(self, stream: Stream) -> None:
+        await self._unary(stream, "ClientHello", lambda _: api_pb2.ClientHelloResponse())
+
+    async def AuthTokenGet(self, stream: Stream) -> None:
+        def answer(_: Any) -> api_pb2.AuthTokenGetResponse:
+            token = _jwt({"sub": self.standin.token_id, "exp": int(time.time()) + 3600})
+            self.standin.auth_tokens.add(token)
+            return api_pb2.AuthTokenGetResponse(token=token)
+
+        await self._unary(stream, "AuthTokenGet", answer)
+
+    async def AppGetOrCreate(self, stream: Stream) -> None:
+        def answer(request: api_pb2.AppGetOrCreateRequest) -> api_pb2.AppGetOrCreateResponse:
+            app_id = self.standin.apps.setdefault(request.app_name, f"ap-{uuid.uuid4().hex[:20]}")
+            return api_pb2.AppGetOrCreateResponse(app_id=app_id)
+
+        await self._unary(stream, "AppGetOrCreate", answer)
+
+    async def ImageFromId(self, stream: Stream) -> None:
+        def answer(request: api_pb2.ImageFromIdRequest) -> api_pb2.ImageFromIdResponse:
+            if request.image_id not in self.standin.images:
+                raise GRPCError(Status.NOT_FOUND, f"Image {request.image_id} not found")
+            return api_pb2.ImageFromIdResponse(image_id=request.image_id,
+                                               metadata=api_pb2.ImageMetadata())
+
+        await self._unary(stream, "ImageFromId", answer)
+
+    async def ImageGetOrCreate(self, stream: Stream) -> None:
+        """A registry image: "pulled" at once, with an empty filesystem."""
+        def answer(request: api_pb2.ImageGetOrCreateRequest) -> api_pb2.ImageGetOrCreateResponse:
+            commands = list(request.image.dockerfile_commands)
+            image_id = next((i for i, c in self.standin.registry_images.items() if c == commands),
+                            None)
+            if image_id is None:
+                image_id = self.standin.add_image()
+                self.standin.registry_images[image_id] = commands
+            return api_pb2.ImageGetOrCreateResponse(
+                image_id=image_id, result=GenericResult(status=GenericResult.GENERIC_STATUS_SUCCESS),
+                metadata=api_pb2.ImageMetadata())
+
+        await self._unary(stream, "ImageGetOrCreate", answer)
+
+    async def ImageDelete(self, stream: Stream) -> None:
+        def answer(request: api_pb2.ImageDeleteRequest) -> empty_pb2.Empty:
+            if self.standin.images.pop(request.image_id, "gone") == "gone":
+                raise GRPCError(Status.NOT_FOUND, f"Image {request.image_id} not found")
+            self.standin.deleted_images.append(request.image_id)
+            return empty_pb2.Empty()
+
+        await self._unary(stream, "ImageDelete", answer)
+
+    # -- sandboxes (V2, and V1 for GPU sandboxes) ------------------------------------------
+
+    async def SandboxCreateV2(self, stream: Stream) -> None:
+        def answer(request: api_pb2.SandboxCreateV2Request) -> api_pb2.SandboxCreateV2Response:
+            self.standin.creates.append(request)
+            env: dict[str, str] = {}
+            for source in request.secret_sources:
+                env.update(source.env.contents)
+            sandbox = self.standin._new_sandbox(
+                2, request.app_id, request.definition,
+                {t.tag_name: t.tag_value for t in request.tags}, env)
+            return api_pb2.SandboxCreateV2Response(
+                sandbox_id=sandbox.id, task_id=sandbox.task_id,
+                metadata=self.standin._metadata(sandbox),
+                command_router_access=api_pb2.CommandRouterAccess(
+                    url=self.standin.router_url, jwt=sandbox.jwt))
+
+        await self._unary(stream, "SandboxCreateV2", answer)
+
+    async def SandboxCreate(self, stream: Stream) -> None:
+        def answer(request: api_pb2.SandboxCreateRequest) -> api_pb2.SandboxCreateResponse:
+            self.standin.creates.append(request)
+            sandbox = self.standin._new_sandbox(
+                1, request.app_id, request.definition,
+                {t.tag_name: t.tag_value for t in request.tags}, {})
+            return api_pb2.SandboxCreateResponse(sandbox_id=sandbox.id,
+                                                 metadata=self.standin._metadata(sandbox))
+
+        await self._unary(stream, "SandboxCreate", answer)
+
+    async def _wait(self, request: api_pb2.SandboxWaitRequest) -> api_pb2.SandboxWaitResponse:
+        sandbox = self.standin._sandbox(request.sandbox_id)
+        if sandbox.running and request.timeout > 0:
+            try:
+                await asyncio.wait_for(sandbox.ended.wait(), min(request.timeout, 5))
+            except TimeoutError:
+                pass
+        return api_pb2.SandboxWaitResponse(result=sandbox.result,
+                                           metadata=self.standin._metadata(sandbox))
+
+    async def SandboxWaitV2(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxWaitV2", self._wait)
+
+    async def SandboxWait(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxWait", self._wait)
+
+    async def _terminate(self, request: api_pb2.SandboxTerminateRequest
+                         ) -> api_pb2.SandboxTerminateResponse:
+        sandbox = self.standin._sandbox(request.sandbox_id)
+        existing = sandbox.result
+        await self.standin._end(sandbox, GenericResult.GENERIC_STATUS_TERMINATED)
+        return api_pb2.SandboxTerminateResponse(existing_result=existing)
+
+    async def SandboxTerminateV2(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxTerminateV2", self._terminate)
+
+    async def SandboxTerminate(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxTerminate", self._terminate)
+
+    async def SandboxListV2(self, stream: Stream) -> None:
+        """Newest first, a page at a time, before `before_timestamp`; as Modal pages."""
+        def answer(request: api_pb2.SandboxListRequest) -> api_pb2.SandboxListResponse:
+            want = {t.tag_name: t.tag_value for t in request.tags}
+            found = [s for s in self.standin.sandboxes.values()
+                     if (request.include_finished or s.running)
+                     and (not request.app_id or s.app_id == request.app_id)
+                     and want.items() <= s.tags.items()
+                     and (not request.before_timestamp or s.created_at < request.before_timestamp)]
+            found.sort(key=lambda s: s.created_at, reverse=True)
+            return api_pb2.SandboxListResponse(
+                sandboxes=[self.standin._info(s) for s in found[:self.standin.page_size]])
+
+        await self._unary(stream, "SandboxListV2", answer)
+
+    def _tags_get(self, request: api_pb2.SandboxTagsGetRequest) -> api_pb2.SandboxTagsGetResponse:
+        sandbox = self.standin._sandbox(request.sandbox_id)
+        return api_pb2.SandboxTagsGetResponse(
+            tags=[api_pb2.SandboxTag(tag_name=k, tag_value=v) for k, v in sandbox.tags.items()])
+
+    async def SandboxTagsGetV2(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxTagsGetV2", self._tags_get)
+
+    async def SandboxTagsGet(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxTagsGet", self._tags_get)
+
+    def _tags_set(self, request: api_pb2.SandboxTagsSetRequest) -> empty_pb2.Empty:
+        sandbox = self.standin._sandbox(request.sandbox_id)
+        sandbox.tags = {t.tag_name: t.tag_value for t in request.tags}
+        return empty_pb2.Empty()
+
+    async def SandboxTagsSetV2(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxTagsSetV2", self._tags_set)
+
+    async def SandboxTagsSet(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxTagsSet", self._tags_set)
+
+    def _task_id(self, request: api_pb2.SandboxGetTaskIdRequest) -> api_pb2.SandboxGetTaskIdResponse:
+        sandbox = self.standin._sandbox(request.sandbox_id)
+        if not sandbox.running:
+            return api_pb2.SandboxGetTaskIdResponse(task_result=sandbox.result)
+        return api_pb2.SandboxGetTaskIdResponse(task_id=sandbox.task_id)
+
+    async def SandboxGetTaskIdV2(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxGetTaskIdV2", self._task_id)
+
+    async def SandboxGetTaskId(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxGetTaskId", self._task_id)
+
+    async def SandboxGetCommandRouterAccess(self, stream: Stream) -> None:
+        def answer(request: api_pb2.SandboxGetCommandRouterAccessRequest
+                   ) -> api_pb2.SandboxGetCommandRouterAccessResponse:
+            sandbox = (self.standin._sandbox(request.sandbox_id) if request.sandbox_id
+                       else self.standin._by_task(request.task_id))
+            return api_pb2.SandboxGetCommandRouterAccessResponse(
+                url=self.standin.router_url, jwt=sandbox.jwt)
+
+        await self._unary(stream, "SandboxGetCommandRouterAccess", answer)
+
+    async def TaskGetCommandRouterAccess(self, stream: Stream) -> None:
+        def answer(request: api_pb2.TaskGetCommandRouterAccessRequest
+                   ) -> api_pb2.TaskGetCommandRouterAccessResponse:
+            sandbox = self.standin._by_task(request.task_id)
+            return api_pb2.TaskGetCommandRouterAccessResponse(url=self.standin.router_url,
+                                                              jwt=sandbox.jwt)
+
+        await self._unary(stream, "TaskGetCommandRouterAccess", answer)
+
+
+class TaskRouter(_Service, TaskCommandRouterBase):
+    """The worker's command router: exec and filesystem snapshots of one task."""
+
+    service = "router"
+
+    def _authenticate(self, stream: Stream) -> None:
+        header = (stream.metadata or {}).get("authorization", "")
+        if not any(header == f"Bearer {s.jwt}" for s in self.standin.sandboxes.values()):
+            raise GRPCError(Status.UNAUTHENTICATED, "invalid command router token")
+
+    def _live(self, task_id: str) -> Sandbox:
+        sandbox = self.standin._by_task(task_id)
+        if not sandbox.running:
+            raise GRPCError(Status.NOT_FOUND, f"Task {task_id} has finished")
+        return sandbox
+
+    async def TaskExecStart(self, stream: Stream) -> None:
+        async def answer(request: router_pb2.TaskExecStartRequest) -> router_pb2.TaskExecStartResponse:
+            sandbox = self._live(request.task_id)
+            if request.exec_id in sandbox.execs:  # idempotent retry
+                return router_pb2.TaskExecStartResponse()
+            env = {e.key: e.value for e in request.env} if request.env else {}
+            process = await self.standin._spawn(sandbox, list(request.command_args), env,
+                                                capture=True)
+            job = Exec(process)
+            sandbox.execs[request.exec_id] = job
+            sandbox.last_activity = time.time()
+            loop = asyncio.get_running_loop()
+            loop.create_task(self._pump(job, process.stdout, 0))
+            loop.create_task(self._pump(job, process.stderr, 1))
+            loop.create_task(self._reap(sandbox, job, request.timeout_secs))
+            return router_pb2.TaskExecStartResponse()
+
+        await self._unary(stream, "TaskExecStart", answer)
+
+    @staticmethod
+    async def _pump(job: Exec, pipe: asyncio.StreamReader, fd: int) -> None:
+        while True:
+            chunk = await pipe.read(65536)
+            async with job.changed:
+                if chunk:
+                    (job.stdout if fd == 0 else job.stderr).extend(chunk)
+                else:
+                    job.closed[fd] = True
+                job.changed.notify_all()
+            if not chunk:
+                return
+
+    @staticmethod
+    async def _reap(sandbox: Sandbox, job: Exec, timeout_secs: int) -> None:
+        try:
+            code = await asyncio.wait_for(job.process.wait(), timeout_secs or None)
+        except TimeoutError:
+            os.killpg(job.process.pid, signal.SIGKILL)
+            code = await job.process.wait()
+        if code < 0:
+            job.exit_signal = -code
+        else:
+            job.exit_code = code
+        sandbox.last_activity = time.time()
+        job.finished.set()
+
+    def _exec(self, task_id: str, exec_id: str) -> Exec:
+        sandbox = self.standin._by_task(task_id)
+        job = sandbox.execs.get(exec_id)
+        if job is None:
+            raise GRPCError(Status.NOT_FOUND, f"exec {exec_id} not found")
+        return job
+
+    async def TaskExecStdioRead(self, stream: Stream) -> None:
+        """Server streaming: the output from `offset` on, until the stream closes."""
+        request = await stream.recv_message()
+        self.standin.calls.append(Call(self.service, "TaskExecStdioRead", request))
+        self._authenticate(stream)
+        job = self._exec(request.task_id, request.exec_id)
+        fd = int(request.file_descriptor)
+        buffer = job.stdout if fd == 0 else job.stderr
+        offset = request.offset
+        while True:
+            async with job.changed:
+                await job.changed.wait_for(
+                    lambda at=offset: len(buffer) > at or job.closed[fd])
+                data = bytes(buffer[offset:])
+                done = job.closed[fd]
+            if data:
+                await stream.send_message(router_pb2.TaskExecStdioReadResponse(data=data))
+                offset += len(data)
+            elif done:
+                return
+
+    async def TaskExecWait(self, stream: Stream) -> None:
+        async def answer(request: router_pb2.TaskExecWaitRequest) -> router_pb2.TaskExecWaitResponse:
+            job = self._exec(request.task_id, request.exec_id)
+            await job.finished.wait()
+            if job.exit_signal is not None:
+                return router_pb2.TaskExecWaitResponse(signal=job.exit_signal)
+            return router_pb2.TaskExecWaitResponse(code=job.exit_code)
+
+        await self._unary(stream, "TaskExecWait", answer)
+
+    async def TaskExecPoll(self, stream: Stream) -> None:
+        def answer(request: router_pb2.TaskExecPollRequest) -> router_pb2.TaskExecPollResponse:
+            job = self._exec(request.task_id, request.exec_id)
+            if job.exit_signal is not None:
+                return router_pb2.TaskExecPollResponse(signal=job.exit_signal)
+            if job.exit_code is not None:
+                return router_pb2.TaskExecPollResponse(code=job.exit_code)
+            return router_pb2.TaskExecPollResponse()
+
+        await self._unary(stream, "TaskExecPoll", answer)
+
+    async def TaskSnapshotFilesystem(self, stream: Stream) -> None:
+        def answer(request: router_pb2.TaskSnapshotFilesystemRequest
+                   ) -> router_pb2.TaskSnapshotFilesystemResponse:
+            sandbox = self._live(request.task_id)
+            image_id = f"im-{uuid.uuid4().hex[:20]}"
+            folder = self.standin.root / "images" / image_id
+            shutil.copytree(sandbox.fs, folder, symlinks=True)
+            self.standin.images[image_id] = folder
+            return router_pb2.TaskSnapshotFilesystemResponse(image_id=image_id)
+
+        await self._unary(stream, "TaskSnapshotFilesystem", answer)
