@@ -125,25 +125,36 @@ class DockerAdapter(Adapter):
         self.base_url = base_url or engine_url()
         self.timeout = timeout
         self._api: docker.APIClient | None = None
+        self._pinged = False
         self._engine_id: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def _client(self) -> docker.APIClient:
+        """A client speaking the engine's own API version, learnt from one unversioned
+        `/_ping` (what `docker version="auto"` learns from the slower `/version`)."""
         if self._api is None:
             try:
-                self._api = docker.APIClient(base_url=self.base_url, version="auto",
-                                             timeout=self.timeout)
+                api = docker.APIClient(base_url=self.base_url, timeout=self.timeout,
+                                       version=docker.constants.MINIMUM_DOCKER_API_VERSION)
+                response = api._get(api.base_url + "/_ping")
+                response.raise_for_status()
+                api._version = response.headers.get("Api-Version") or api._version
             except docker_errors.DockerException as exc:
                 raise BackendUnavailable(
                     f"Docker engine unreachable at {self.base_url} ({_short(exc)}); {START_HINT}"
                 ) from exc
+            except OSError as exc:  # connection refused, socket gone (requests' errors too)
+                raise BackendUnavailable(
+                    f"Docker engine unreachable at {self.base_url} ({exc}); {START_HINT}"
+                ) from exc
+            self._api, self._pinged = api, True
         return self._api
 
     async def _call(self, fn: Callable[[docker.APIClient], Any]) -> Any:
         def run() -> Any:
-            api = self._client()
             try:
+                api = self._client()
                 return fn(api)
             except docker_errors.APIError:  # the engine answered: the caller decides
                 raise
@@ -186,7 +197,13 @@ class DockerAdapter(Adapter):
         return Health(True, True, f"Docker {version.get('Version')} at {self.base_url}")
 
     async def ensure_available(self) -> None:
-        await self._call(lambda api: api.ping())
+        def ping(api: docker.APIClient) -> None:
+            if self._pinged:  # the client was made by a ping just now
+                self._pinged = False
+            else:
+                api.ping()
+
+        await self._call(ping)
 
     async def instance_id(self) -> str | None:
         """The engine's own ID (`docker info`), so a DOCKER_HOST that reaches another engine

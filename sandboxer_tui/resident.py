@@ -1,0 +1,364 @@
+"""`sbx server`: a resident process that runs each `sbx` command in a forked child.
+
+The server imports the heavy modules once, opens nothing (no database, no engine client, no
+thread), and forks one child per command: the child takes the caller's stdin/stdout/stderr,
+environment, working folder and umask, runs the command exactly as `sbx` would, and exits.
+Each command is still its own process with its own database connection, lease owner and
+engine client, so every guarantee of a one-shot `sbx` holds; only the imports are shared.
+
+The server answers only its own user (SO_PEERCRED), lives in `$SBX_HOME` (0700), declines a
+caller from another Python, and exits when its code changes on disk, so it never runs
+stale code. Forking is safe because the server never starts a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sandboxer_tui.launcher import PROTOCOL, SOCKET_NAME, home, socket_address
+
+PID_FILE = "server.pid"
+LOG_FILE = "server.log"
+# Imported before serving: what every command needs, and the local backends. Cloud SDKs
+# import in the child that needs them (they may start threads, which fork must not copy).
+PRELOAD = (
+    "sandboxer_tui.cli",
+    "core.manager",
+    "core.checkpoints",
+    "core.profiles",
+    "core.reaper",
+    "core.views",
+    "core.inventory",
+    "core.events",
+    "sqlalchemy.dialects.sqlite.pysqlite",
+    "adapters.docker",
+    "docker",
+    "adapters.stub",
+)
+_PACKAGES = ("core", "adapters", "sandboxer_tui", "profiles")
+
+
+def _code_fingerprint() -> dict[str, float]:
+    """Modification times of every project module this process has loaded, and of the
+    folders on sys.path (installing or removing a package, an adapter say, changes them)."""
+    stamps = {}
+    for folder in sys.path:
+        if folder and os.path.isdir(folder):
+            stamps[folder] = os.stat(folder).st_mtime
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and name.split(".")[0] in _PACKAGES:
+            with contextlib.suppress(OSError):
+                stamps[path] = os.stat(path).st_mtime
+    return stamps
+
+
+def _changed(stamps: dict[str, float]) -> str | None:
+    """The first module or folder that changed since the fingerprint, if any."""
+    for path, mtime in stamps.items():
+        try:
+            if os.stat(path).st_mtime != mtime:
+                return path
+        except OSError:
+            return path
+    return None
+
+
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
+    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
+        more = conn.recv(1 << 20)
+        if not more:
+            raise ValueError("request cut short")
+        data += more
+    (size,) = struct.unpack("!I", data[:4])
+    return json.loads(data[4 : 4 + size]), fds
+
+
+def _reply(conn: socket.socket, data: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall((json.dumps(data) + "\n").encode())
+
+
+def _run_child(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: become the caller's `sbx` process, run the command, exit."""
+    code = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=stream.isatty())
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        os.umask(int(request["umask"]))
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        sys.argv = ["sbx", *request["argv"]]
+        from sandboxer_tui.cli import main
+
+        try:
+            main(request["argv"])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        except KeyboardInterrupt:
+            print("sbx: aborted", file=sys.stderr)
+            code = 130
+    except BaseException:  # a bug: show it on the caller's stderr, never in the server
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+class Server:
+    def __init__(self, folder: Path, idle_s: float | None = None) -> None:
+        self.folder = folder
+        self.idle_s = idle_s
+        self.selector = selectors.DefaultSelector()
+        self.children: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (conn, pid)
+        self.served = 0
+        self.started = time.time()
+        self.last_activity = time.monotonic()
+        self.stamps: dict[str, float] = {}
+        self.stopping = False
+
+    def preload(self) -> None:
+        for name in PRELOAD:
+            importlib.import_module(name)
+        from adapters import registry
+
+        registry.names()  # reads every distribution's entry points once, for every child
+        if threading.active_count() > 1:  # fork would copy a thread's locks, not the thread
+            raise RuntimeError(f"a preloaded module started a thread: {threading.enumerate()}")
+        self.stamps = _code_fingerprint()
+        gc.collect()
+        gc.freeze()  # children share these pages instead of copying them on the next sweep
+
+    def serve(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path = self.folder / SOCKET_NAME
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        old = os.umask(0o077)
+        try:
+            listener.bind(socket_address(self.folder))
+        finally:
+            os.umask(old)
+        listener.listen(64)
+        listener.setblocking(False)
+        (self.folder / PID_FILE).write_text(f"{os.getpid()}\n")
+        self.selector.register(listener, selectors.EVENT_READ, "listener")
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        try:
+            while not self.stopping:
+                timeout = 1.0
+                for key, _ in self.selector.select(timeout):
+                    if key.data == "listener":
+                        self._accept(listener)
+                    else:
+                        self._reap(key.fileobj)
+                if self._idle_expired():
+                    break
+                changed = None if self.children else _changed(self.stamps)
+                if changed:
+                    _log(f"{changed} changed: stepping aside")
+                    break
+        finally:
+            self._cleanup(listener, path)
+
+    def _stop(self, _signum, _frame) -> None:
+        self.stopping = True
+
+    def _idle_expired(self) -> bool:
+        if self.idle_s is None or self.children:
+            return False
+        return time.monotonic() - self.last_activity > self.idle_s
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(True)
+        self.last_activity = time.monotonic()
+        fds: list[int] = []
+        pid: int | None = None
+        try:
+            uid = struct.unpack("3i", conn.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+            request, fds = _read_request(conn)
+            if request.get("op") == "status":
+                reason = "another user" if uid != os.getuid() else None
+                _reply(conn, {"declined": reason} if reason else self.status())
+                return
+            reason = self._decline_reason(uid, request, fds)
+            if reason:
+                _reply(conn, {"declined": reason})
+                return
+            pid = os.fork()
+            if pid == 0:
+                self._close_inherited(listener, keep=conn)
+                _run_child(request, fds)  # never returns
+        except (OSError, ValueError) as exc:
+            _log(f"request refused: {exc}")
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if pid is None:
+                conn.close()
+        self.served += 1
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = (conn, pid)
+        self.selector.register(pidfd, selectors.EVENT_READ, "child")
+        _reply(conn, {"pid": pid})
+
+    def _close_inherited(self, listener: socket.socket, keep: socket.socket) -> None:
+        """A child holds nothing of the server's: not the listener, nor other callers'
+        connections, so a caller sees its server go away when it does."""
+        listener.close()
+        for pidfd, (conn, _) in self.children.items():
+            conn.close()
+            os.close(pidfd)
+        self.selector.close()
+        keep.close()
+
+    def _decline_reason(self, uid: int, request: dict[str, Any], fds: list[int]) -> str | None:
+        if uid != os.getuid():
+            return "another user"
+        if request.get("protocol") != PROTOCOL or len(fds) != 3:
+            return "another protocol"
+        if os.path.realpath(request.get("executable", "")) != os.path.realpath(sys.executable):
+            return "another Python"
+        changed = _changed(self.stamps)
+        if changed:
+            _log(f"{changed} changed: stepping aside")
+            self.stopping = True  # our code changed on disk: let the caller run it fresh
+            return "code changed"
+        return None
+
+    def _reap(self, pidfd: int) -> None:
+        self.selector.unregister(pidfd)
+        conn, pid = self.children.pop(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        _reply(conn, {"exit": code if code >= 0 else 128 - code})
+        conn.close()
+        self.last_activity = time.monotonic()
+
+    def status(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "served": self.served, "commands_running": len(self.children),
+                "since": self.started, "python": sys.executable}
+
+    def _cleanup(self, listener: socket.socket, path: Path) -> None:
+        """Stop taking commands; the ones running finish and answer their callers."""
+        self.selector.unregister(listener)
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (self.folder / PID_FILE).unlink()
+        while self.children:
+            for key, _ in self.selector.select(1.0):
+                self._reap(key.fileobj)
+
+
+def _log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+def query_status(folder: Path) -> dict[str, Any] | None:
+    """The running server's status, or None when none answers."""
+    from sandboxer_tui.launcher import send_message
+
+    if not (folder / SOCKET_NAME).exists():
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        try:
+            sock.connect(socket_address(folder))
+            send_message(sock, {"op": "status"})
+            line = sock.makefile("r").readline()
+        except OSError:
+            return None
+    return json.loads(line) if line else None
+
+
+def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, Any], bool]:
+    """Start a detached server unless one answers. Returns its status and whether it is new."""
+    import subprocess
+
+    folder = home()
+    running = query_status(folder)
+    if running and "pid" in running:
+        return running, False
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log = folder / LOG_FILE
+    with open(log, "ab") as out:
+        os.chmod(log, 0o600)
+        subprocess.Popen(
+            [sys.executable, "-m", "sandboxer_tui.resident", "" if idle_s is None else str(idle_s)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            cwd="/", close_fds=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        status = query_status(folder)
+        if status and "pid" in status:
+            return status, True
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    raise RuntimeError(f"the sbx server did not start within {wait_s:.0f} s: {tail[0]} (see {log})")
+
+
+def stop(wait_s: float = 30.0) -> dict[str, Any] | None:
+    """Stop the server (running commands finish first). None when none was running."""
+    folder = home()
+    status = query_status(folder)
+    if not status or "pid" not in status:
+        return None
+    os.kill(status["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and (folder / SOCKET_NAME).exists():
+        time.sleep(0.05)
+    return status
+
+
+def run(idle_s: float | None = None) -> None:
+    """Serve in the foreground until SIGTERM, idleness or a code change."""
+    folder = home()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    server = Server(folder, idle_s)
+    server.preload()
+    _log(f"serving {folder / SOCKET_NAME} (pid {os.getpid()})")
+    server.serve()
+    _log(f"stopped after {server.served} commands")
+
+
+if __name__ == "__main__":
+    idle = float(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] else None
+    run(idle)

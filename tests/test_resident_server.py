@@ -1,0 +1,201 @@
+"""`sbx server`: commands handed to a resident process behave exactly as one-shot commands.
+
+Every test runs the real launcher (`python -m sandboxer_tui.launcher`, what the `sbx` script
+runs) against a real server started with `sbx server start` in the test's own SBX_HOME, and
+on the real Docker engine where a sandbox is involved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RUN_LABEL, Result, SbxRunner, one_json, write_profile
+
+LAUNCHER = [sys.executable, "-m", "sandboxer_tui.launcher"]
+
+
+class Launcher(SbxRunner):
+    """Like the `sbx` fixture, but through the launcher, so a running server takes the command."""
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
+                 input: str | None = None) -> Result:
+        proc = subprocess.run([*LAUNCHER, *args], cwd=self.cwd, env=self.env(env), text=True,
+                              capture_output=True, timeout=timeout, input=input)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def status(self) -> dict:
+        result = self("server", "status", "--json")
+        assert result.code == 0, result.err
+        return result.json()
+
+
+@pytest.fixture
+def via(sbx: SbxRunner) -> Launcher:
+    launcher = Launcher(sbx.home, sbx.cwd)
+    started = launcher("server", "start", "--json")
+    assert started.code == 0, started.err
+    pid = started.json()["pid"]
+    yield launcher
+    launcher("server", "stop")
+    try:  # never leave our server behind, whatever the test did
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_commands_run_in_the_server_with_the_same_results(via: Launcher, sbx: SbxRunner) -> None:
+    before = via.status()["served"]
+    made = via("create", "--label", RUN_LABEL, "--name", "through-server", "--json")
+    assert made.code == 0, made.err
+    sandbox = one_json(made.out)
+    ran = via("exec", sandbox["id"], "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+    assert (ran.code, ran.out, ran.err) == (3, "out\n", "err\n")
+    missing = via("show", "sbx-nosuchthing")
+    assert missing.code == 3 and missing.err.strip() == "sbx: no sandbox 'sbx-nosuchthing'"
+    bad = via("create", "--ttl", "-5m")
+    assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1
+    # the server ran them (one child each), and the one-shot CLI sees the same inventory
+    assert via.status()["served"] == before + 4
+    assert via("ls", "--json").json() == sbx("ls", "--json").json()
+    gone = via("destroy", "--yes", sandbox["id"])
+    assert gone.code == 0, gone.err
+    assert sbx("show", sandbox["id"], "--json").json()["state"] == "destroyed"
+
+
+def test_the_callers_environment_and_folder_are_the_commands(via: Launcher, tmp_path: Path) -> None:
+    """The server forks with the caller's env and cwd, not its own: a profile found only in
+    the caller's ./.sbx/profiles and an SBX_ACTOR set for one call both take effect."""
+    folder = tmp_path / "project"
+    (folder / ".sbx" / "profiles").mkdir(parents=True)
+    write_profile(folder / ".sbx" / "profiles", "local-only", "backend: docker\n")
+    here = Launcher(via.home, folder)
+    listed = here("profiles", "list", "--json")
+    assert listed.code == 0, listed.err
+    assert "local-only" in {p["name"] for p in listed.json()}
+    assert "local-only" not in {p["name"] for p in via("profiles", "list", "--json").json()}
+    made = here("create", "--profile", "local-only", "--label", RUN_LABEL, "--json",
+                env={"SBX_ACTOR": "alice@ci"})
+    assert made.code == 0, made.err
+    assert made.json()["owner"] == "alice@ci"
+
+
+def test_concurrent_commands_each_get_their_own_child(via: Launcher) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(
+            lambda i: via("create", "--label", RUN_LABEL, "--name", f"par-{i}", "--json"), range(4)))
+    assert all(r.code == 0 for r in results), [r.err for r in results]
+    assert len({r.json()["id"] for r in results}) == 4
+    assert {r.json()["state"] for r in results} == {"running"}
+
+
+def test_ctrl_c_reaches_the_command_and_the_server_lives_on(via: Launcher) -> None:
+    follower = subprocess.Popen([*LAUNCHER, "events", "--follow"], cwd=via.cwd, env=via.env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while via.status()["commands_running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert via.status()["commands_running"] == 1
+    follower.send_signal(signal.SIGINT)
+    code = follower.wait(timeout=10)
+    assert code in (1, 130), follower.stderr.read()
+    assert via.status()["commands_running"] == 0
+    assert via("ls").code == 0
+
+
+def test_a_server_whose_code_changed_steps_aside(via: Launcher) -> None:
+    """After an upgrade (a module's file changes), the old server runs nothing more: the
+    command runs fresh in the caller and the server exits."""
+    import core.durations as module
+
+    path = Path(module.__file__)
+    stat = path.stat()
+    try:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+        result = via("profiles", "list", "--json")
+        assert result.code == 0, result.err
+        assert "default" in {p["name"] for p in result.json()}
+        deadline = time.monotonic() + 10
+        while via.status().get("running") is not False and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert via.status() == {"running": False}
+    finally:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_without_a_server_or_with_a_dead_one_commands_run_here(sbx: SbxRunner) -> None:
+    launcher = Launcher(sbx.home, sbx.cwd)
+    assert launcher("ls", "--json").json() == []
+    sbx.home.mkdir(parents=True, exist_ok=True)
+    (sbx.home / "server.sock").touch()  # a server killed with -9 leaves its socket behind
+    result = launcher("profiles", "list", "--json")
+    assert result.code == 0, result.err
+    assert launcher("server", "status", "--json").json() == {"running": False}
+
+
+def test_socket_is_private_and_nothing_of_the_environment_is_written(
+        via: Launcher, tmp_path: Path) -> None:
+    secret = "whsec-resident-" + os.urandom(8).hex()
+    socket_mode = (via.home / "server.sock").stat().st_mode & 0o777
+    assert socket_mode & 0o077 == 0, oct(socket_mode)
+    assert (via.home.stat().st_mode & 0o777) == 0o700
+    result = via("ls", env={"SBX_WEBHOOK_SECRET": secret})
+    assert result.code == 0, result.err
+    for path in via.home.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_long_home_path_still_reaches_the_server(sbx: SbxRunner, tmp_path: Path) -> None:
+    """AF_UNIX paths are limited to 107 bytes; a deep SBX_HOME must not lose the server."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "sbx-home"
+    launcher = Launcher(deep, sbx.cwd)
+    started = launcher("server", "start", "--json")
+    assert started.code == 0, started.err
+    try:
+        assert len(str(deep / "server.sock")) > 108
+        assert launcher("ls", "--json").json() == []
+        assert launcher.status()["served"] == 1
+    finally:
+        launcher("server", "stop")
+
+
+def test_server_commands_are_idempotent_and_say_so(sbx: SbxRunner) -> None:
+    launcher = Launcher(sbx.home, sbx.cwd)
+    first = launcher("server", "start", "--json")
+    try:
+        again = launcher("server", "start", "--json")
+        assert first.json()["started"] is True and again.json()["started"] is False
+        assert first.json()["pid"] == again.json()["pid"]
+    finally:
+        stopped = launcher("server", "stop", "--json")
+    assert stopped.json() == {"stopped": True, "pid": first.json()["pid"]}
+    assert launcher("server", "stop", "--json").json() == {"stopped": False, "pid": None}
+    assert not (sbx.home / "server.sock").exists()
+    bad = launcher("server", "start", "--idle", "abc")
+    assert bad.code == 2 and "--idle" in bad.err
+    assert not (sbx.home / "server.sock").exists()
+
+
+def test_idle_server_exits_by_itself(sbx: SbxRunner) -> None:
+    launcher = Launcher(sbx.home, sbx.cwd)
+    started = launcher("server", "start", "--idle", "1s", "--json")
+    assert started.code == 0, started.err
+    deadline = time.monotonic() + 15
+    while (sbx.home / "server.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert launcher.status() == {"running": False}
+    assert "stopped after 0 commands" in (sbx.home / "server.log").read_text()
+
+
+def test_json_status_is_one_document(via: Launcher) -> None:
+    doc = json.loads(via("server", "status", "--json").out)
+    assert doc["running"] is True and doc["python"] == sys.executable
