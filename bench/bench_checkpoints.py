@@ -37,10 +37,12 @@ CHECKPOINT_REPOSITORY = "sandboxer/checkpoint"
 class Run:
     """The run context plus the images it made (by tag) and the one sandbox it measures."""
 
-    def __init__(self, ctx: BenchContext) -> None:
+    def __init__(self, ctx: BenchContext, mode: str) -> None:
         self.ctx = ctx
-        self.home = ctx.home("home")
-        self.env = ctx.sbx_env(self.home)
+        self.mode = mode
+        self.home = ctx.home(f"home-{mode}")
+        self.env = (ctx.sbx_env(self.home, SBX_NO_SERVER="1") if mode == "one-shot"
+                    else ctx.sbx_env(self.home))
         self.checkpoints: list[str] = []  # sbx checkpoint ids
         self.commits: list[str] = []  # docker commit tags
         self.box: dict[str, Any] = {}
@@ -50,6 +52,8 @@ class Run:
         return self.ctx.run_sbx(self.env, *args)
 
     def setup(self) -> None:
+        if self.mode == "resident":
+            self.sbx("server", "start")
         _, proc = self.sbx("create", "--label", self.ctx.label, "--json")
         self.box = json.loads(proc.stdout)
         self.ctx.containers.add(self.box["backend_ref"])
@@ -184,35 +188,44 @@ def main(argv: list[str] | None = None) -> int:
     common.print_banner("checkpoints", ctx, meta)
     started = time.perf_counter()
     results: dict[str, Any] = {"meta": meta}
-    run = Run(ctx)
-    try:
-        run.setup()
-        results["snapshot"] = bench_snapshot(run, args.rounds)
-        results["restore"] = bench_restore(run, args.rounds)
-        results["startup"] = bench_startup(run, args.rounds)
-    finally:
-        left = set(ctx.containers)
-        ctx.cleanup()  # containers first (by id, then by the run label), so images can go
-        run.remove_images()
-        common.print_notes(ctx)
-        if ctx.containers:
-            print(f"WARNING: not removed: {sorted(left & ctx.containers)}", file=sys.stderr)
+    for mode in ("one-shot", "resident"):
+        print(f"\n== sbx {mode} ({'SBX_NO_SERVER=1' if mode == 'one-shot' else 'sbx server running'})")
+        run = Run(ctx, mode)
+        try:
+            run.setup()
+            results[mode] = {"snapshot": bench_snapshot(run, args.rounds),
+                             "restore": bench_restore(run, args.rounds),
+                             "startup": bench_startup(run, args.rounds)}
+        finally:
+            if mode == "resident":
+                run.sbx("server", "stop")
+            left = set(ctx.containers)
+            ctx.cleanup()  # containers first (by id, then by the run label), so images can go
+            run.remove_images()
+            common.print_notes(ctx)
+            if ctx.containers:
+                print(f"WARNING: not removed: {sorted(left & ctx.containers)}", file=sys.stderr)
 
-    snap, rest, start = results["snapshot"], results["restore"], results["startup"]
+    snap, rest = results["resident"]["snapshot"], results["resident"]["restore"]
     summary = [
-        ("sbx snapshot / docker commit, ratio of medians", snap["ratio"], TARGET_SNAPSHOT,
-         f"{snap['ratio']:.2f}", f"<= {TARGET_SNAPSHOT}"),
-        ("sbx restore / docker run -d, ratio of medians", rest["ratio"], TARGET_RESTORE,
-         f"{rest['ratio']:.2f}", f"<= {TARGET_RESTORE}"),
+        ("sbx snapshot / docker commit, ratio of medians (sbx server)", snap["ratio"],
+         TARGET_SNAPSHOT, f"{snap['ratio']:.2f}", f"<= {TARGET_SNAPSHOT}"),
+        ("sbx restore / docker run -d, ratio of medians (sbx server)", rest["ratio"],
+         TARGET_RESTORE, f"{rest['ratio']:.2f}", f"<= {TARGET_RESTORE}"),
     ]
-    info = [
-        ["  for reference: sbx snapshot / docker commit (medians)",
-         f"{ms(snap['median_sbx_s'])} / {ms(snap['median_docker_s'])}", "", "info"],
-        ["  for reference: sbx restore / docker run -d (medians)",
-         f"{ms(rest['median_sbx_s'])} / {ms(rest['median_docker_s'])}", "", "info"],
-        ["  for reference: sbx --version / python -c pass (medians)",
-         f"{ms(start['sbx_version_s'])} / {ms(start['python_pass_s'])}", "", "info"],
-    ]
+    info = []
+    for mode in ("one-shot", "resident"):
+        snap, rest, start = (results[mode][k] for k in ("snapshot", "restore", "startup"))
+        info += [
+            [f"  {mode}: sbx snapshot / docker commit (medians)",
+             f"{ms(snap['median_sbx_s'])} / {ms(snap['median_docker_s'])}",
+             f"{snap['ratio']:.2f}", "info"],
+            [f"  {mode}: sbx restore / docker run -d (medians)",
+             f"{ms(rest['median_sbx_s'])} / {ms(rest['median_docker_s'])}",
+             f"{rest['ratio']:.2f}", "info"],
+            [f"  {mode}: sbx --version / python -c pass (medians)",
+             f"{ms(start['sbx_version_s'])} / {ms(start['python_pass_s'])}", "", "info"],
+        ]
     common.finish(results, summary, info, run_id=ctx.run_id, started=started,
                   json_path=args.json)
     return 0
