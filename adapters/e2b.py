@@ -1,0 +1,610 @@
+"""The E2B backend: cloud sandboxes on E2B, through the `e2b` SDK's async API.
+
+Bring your own key: `E2B_API_KEY`, or a profile's `options.api_key: env:E2B_API_KEY_<NAME>`,
+read at the moment of each call and never stored. A sandbox made with a non-default key
+carries the variable's *name* (never its value) in its backend reference, `<id>@<NAME>`, so
+the reaper, which has no profile, still reaches it with the right key.
+
+E2B keeps its own clock: each sandbox gets E2B's timeout set to its deadline plus a grace
+(`DEADLINE_GRACE`), so the cloud ends it even if sbx never runs again, and sbx never loses it
+before its deadline. The SDK is imported lazily, so `sbx ls` and `sbx reap` never load it
+unless an E2B sandbox or key is there to deal with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import ipaddress
+import math
+import os
+import random
+import re
+import shlex
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from adapters.base import (
+    LABEL_CHECKPOINT,
+    LABEL_HARD_DEADLINE,
+    LABEL_INSTALL,
+    Adapter,
+    AdapterError,
+    Artifact,
+    BackendObject,
+    BackendObjectGone,
+    BackendUnavailable,
+    Capability,
+    CapabilityNotSupported,
+    CreateRequest,
+    ExecResult,
+    Health,
+    MetricSample,
+)
+
+T = TypeVar("T")
+
+DEFAULT_KEY = "E2B_API_KEY"
+# Per-profile keys must be named E2B_API_KEY_<SUFFIX>: the reaper lists every such variable
+# that is set, so it sees the sandboxes of every team a profile may use.
+KEY_VARIABLE = re.compile(r"E2B_API_KEY(_[A-Z0-9_]+)?")
+DEFAULT_TEMPLATE = "base"
+DEADLINE_GRACE = timedelta(seconds=60)
+DEFAULT_MAX_CONCURRENT = 20
+OPTIONS = frozenset({"max_concurrent", "api_key"})
+METRICS_EVERY_S = 5.0  # E2B's metrics granularity
+RATE_LIMIT_RETRIES = 5
+RATE_LIMIT_BACKOFF_S = 1.0
+RATE_LIMIT_BACKOFF_MAX_S = 16.0
+KEY_HINT = "get one at https://e2b.dev/dashboard?tab=keys"
+SDK_HINT = "install it: pip install 'sandboxer[e2b]'"
+_DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]([a-z0-9-]*[a-z0-9])?")
+_SNAPSHOT_NAME = re.compile(r"sbx_(?P<install>[a-z0-9-]+)_(?P<checkpoint>[a-z0-9-]+)")
+
+
+def _sdk() -> Any:
+    """The `e2b` module, imported on first use; BackendUnavailable (exit 5) when absent."""
+    try:
+        import e2b
+    except ImportError as exc:
+        raise BackendUnavailable(f"the e2b SDK is not installed ({exc}); {SDK_HINT}") from exc
+    return e2b
+
+
+def api_url() -> str:
+    """The API base the SDK reaches, worked out as the SDK does (no import needed)."""
+    return os.environ.get("E2B_API_URL") or f"https://api.{os.environ.get('E2B_DOMAIN') or 'e2b.app'}"
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """`id` or `id@VARIABLE` -> (id, the variable holding the key)."""
+    object_id, _, variable = ref.partition("@")
+    return object_id, variable or DEFAULT_KEY
+
+
+def join_ref(object_id: str, variable: str) -> str:
+    return object_id if variable == DEFAULT_KEY else f"{object_id}@{variable}"
+
+
+def key_variables() -> list[str]:
+    """Every key variable that is set: the default first, then E2B_API_KEY_* by name."""
+    found = [DEFAULT_KEY] if os.environ.get(DEFAULT_KEY) else []
+    found += sorted(v for v in os.environ if v != DEFAULT_KEY and KEY_VARIABLE.fullmatch(v)
+                    and os.environ[v])
+    return found
+
+
+def _seconds_until(moment: datetime) -> int:
+    """E2B's timeout (whole seconds from now) for a sandbox that must live until `moment`."""
+    return max(1, math.ceil((moment + DEADLINE_GRACE - datetime.now(UTC)).total_seconds()))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+class _CreateSlots:
+    """At most `limit` creates in flight per (API, key variable): an asyncio.Semaphore in this
+    process, and `limit` lock files shared by every sbx process of this user on this host, so
+    a burst of `sbx create` commands is bounded as well as a burst inside one process."""
+
+    def __init__(self, key: str, limit: int) -> None:
+        self.limit = limit
+        self.semaphore = asyncio.Semaphore(limit)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        folder = os.path.join(tempfile.gettempdir(), f"sbx-e2b-slots-{os.getuid()}")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        self.paths = [os.path.join(folder, f"{digest}-{limit}-{i}.lock") for i in range(limit)]
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        async with self.semaphore:
+            fd = await self._lock_file()
+            try:
+                yield
+            finally:
+                if fd is not None:
+                    os.close(fd)  # closing releases the lock
+
+    async def _lock_file(self) -> int | None:
+        try:
+            import fcntl
+        except ImportError:  # no flock here: the in-process bound still holds
+            return None
+        while True:
+            for path in self.paths:
+                fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return fd
+                except BlockingIOError:
+                    os.close(fd)
+            await asyncio.sleep(0.05)
+
+
+class E2BAdapter(Adapter):
+    name = "e2b"
+    description = "cloud sandboxes on E2B (your own key: E2B_API_KEY)"
+    capabilities = frozenset({Capability.EXEC, Capability.PAUSE, Capability.SNAPSHOT,
+                              Capability.SET_DEADLINE, Capability.METRICS})
+
+    def __init__(self) -> None:
+        self.metrics_every_s = METRICS_EVERY_S
+        self._slots: dict[tuple[str, str, int], _CreateSlots] = {}
+        self._verified: set[tuple[str, str]] = set()
+        self._creating_with: str | None = None
+
+    # -- keys and calls ---------------------------------------------------------------------
+
+    @staticmethod
+    def _key_variable(options: Mapping[str, Any]) -> str:
+        ref = options.get("api_key")
+        if ref is None:
+            return DEFAULT_KEY
+        variable = str(ref).removeprefix("env:")
+        if not str(ref).startswith("env:") or not KEY_VARIABLE.fullmatch(variable):
+            raise CapabilityNotSupported(
+                f"options.api_key must be a reference env:E2B_API_KEY or env:E2B_API_KEY_<NAME> "
+                f"(the reaper looks for keys under those names), not {ref!r}")
+        return variable
+
+    @staticmethod
+    def _opts(variable: str) -> dict[str, Any]:
+        """The SDK's per-call options: the key, read now; retries are ours (`_call`)."""
+        key = os.environ.get(variable)
+        if not key:
+            raise BackendUnavailable(f"no E2B API key: set {variable} ({KEY_HINT})")
+        return {"api_key": key, "retries": 0}
+
+    async def _call(self, what: str, variable: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One SDK call with the key in `variable`: 429 and 503 (E2B asking us to slow down)
+        are retried with exponential backoff a bounded number of times; everything else is
+        translated to the adapter's errors."""
+        e2b = _sdk()
+        attempts = int(os.environ.get("SBX_E2B_RATE_LIMIT_RETRIES", RATE_LIMIT_RETRIES)) + 1
+        backoff = float(os.environ.get("SBX_E2B_RATE_LIMIT_BACKOFF", RATE_LIMIT_BACKOFF_S))
+        started = time.monotonic()
+        for attempt in range(attempts):
+            try:
+                return await call()
+            except (e2b.RateLimitException, e2b.ServiceBusyException) as exc:
+                if attempt + 1 >= attempts:
+                    raise AdapterError(
+                        f"E2B kept refusing to {what}: {_one_line(exc)} ({attempts} attempts in "
+                        f"{time.monotonic() - started:.1f}s); try again later or lower the "
+                        "profile's options.max_concurrent") from exc
+                delay = min(backoff * 2**attempt, RATE_LIMIT_BACKOFF_MAX_S)
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+            except e2b.AuthenticationException as exc:
+                raise BackendUnavailable(
+                    f"E2B at {api_url()} refused the API key in {variable} ({_one_line(exc)}): "
+                    f"set {variable} to a valid key ({KEY_HINT})") from exc
+            except AdapterError:
+                raise
+            except Exception as exc:
+                raise self._translate(exc, what) from exc
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _translate(exc: Exception, what: str) -> AdapterError:
+        import httpx
+
+        if isinstance(exc, httpx.TimeoutException):
+            return AdapterError(f"E2B at {api_url()} did not answer in time to {what}")
+        if isinstance(exc, httpx.TransportError | ConnectionError):
+            return BackendUnavailable(f"E2B API unreachable at {api_url()} ({_one_line(exc)}); "
+                                      "check your network, or E2B_API_URL / E2B_DOMAIN")
+        return AdapterError(f"E2B could not {what}: {_one_line(exc)}")
+
+    def _slot(self, variable: str, limit: int) -> _CreateSlots:
+        key = (api_url(), variable, limit)
+        if key not in self._slots:
+            self._slots[key] = _CreateSlots(f"{api_url()}|{variable}", limit)
+        return self._slots[key]
+
+    @staticmethod
+    def _not_found(exc: BaseException) -> bool:
+        return isinstance(exc.__cause__, _sdk().NotFoundException)
+
+    async def _info(self, sandbox_id: str, variable: str) -> Any | None:
+        """The SDK's SandboxInfo, or None when E2B no longer has the sandbox."""
+        e2b = _sdk()
+        try:
+            return await self._call(f"read sandbox {sandbox_id}", variable, lambda: (
+                e2b.AsyncSandbox.get_info(sandbox_id, **self._opts(variable))))
+        except AdapterError as exc:
+            if self._not_found(exc):
+                return None
+            raise
+
+    # -- health -----------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        variables = key_variables()
+        if not variables:
+            return Health(False, False, f"{DEFAULT_KEY} is not set, so E2B at {api_url()} was "
+                                        f"not contacted; set it ({KEY_HINT})")
+        try:
+            await self._probe(variables[0])
+        except BackendUnavailable as exc:
+            refused = "refused the API key" in str(exc)
+            return Health(refused, not refused, str(exc))
+        except Exception as exc:  # health never raises
+            return Health(False, True, f"E2B at {api_url()}: {_one_line(exc)}")
+        return Health(True, True, f"E2B at {api_url()} (key from {variables[0]})")
+
+    async def _probe(self, variable: str) -> None:
+        """One authenticated listing (one sandbox at most); remembered once it worked."""
+        if (api_url(), variable) in self._verified:
+            return
+        e2b = _sdk()
+        await self._call("list sandboxes", variable, lambda: e2b.AsyncSandbox.list(
+            limit=1, **self._opts(variable)).next_items())
+        self._verified.add((api_url(), variable))
+
+    async def ensure_available(self) -> None:
+        """SDK there, a key set and accepted by E2B, before the core writes an intent. When
+        creating, the core calls validate(request) just before, which names the key to use."""
+        _sdk()
+        variable, self._creating_with = self._creating_with, None
+        if variable is None:
+            variables = key_variables()
+            if not variables:
+                raise BackendUnavailable(f"no E2B API key: set {DEFAULT_KEY} ({KEY_HINT})")
+            variable = variables[0]
+        await self._probe(variable)
+
+    async def instance_id(self) -> str | None:
+        """The API base: sandboxes made through one E2B are never judged through another.
+        (Not the key: one account's keys all see its sandboxes, and keys are secrets.)"""
+        return api_url()
+
+    # -- validation -------------------------------------------------------------------------
+
+    def validate(self, request: CreateRequest) -> None:
+        unknown = set(request.options) - OPTIONS
+        if unknown:
+            raise CapabilityNotSupported(
+                f"the e2b backend has no option {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(sorted(OPTIONS))})")
+        limit = request.options.get("max_concurrent", DEFAULT_MAX_CONCURRENT)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise CapabilityNotSupported(
+                f"options.max_concurrent must be a whole number of at least 1, not {limit!r}")
+        limits = request.resources
+        for value, field, why in (
+                (limits.disk_bytes, "resources.disk", "E2B sizes the disk from the template"),
+                (limits.pids, "resources.pids", "E2B cannot limit the number of processes"),
+                (limits.gpu, "resources.gpu", "E2B offers no GPU")):
+            if value is not None:
+                raise CapabilityNotSupported(f"the e2b backend cannot enforce {field} ({why}); "
+                                             f"set {field}: null")
+        if request.command is not None:
+            raise CapabilityNotSupported(
+                "the e2b backend cannot run a profile command as the main process (the "
+                "template's start command runs instead); remove command")
+        if request.network == "egress":
+            for entry in request.network_allow:
+                if not _egress_entry_ok(entry):
+                    raise CapabilityNotSupported(
+                        f"the e2b backend cannot allow egress to {entry!r}: E2B filters by IPv4 "
+                        "address, CIDR block or domain name (e.g. 1.1.1.1, 10.0.0.0/8, "
+                        "example.com, *.example.com), not by port, URL or IPv6")
+        variable = self._key_variable(request.options)
+        self._opts(variable)  # the key must be set: exit 5 naming it, before anything is written
+        self._creating_with = variable
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @staticmethod
+    def _network(request: CreateRequest) -> dict[str, Any]:
+        if request.network == "full":
+            return {"allow_internet_access": True}
+        if request.network == "egress":  # allow_out wins over deny_out on E2B
+            return {"network": {"allow_out": list(request.network_allow),
+                                "deny_out": ["0.0.0.0/0"]}}
+        return {"allow_internet_access": False}
+
+    async def create(self, request: CreateRequest) -> BackendObject:
+        e2b = _sdk()
+        variable = self._key_variable(request.options)
+        template = request.image or DEFAULT_TEMPLATE
+        # The sandbox's deadline when the core passes it, else its hard deadline; `extend`
+        # then moves E2B's timeout with set_deadline.
+        until = getattr(request, "deadline", None) or request.hard_deadline
+        limit = request.options.get("max_concurrent", DEFAULT_MAX_CONCURRENT)
+        async with self._slot(variable, limit).hold():
+            sandbox = await self._call(
+                f"create a sandbox from template {template!r}", variable,
+                lambda: e2b.AsyncSandbox.create(
+                    template=template,
+                    timeout=_seconds_until(until) if until else None,
+                    metadata=dict(request.labels), envs=dict(request.env),
+                    idempotency_key=request.sandbox_id, **self._network(request),
+                    **self._opts(variable)))
+        ref = join_ref(sandbox.sandbox_id, variable)
+        info = await self._info(sandbox.sandbox_id, variable)
+        if info is None:
+            raise AdapterError(f"E2B sandbox {sandbox.sandbox_id} vanished right after create")
+        oversized = _oversized(info, request, template)
+        if oversized:
+            await self.destroy(ref)
+            raise CapabilityNotSupported(oversized)
+        return BackendObject(ref=ref, labels=dict(info.metadata), status=str(info.state.value),
+                             running=info.state.value == "running", created_at=info.started_at)
+
+    async def destroy(self, ref: str) -> None:
+        e2b = _sdk()
+        sandbox_id, variable = split_ref(ref)
+        await self._call(f"kill sandbox {sandbox_id}", variable, lambda: e2b.AsyncSandbox.kill(
+            sandbox_id, **self._opts(variable)))  # False (404, gone already) is success too
+
+    async def get(self, ref: str) -> BackendObject | None:
+        sandbox_id, variable = split_ref(ref)
+        info = await self._info(sandbox_id, variable)
+        return None if info is None else _object(info, variable)
+
+    async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
+        """Every sandbox carrying `labels`, all pages, under every key variable that is set."""
+        variables = key_variables()  # first: with no key, `sbx reap` never imports the SDK
+        if not variables:
+            raise BackendUnavailable(f"no E2B API key: set {DEFAULT_KEY} ({KEY_HINT})")
+        e2b = _sdk()
+        found: dict[str, BackendObject] = {}
+        for variable in variables:
+            pages = e2b.AsyncSandbox.list(query=e2b.SandboxQuery(metadata=dict(labels)),
+                                          **self._opts(variable))
+            while pages.has_next:
+                for info in await self._call("list sandboxes", variable, pages.next_items):
+                    found.setdefault(info.sandbox_id, _object(info, variable))
+        return list(found.values())
+
+    def sees(self, ref: str) -> bool:
+        """Whether list() covers this sandbox: its key variable is set here. (For the core:
+        a sandbox whose key is not set should not be judged lost by this process.)"""
+        return bool(os.environ.get(split_ref(ref)[1]))
+
+    async def _connect(self, sandbox_id: str, variable: str, timeout_s: int | None) -> Any:
+        e2b = _sdk()
+        try:
+            return await self._call(f"connect to sandbox {sandbox_id}", variable, lambda: (
+                e2b.AsyncSandbox.connect(sandbox_id, timeout=timeout_s, **self._opts(variable))))
+        except AdapterError as exc:
+            if self._not_found(exc):
+                raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}") from exc
+            raise
+
+    async def exec(self, ref: str, argv: Sequence[str],
+                   timeout_s: float | None = None) -> ExecResult:
+        e2b = _sdk()
+        sandbox_id, variable = split_ref(ref)
+        info = await self._info(sandbox_id, variable)
+        if info is None:
+            raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}")
+        if info.state.value != "running":  # connecting would resume it behind sbx's back
+            raise BackendObjectGone(f"E2B sandbox {sandbox_id} is {info.state.value}")
+        # connecting asks for a timeout; asking for what is left leaves E2B's clock as it is
+        left = max(1, math.ceil((info.end_at - datetime.now(UTC)).total_seconds()))
+        sandbox = await self._connect(sandbox_id, variable, left)
+        started = time.perf_counter()
+        try:  # no stream limit: the SDK's own command timeout does not fire on Python 3.11
+            handle = await sandbox.commands.run(shlex.join(argv), background=True, timeout=0)
+        except Exception as exc:
+            raise AdapterError(f"E2B could not start the command in {sandbox_id}: "
+                               f"{_one_line(exc)}") from exc
+        try:
+            result = await asyncio.wait_for(handle.wait(), timeout_s)
+        except e2b.CommandExitException as exc:
+            result = exc
+        except TimeoutError:
+            killed = await self._kill_command(sandbox, handle.pid)
+            with contextlib.suppress(Exception):
+                await handle.disconnect()
+            note = "" if killed else " (the process may still run inside the sandbox)"
+            return ExecResult(124, (handle.stdout or "").encode(),
+                              f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
+                              time.perf_counter() - started, timed_out=True)
+        except Exception as exc:
+            raise AdapterError(f"the command in E2B sandbox {sandbox_id} failed: "
+                               f"{_one_line(exc)}") from exc
+        return ExecResult(result.exit_code, (result.stdout or "").encode(),
+                          (result.stderr or "").encode(), time.perf_counter() - started)
+
+    @staticmethod
+    async def _kill_command(sandbox: Any, pid: int) -> bool:
+        try:
+            return bool(await sandbox.commands.kill(pid))
+        except Exception:
+            return False
+
+    async def pause(self, ref: str) -> None:
+        """E2B's pause keeps memory and filesystem; paused, it is off E2B's clock."""
+        e2b = _sdk()
+        sandbox_id, variable = split_ref(ref)
+        try:
+            await self._call(f"pause sandbox {sandbox_id}", variable, lambda: (
+                e2b.AsyncSandbox.pause(sandbox_id, **self._opts(variable))))  # False: paused already
+        except AdapterError as exc:
+            if self._not_found(exc):
+                raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}") from exc
+            raise
+
+    async def resume(self, ref: str) -> None:
+        """Resume is a connect. E2B's timeout restarts then: set it to the hard deadline the
+        sandbox carries (the soft one is not known here); `extend` narrows it again."""
+        sandbox_id, variable = split_ref(ref)
+        info = await self._info(sandbox_id, variable)
+        if info is None:
+            raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}")
+        hard = _parse_time(info.metadata.get(LABEL_HARD_DEADLINE))
+        await self._connect(sandbox_id, variable, _seconds_until(hard) if hard else None)
+
+    async def set_deadline(self, ref: str, deadline: datetime) -> None:
+        e2b = _sdk()
+        sandbox_id, variable = split_ref(ref)
+        try:
+            await self._call(f"set the timeout of sandbox {sandbox_id}", variable, lambda: (
+                e2b.AsyncSandbox.set_timeout(sandbox_id, _seconds_until(deadline),
+                                             **self._opts(variable))))
+        except AdapterError as exc:
+            if not self._not_found(exc):
+                raise
+            info = await self._info(sandbox_id, variable)
+            if info is None:
+                raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}") from exc
+            # paused: E2B has no clock running for it; resume sets one
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    async def snapshot(self, ref: str, labels: Mapping[str, str]) -> Artifact:
+        """An E2B snapshot (filesystem and memory), named after the installation and the
+        checkpoint so reconcile can find it: E2B snapshots carry no labels."""
+        e2b = _sdk()
+        sandbox_id, variable = split_ref(ref)
+        name = _snapshot_name(labels)
+        try:
+            info = await self._call(f"snapshot sandbox {sandbox_id}", variable, lambda: (
+                e2b.AsyncSandbox.create_snapshot(sandbox_id, name=name, **self._opts(variable))))
+        except AdapterError as exc:
+            if self._not_found(exc):
+                raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}") from exc
+            raise
+        return Artifact(join_ref(info.snapshot_id, variable), dict(labels))
+
+    async def restore(self, artifact: str, request: CreateRequest) -> BackendObject:
+        return await self.create(replace(request, image=split_ref(artifact)[0]))
+
+    async def delete_artifact(self, artifact: str) -> None:
+        e2b = _sdk()
+        snapshot_id, variable = split_ref(artifact)
+        await self._call(f"delete snapshot {snapshot_id}", variable, lambda: (
+            e2b.AsyncSandbox.delete_snapshot(snapshot_id, **self._opts(variable))))  # False: gone
+
+    async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
+        variables = key_variables()
+        if not variables:
+            raise BackendUnavailable(f"no E2B API key: set {DEFAULT_KEY} ({KEY_HINT})")
+        e2b = _sdk()
+        found: dict[str, Artifact] = {}
+        for variable in variables:
+            pages = e2b.AsyncSandbox.list_snapshots(**self._opts(variable))
+            while pages.has_next:
+                for info in await self._call("list snapshots", variable, pages.next_items):
+                    parsed = _snapshot_labels(info.snapshot_id)
+                    if parsed and all(parsed.get(k) == v for k, v in labels.items()):
+                        found.setdefault(info.snapshot_id,
+                                         Artifact(join_ref(info.snapshot_id, variable), parsed))
+        return list(found.values())
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    async def metrics(self, ref: str) -> AsyncIterator[MetricSample]:
+        """E2B's metrics endpoint, polled at its granularity: the newest sample first, then
+        each new one. Ends when the sandbox is gone."""
+        e2b = _sdk()
+        sandbox_id, variable = split_ref(ref)
+        since: datetime | None = None
+        while True:
+            try:
+                readings = await self._call(
+                    f"read metrics of {sandbox_id}", variable,
+                    lambda start=since: e2b.AsyncSandbox.get_metrics(
+                        sandbox_id, start=start, **self._opts(variable)))
+            except AdapterError as exc:
+                if not self._not_found(exc):
+                    raise
+                if since is None:
+                    raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}") from exc
+                return
+            readings = sorted(readings, key=lambda m: m.timestamp)
+            fresh = [m for m in readings if since is None or m.timestamp > since]
+            if since is None:
+                fresh = fresh[-1:]
+            for reading in fresh:
+                since = reading.timestamp
+                yield MetricSample(
+                    time=reading.timestamp,
+                    # E2B reports the share of the whole VM; sbx counts one core as 100 %
+                    cpu_pct=round(reading.cpu_used_pct * reading.cpu_count, 2),
+                    memory_bytes=reading.mem_used, memory_limit=reading.mem_total)
+            if since is None:
+                since = datetime.now(UTC) - timedelta(seconds=1)
+            await asyncio.sleep(self.metrics_every_s)
+
+
+def _egress_entry_ok(entry: str) -> bool:
+    try:
+        return ipaddress.ip_network(entry, strict=False).version == 4
+    except ValueError:
+        return bool(_DOMAIN.fullmatch(entry))
+
+
+def _oversized(info: Any, request: CreateRequest, template: str) -> str | None:
+    """E2B sizes a sandbox by its template; a profile limit below that size cannot hold."""
+    limits = request.resources
+    if limits.cpu is not None and info.cpu_count > limits.cpu:
+        return (f"template {template!r} gives each sandbox {info.cpu_count} vCPU, more than "
+                f"resources.cpu {limits.cpu:g} allows (E2B sizes sandboxes by template): raise "
+                f"resources.cpu to {info.cpu_count} or use a smaller template")
+    if limits.memory_bytes is not None and info.memory_mb * 1024**2 > limits.memory_bytes:
+        return (f"template {template!r} gives each sandbox {info.memory_mb} MiB of memory, "
+                f"more than resources.memory {limits.memory_bytes // 1024**2} MiB allows (E2B "
+                f"sizes sandboxes by template): raise resources.memory to {info.memory_mb}MiB "
+                "or use a smaller template")
+    return None
+
+
+def _object(info: Any, variable: str) -> BackendObject:
+    state = str(info.state.value)
+    return BackendObject(ref=join_ref(info.sandbox_id, variable), labels=dict(info.metadata),
+                         status=state, running=state == "running", created_at=info.started_at)
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
+def _snapshot_name(labels: Mapping[str, str]) -> str | None:
+    install, checkpoint = labels.get(LABEL_INSTALL), labels.get(LABEL_CHECKPOINT)
+    if not (install and checkpoint):
+        return None
+    name = f"sbx_{install}_{checkpoint}"
+    return name if _SNAPSHOT_NAME.fullmatch(name) else None
+
+
+def _snapshot_labels(snapshot_id: str) -> dict[str, str] | None:
+    """The labels a snapshot's name carries (`team/sbx_<install>_<checkpoint>:tag`)."""
+    name = snapshot_id.split(":", 1)[0].rpartition("/")[2]
+    match = _SNAPSHOT_NAME.fullmatch(name)
+    if not match:
+        return None
+    return {LABEL_INSTALL: match["install"], LABEL_CHECKPOINT: match["checkpoint"]}

@@ -1,0 +1,699 @@
+"""A stand-in for E2B on 127.0.0.1: its REST API and envd's Connect-RPC process service, in
+one ASGI app served by uvicorn in a thread of the test process.
+
+Kept honest:
+- every request body is parsed with the SDK's own generated models (`e2b.api.client.models`)
+  and every answer is built with them, so a field the SDK renames or adds shows up here;
+- an endpoint, a query parameter or a body field it does not know is answered 501/400 *and*
+  recorded in `problems`, which the test fixture asserts empty: an SDK upgrade that calls
+  something new fails the tests loudly instead of passing against a guess;
+- commands really run, as local `sh -c` subprocesses in a folder per sandbox (its
+  filesystem), with their real exit codes, stdout and stderr; a snapshot copies that folder;
+- sandboxes expire on their own, as on E2B: a background task removes a running sandbox
+  past its end time. Time is the wall clock plus `clock_offset` (`advance()` moves it).
+
+Tests steer it directly (same process): `rate_limit()` makes the next requests answer 429,
+`create_delay` holds creates open so concurrency can be measured (`max_creates_in_flight`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import string
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+import uvicorn
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from e2b.api.client.models import (
+    ConnectSandboxV2,
+    Error,
+    ListedSandbox,
+    NewSandboxV2,
+    Sandbox,
+    SandboxDetail,
+    SandboxMetric,
+    SandboxPauseRequest,
+    SandboxSnapshotRequest,
+    SandboxState,
+    SandboxTimeoutRequest,
+    SnapshotInfo,
+)
+from e2b.api.client.types import UNSET, Unset
+from e2b.envd.process import process_pb as pb
+from e2b.envd.process.process_connect import ProcessASGIApplication
+from protobuf import Oneof
+
+ENVD_VERSION = "0.6.4"
+MiB = 1024**2
+# Built-in templates: cpu count, memory MiB, disk MiB
+TEMPLATES = {"base": (2, 512, 10240)}
+DEFAULT_TIMEOUT_S = 300
+MAX_TIMEOUT_S = 24 * 3600
+
+
+class Reply(Exception):
+    """An HTTP answer other than success: status and an E2B `Error` body."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: list[tuple[str, str]]
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body or b"null")
+        except json.JSONDecodeError as exc:
+            raise Reply(400, f"body is not JSON: {exc}") from None
+
+
+@dataclass
+class StandInSandbox:
+    sandbox_id: str
+    team: str
+    template_id: str
+    alias: str | None
+    client_id: str
+    metadata: dict[str, str]
+    env_vars: dict[str, str]
+    started_at: datetime
+    end_at: datetime
+    envd_token: str
+    root: Path
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    state: str = "running"
+    timeouts: list[int] = field(default_factory=list)  # every timeout asked for, in seconds
+    processes: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
+    metrics: list[SandboxMetric] = field(default_factory=list)
+
+
+@dataclass
+class Snapshot:
+    team: str
+    template_id: str
+    name: str | None
+    files: Path
+    source: str
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+
+    def snapshot_id(self, slug: str) -> str:
+        return f"{slug}/{self.name}:default" if self.name else f"{self.template_id}:default"
+
+
+ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    (method, re.compile(pattern), name) for method, pattern, name in [
+        ("POST", r"/v2/sandboxes", "create"),
+        ("GET", r"/v2/sandboxes", "list"),
+        ("GET", r"/sandboxes/(?P<sid>[^/]+)", "get"),
+        ("DELETE", r"/sandboxes/(?P<sid>[^/]+)", "kill"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/timeout", "timeout"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/pause", "pause"),
+        ("POST", r"/v2/sandboxes/(?P<sid>[^/]+)/connect", "connect"),
+        ("GET", r"/sandboxes/(?P<sid>[^/]+)/metrics", "metrics"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/snapshots", "snapshot"),
+        ("GET", r"/snapshots", "list_snapshots"),
+        ("DELETE", r"/templates/(?P<tid>[^/]+)", "delete_template"),
+    ]
+]
+QUERY_PARAMS = {
+    "list": {"metadata", "state", "order", "startedAfter", "template", "nextToken", "limit"},
+    "metrics": {"start", "end"},
+    "list_snapshots": {"sandboxID", "name", "limit", "nextToken"},
+}
+
+
+def _random_id(prefix: str, length: int = 18) -> str:
+    alphabet = string.ascii_lowercase + string.digits
+    return prefix + "".join(secrets.choice(alphabet) for _ in range(length))
+
+
+class E2BStandIn:
+    """E2B's control plane and envd for any number of teams, each reached by its API key."""
+
+    def __init__(self, keys: dict[str, str], *, page_size: int = 100,
+                 metrics_every: float = 5.0) -> None:
+        self.keys = dict(keys)  # API key -> team
+        self.page_size = page_size
+        self.metrics_every = metrics_every
+        self.clock_offset = 0.0
+        self.create_delay = 0.0
+        self.creates_in_flight = 0
+        self.max_creates_in_flight = 0
+        self.sandboxes: dict[str, StandInSandbox] = {}
+        self.snapshots: dict[str, Snapshot] = {}
+        self.idempotent: dict[tuple[str, str], str] = {}
+        self.problems: list[str] = []  # what it did not know: the fixture fails the test
+        self.calls: list[tuple[str, str, int]] = []  # (method, route or path, status)
+        self.expired: list[str] = []
+        self.killed: list[str] = []
+        self._rate_limits: list[tuple[str | None, int]] = []
+        self._lock = threading.Lock()
+        self._workdir = Path(tempfile.mkdtemp(prefix="e2b-standin-"))
+        self._envd = ProcessASGIApplication(_EnvdProcess(self))
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # -- control from the tests ----------------------------------------------------------
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(time.time() + self.clock_offset, UTC)
+
+    def advance(self, seconds: float) -> None:
+        """Move the stand-in's clock; the background task then expires what is due."""
+        self.clock_offset += seconds
+
+    def rate_limit(self, count: int, route: str | None = None) -> None:
+        """Answer the next `count` requests (of `route`, or any) with 429."""
+        with self._lock:
+            self._rate_limits.append((route, count))
+
+    def count(self, route: str, status: int | None = None) -> int:
+        return sum(1 for _, r, s in self.calls if r == route and (status is None or s == status))
+
+    def team_of(self, key: str) -> str:
+        return self.keys[key]
+
+    def start(self) -> E2BStandIn:
+        config = uvicorn.Config(self, host="127.0.0.1", port=0, log_level="warning",
+                                lifespan="on", http="h11", ws="none")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="e2b-standin", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the E2B stand-in did not start")
+            time.sleep(0.01)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(10)
+        for sandbox in list(self.sandboxes.values()):
+            _kill_processes(sandbox)
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    # -- ASGI ----------------------------------------------------------------------------
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        if scope["path"].startswith("/process.Process/"):
+            await self._envd_call(scope, receive, send, headers)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        request = Request(scope["method"], raw_path.decode(),
+                          parse_qsl(scope.get("query_string", b"").decode(),
+                                    keep_blank_values=True),
+                          headers, body)
+        status, payload, extra = await self._dispatch(request)
+        data = b"" if payload is None else json.dumps(payload).encode()
+        out_headers = [(b"content-type", b"application/json")] if payload is not None else []
+        out_headers += [(k.encode(), v.encode()) for k, v in extra.items()]
+        await send({"type": "http.response.start", "status": status, "headers": out_headers})
+        await send({"type": "http.response.body", "body": data})
+
+    async def _lifespan(self, receive, send) -> None:
+        task = None
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                task = asyncio.create_task(self._background())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if task:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _background(self) -> None:
+        """Expire running sandboxes past their end time; sample metrics, as E2B does."""
+        last_sample = 0.0
+        while True:
+            now = self.now()
+            for sandbox in list(self.sandboxes.values()):
+                if sandbox.state == "running" and sandbox.end_at <= now:
+                    self._remove(sandbox)
+                    self.expired.append(sandbox.sandbox_id)
+            if time.monotonic() - last_sample >= self.metrics_every:
+                last_sample = time.monotonic()
+                for sandbox in list(self.sandboxes.values()):
+                    if sandbox.state == "running":
+                        sandbox.metrics.append(self._sample(sandbox, now))
+            await asyncio.sleep(0.05)
+
+    def _sample(self, sandbox: StandInSandbox, now: datetime) -> SandboxMetric:
+        busy = len(sandbox.processes)  # a stand-in load figure: 25 % of the VM per process
+        return SandboxMetric(
+            timestamp=now.replace(microsecond=0), timestamp_unix=int(now.timestamp()),
+            cpu_count=sandbox.cpu_count, cpu_used_pct=min(100.0, 5.0 + 25.0 * busy),
+            mem_used=(64 + 16 * busy) * MiB, mem_total=sandbox.memory_mb * MiB,
+            mem_cache=8 * MiB, disk_used=20 * MiB, disk_total=sandbox.disk_size_mb * MiB)
+
+    def _problem(self, text: str) -> None:
+        self.problems.append(text)
+
+    async def _dispatch(self, request: Request) -> tuple[int, Any, dict[str, str]]:
+        path = request.path.split("?", 1)[0]
+        route = next(((name, match) for method, pattern, name in ROUTES
+                      if method == request.method and (match := pattern.fullmatch(path))), None)
+        if route is None:
+            self._problem(f"unknown endpoint {request.method} {path}")
+            self.calls.append((request.method, path, 501))
+            return 501, Error(code=501, message=f"stand-in: unknown endpoint {request.method} "
+                                                f"{path}").to_dict(), {}
+        name, match = route
+        try:
+            team = self.keys.get(request.headers.get("x-api-key", ""))
+            if team is None:
+                raise Reply(401, "Invalid API key")
+            unknown = {k for k, _ in request.query} - QUERY_PARAMS.get(name, set())
+            if unknown:
+                self._problem(f"{name}: unknown query parameters {sorted(unknown)}")
+                raise Reply(400, f"unknown query parameters {sorted(unknown)}")
+            if self._take_rate_limit(name):
+                raise Reply(429, "Rate limit exceeded (stand-in)")
+            args = {k: unquote(v) for k, v in match.groupdict().items()}
+            status, payload, extra = await getattr(self, f"_{name}")(team, request, **args)
+        except Reply as reply:
+            status, payload, extra = (reply.status, Error(code=reply.status,
+                                                          message=reply.message).to_dict(),
+                                      reply.headers)
+        self.calls.append((request.method, name, status))
+        return status, payload, extra
+
+    def _take_rate_limit(self, route: str) -> bool:
+        with self._lock:
+            for index, (wanted, left) in enumerate(self._rate_limits):
+                if wanted in (None, route) and left > 0:
+                    self._rate_limits[index] = (wanted, left - 1)
+                    return True
+        return False
+
+    def _parse(self, model: type, data: Any):
+        """The body as the SDK's own model; anything it does not define is a problem."""
+        if not isinstance(data, dict):
+            self._problem(f"{model.__name__}: body is not an object: {data!r}")
+            raise Reply(400, f"{model.__name__} must be an object")
+        try:
+            parsed = model.from_dict(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            self._problem(f"{model.__name__}: cannot parse {data!r}: {exc!r}")
+            raise Reply(400, f"invalid {model.__name__}: {exc}") from None
+        extra = dict(parsed.additional_properties)
+        nested = getattr(parsed, "network", UNSET)
+        if not isinstance(nested, Unset | None) and getattr(nested, "additional_properties", None):
+            extra.update({f"network.{k}": v for k, v in nested.additional_properties.items()})
+        if extra:
+            self._problem(f"{model.__name__}: unknown fields {sorted(extra)}")
+            raise Reply(400, f"unknown fields {sorted(extra)}")
+        return parsed
+
+    def _sandbox(self, team: str, sid: str) -> StandInSandbox:
+        sandbox = self.sandboxes.get(sid)
+        if sandbox is None or sandbox.team != team:
+            raise Reply(404, f"sandbox \"{sid}\" doesn't exist or you don't have access to it")
+        return sandbox
+
+    def _remove(self, sandbox: StandInSandbox) -> None:
+        _kill_processes(sandbox)
+        self.sandboxes.pop(sandbox.sandbox_id, None)
+        shutil.rmtree(sandbox.root, ignore_errors=True)
+
+    @staticmethod
+    def _slug(team: str) -> str:
+        return team
+
+    def _template(self, team: str, ref: str) -> tuple[str, str | None, tuple[int, int, int],
+                                                       Path | None]:
+        """(template id, alias, sizes, files) of a template name, id or snapshot id."""
+        name = ref.split(":", 1)[0]
+        namespace, _, name = name.rpartition("/")
+        if name in TEMPLATES and not namespace:
+            return name, name, TEMPLATES[name], None
+        for snap in self.snapshots.values():
+            if snap.team == team and name in (snap.template_id, snap.name) and \
+                    namespace in ("", self._slug(team)):
+                return snap.template_id, snap.name, (snap.cpu_count, snap.memory_mb,
+                                                     snap.disk_size_mb), snap.files
+        raise Reply(404, f"template '{ref}' not found")
+
+    def _created(self, sandbox: StandInSandbox) -> dict[str, Any]:
+        return Sandbox(template_id=sandbox.template_id, sandbox_id=sandbox.sandbox_id,
+                       client_id=sandbox.client_id, envd_version=ENVD_VERSION,
+                       alias=sandbox.alias or UNSET, envd_access_token=sandbox.envd_token,
+                       traffic_access_token=None, domain=None).to_dict()
+
+    # -- the REST API --------------------------------------------------------------------
+
+    async def _create(self, team: str, request: Request):
+        body = self._parse(NewSandboxV2, request.json())
+        key = request.headers.get("idempotency-key")
+        if key and (team, key) in self.idempotent:
+            existing = self.sandboxes.get(self.idempotent[(team, key)])
+            if existing is not None:
+                return 201, self._created(existing), {}
+        self.creates_in_flight += 1
+        self.max_creates_in_flight = max(self.max_creates_in_flight, self.creates_in_flight)
+        try:
+            await asyncio.sleep(self.create_delay)
+        finally:
+            self.creates_in_flight -= 1
+        template_id, alias, (cpu, memory, disk), files = self._template(team, body.template_id)
+        timeout = DEFAULT_TIMEOUT_S if isinstance(body.timeout, Unset) else body.timeout
+        if not 0 < timeout <= MAX_TIMEOUT_S:
+            raise Reply(400, f"timeout must be between 1 and {MAX_TIMEOUT_S} seconds")
+        metadata = {} if isinstance(body.metadata, Unset) else dict(body.metadata or {})
+        if not all(isinstance(v, str) for v in metadata.values()):
+            raise Reply(400, "metadata values must be strings")
+        sid = _random_id("i")
+        root = self._workdir / sid
+        if files is not None:
+            shutil.copytree(files, root)
+        else:
+            root.mkdir()
+        network = body.network.to_dict() if not isinstance(body.network, Unset) else None
+        now = self.now()
+        sandbox = StandInSandbox(
+            sandbox_id=sid, team=team, template_id=template_id, alias=alias,
+            client_id="stand-in", metadata=metadata,
+            env_vars={} if isinstance(body.env_vars, Unset) else dict(body.env_vars or {}),
+            started_at=now, end_at=now + timedelta(seconds=timeout),
+            envd_token=secrets.token_urlsafe(16), root=root, cpu_count=cpu, memory_mb=memory,
+            disk_size_mb=disk,
+            allow_internet_access=None if isinstance(body.allow_internet_access, Unset)
+            else body.allow_internet_access,
+            network=network, timeouts=[timeout])
+        sandbox.metrics.append(self._sample(sandbox, now))
+        self.sandboxes[sid] = sandbox
+        if key:
+            self.idempotent[(team, key)] = sid
+        return 201, self._created(sandbox), {}
+
+    async def _list(self, team: str, request: Request):
+        params = dict(request.query)
+        wanted: dict[str, str] = {}
+        if params.get("metadata"):  # quoted by the SDK, urlencoded, then encoded as a value
+            wanted = {unquote(k): unquote(v)
+                      for k, v in parse_qsl(params["metadata"], keep_blank_values=True)}
+        states = set(params["state"].split(",")) if params.get("state") else {"running", "paused"}
+        if not states <= {"running", "paused"}:
+            raise Reply(400, f"bad state filter {params['state']!r}")
+        found = sorted((s for s in self.sandboxes.values()
+                        if s.team == team and s.state in states
+                        and all(s.metadata.get(k) == v for k, v in wanted.items())),
+                       key=lambda s: (s.started_at, s.sandbox_id))
+        size = min(int(params.get("limit") or self.page_size), self.page_size)
+        offset = int(params.get("nextToken") or 0)
+        page = found[offset:offset + size]
+        headers = {"x-next-token": str(offset + size)} if offset + size < len(found) else {}
+        return 200, [ListedSandbox(
+            template_id=s.template_id, sandbox_id=s.sandbox_id, client_id=s.client_id,
+            started_at=s.started_at, end_at=s.end_at, cpu_count=s.cpu_count,
+            memory_mb=s.memory_mb, disk_size_mb=s.disk_size_mb, state=SandboxState(s.state),
+            envd_version=ENVD_VERSION, alias=s.alias or UNSET, metadata=s.metadata,
+        ).to_dict() for s in page], headers
+
+    async def _get(self, team: str, request: Request, sid: str):
+        s = self._sandbox(team, sid)
+        return 200, SandboxDetail(
+            template_id=s.template_id, sandbox_id=s.sandbox_id, client_id=s.client_id,
+            started_at=s.started_at, end_at=s.end_at, envd_version=ENVD_VERSION,
+            cpu_count=s.cpu_count, memory_mb=s.memory_mb, disk_size_mb=s.disk_size_mb,
+            state=SandboxState(s.state), alias=s.alias or UNSET, envd_access_token=s.envd_token,
+            metadata=s.metadata, domain=None,
+        ).to_dict(), {}
+
+    async def _kill(self, team: str, request: Request, sid: str):
+        sandbox = self._sandbox(team, sid)
+        self._remove(sandbox)
+        self.killed.append(sid)
+        return 204, None, {}
+
+    async def _timeout(self, team: str, request: Request, sid: str):
+        body = self._parse(SandboxTimeoutRequest, request.json())
+        sandbox = self._sandbox(team, sid)
+        if sandbox.state != "running":  # E2B keeps only running sandboxes on the clock
+            raise Reply(404, f"sandbox \"{sid}\" is not running")
+        if not 0 <= body.timeout <= MAX_TIMEOUT_S:
+            raise Reply(400, f"timeout must be between 0 and {MAX_TIMEOUT_S} seconds")
+        sandbox.end_at = self.now() + timedelta(seconds=body.timeout)
+        sandbox.timeouts.append(body.timeout)
+        return 204, None, {}
+
+    async def _pause(self, team: str, request: Request, sid: str):
+        self._parse(SandboxPauseRequest, request.json() or {})
+        sandbox = self._sandbox(team, sid)
+        if sandbox.state == "paused":
+            raise Reply(409, f"sandbox \"{sid}\" is already paused")
+        sandbox.state = "paused"
+        _signal_processes(sandbox, signal.SIGSTOP)  # memory is kept: processes freeze
+        return 204, None, {}
+
+    async def _connect(self, team: str, request: Request, sid: str):
+        body = self._parse(ConnectSandboxV2, request.json() or {})
+        sandbox = self._sandbox(team, sid)
+        timeout = DEFAULT_TIMEOUT_S if isinstance(body.timeout, Unset) else body.timeout
+        if not 0 <= timeout <= MAX_TIMEOUT_S:
+            raise Reply(400, f"timeout must be between 0 and {MAX_TIMEOUT_S} seconds")
+        until = self.now() + timedelta(seconds=timeout)
+        if sandbox.state == "paused":
+            sandbox.state = "running"
+            sandbox.end_at = until
+            sandbox.timeouts.append(timeout)
+            _signal_processes(sandbox, signal.SIGCONT)
+            return 201, self._created(sandbox), {}
+        if until > sandbox.end_at:  # a running sandbox's timeout only grows
+            sandbox.end_at = until
+            sandbox.timeouts.append(timeout)
+        return 200, self._created(sandbox), {}
+
+    async def _metrics(self, team: str, request: Request, sid: str):
+        sandbox = self._sandbox(team, sid)
+        params = dict(request.query)
+        start = int(params["start"]) if params.get("start") else 0
+        end = int(params["end"]) if params.get("end") else 2**62
+        return 200, [m.to_dict() for m in sandbox.metrics
+                     if start <= m.timestamp_unix <= end], {}
+
+    async def _snapshot(self, team: str, request: Request, sid: str):
+        body = self._parse(SandboxSnapshotRequest, request.json() or {})
+        sandbox = self._sandbox(team, sid)
+        name = None if isinstance(body.name, Unset) else body.name
+        if name is not None and not re.fullmatch(r"[a-z0-9_-]+", name):
+            raise Reply(400, f"invalid snapshot name {name!r}")
+        existing = next((s for s in self.snapshots.values()
+                         if name and s.team == team and s.name == name), None)
+        template_id = existing.template_id if existing else _random_id("s", 20)
+        files = self._workdir / f"snapshot-{template_id}"
+        shutil.rmtree(files, ignore_errors=True)
+        shutil.copytree(sandbox.root, files)
+        snap = Snapshot(team=team, template_id=template_id, name=name, files=files,
+                        source=sid, cpu_count=sandbox.cpu_count, memory_mb=sandbox.memory_mb,
+                        disk_size_mb=sandbox.disk_size_mb)
+        self.snapshots[template_id] = snap
+        names = [snap.snapshot_id(self._slug(team))] if name else []
+        return 201, SnapshotInfo(snapshot_id=snap.snapshot_id(self._slug(team)),
+                                 names=names).to_dict(), {}
+
+    async def _list_snapshots(self, team: str, request: Request):
+        params = dict(request.query)
+        slug = self._slug(team)
+        found = [s for s in self.snapshots.values() if s.team == team
+                 and (not params.get("sandboxID") or s.source == params["sandboxID"])
+                 and (not params.get("name") or params["name"] in (
+                     s.name, s.template_id, s.snapshot_id(slug)))]
+        found.sort(key=lambda s: s.template_id)
+        size = min(int(params.get("limit") or self.page_size), self.page_size)
+        offset = int(params.get("nextToken") or 0)
+        headers = {"x-next-token": str(offset + size)} if offset + size < len(found) else {}
+        return 200, [SnapshotInfo(snapshot_id=s.snapshot_id(slug),
+                                  names=[s.snapshot_id(slug)] if s.name else []).to_dict()
+                     for s in found[offset:offset + size]], headers
+
+    async def _delete_template(self, team: str, request: Request, tid: str):
+        name = tid.split(":", 1)[0].rpartition("/")[2]
+        snap = next((s for s in self.snapshots.values()
+                     if s.team == team and name in (s.template_id, s.name)), None)
+        if snap is None:
+            raise Reply(404, f"template '{tid}' not found")
+        del self.snapshots[snap.template_id]
+        shutil.rmtree(snap.files, ignore_errors=True)
+        return 204, None, {}
+
+    # -- envd ----------------------------------------------------------------------------
+
+    async def _envd_call(self, scope, receive, send, headers: dict[str, str]) -> None:
+        """envd sits behind E2B's proxy: the sandbox must exist and run, the token match."""
+        sandbox = self.sandboxes.get(headers.get("e2b-sandbox-id", ""))
+        status = None
+        if sandbox is None or sandbox.state != "running" or \
+                headers.get("e2b-sandbox-port") != "49983":
+            status, text = 502, b"The sandbox was not found or is not running"
+        elif headers.get("x-access-token") != sandbox.envd_token:
+            status, text = 401, b"bad envd access token"
+        self.calls.append(("POST", scope["path"], status or 200))
+        if status is not None:
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": text})
+            return
+        await self._envd(scope, receive, send)
+
+    def envd_sandbox(self, ctx) -> StandInSandbox:
+        sandbox = self.sandboxes.get(ctx.request_headers.get("e2b-sandbox-id", ""))
+        if sandbox is None:
+            raise ConnectError(Code.NOT_FOUND, "sandbox not found")
+        return sandbox
+
+
+class _EnvdProcess:
+    """envd's process service: Start runs the command for real; SendSignal kills it."""
+
+    def __init__(self, standin: E2BStandIn) -> None:
+        self.standin = standin
+
+    async def start(self, request: pb.StartRequest, ctx) -> AsyncIterator[pb.StartResponse]:
+        sandbox = self.standin.envd_sandbox(ctx)
+        config = request.process
+        args = list(config.args) if config else []
+        if config is None or config.cmd != "/bin/bash" or args[:2] != ["-l", "-c"] or \
+                len(args) != 3 or request.pty is not None:
+            self.standin._problem(f"envd Start with an unexpected shape: {request!r}")
+            raise ConnectError(Code.INVALID_ARGUMENT, "stand-in runs only bash -l -c CMD")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(sandbox.root),
+               **sandbox.env_vars, **dict(config.envs)}
+        cwd = config.cwd if config.has_field("cwd") and Path(config.cwd).is_dir() else sandbox.root
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", args[2], cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        sandbox.processes[proc.pid] = proc
+        yield _event("start", pb.ProcessEvent.StartEvent(pid=proc.pid))
+        queue: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
+
+        async def pump(stream: asyncio.StreamReader, name: str) -> None:
+            while chunk := await stream.read(65536):
+                await queue.put((name, chunk))
+            await queue.put((name, None))
+
+        pumps = [asyncio.create_task(pump(proc.stdout, "stdout")),
+                 asyncio.create_task(pump(proc.stderr, "stderr"))]
+        try:
+            open_streams = 2
+            while open_streams:
+                name, chunk = await queue.get()
+                if chunk is None:
+                    open_streams -= 1
+                    continue
+                yield _event("data", pb.ProcessEvent.DataEvent(output=Oneof(name, chunk)))
+            code = await proc.wait()
+        finally:  # a client that goes away leaves the process running, as envd does
+            for task in pumps:
+                task.cancel()
+        sandbox.processes.pop(proc.pid, None)
+        if code >= 0:
+            end = pb.ProcessEvent.EndEvent(exit_code=code, exited=True,
+                                           status=f"exit status {code}")
+        else:
+            end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False,
+                                           status=f"signal: {signal.Signals(-code).name}")
+        yield _event("end", end)
+
+    async def send_signal(self, request: pb.SendSignalRequest, ctx) -> pb.SendSignalResponse:
+        sandbox = self.standin.envd_sandbox(ctx)
+        selector = request.process.selector if request.process else None
+        if not (isinstance(selector, Oneof) and selector.field == "pid"):
+            self.standin._problem(f"envd SendSignal with an unexpected selector: {request!r}")
+            raise ConnectError(Code.INVALID_ARGUMENT, "stand-in selects processes by pid")
+        proc = sandbox.processes.get(selector.value)
+        if proc is None:
+            raise ConnectError(Code.NOT_FOUND, f"process with pid {selector.value} not found")
+        number = {pb.Signal.SIGKILL: signal.SIGKILL, pb.Signal.SIGTERM: signal.SIGTERM}.get(
+            request.signal)
+        if number is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"unknown signal {request.signal!r}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, number)
+        return pb.SendSignalResponse()
+
+    def _unknown(self, name: str) -> Callable:
+        def refuse() -> ConnectError:
+            self.standin._problem(f"envd {name} is not implemented by the stand-in")
+            return ConnectError(Code.UNIMPLEMENTED, f"stand-in: {name} not implemented")
+
+        async def unary(request, ctx):
+            raise refuse()
+
+        async def stream(request, ctx):
+            raise refuse()
+            yield  # an async generator, for the streaming methods
+
+        return stream if name == "connect" else unary
+
+    def __getattr__(self, name: str):  # list, connect, update, send_input, ...: refused loudly
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._unknown(name)
+
+
+def _event(kind: str, value: Any) -> pb.StartResponse:
+    return pb.StartResponse(event=pb.ProcessEvent(event=Oneof(kind, value)))
+
+
+def _signal_processes(sandbox: StandInSandbox, number: int) -> None:
+    for pid in list(sandbox.processes):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, number)
+
+
+def _kill_processes(sandbox: StandInSandbox) -> None:
+    _signal_processes(sandbox, signal.SIGKILL)
+    _signal_processes(sandbox, signal.SIGCONT)
