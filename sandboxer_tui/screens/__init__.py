@@ -1,0 +1,1 @@
+"""The dashboard's screens: the main view and its modals (confirmation, pickers, exec, help)."""

@@ -1,0 +1,1 @@
+"""The dashboard's widgets: the sandbox table, the health line, the detail tabs."""

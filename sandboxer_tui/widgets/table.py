@@ -1,0 +1,345 @@
+"""The sandbox table: one row per sandbox, keyed by id, updated cell by cell in place.
+
+Cells hold `rich.text.Text` (user data is never parsed as markup). The table keeps every row
+of the inventory (`rows`) and shows those matching the filter, in the chosen order, sorted on
+raw values (seconds, bytes, percent) through `core.dashboard.sort_key`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from core.dashboard import (
+    SORT_COLUMNS,
+    Inventory,
+    MetricsBuffer,
+    SandboxRow,
+    human_age,
+    human_bytes,
+    human_duration,
+    matches,
+    short_id_length,
+    sort_key,
+    sparkline,
+    ttl_level,
+)
+
+STATE_STYLES = {"running": "green", "paused": "cyan", "creating": "blue",
+                "destroying": "magenta", "destroyed": "dim", "failed": "bold red",
+                "lost": "red"}
+TTL_STYLES = {"ok": "", "warning": "yellow", "critical": "bold red",
+              "expired": "bold white on red"}
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+SPARK_WIDTH = 5
+NAME_WIDTH, OWNER_WIDTH, PROFILE_WIDTH = 16, 14, 12
+
+# (key, header, fixed width or None)
+COLUMNS = (("id", "ID", None), ("name", "NAME", None), ("profile", "PROFILE", None),
+           ("backend", "BACKEND", None), ("state", "STATE", 12), ("owner", "OWNER", None),
+           ("age", "AGE", 5), ("ttl", "TTL", 7), ("cpu", "CPU", SPARK_WIDTH + 5),
+           ("mem", "MEM", SPARK_WIDTH + 8))
+# a header click sorts by its column
+HEADER_SORT = {"id": "created", "name": "name", "profile": "profile", "backend": "backend",
+               "state": "state", "owner": "owner", "age": "created", "ttl": "ttl",
+               "cpu": "cpu", "mem": "mem"}
+
+
+class IdCell(Text):
+    """The id cell; it carries the full id (sorting reads it) and shows the mark."""
+
+    sandbox_id: str = ""
+
+
+def clip(text: str | None, width: int) -> str:
+    if not text:
+        return ""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def state_cell(row: SandboxRow, busy: str | None, frame: int) -> Text:
+    if busy:
+        return Text(f"{SPINNER[frame % len(SPINNER)]} {busy}", style="bold yellow")
+    return Text(row.state, style=STATE_STYLES.get(row.state, ""))
+
+
+def ttl_cell(row: SandboxRow, now: datetime, warn_s: float) -> Text:
+    left = row.ttl_left(now)
+    level = ttl_level(left, warn_s)
+    if level is None:
+        return Text("-", style="dim")
+    if level == "expired":
+        return Text("expired", style=TTL_STYLES[level])
+    return Text(human_duration(left), style=TTL_STYLES[level])
+
+
+def metric_cells(series: list[dict[str, Any]]) -> tuple[Text, Text]:
+    if not series:
+        return Text("-", style="dim"), Text("-", style="dim")
+    last = series[-1]
+    cpu_values = [s["cpu_pct"] for s in series]
+    mem_values = [s["memory_bytes"] for s in series]
+    cpu = Text()
+    if last["cpu_pct"] is not None:
+        cpu.append(sparkline(cpu_values, SPARK_WIDTH, top=max(100.0, *[
+            v for v in cpu_values if v is not None])), style="green")
+        cpu.append(f" {last['cpu_pct']:.0f}%")
+    else:
+        cpu.append("-", style="dim")
+    mem = Text()
+    if last["memory_bytes"] is not None:
+        mem.append(sparkline(mem_values, SPARK_WIDTH, top=last.get("memory_limit")),
+                   style="cyan")
+        mem.append(f" {human_bytes(last['memory_bytes'])}")
+    else:
+        mem.append("-", style="dim")
+    return cpu, mem
+
+
+class SandboxTable(DataTable):
+    """Every sandbox, live. The app feeds it `Inventory` reads and ticks."""
+
+    DEFAULT_CSS = """
+    SandboxTable { scrollbar-size-vertical: 1; }
+    """
+
+    def __init__(self, warn_s: float = 300.0, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
+        self.warn_s = warn_s
+        self.sandboxes: dict[str, SandboxRow] = {}
+        self.marked: set[str] = set()
+        self.busy: dict[str, str] = {}
+        self.filter_text = ""
+        self.sort_column = "created"
+        self.sort_reverse = False
+        self.metrics: MetricsBuffer | None = None
+        self.now: datetime | None = None
+        self.loaded = False
+        self._id_len = 14
+        self._frame = 0
+        self._shown_text: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def on_mount(self) -> None:
+        for key, label, width in COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def shown_ids(self) -> list[str]:
+        return [key.value for key in self.rows_in_order()]
+
+    def rows_in_order(self) -> list:
+        return [row.key for row in self.ordered_rows]
+
+    @property
+    def selected_id(self) -> str | None:
+        if not self.row_count:
+            return None
+        try:
+            return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except Exception:
+            return None
+
+    def selected_row(self) -> SandboxRow | None:
+        sid = self.selected_id
+        return self.sandboxes.get(sid) if sid else None
+
+    def targets(self) -> list[SandboxRow]:
+        """The marked sandboxes still shown, else the one under the cursor."""
+        marked = [self.sandboxes[s] for s in self.shown_ids if s in self.marked and s in self.sandboxes]
+        if marked:
+            return marked
+        row = self.selected_row()
+        return [row] if row else []
+
+    def cell_text(self, sandbox_id: str, column: str) -> str:
+        value = self.get_cell(sandbox_id, column)
+        return value.plain if isinstance(value, Text) else str(value)
+
+    # -- cells ------------------------------------------------------------------------------
+
+    def _id_cell(self, row: SandboxRow) -> IdCell:
+        # the id without its `sbx-` prefix, as short as still unique (the CLI accepts both)
+        cell = IdCell(("●" if row.id in self.marked else " ") + row.id[4: self._id_len])
+        cell.stylize("bold yellow" if row.id in self.marked else "", 0, 1)
+        cell.sandbox_id = row.id
+        return cell
+
+    def _cells(self, row: SandboxRow) -> dict[str, Text]:
+        now = self.now
+        series = self.metrics.series(row.id) if self.metrics else []
+        cpu, mem = metric_cells(series)
+        return {
+            "id": self._id_cell(row),
+            "name": Text(clip(row.name, NAME_WIDTH)),
+            "profile": Text(clip(row.profile, PROFILE_WIDTH)),
+            "backend": Text(row.backend),
+            "state": state_cell(row, self.busy.get(row.id), self._frame),
+            "owner": Text(clip(row.owner, OWNER_WIDTH)),
+            "age": Text(human_age(row.age(now)) if now else "", style="dim"),
+            "ttl": ttl_cell(row, now, self.warn_s) if now else Text(""),
+            "cpu": cpu,
+            "mem": mem,
+        }
+
+    def _set(self, sandbox_id: str, column: str, value: Text, width: bool = False) -> None:
+        key = (value.plain, str(value.style) + "".join(str(s.style) for s in value.spans))
+        if self._shown_text.get((sandbox_id, column)) == key:
+            return
+        self._shown_text[(sandbox_id, column)] = key
+        self.update_cell(sandbox_id, column, value, update_width=width)
+
+    def _add(self, row: SandboxRow) -> None:
+        cells = self._cells(row)
+        self.add_row(*(cells[key] for key, _, _ in COLUMNS), key=row.id)
+        for column, value in cells.items():
+            self._shown_text[(row.id, column)] = (
+                value.plain, str(value.style) + "".join(str(s.style) for s in value.spans))
+
+    def _update(self, row: SandboxRow) -> None:
+        for column, value in self._cells(row).items():
+            self._set(row.id, column, value, width=column in ("name", "profile", "owner"))
+
+    def _remove(self, sandbox_id: str) -> None:
+        self.remove_row(sandbox_id)
+        for key, _, _ in COLUMNS:
+            self._shown_text.pop((sandbox_id, key), None)
+
+    # -- feeding ----------------------------------------------------------------------------
+
+    def apply(self, inventory: Inventory) -> None:
+        """Bring the table in line with one inventory read, cell by cell."""
+        self.now = inventory.now
+        self.sandboxes = inventory.rows
+        if inventory.added or inventory.removed or not self.loaded:
+            new_len = short_id_length(self.sandboxes) if self.sandboxes else 14
+            if new_len != self._id_len:
+                self._id_len = new_len
+                self.rebuild()
+                return
+        shown = set(self.shown_ids)
+        order_changed = False
+        for sid in inventory.removed:
+            self.marked.discard(sid)
+            if sid in shown:
+                self._remove(sid)
+        for sid in inventory.added + inventory.changed:
+            row = self.sandboxes[sid]
+            wanted = matches(row, self.filter_text)
+            if sid in shown and wanted:
+                self._update(row)
+                order_changed |= self.sort_column not in ("created", "cpu", "mem")
+            elif sid in shown:
+                self._remove(sid)
+            elif wanted:
+                self._add(row)
+                order_changed = True
+        if order_changed and (self.sort_column != "created" or self.sort_reverse):
+            self.resort()
+        self.loaded = True
+        self.tick(inventory.now)
+
+    def tick(self, now: datetime) -> None:
+        """The clock moved: ages and countdowns; and the spinners of busy rows."""
+        self.now = now
+        for sid in self.shown_ids:
+            row = self.sandboxes.get(sid)
+            if row is None:
+                continue
+            self._set(sid, "age", Text(human_age(row.age(now)), style="dim"))
+            self._set(sid, "ttl", ttl_cell(row, now, self.warn_s))
+        if self.sort_column == "ttl":
+            self.resort()
+
+    def spin(self) -> None:
+        self._frame += 1
+        for sid, verb in list(self.busy.items()):
+            if sid in self.sandboxes and self.is_shown(sid):
+                self._set(sid, "state", state_cell(self.sandboxes[sid], verb, self._frame))
+
+    def set_busy(self, ids: Iterable[str], verb: str | None) -> None:
+        for sid in ids:
+            if verb:
+                self.busy[sid] = verb
+            else:
+                self.busy.pop(sid, None)
+            if sid in self.sandboxes and self.is_shown(sid):
+                self._set(sid, "state", state_cell(self.sandboxes[sid], verb, self._frame))
+
+    def refresh_metrics(self, ids: Iterable[str]) -> None:
+        for sid in ids:
+            if sid in self.sandboxes and self.is_shown(sid) and self.metrics:
+                cpu, mem = metric_cells(self.metrics.series(sid))
+                self._set(sid, "cpu", cpu)
+                self._set(sid, "mem", mem)
+        if self.sort_column in ("cpu", "mem"):
+            self.resort()
+
+    def is_shown(self, sandbox_id: str) -> bool:
+        return (sandbox_id, "id") in self._shown_text
+
+    # -- marks, filter, sort ----------------------------------------------------------------
+
+    def toggle_mark(self, sandbox_id: str) -> None:
+        if sandbox_id in self.marked:
+            self.marked.discard(sandbox_id)
+        else:
+            self.marked.add(sandbox_id)
+        if sandbox_id in self.sandboxes:
+            self._set(sandbox_id, "id", self._id_cell(self.sandboxes[sandbox_id]))
+
+    def clear_marks(self) -> None:
+        marked, self.marked = self.marked, set()
+        for sid in marked:
+            if sid in self.sandboxes and self.is_shown(sid):
+                self._set(sid, "id", self._id_cell(self.sandboxes[sid]))
+
+    def set_filter(self, text: str) -> None:
+        if text != self.filter_text:
+            self.filter_text = text
+            self.rebuild()
+
+    def set_sort(self, column: str, reverse: bool = False) -> None:
+        if column not in SORT_COLUMNS:
+            raise ValueError(column)
+        self.sort_column, self.sort_reverse = column, reverse
+        self.resort()
+
+    def _key(self, cell: IdCell) -> tuple:
+        latest = self.metrics.latest(cell.sandbox_id) if self.metrics else None
+        return sort_key(self.sandboxes[cell.sandbox_id], self.sort_column, self.now, latest)
+
+    def resort(self) -> None:
+        if not self.row_count or self.now is None:
+            return
+        selected = self.selected_id
+        before = self.shown_ids
+        self.sort("id", key=self._key, reverse=self.sort_reverse)
+        if self.shown_ids != before and selected:
+            self.move_cursor(row=self.get_row_index(selected), animate=False)
+
+    def rebuild(self) -> None:
+        """Show again from scratch (a new filter, or ids that need a longer prefix)."""
+        selected = self.selected_id
+        self.clear()
+        self._shown_text.clear()
+        wanted = [r for r in self.sandboxes.values() if matches(r, self.filter_text)]
+        if self.now is not None:
+            wanted.sort(key=lambda r: sort_key(r, self.sort_column, self.now,
+                                               self.metrics.latest(r.id) if self.metrics
+                                               else None), reverse=self.sort_reverse)
+        for row in wanted:
+            self._add(row)
+        if selected and selected in {r.id for r in wanted}:
+            self.move_cursor(row=self.get_row_index(selected), animate=False)
+
+    def counts(self) -> Mapping[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.sandboxes.values():
+            counts[row.state] = counts.get(row.state, 0) + 1
+        return counts
