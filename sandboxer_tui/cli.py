@@ -138,14 +138,40 @@ class DefaultGroup(click.Group):
 def cli(ctx: click.Context) -> None:
     """Sandboxer: short-lived sandboxes from profiles, on Docker and other backends.
 
-    On a terminal, `sbx` alone shows the inventory (the dashboard, once it lands);
-    without one it prints this help.
+    On a terminal, `sbx` alone opens the dashboard (as `sbx tui` does); without one it
+    prints this help.
     """
     if ctx.invoked_subcommand is None:
         if sys.stdout.isatty() and sys.stdin.isatty():
-            ctx.invoke(ls_command)
+            ctx.invoke(tui_command)
         else:
             click.echo(ctx.get_help())
+
+
+# -- the dashboard --------------------------------------------------------------------------
+
+
+@cli.command("tui")
+@click.option("--read-only", is_flag=True, help="Hide every action that changes anything.")
+@click.option("--refresh", type=click.FloatRange(min=0.2, max=60), default=1.0,
+              show_default=True, metavar="SECONDS", help="How often the inventory is read.")
+@click.option("--extend-by", "extend_by", default="30m", show_default=True, metavar="DUR",
+              help="What `t` adds to a deadline.")
+@command
+def tui_command(read_only: bool = False, refresh: float = 1.0, extend_by: str = "30m") -> None:
+    """The dashboard: every sandbox, live, one key per action (docs/dashboard.md)."""
+    import os
+
+    from core.durations import parse_duration
+
+    step = parse_duration(extend_by, "--extend-by")
+    from sandboxer_tui.app import run as run_dashboard  # textual loads only here
+
+    code = run_dashboard(read_only=read_only, refresh=refresh, extend_step=step)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # a backend call still blocked in a worker thread (a hung engine) must not hold the exit
+    os._exit(code)
 
 
 # -- doctor ---------------------------------------------------------------------------------
