@@ -55,6 +55,7 @@ DEFAULT_KEY = "E2B_API_KEY"
 KEY_VARIABLE = re.compile(r"E2B_API_KEY(_[A-Z0-9_]+)?")
 DEFAULT_TEMPLATE = "base"
 DEADLINE_GRACE = timedelta(seconds=60)
+MAX_TIMEOUT_S = 24 * 3600  # E2B's longest timeout (Pro plan; Hobby: 1 hour)
 DEFAULT_MAX_CONCURRENT = 20
 OPTIONS = frozenset({"max_concurrent", "api_key"})
 METRICS_EVERY_S = 5.0  # E2B's metrics granularity
@@ -316,6 +317,11 @@ class E2BAdapter(Adapter):
                         f"the e2b backend cannot allow egress to {entry!r}: E2B filters by IPv4 "
                         "address, CIDR block or domain name (e.g. 1.1.1.1, 10.0.0.0/8, "
                         "example.com, *.example.com), not by port, URL or IPv6")
+        if request.hard_deadline and _seconds_until(request.hard_deadline) > MAX_TIMEOUT_S:
+            raise CapabilityNotSupported(
+                "E2B keeps a sandbox alive for at most 24 hours (1 hour on the Hobby plan), so "
+                "it cannot hold this sandbox until its hard deadline (plus 1m of grace): set "
+                "ttl.max to 23h59m or less")
         variable = self._key_variable(request.options)
         self._opts(variable)  # the key must be set: exit 5 naming it, before anything is written
         self._creating_with = variable

@@ -173,6 +173,9 @@ def test_create_exec_destroy_through_the_cli(e2b, standin, tmp_path):
     quoted = e2b("exec", box["id"], "--", "printf", "%s|", "two words", "it's")
     assert (quoted.code, quoted.out) == (0, "two words|it's|")
 
+    no_logs = e2b("logs", box["id"])  # E2B has no log stream of a main process
+    assert no_logs.code == 4 and "no logs" in no_logs.err
+
     done = e2b("destroy", box["id"])
     assert done.code == 0, done.err
     assert box["backend_ref"] not in standin.sandboxes
@@ -188,7 +191,10 @@ def test_exec_timeout_kills_the_command_and_the_sandbox_stays_usable(e2b, standi
     result = e2b("exec", box["id"], "--timeout", "1s", "--", "sleep", "30")
     assert result.code == 124, result.err
     assert time.monotonic() - started < 15
+    (pid,) = [int(p) for p in standin.started_pids]
     wait_until(lambda: not standin.sandboxes[box["backend_ref"]].processes, within=5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the command itself is gone, not just forgotten
     after = e2b("exec", box["id"], "--", "echo", "alive")
     assert (after.code, after.out) == (0, "alive\n")
 
@@ -225,6 +231,9 @@ def test_snapshot_restore_pause_resume_through_the_cli(e2b, standin):
     assert near(remote.end_at, parse(box["hard_deadline"]) + DEADLINE_GRACE)
     again = e2b("exec", box["id"], "--", "cat", "data.txt")
     assert (again.code, again.out) == (0, "kept-bytes\n")
+
+    exported = e2b("checkpoint", "export", ckpt["id"], "-o", "ckpt.tar.gz")
+    assert exported.code == 4 and "cannot export" in exported.err  # E2B snapshots stay there
 
     removed = e2b("checkpoint", "rm", ckpt["id"])
     assert removed.code == 0, removed.err
@@ -421,6 +430,7 @@ def test_reap_destroys_an_expired_sandbox_and_sweeps_orphan_snapshots(e2b, stand
     ("network:\n  mode: egress\n  allow: [\"example.com:443\"]\n", 4, "example.com:443"),
     ("options:\n  shape: large\n", 4, "no option shape"),
     ("options:\n  max_concurrent: 0\n", 4, "max_concurrent"),
+    ("ttl:\n  max: 25h\n", 4, "at most 24 hours"),
 ])
 def test_what_e2b_cannot_enforce_is_refused_and_nothing_is_written(
         e2b, standin, tmp_path, body, code, says):
@@ -542,3 +552,15 @@ def test_sandbox_default_timeout_is_never_what_sbx_relies_on(e2b_env, standin):
     (remote,) = standin.sandboxes.values()
     assert remote.timeouts[0] != DEFAULT_TIMEOUT_S
     assert remote.timeouts[0] >= 3600
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "needs the core: the reaper judges a row by a listing that cannot see a sandbox whose key "
+    "variable is not set here; E2BAdapter.sees(ref) says so, but core/reaper.py does not ask"))
+def test_reconcile_without_a_profiles_key_variable_does_not_judge_its_sandboxes(
+        e2b, standin, tmp_path):
+    path = write_profile(tmp_path, "team-b", (
+        "extends: e2b\noptions:\n  api_key: env:E2B_API_KEY_TEAM_B\n"))
+    box = e2b.create("--profile-file", str(path), env={"E2B_API_KEY_TEAM_B": TEAM_B_KEY})
+    assert e2b("reconcile", "--json").code == 0  # E2B_API_KEY_TEAM_B is not set here
+    assert e2b.show(box["id"])["state"] == "running"

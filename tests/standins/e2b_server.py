@@ -178,6 +178,8 @@ class E2BStandIn:
         self.expired: list[str] = []
         self.killed: list[str] = []
         self._rate_limits: list[tuple[str | None, int]] = []
+        self.watchers: set[asyncio.Task] = set()  # one per process: forgets it when it exits
+        self.started_pids: list[int] = []
         self._lock = threading.Lock()
         self._workdir = Path(tempfile.mkdtemp(prefix="e2b-standin-"))
         self._envd = ProcessASGIApplication(_EnvdProcess(self))
@@ -616,6 +618,15 @@ class _EnvdProcess:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)
         sandbox.processes[proc.pid] = proc
+
+        async def forget_when_done() -> None:  # whether or not a client still listens
+            await proc.wait()
+            sandbox.processes.pop(proc.pid, None)
+
+        watcher = asyncio.create_task(forget_when_done())
+        self.standin.watchers.add(watcher)
+        watcher.add_done_callback(self.standin.watchers.discard)
+        self.standin.started_pids.append(proc.pid)
         yield _event("start", pb.ProcessEvent.StartEvent(pid=proc.pid))
         queue: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
 
@@ -638,7 +649,6 @@ class _EnvdProcess:
         finally:  # a client that goes away leaves the process running, as envd does
             for task in pumps:
                 task.cancel()
-        sandbox.processes.pop(proc.pid, None)
         if code >= 0:
             end = pb.ProcessEvent.EndEvent(exit_code=code, exited=True,
                                            status=f"exit status {code}")
