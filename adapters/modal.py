@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlparse
 
 from adapters.base import (
     Adapter,
@@ -53,6 +53,7 @@ OPTIONS = frozenset({"app", "token_id", "token_secret"})
 ENV_REF = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
 DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}", re.IGNORECASE)
 MiB = 1024**2
+PROBE_TIMEOUT = 10.0  # seconds to open a TCP connection to Modal
 INSTALL_HINT = "pip install 'sandboxer[modal]'"
 TOKEN_HINT = "create one with `modal token new` or in your Modal workspace settings"
 
@@ -159,6 +160,7 @@ class ModalAdapter(Adapter):
         # clients by (server, token): in memory for this process only
         self._clients: dict[tuple[str, str, str], modal_sdk.Client] = {}
         self._apps: dict[tuple[int, str], Any] = {}
+        self._verified: set[int] = set()  # clients whose token Modal accepted
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -168,12 +170,34 @@ class ModalAdapter(Adapter):
         key = (server_url(), token_id, token_secret)
         client = self._clients.get(key)
         if client is None:
+            await self._probe(key[0])
             try:
                 client = await modal.Client.from_credentials.aio(token_id, token_secret)
             except Exception as exc:
                 raise self._translate(exc, tokens, "connect") from exc
             self._clients[key] = client
         return client
+
+    @staticmethod
+    async def _probe(url: str, timeout: float = PROBE_TIMEOUT) -> None:
+        """Can a connection to Modal be opened at all? The SDK retries a refused connection
+        for about a minute; `sbx` says so at once (exit 5). Any one of a comma-separated list
+        of server URLs will do, as for the SDK."""
+        problems = []
+        for one in (u.strip() for u in url.split(",")):
+            parsed = urlparse(one)
+            port = parsed.port or (443 if parsed.scheme == "https" else 80)
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(parsed.hostname, port), timeout)
+            except (OSError, TimeoutError) as exc:
+                problems.append(f"{parsed.hostname}:{port}: {_error_text(exc)}")
+                continue
+            writer.close()
+            return
+        raise BackendUnavailable(
+            f"Modal unreachable at {url} ({'; '.join(problems)}); check your network or "
+            "MODAL_SERVER_URL")
 
     def _translate(self, exc: BaseException, tokens: TokenVariables, doing: str) -> AdapterError:
         """One SDK error as the contract's: unreachable or refused token -> exit 5."""
@@ -231,9 +255,21 @@ class ModalAdapter(Adapter):
         return Health(True, True, f"Modal at {server_url()}, token from {tokens.describe()}")
 
     async def ensure_available(self) -> None:
-        """The SDK must be installed. The token is checked where it is known: in validate()
-        for a create (the profile may name its own variables), in each call otherwise."""
+        """Before the core writes an intent: the SDK is installed and, when $MODAL_TOKEN_ID and
+        $MODAL_TOKEN_SECRET are set, Modal accepts them (one ClientHello per process). A
+        profile's own token variables are checked in validate() (present) and by the call."""
         _sdk()
+        tokens = TokenVariables()
+        if not tokens.present():
+            return
+        client = await self._client(tokens)
+        if id(client) in self._verified:
+            return
+        try:
+            await client.hello.aio()
+        except Exception as exc:
+            raise self._translate(exc, tokens, "answer") from exc
+        self._verified.add(id(client))
 
     def validate(self, request: CreateRequest) -> None:
         unknown = set(request.options) - OPTIONS
@@ -433,6 +469,7 @@ class ModalAdapter(Adapter):
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
         self._apps.clear()
+        self._verified.clear()
         for client in clients:
             try:
                 await client.close.aio()

@@ -404,6 +404,17 @@ class ControlPlane(_Service, ModalClientBase):
 
         await self._unary(stream, "AppGetOrCreate", answer)
 
+    async def EnvironmentGetOrCreate(self, stream: Stream) -> None:
+        """The default environment; a registry image asks it for its image builder version."""
+        def answer(request: api_pb2.EnvironmentGetOrCreateRequest
+                   ) -> api_pb2.EnvironmentGetOrCreateResponse:
+            return api_pb2.EnvironmentGetOrCreateResponse(
+                environment_id="en-standin", metadata=api_pb2.EnvironmentMetadata(
+                    name=request.deployment_name or "main",
+                    settings=api_pb2.EnvironmentSettings(image_builder_version="2025.06")))
+
+        await self._unary(stream, "EnvironmentGetOrCreate", answer)
+
     async def ImageFromId(self, stream: Stream) -> None:
         def answer(request: api_pb2.ImageFromIdRequest) -> api_pb2.ImageFromIdResponse:
             if request.image_id not in self.standin.images:
