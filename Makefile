@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup venv docker image lint bench clean
+.PHONY: run test setup venv docker image postgres lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -15,7 +15,7 @@ test: setup
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
-setup: venv docker image
+setup: venv docker image postgres
 
 venv: $(STAMP)
 
@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 
 docker:
 	scripts/ensure-docker.sh
+
+postgres:
+	scripts/ensure-postgres.sh
 
 image: venv docker
 	$(BIN)/python -m adapters.docker_image

@@ -137,6 +137,9 @@ class Adapter(abc.ABC):
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     # A test double (the stub) says so, and `sbx doctor` shows it as one.
     test_double: ClassVar[bool] = False
+    # Objects live in an account every installation reaches (a cloud), not on one host's
+    # engine: in a fleet, any reaper may end an expired one, whoever made it.
+    shared: ClassVar[bool] = False
 
     def supports(self, capability: Capability) -> bool:
         return capability in self.capabilities

@@ -1,8 +1,14 @@
 """The database: SQLite (WAL, busy timeout, `BEGIN IMMEDIATE` for writers) or PostgreSQL.
 
-Writers take the write lock at BEGIN, so a read-then-write transaction never fails with
-"database is locked" halfway (see shared/notes/reliability.md). Readers use deferred
+SQLite: writers take the write lock at BEGIN, so a read-then-write transaction never fails
+with "database is locked" halfway (see shared/notes/reliability.md). Readers use deferred
 transactions and, under WAL, never wait for a writer.
+
+PostgreSQL (fleet mode): transactions are READ COMMITTED; a writer locks the rows it reads
+before changing them (`SELECT ... FOR UPDATE`, which SQLite's dialect leaves out since its
+transaction already holds the write lock), the reaper claims with SKIP LOCKED, and the two
+things that need a total order, the event chain and migrations, take a transaction-scoped
+advisory lock (`serialise`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,19 @@ from core.migrations import SCHEMA_HEAD
 
 BUSY_TIMEOUT_MS = 30_000
 _WRITE = "sbx_write"
+# pg_advisory_xact_lock keys: one per thing that needs a total order
+LOCK_EVENT_CHAIN = 0x5B0001
+LOCK_MIGRATIONS = 0x5B0002
+LOCK_DELIVERY_CURSORS = 0x5B0003
+LOCK_SANDBOX_NAMES = 0x5B0004
+SUPPORTED = ("sqlite", "postgresql")
+
+
+def serialise(conn: Connection, key: int) -> None:
+    """Hold `key` until this transaction ends (PostgreSQL). On SQLite a write transaction is
+    already the only writer."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({int(key)})")
 
 
 def _sqlite_path(url: sa.URL) -> Path | None:
@@ -44,12 +63,20 @@ def _precreate_private(path: Path) -> None:
 
 
 def make_engine(url: str) -> Engine:
-    parsed = sa.make_url(url)
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        raise BadInput(f"database URL {redact(url)!s} cannot be parsed "
+                       "(sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)") from None
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED:
+        raise BadInput(f"database {redact(url)}: {backend} is not supported "
+                       "(sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)")
+    if backend == "postgresql":
+        if parsed.get_driver_name() not in ("psycopg", "psycopg2"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return sa.create_engine(parsed, pool_pre_ping=False, connect_args={"connect_timeout": 10})
     path = _sqlite_path(parsed)
-    if parsed.get_backend_name() != "sqlite":
-        # Leases, the event chain and the reaper's re-checks rely on SQLite's write lock;
-        # PostgreSQL needs row locks in their place (fleet mode), so it is refused until then.
-        raise BadInput(f"database {redact(url)}: only sqlite:/// URLs are supported so far")
     if path is not None:
         _precreate_private(path)
     engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
@@ -125,6 +152,9 @@ class Database:
             raise Unavailable(f"cannot read the database {redact(self.url)}: {exc}") from exc
         except sa.exc.ProgrammingError:
             return None
+        except sa.exc.DBAPIError as exc:  # PostgreSQL unreachable, refused, bad password
+            raise Unavailable(f"cannot reach the database {redact(self.url)}: "
+                              f"{str(exc.orig).strip().splitlines()[0]}") from exc
 
     def migrate(self) -> None:
         """Bring the schema to head; cheap when it already is (Alembic is imported only to upgrade)."""
@@ -135,6 +165,7 @@ class Database:
 
             with self.engine.connect().execution_options(**{_WRITE: True}) as conn:
                 with conn.begin():
+                    serialise(conn, LOCK_MIGRATIONS)  # several first runs at once: one migrates
                     try:
                         upgrade(conn)
                     except Exception as exc:

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from core import settings
 from core.clock import Clock, to_iso
-from core.db import Database
+from core.db import LOCK_DELIVERY_CURSORS, Database, serialise
 from core.errors import BadInput
 from core.failpoints import failpoint
 from core.models import Delivery, Event, SinkCursor
@@ -267,7 +267,9 @@ class Deliverer:
     def _claim(self, name: str) -> int | None:
         now = to_iso(self.clock.now())
         with self.db.write() as conn:
-            row = conn.execute(sa.select(CURSORS).where(CURSORS.c.sink == name)).mappings().first()
+            serialise(conn, LOCK_DELIVERY_CURSORS)  # two first deliverers: one makes the cursor
+            row = conn.execute(sa.select(CURSORS).where(CURSORS.c.sink == name)
+                               .with_for_update()).mappings().first()
             if row is None:
                 conn.execute(CURSORS.insert().values(sink=name, delivered_id=0, fence=0))
                 row = {"fence": 0, "lease_owner": None, "lease_expires_at": None}

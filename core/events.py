@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from core.anchor import HEAD_KEY
+from core.db import LOCK_EVENT_CHAIN, serialise
 from core.models import Event
 
 GENESIS = "0" * 64
@@ -40,7 +41,8 @@ def append(
     reason: str | None = None,
     payload: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Append one event. Call inside a write transaction (which serialises the chain)."""
+    """Append one event. Call inside a write transaction; the chain is serialised here."""
+    serialise(conn, LOCK_EVENT_CHAIN)
     last = conn.execute(
         sa.select(EVENTS.c.id, EVENTS.c.hash).order_by(EVENTS.c.id.desc()).limit(1)
     ).first()

@@ -2,8 +2,9 @@
 
 `sbx ls` must answer in a fraction of a second from a fresh process; importing the ORM alone
 costs more than that. So listing is one SQL builder used two ways: by the Manager on its
-SQLAlchemy connection, and by `sbx ls` on a read-only stdlib sqlite3 connection when the
-schema is current (otherwise `sbx ls` takes the Manager's path, which migrates).
+SQLAlchemy connection, and by `sbx ls` on a read-only connection of the driver itself
+(stdlib sqlite3, or psycopg for PostgreSQL) when the schema is current (otherwise `sbx ls`
+takes the Manager's path, which migrates).
 """
 
 from __future__ import annotations
@@ -84,6 +85,46 @@ def open_sqlite_readonly(url: str) -> sqlite3.Connection | None:
     return conn
 
 
+def open_postgres_readonly(url: str) -> Any | None:
+    """A read-only psycopg connection when `url` is a current PostgreSQL database."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url)
+    if not parts.scheme.startswith("postgresql"):
+        return None
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    params = {"host": parts.hostname, "port": parts.port, "dbname": parts.path.lstrip("/"),
+              "user": unquote(parts.username) if parts.username else None,
+              "password": unquote(parts.password) if parts.password else None}
+    for item in filter(None, parts.query.split("&")):
+        key, _, value = item.partition("=")
+        params[key] = unquote(value)
+    try:
+        conn = psycopg.connect(**{k: v for k, v in params.items() if v is not None},
+                               connect_timeout=10, autocommit=True)
+        conn.read_only = True
+        version = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except psycopg.Error:
+        return None
+    if version is None or version[0] != SCHEMA_HEAD:
+        conn.close()
+        return None
+    return conn
+
+
+def open_readonly(url: str) -> tuple[Any, str] | None:
+    """(a read-only DB-API connection, its parameter placeholder) when `url` is a current
+    SQLite or PostgreSQL database; None otherwise (take the Manager's path)."""
+    conn = open_sqlite_readonly(url)
+    if conn is not None:
+        return conn, "?"
+    conn = open_postgres_readonly(url)
+    return (conn, "%s") if conn is not None else None
+
+
 def rows_by_ids(dbapi_conn: Any, ids: list[str], placeholder: str = "?") -> dict[str, dict]:
     if not ids:
         return {}
@@ -98,13 +139,14 @@ def rows_by_ids(dbapi_conn: Any, ids: list[str], placeholder: str = "?") -> dict
 
 
 def read_fast(url: str, **filters: Any) -> list[dict[str, Any]] | None:
-    """The inventory through a read-only sqlite3 connection, or None when the database is
-    not a current SQLite file (then the Manager's path, which migrates, is the way)."""
-    conn = open_sqlite_readonly(url)
-    if conn is None:
+    """The inventory through a read-only driver connection, or None when the database is
+    not current (then the Manager's path, which migrates, is the way)."""
+    fast = open_readonly(url)
+    if fast is None:
         return None
+    conn, placeholder = fast
     try:
-        return list_sandboxes(conn, **filters)
+        return list_sandboxes(conn, placeholder=placeholder, **filters)
     finally:
         conn.close()
 

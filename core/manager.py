@@ -43,7 +43,7 @@ from core import events as eventlog
 from core import inventory, settings
 from core.anchor import read_anchor
 from core.clock import Clock, clock_from_env, from_iso, to_iso
-from core.db import Database
+from core.db import LOCK_SANDBOX_NAMES, Database, serialise
 from core.durations import format_duration
 from core.errors import (
     BadInput,
@@ -260,9 +260,15 @@ class Manager:
         A callable `reason(row)` gives the reason true inside the transaction.
         """
         with self.db.write() as conn:
+            # The reaper (a precondition) skips a row another process has locked right now;
+            # everyone else waits the few milliseconds for it (PostgreSQL; SQLite has one writer).
             row = conn.execute(
                 sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                .with_for_update(skip_locked=precondition is not None)
             ).mappings().first()
+            if row is None and precondition is not None and conn.execute(
+                    sa.select(SANDBOXES.c.id).where(SANDBOXES.c.id == sandbox_id)).first():
+                raise NotDue(f"sandbox {sandbox_id}: another process is acting on it")
             if row is None:
                 raise NotFound(f"no sandbox {sandbox_id!r}")
             if precondition is not None:
@@ -309,7 +315,7 @@ class Manager:
         """The lease alone, for an action that is not a transition yet (snapshot, pause):
         nobody destroys the sandbox under it. IllegalTransition-like Conflict otherwise."""
         with self.db.write() as conn:
-            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
             if row is None:
                 raise NotFound(f"no sandbox {sandbox_id!r}")
@@ -341,7 +347,7 @@ class Manager:
         """Step 3: record the result and its event, fenced by the token; release the lease."""
         with self.db.write() as conn:
             row = conn.execute(
-                sa.select(SANDBOXES).where(SANDBOXES.c.id == lease.sandbox_id)
+                sa.select(SANDBOXES).where(SANDBOXES.c.id == lease.sandbox_id).with_for_update()
             ).mappings().first()
             if row is None or row["fence"] != lease.fence or row["lease_owner"] != self.lease_owner:
                 raise LeaseLost(
@@ -463,6 +469,7 @@ class Manager:
             "backend_ref": None,
             "backend_instance": instance,
             "install_id": self.install_id,
+            "host": settings.host_name(),
             "state": State.CREATING,
             "owner": owner or self.actor,
             "task": task,
@@ -478,6 +485,8 @@ class Manager:
             "fence": 1,
         }
         with self.db.write() as conn:
+            if name is not None:
+                serialise(conn, LOCK_SANDBOX_NAMES)  # a name is unique among live sandboxes
             if name is not None and conn.execute(
                 sa.select(SANDBOXES.c.id).where(
                     SANDBOXES.c.name == name, SANDBOXES.c.state != State.DESTROYED
@@ -615,7 +624,7 @@ class Manager:
         sandbox_id = current["id"]
         adapter = self.adapter(current["backend"])  # before writing: unavailable changes nothing
         with self.db.write() as conn:
-            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
             if row["state"] not in ON_THE_CLOCK:
                 raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot extend")
@@ -655,7 +664,7 @@ class Manager:
         """Write `sandbox.expiring` once per deadline, if still due."""
         now = self.clock.now()
         with self.db.write() as conn:
-            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
             if row is None or not warning_due(row, now, warn_before):
                 return False
@@ -684,7 +693,7 @@ class Manager:
             conn.execute(SANDBOXES.insert().values(
                 id=sandbox_id, name=None, profile="(adopted)", profile_json="{}",
                 backend=backend, backend_ref=obj.ref, install_id=self.install_id,
-                state=State.PAUSED if obj.status == "paused" else State.RUNNING,
+                host=settings.host_name(), state=State.PAUSED if obj.status == "paused" else State.RUNNING,
                 owner="(unknown: adopted)", task=None, labels_json=json.dumps(labels),
                 created_at=created, started_at=created, deadline=hard, hard_deadline=hard,
                 last_activity_at=now, fence=0,
@@ -696,7 +705,7 @@ class Manager:
     def finish_interrupted_create(self, sandbox_id: str, obj: BackendObject) -> bool:
         """A create that died after the backend made the object: the sandbox is running."""
         with self.db.write() as conn:
-            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
             if row is None or row["state"] != State.CREATING or leased(row, self._now()):
                 return False
@@ -712,7 +721,7 @@ class Manager:
         """What reconcile saw on the backend (lost, paused, resumed, failed), if the row is
         still as the plan saw it and nobody holds it."""
         with self.db.write() as conn:
-            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
             if row is None or leased(row, self._now()) or (expect and row["state"] != expect):
                 return False

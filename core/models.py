@@ -21,6 +21,7 @@ class Sandbox(SQLModel, table=True):
     # which engine/account of the backend holds it: another one is never told it is gone
     backend_instance: str | None = Field(default=None, max_length=128)
     install_id: str = Field(max_length=64)  # the installation (host) that made it
+    host: str | None = Field(default=None, max_length=255)  # that installation's machine name
     state: str = Field(index=True, max_length=16)
     owner: str = Field(max_length=256)
     task: str | None = Field(default=None, sa_type=Text)

@@ -294,9 +294,30 @@ class Reaper:
         reconcile += await self._plan_checkpoints(unreachable, now)
         reachable = [r for r in mine
                      if r["backend"] not in unreachable and r["id"] not in unreachable_rows]
+        if self.reap:
+            reachable += await self._fleet_rows(rows, unreachable)
         reap = plan_reap(reachable, now, self.warn_before) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
         return merge(reconcile, [*reap, *orphans])
+
+    async def _fleet_rows(self, rows: list[dict[str, Any]],
+                          unreachable: set[str]) -> list[dict[str, Any]]:
+        """Other installations' sandboxes on a shared backend (a cloud account this process
+        reaches too): any reaper may end them when they expire. Reconcile stays with their
+        own installation, which lists its own objects."""
+        theirs = [r for r in rows if r["install_id"] != self.install_id
+                  and r["state"] in REAPABLE and r["backend"] not in unreachable]
+        usable: list[dict[str, Any]] = []
+        for backend in {r["backend"] for r in theirs}:
+            try:
+                if not registry.load_class(backend).shared:
+                    continue
+                here = await self._adapter(backend).instance_id()
+            except Exception:
+                continue  # not installed or not reachable here: their own reaper will do it
+            usable += [r for r in theirs if r["backend"] == backend
+                       and (not r.get("backend_instance") or r["backend_instance"] == here)]
+        return usable
 
     async def _plan_checkpoints(self, unreachable: set[str], now: datetime) -> list[Action]:
         """One CHECKPOINTS action per backend with work: an expired or interrupted checkpoint,
@@ -460,26 +481,27 @@ def default_reaper(**options: Any) -> Reaper:
         return Manager(adapters=adapters)
 
     def read_rows():
-        fast = inventory.open_sqlite_readonly(url)
+        fast = inventory.open_readonly(url)
         if fast is not None:
-            rows = inventory.list_sandboxes(fast)
+            conn, placeholder = fast
+            rows = inventory.list_sandboxes(conn, placeholder=placeholder)
 
             def rows_by_ids(ids: Iterable[str]) -> dict[str, dict]:
-                return inventory.rows_by_ids(fast, list(ids))
+                return inventory.rows_by_ids(conn, list(ids), placeholder)
             return rows, rows_by_ids
         mgr = reaper.manager()
         return mgr.list(), mgr.rows_by_ids
 
     def read_checkpoints() -> list[dict[str, Any]]:
-        fast = inventory.open_sqlite_readonly(url)
+        fast = inventory.open_readonly(url)
         if fast is None:
             from core.checkpoints import Checkpoints
 
             return Checkpoints(reaper.manager()).list()
         try:
-            return inventory.list_checkpoints(fast)
+            return inventory.list_checkpoints(fast[0])
         finally:
-            fast.close()
+            fast[0].close()
 
     options.setdefault("read_checkpoints", read_checkpoints)
     options.setdefault("warn_before", settings.expiry_warning())

@@ -59,6 +59,11 @@ def install_id() -> str:
     return path.read_text().strip()
 
 
+def host_name() -> str:
+    """This machine's name as fleets show it: `$SBX_HOST_NAME`, else the hostname."""
+    return os.environ.get("SBX_HOST_NAME") or socket.gethostname()
+
+
 def actor() -> str:
     """Who is acting: `$SBX_ACTOR`, else user@host."""
     raw = os.environ.get("SBX_ACTOR")

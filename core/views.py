@@ -23,6 +23,7 @@ def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str
         "task": row["task"],
         "labels": json.loads(row["labels_json"] or "{}"),
         "install": row["install_id"],
+        "host": row.get("host"),
         "created_at": row["created_at"],
         "started_at": row["started_at"],
         "deadline": row["deadline"],

@@ -330,7 +330,7 @@ def create_command(profile_name, profile_file, ttl, name, labels, owner, task, a
 
 
 def _ls_rows(views: list[Mapping[str, Any]], now: str) -> list[list[Any]]:
-    return [[v["id"], v["name"], v["profile"], v["backend"], v["state"], v["owner"],
+    return [[v["id"], v["name"], v["profile"], v["backend"], v["state"], v["owner"], v["host"],
              human_age(v["created_at"], now), human_left(v["ttl_left_s"])] for v in views]
 
 
@@ -362,7 +362,7 @@ def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=F
         emit_json(views)
     elif views:
         click.echo(table(_ls_rows(views, now),
-                         ["ID", "NAME", "PROFILE", "BACKEND", "STATE", "OWNER", "AGE", "TTL"]))
+                         ["ID", "NAME", "PROFILE", "BACKEND", "STATE", "OWNER", "HOST", "AGE", "TTL"]))
     else:
         click.echo("no sandboxes" + ("" if include_all else " (sbx ls --all shows destroyed ones)"),
                    err=True)
@@ -1081,6 +1081,35 @@ def evidence_verify(file: str, as_json: bool) -> None:
         click.echo(f"sbx: {file}: {problem}", err=True)
     if problems:
         sys.exit(1)
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+@cli.group("db")
+def db_group() -> None:
+    """The inventory's store (SQLite by default; PostgreSQL for fleets)."""
+
+
+@db_group.command("copy")
+@click.option("--to", "target", required=True, metavar="URL",
+              help="The empty database to copy into, e.g. postgresql+psycopg://USER@HOST/DB.")
+@JSON_OPTION
+@command
+def db_copy_command(target: str, as_json: bool) -> None:
+    """Copy every sandbox, checkpoint, event and delivery record into another database.
+    Afterwards point SBX_DATABASE_URL at it."""
+    from core.db import Database
+    from core.dbcopy import copy_inventory
+    from core.settings import database_url
+
+    report = copy_inventory(Database(database_url()), target)
+    if as_json:
+        emit_json(report.as_json())
+    else:
+        rows = ", ".join(f"{n} {t}" for t, n in report.rows.items())
+        click.echo(f"copied into {report.target}: {rows}; event chain verified "
+                   f"({report.events_verified} events)")
 
 
 # -- the resident server --------------------------------------------------------------------
