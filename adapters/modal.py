@@ -314,19 +314,17 @@ class ModalAdapter(Adapter):
                 f"(example.com, *.example.com) in network.allow, not {entry!r}")
         return cidrs, domains
 
-    async def create(self, request: CreateRequest) -> BackendObject:
-        return await self._create(request, image_id=None)
-
     async def restore(self, artifact: str, request: CreateRequest) -> BackendObject:
         """A new sandbox whose filesystem is the snapshot image's."""
         image_id, _ = split_ref(artifact)
-        return await self._create(replace(request, image=image_id), image_id=image_id)
+        return await self.create(replace(request, image=image_id))
 
-    async def _create(self, request: CreateRequest, *, image_id: str | None) -> BackendObject:
+    async def create(self, request: CreateRequest) -> BackendObject:
         modal = _sdk()
         tokens = TokenVariables.from_options(request.options)
         client = await self._client(tokens)
-        image_ref = image_id or request.image or ""
+        image_ref = request.image or ""
+        # a Modal image id (a snapshot, say) as it is; anything else is a registry reference
         image = (modal.Image.from_id(image_ref, client=client) if image_ref.startswith("im-")
                  else modal.Image.from_registry(image_ref))
         limits = request.resources

@@ -34,13 +34,16 @@ TIMEOUT = api_pb2.GenericResult.GENERIC_STATUS_TIMEOUT
 TERMINATED = api_pb2.GenericResult.GENERIC_STATUS_TERMINATED
 # What the SDK was seen to call for sbx's operations (docs/modal.md lists which for what).
 MEASURED_RPCS = {
+    # control plane
     "ClientHello", "AuthTokenGet", "AppGetOrCreate", "EnvironmentGetOrCreate", "ImageFromId",
-    "ImageGetOrCreate",
-    "ImageDelete", "SandboxCreateV2", "SandboxCreate", "SandboxWaitV2", "SandboxWait",
-    "SandboxTerminateV2", "SandboxTerminate", "SandboxListV2", "SandboxTagsGetV2",
-    "SandboxTagsGet", "SandboxGetTaskIdV2", "SandboxGetTaskId", "SandboxGetCommandRouterAccess",
-    "TaskGetCommandRouterAccess", "TaskExecStart", "TaskExecStdioRead", "TaskExecWait",
-    "TaskSnapshotFilesystem",
+    "ImageGetOrCreate", "ImageDelete", "SecretGetOrCreate",
+    "SandboxCreateV2", "SandboxWaitV2", "SandboxTerminateV2", "SandboxListV2",
+    "SandboxTagsGetV2", "SandboxGetTaskIdV2", "SandboxGetCommandRouterAccess",
+    # the V1 calls the SDK makes for a GPU sandbox
+    "SandboxCreate", "SandboxWait", "SandboxTerminate", "SandboxTagsGet", "SandboxGetTaskId",
+    "TaskGetCommandRouterAccess",
+    # the task command router
+    "TaskExecStart", "TaskExecStdioRead", "TaskExecWait", "TaskSnapshotFilesystem",
 }
 
 
@@ -178,12 +181,13 @@ def test_snapshot_destroy_restore_gives_back_the_files(sbx, standin, image, tmp_
 
 def test_gpu_sandbox_goes_through_modals_gpu_path(sbx, standin, image, tmp_path):
     """A GPU makes the SDK use Modal's V1 sandbox calls; the same lifecycle works there."""
-    box = sbx.create("--profile-file", profile(tmp_path, image, "resources: {gpu: T4}\n"))
+    box = sbx.create("--profile-file", profile(tmp_path, image, (
+        "resources: {gpu: T4}\nenv: {GREETING: hi}\n")))
     request = created(standin, box)
     assert isinstance(request, api_pb2.SandboxCreateRequest)
     assert request.definition.resources.gpu_config.gpu_type == "T4"
-    result = sbx("exec", box["id"], "--", "cat", "hello.txt")
-    assert (result.code, result.out) == (0, "hello from the image\n")
+    result = sbx("exec", box["id"], "--", "sh", "-c", 'cat hello.txt; echo "$GREETING"')
+    assert (result.code, result.out) == (0, "hello from the image\nhi\n")
     assert sbx("destroy", box["id"]).code == 0
     assert standin.sandboxes[box["backend_ref"]].result.status == TERMINATED
 

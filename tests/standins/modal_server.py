@@ -125,6 +125,7 @@ class ModalStandin:
         self.registry_images: dict[str, list[str]] = {}  # image id -> Dockerfile commands
         self.deleted_images: list[str] = []
         self.apps: dict[str, str] = {}
+        self.secrets: dict[str, dict[str, str]] = {}  # ephemeral secrets (V1 sandboxes' env)
         self.auth_tokens: set[str] = set()
         self.api_port = _free_port()
         self.router_port = _free_port()
@@ -467,12 +468,26 @@ class ControlPlane(_Service, ModalClientBase):
 
         await self._unary(stream, "SandboxCreateV2", answer)
 
+    async def SecretGetOrCreate(self, stream: Stream) -> None:
+        """An ephemeral secret: how a V1 (GPU) sandbox receives its environment."""
+        def answer(request: api_pb2.SecretGetOrCreateRequest) -> api_pb2.SecretGetOrCreateResponse:
+            secret_id = f"st-{uuid.uuid4().hex[:20]}"
+            self.standin.secrets[secret_id] = dict(request.env_dict)
+            return api_pb2.SecretGetOrCreateResponse(secret_id=secret_id)
+
+        await self._unary(stream, "SecretGetOrCreate", answer)
+
     async def SandboxCreate(self, stream: Stream) -> None:
         def answer(request: api_pb2.SandboxCreateRequest) -> api_pb2.SandboxCreateResponse:
             self.standin.creates.append(request)
+            env: dict[str, str] = {}
+            for secret_id in request.definition.secret_ids:
+                if secret_id not in self.standin.secrets:
+                    raise GRPCError(Status.NOT_FOUND, f"Secret {secret_id} not found")
+                env.update(self.standin.secrets[secret_id])
             sandbox = self.standin._new_sandbox(
                 1, request.app_id, request.definition,
-                {t.tag_name: t.tag_value for t in request.tags}, {})
+                {t.tag_name: t.tag_value for t in request.tags}, env)
             return api_pb2.SandboxCreateResponse(sandbox_id=sandbox.id,
                                                  metadata=self.standin._metadata(sandbox))
 
