@@ -56,4 +56,6 @@ def to_iso(moment: datetime | None) -> str | None:
 def from_iso(text: str | None) -> datetime | None:
     if text is None:
         return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    if len(text) != 27 or text[-1] != "Z" or text[10] != "T":  # what to_iso writes, only
+        raise ValueError(f"time data {text!r} does not match format '%Y-%m-%dT%H:%M:%S.%fZ'")
+    return datetime.fromisoformat(text[:-1]).replace(tzinfo=UTC)  # C speed; strptime is not

@@ -37,8 +37,10 @@ def list_sandboxes(
     backend: str | None = None,
     labels: Mapping[str, str] | None = None,
     placeholder: str = "?",
+    columns: tuple[str, ...] | None = None,
 ) -> list[dict[str, Any]]:
-    """Sandboxes, oldest first: not destroyed unless `include_all` or a `state` is given."""
+    """Sandboxes, oldest first: not destroyed unless `include_all` or a `state` is given.
+    `columns` narrows what is fetched (every column by default)."""
     where, params = [], []
     if state:
         where.append(f"state = {placeholder}")
@@ -49,7 +51,7 @@ def list_sandboxes(
     if backend:
         where.append(f"backend = {placeholder}")
         params.append(backend)
-    sql = "SELECT * FROM sandboxes"
+    sql = f"SELECT {', '.join(columns) if columns else '*'} FROM sandboxes"
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY created_at, id"

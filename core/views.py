@@ -11,6 +11,12 @@ from core.states import ON_THE_CLOCK
 from core.ttl import effective_deadline, idle_deadline
 
 
+# The columns sandbox_view reads: a listing fetches only these (not the stored profile).
+VIEW_COLUMNS = ("id", "name", "profile", "backend", "backend_ref", "state", "owner", "task",
+                "labels_json", "install_id", "host", "created_at", "started_at", "deadline",
+                "hard_deadline", "last_activity_at", "idle_timeout_s", "ended_at", "error")
+
+
 def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
     view = {
         "id": row["id"],

@@ -20,7 +20,12 @@ from core.errors import EXIT_BAD_INPUT, BadInput, classify
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    """One JSON document. A list puts one record per line: readable, and encoded by the C
+    encoder (an indented document takes the pure-Python one, 10x slower over 10,000 rows)."""
+    if isinstance(data, list):
+        click.echo("[\n" + ",\n".join(json.dumps(item) for item in data) + "\n]" if data else "[]")
+    else:
+        click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
 def progress(message: str) -> None:
@@ -347,12 +352,12 @@ def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=F
     from core.clock import clock_from_env, to_iso
     from core.labels import parse_labels
     from core.settings import database_url
-    from core.views import sandbox_view
+    from core.views import VIEW_COLUMNS, sandbox_view
 
     wanted = parse_labels(labels)
     filters = dict(include_all=include_all, state=state, backend=backend, labels=wanted)
     now = to_iso(clock_from_env().now())
-    rows = inventory.read_fast(database_url(), **filters)
+    rows = inventory.read_fast(database_url(), columns=VIEW_COLUMNS, **filters)
     if rows is None:
         mgr = manager()
         rows = mgr.list(**filters)
