@@ -22,10 +22,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 import common

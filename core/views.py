@@ -10,7 +10,6 @@ from core.clock import from_iso, to_iso
 from core.states import ON_THE_CLOCK
 from core.ttl import effective_deadline, idle_deadline
 
-
 # The columns sandbox_view reads: a listing fetches only these (not the stored profile).
 VIEW_COLUMNS = ("id", "name", "profile", "backend", "backend_ref", "state", "owner", "task",
                 "labels_json", "install_id", "host", "created_at", "started_at", "deadline",
