@@ -4,9 +4,11 @@ The SDK is imported only when a Modal call is about to be made, so `sbx ls`, `sb
 `sbx --help` never load it, and a missing token is reported (exit 5, naming the variables)
 before it is. The token is read from the environment at the moment of each call and handed to
 `modal.Client.from_credentials` (never the SDK's process-wide env client); it is written
-nowhere. A backend reference is the Modal sandbox id, followed by the NAMES of the token
-variables when a profile chose other ones (`sb-...?token_id=WORK_ID&token_secret=WORK_SECRET`),
-so a process without the profile (the reaper) can still reach the sandbox.
+nowhere. A profile may name another pair, MODAL_TOKEN_ID_<NAME> and MODAL_TOKEN_SECRET_<NAME>;
+a backend reference is then the Modal sandbox id followed by the variables' NAMES (never their
+values: `sb-...?token_id=MODAL_TOKEN_ID_WORK&token_secret=MODAL_TOKEN_SECRET_WORK`), so a
+process without the profile (the reaper) still reaches the sandbox, and the reaper lists
+every such pair that is set.
 
 What Modal cannot do, sbx does not claim: it cannot extend a sandbox's timeout (so the Modal
 `timeout` is the hard deadline and sbx's reaper enforces the soft one), pause, or label images.
@@ -51,6 +53,8 @@ DEFAULT_APP = "sandboxer"
 DEFAULT_SERVER = "https://api.modal.com"
 OPTIONS = frozenset({"app", "token_id", "token_secret"})
 ENV_REF = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
+TOKEN_ID_NAME = re.compile(r"MODAL_TOKEN_ID(_[A-Z0-9_]+)?")
+TOKEN_SECRET_NAME = re.compile(r"MODAL_TOKEN_SECRET(_[A-Z0-9_]+)?")
 DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}", re.IGNORECASE)
 MiB = 1024**2
 PROBE_TIMEOUT = 10.0  # seconds to open a TCP connection to Modal
@@ -60,14 +64,23 @@ TOKEN_HINT = "create one with `modal token new` or in your Modal workspace setti
 
 @dataclass(frozen=True)
 class TokenVariables:
-    """Which environment variables hold the token: names only, never values."""
+    """Which environment variables hold a token: names only, never values. The default pair,
+    or MODAL_TOKEN_ID_<NAME> and MODAL_TOKEN_SECRET_<NAME> (`suffix` "_<NAME>"): the reaper,
+    which has no profile, lists the sandboxes of every such pair that is set."""
 
-    id_name: str = TOKEN_ID
-    secret_name: str = TOKEN_SECRET
+    suffix: str = ""
+
+    @property
+    def id_name(self) -> str:
+        return TOKEN_ID + self.suffix
+
+    @property
+    def secret_name(self) -> str:
+        return TOKEN_SECRET + self.suffix
 
     @property
     def is_default(self) -> bool:
-        return (self.id_name, self.secret_name) == (TOKEN_ID, TOKEN_SECRET)
+        return not self.suffix
 
     def describe(self) -> str:
         return f"${self.id_name} and ${self.secret_name}"
@@ -89,8 +102,20 @@ class TokenVariables:
                     and os.environ.get(self.secret_name, "").strip())
 
     @classmethod
+    def from_names(cls, id_name: str, secret_name: str) -> TokenVariables:
+        id_match, secret_match = TOKEN_ID_NAME.fullmatch(id_name), TOKEN_SECRET_NAME.fullmatch(
+            secret_name)
+        if not (id_match and secret_match) or id_match.group(1) != secret_match.group(1):
+            raise CapabilityNotSupported(
+                f"the modal backend reads a profile's token from MODAL_TOKEN_ID_<NAME> and "
+                f"MODAL_TOKEN_SECRET_<NAME> (the same NAME: the reaper looks for tokens under "
+                f"those names), not {id_name} and {secret_name}")
+        return cls(id_match.group(1) or "")
+
+    @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> TokenVariables:
-        """`options: {token_id: env:NAME, token_secret: env:NAME}`: both or neither."""
+        """`options: {token_id: env:MODAL_TOKEN_ID_X, token_secret: env:MODAL_TOKEN_SECRET_X}`:
+        both or neither."""
         refs = {key: options.get(key) for key in ("token_id", "token_secret")}
         if all(v is None for v in refs.values()):
             return cls()
@@ -100,9 +125,17 @@ class TokenVariables:
             if match is None:
                 raise CapabilityNotSupported(
                     f"the modal backend needs options.token_id and options.token_secret together, "
-                    f"each a reference such as env:VARIABLE (options.{key} is {ref!r})")
+                    f"each a reference such as env:MODAL_TOKEN_ID_WORK (options.{key} is {ref!r})")
             names[key] = match.group(1)
-        return cls(names["token_id"], names["token_secret"])
+        return cls.from_names(names["token_id"], names["token_secret"])
+
+    @classmethod
+    def all_set(cls) -> list[TokenVariables]:
+        """Every pair whose two variables are set: the default first, then by name."""
+        suffixes = sorted(m.group(1) for v in os.environ
+                          if (m := TOKEN_ID_NAME.fullmatch(v)) and m.group(1))
+        pairs = [cls(), *(cls(s) for s in suffixes)]
+        return [pair for pair in pairs if pair.present()]
 
 
 def split_ref(ref: str) -> tuple[str, TokenVariables]:
@@ -111,8 +144,8 @@ def split_ref(ref: str) -> tuple[str, TokenVariables]:
     names = dict(parse_qsl(query))
     if not names:
         return object_id, TokenVariables()
-    return object_id, TokenVariables(names.get("token_id", TOKEN_ID),
-                                     names.get("token_secret", TOKEN_SECRET))
+    return object_id, TokenVariables.from_names(names.get("token_id", ""),
+                                                names.get("token_secret", ""))
 
 
 def join_ref(object_id: str, tokens: TokenVariables) -> str:
@@ -161,6 +194,7 @@ class ModalAdapter(Adapter):
         self._clients: dict[tuple[str, str, str], modal_sdk.Client] = {}
         self._apps: dict[tuple[int, str], Any] = {}
         self._verified: set[int] = set()  # clients whose token Modal accepted
+        self._creating_with: TokenVariables | None = None  # set by validate(), for a create
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -238,9 +272,12 @@ class ModalAdapter(Adapter):
     # -- contract ---------------------------------------------------------------------------
 
     async def health(self) -> Health:
-        tokens = TokenVariables()
-        if not tokens.present():
-            return Health(False, False, f"set {tokens.describe()} (your Modal token); {TOKEN_HINT}")
+        """Through the default token, or the first MODAL_TOKEN_ID_<NAME> pair that is set."""
+        pairs = TokenVariables.all_set()
+        if not pairs:
+            return Health(False, False, f"set {TokenVariables().describe()} (your Modal token); "
+                                        f"{TOKEN_HINT}")
+        tokens = pairs[0]
         try:
             client = await self._client(tokens)
         except AdapterError as exc:  # no SDK, or no server
@@ -255,14 +292,16 @@ class ModalAdapter(Adapter):
         return Health(True, True, f"Modal at {server_url()}, token from {tokens.describe()}")
 
     async def ensure_available(self) -> None:
-        """Before the core writes an intent: the SDK is installed and, when $MODAL_TOKEN_ID and
-        $MODAL_TOKEN_SECRET are set, Modal accepts them (one ClientHello per process). A
-        profile's own token variables are checked in validate() (present) and by the call."""
+        """Before the core writes an intent: the SDK is installed, a token is set and Modal
+        accepts it (one ClientHello per token and process). When creating, the core calls
+        validate(request) just before, which names the token the profile uses; otherwise the
+        default pair is checked, or the first MODAL_TOKEN_ID_<NAME> pair that is set."""
         _sdk()
-        tokens = TokenVariables()
-        if not tokens.present():
-            return
-        client = await self._client(tokens)
+        tokens, self._creating_with = self._creating_with, None
+        if tokens is None:
+            pairs = TokenVariables.all_set()
+            tokens = pairs[0] if pairs else TokenVariables()
+        client = await self._client(tokens)  # unset: exit 5 naming both variables
         if id(client) in self._verified:
             return
         try:
@@ -293,7 +332,14 @@ class ModalAdapter(Adapter):
                 "the modal backend cannot limit disk for sandboxes (resources.disk)")
         if request.network == "egress":
             self._allow_lists(request.network_allow)
-        TokenVariables.from_options(request.options).read()  # exit 5 before anything is written
+        tokens = TokenVariables.from_options(request.options)
+        tokens.read()  # unset: exit 5 before anything is written
+        self._creating_with = tokens  # ensure_available checks Modal accepts it
+
+    async def instance_id(self) -> str | None:
+        """The Modal server: sandboxes made through one are never judged through another.
+        (Not the token: every token of a workspace sees its sandboxes, and tokens are secret.)"""
+        return server_url()
 
     @staticmethod
     def _allow_lists(allow: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -388,19 +434,27 @@ class ModalAdapter(Adapter):
         return BackendObject(ref=ref, labels=labels, status=_status(code), running=code is None)
 
     async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
-        """Running sandboxes carrying all `labels` (tags), every page, through the default
-        token variables: a process without profiles (the reaper) has only those."""
-        tokens = TokenVariables()
-        client = await self._client(tokens)
+        """Running sandboxes carrying all `labels` (tags), every page, under every token pair
+        that is set (a process without profiles, the reaper, knows no other). One pair that
+        fails fails the listing: a partial one would make sandboxes look lost."""
+        pairs = TokenVariables.all_set()  # first: with no token, `sbx reap` never imports the SDK
+        if not pairs:
+            TokenVariables().read()  # exit 5 naming both variables
         modal = _sdk()
-        try:
-            found = [s async for s in modal.Sandbox.list.aio(tags=dict(labels), client=client)]
-            tags = await asyncio.gather(*(s.get_tags.aio() for s in found))
-        except Exception as exc:
-            raise self._translate(exc, tokens, "list sandboxes") from exc
-        return [BackendObject(ref=s.object_id, labels=t, status=_status(s.returncode),
-                              running=s.returncode is None)
-                for s, t in zip(found, tags, strict=True)]
+        found: dict[str, BackendObject] = {}
+        for tokens in pairs:
+            client = await self._client(tokens)
+            try:
+                sandboxes = [s async for s in modal.Sandbox.list.aio(tags=dict(labels),
+                                                                      client=client)]
+                tags = await asyncio.gather(*(s.get_tags.aio() for s in sandboxes))
+            except Exception as exc:
+                raise self._translate(exc, tokens, "list sandboxes") from exc
+            for sandbox, sandbox_tags in zip(sandboxes, tags, strict=True):
+                found.setdefault(sandbox.object_id, BackendObject(
+                    ref=join_ref(sandbox.object_id, tokens), labels=sandbox_tags,
+                    status=_status(sandbox.returncode), running=sandbox.returncode is None))
+        return list(found.values())
 
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout_s: float | None = None) -> ExecResult:

@@ -344,23 +344,54 @@ def test_doctor_reports_modal_and_no_token_value(sbx, standin):
 def test_a_profile_may_name_its_own_token_variables(sbx, standin, image, tmp_path, monkeypatch):
     monkeypatch.delenv("MODAL_TOKEN_ID")
     monkeypatch.delenv("MODAL_TOKEN_SECRET")
-    path = profile(tmp_path, image,
-                   "options: {token_id: env:WORK_MODAL_ID, token_secret: env:WORK_MODAL_SECRET}\n")
+    odd = sbx("create", "--profile-file", profile(tmp_path, image, (
+        "options: {token_id: env:WORK_ID, token_secret: env:WORK_SECRET}\n"), name="odd"))
+    assert odd.code == 4 and "MODAL_TOKEN_ID_<NAME>" in odd.err
+
+    path = profile(tmp_path, image, (
+        "options: {token_id: env:MODAL_TOKEN_ID_WORK, token_secret: env:MODAL_TOKEN_SECRET_WORK}\n"))
     missing = sbx("create", "--profile-file", path)
     assert missing.code == 5
-    assert "WORK_MODAL_ID" in missing.err and "WORK_MODAL_SECRET" in missing.err
+    assert "MODAL_TOKEN_ID_WORK" in missing.err and "MODAL_TOKEN_SECRET_WORK" in missing.err
     assert table_rows(sbx.home, "sandboxes") == []
 
-    monkeypatch.setenv("WORK_MODAL_ID", TOKEN_ID)
-    monkeypatch.setenv("WORK_MODAL_SECRET", TOKEN_SECRET)
+    monkeypatch.setenv("MODAL_TOKEN_ID_WORK", TOKEN_ID)
+    monkeypatch.setenv("MODAL_TOKEN_SECRET_WORK", "as-wrong" + secrets.token_hex(8))
+    refused = sbx("create", "--profile-file", path)
+    assert refused.code == 5 and "refused the token in $MODAL_TOKEN_ID_WORK" in refused.err
+    assert table_rows(sbx.home, "sandboxes") == []
+
+    monkeypatch.setenv("MODAL_TOKEN_SECRET_WORK", TOKEN_SECRET)
     box = sbx.create("--profile-file", path)
     # only the variables' names travel with the sandbox, so the reaper can reach it
-    assert box["backend_ref"].endswith("?token_id=WORK_MODAL_ID&token_secret=WORK_MODAL_SECRET")
+    assert box["backend_ref"].endswith(
+        "?token_id=MODAL_TOKEN_ID_WORK&token_secret=MODAL_TOKEN_SECRET_WORK")
     assert sbx("exec", box["id"], "--", "true").code == 0
+    # the reaper, which has no profile, lists under every MODAL_TOKEN_*_<NAME> pair set
+    report = sbx_json(sbx("reconcile", "--json"))
+    assert (report["reconciled"], report["failed"]) == ([], [])
+    assert show(sbx, box["id"])["state"] == "running"
     assert sbx("destroy", box["id"]).code == 0
     modal_id = box["backend_ref"].partition("?")[0]
     assert standin.sandboxes[modal_id].result.status == TERMINATED
     no_token_anywhere(sbx.home, json.dumps(box))
+
+
+def test_a_sandbox_on_another_modal_server_is_never_judged_from_this_one(
+        sbx, standin, image, tmp_path, monkeypatch):
+    box = sbx.create("--profile-file", profile(tmp_path, image))
+    other = ModalStandin(tmp_path / "other-modal", TOKEN_ID, TOKEN_SECRET).start()
+    try:
+        monkeypatch.setenv("MODAL_SERVER_URL", other.url)
+        report = sbx("reconcile", "--json")
+        assert report.code == 5 and report.json()["reconciled"] == []
+        destroy = sbx("destroy", box["id"])
+        assert destroy.code == 5 and "another modal engine" in destroy.err
+        assert show(sbx, box["id"])["state"] == "running"
+        assert other.creates == [] and "SandboxTerminateV2" not in other.methods()
+    finally:
+        other.stop()
+    assert standin.sandboxes[box["backend_ref"]].running
 
 
 # -- gone, timed out, orphaned --------------------------------------------------------------
