@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup venv docker image postgres lint bench clean
+.PHONY: run test setup venv docker image postgres sshd lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -15,7 +15,7 @@ test: setup
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
-setup: venv docker image postgres
+setup: venv docker image postgres sshd
 
 venv: $(STAMP)
 
@@ -33,6 +33,9 @@ postgres:
 
 image: venv docker
 	$(BIN)/python -m adapters.docker_image
+
+sshd:
+	scripts/ensure-sshd.sh
 
 lint: venv
 	$(BIN)/ruff check .

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import platform
 import sqlite3
@@ -10,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters import registry
-from adapters.base import Capability
+from adapters.base import AdapterError, Capability
 from core import settings
 from core.db import Database, redact
 from core.migrations import SCHEMA_HEAD
@@ -23,28 +25,45 @@ def _version(dist: str) -> str | None:
         return None
 
 
-async def backend_report(name: str) -> dict[str, Any]:
-    report: dict[str, Any] = {"name": name, "target": registry.target(name)}
+async def backend_report(name: str, health_timeout_s: float = 20.0) -> dict[str, Any]:
+    """One backend: loaded? reachable? A third-party adapter that fails to import, to start
+    or to answer is reported here and never stops the others."""
+    report: dict[str, Any] = {"name": name, "target": registry.target(name),
+                              "package": registry.distribution(name)}
     try:
         cls = registry.load_class(name)
+        adapter = cls()
     except Exception as exc:
-        report.update(loaded=False, error=str(exc), reachable=False, credentials=False)
+        report.update(loaded=False, error=_one_line(exc), reachable=False, credentials=False)
         return report
-    adapter = cls()
+    report.update(loaded=True, test_double=cls.test_double, description=cls.description)
     try:
-        health = await adapter.health()
+        health = await asyncio.wait_for(adapter.health(), health_timeout_s)
+        report["capabilities"] = sorted(c.value for c in Capability if adapter.supports(c))
+    except Exception as exc:  # health() must never raise: say so, go on with the others
+        why = (f"health() did not answer within {health_timeout_s:g}s"
+               if isinstance(exc, TimeoutError) else f"health() raised {_one_line(exc)}")
+        report.update(capabilities=[], reachable=False, credentials=False,
+                      detail=f"broken adapter: {why}")
+        return report
     finally:
-        await adapter.close()
-    report.update(
-        loaded=True,
-        test_double=cls.test_double,
-        description=cls.description,
-        capabilities=sorted(c.value for c in Capability if adapter.supports(c)),
-        reachable=health.reachable,
-        credentials=health.credentials,
-        detail=health.detail,
-    )
+        with contextlib.suppress(Exception):
+            await adapter.close()
+    report.update(reachable=health.reachable, credentials=health.credentials,
+                  detail=health.detail)
     return report
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, AdapterError) and text else f"{type(exc).__name__}: {text}"
+
+
+def adapters_report() -> dict[str, Any]:
+    """How the adapter list was made: SBX_ADAPTERS, names it asks for that nothing
+    registers, and names registered twice (the second package's adapter is not used)."""
+    return {"selected": registry.selection(), "unknown": registry.unknown_selected(),
+            "shadowed": registry.shadowed()}
 
 
 def database_report(db: Database) -> dict[str, Any]:
@@ -72,6 +91,7 @@ async def report(db: Database) -> dict[str, Any]:
         "install": settings.install_id(),
         "database": database_report(db),
         "backends": [await backend_report(name) for name in registry.names()],
+        "adapters": adapters_report(),
         "sdks": {dist: _version(dist) for dist in ("docker", "e2b", "modal")},
         "profile_path": os.environ.get("SBX_PROFILE_PATH", ""),
     }

@@ -1,0 +1,690 @@
+"""The ssh backend ("attach"): a sandbox is a lease on a host that already exists.
+
+Hosts are listed in an inventory file (YAML: host, port, user, key, labels); a profile picks
+them by labels (`options: {match: {pool: ci}}`). Create leases a free matching host, checks
+that it answers and runs the profile's setup commands on it; exec runs commands over SSH and
+returns their exit codes; destroy runs the cleanup commands and releases the host.
+
+Leases are rows of a small SQLite file of this adapter's own (`$SBX_HOME/ssh-leases.db`), one
+per host address (user@host:port, the primary key), taken inside BEGIN IMMEDIATE: two sbx
+processes never lease the same host, and a lease outlives the process that took it. Each lease
+carries the sandbox's labels, so reconcile and the reaper see leased hosts as they see
+containers. The lease keeps everything destroy and exec need (address, key, cleanup
+commands), so they work without the profile or the inventory.
+
+SSH is the system OpenSSH client (BatchMode, ConnectTimeout, keep-alives), so the user's own
+ssh config (jump hosts, certificates, agents) applies. One ControlMaster per host, persisting
+a minute, is shared by every sbx process: a command after the first costs no handshake, and a
+255 from the client is told apart from a command's own exit status 255 by asking the master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import getpass
+import hashlib
+import json
+import math
+import os
+import shlex
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from adapters.base import (
+    Adapter,
+    AdapterError,
+    ArtifactRefused,
+    BackendObject,
+    BackendObjectGone,
+    BackendUnavailable,
+    Capability,
+    CapabilityNotSupported,
+    CreateRequest,
+    ExecResult,
+    Health,
+)
+
+INVENTORY_ENV = "SBX_SSH_INVENTORY"
+LEASES_ENV = "SBX_SSH_LEASES"  # a lease file shared by several SBX_HOMEs on one machine
+OPTIONS = frozenset({"inventory", "match", "setup", "cleanup", "connect_timeout",
+                     "command_timeout"})
+ENTRY_FIELDS = frozenset({"name", "host", "port", "user", "key", "known_hosts", "labels"})
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_COMMAND_TIMEOUT = 600.0
+CONTROL_PERSIST_S = 60
+LOCK_WAIT_S = 60.0
+LEASED, RELEASING = "leased", "releasing"
+PID_MARKER = b"sbx-pid "
+REPORT_PID_THEN_EXEC = 'printf "sbx-pid %s\\n" "$$" >&2; exec "$@"'
+NO_CLIENT = "no OpenSSH client (`ssh`) on PATH: install it (on Debian: apt-get install openssh-client)"
+
+
+class BadConfiguration(ArtifactRefused):
+    """The inventory or the profile's ssh options are wrong: exit 2, nothing written.
+
+    A subclass of ArtifactRefused only because that is the adapter error the core maps to
+    exit 2 today; it means "bad input", not "bad artifact"."""
+
+
+# -- the inventory --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Host:
+    """One inventory entry: a machine (or an account on one) that can be leased whole."""
+
+    name: str
+    host: str
+    port: int = 22
+    user: str = ""
+    key: str | None = None
+    known_hosts: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+    def describe(self) -> str:
+        return f"{self.name!r} ({self.address})"
+
+
+def _text_mapping(value: Any, where: str, what: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int | float | bool) for k, v in value.items()):
+        raise BadConfiguration(f"{where}: {what} must be a mapping of names to plain values")
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+
+
+def _existing_file(value: Any, folder: Path, where: str, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadConfiguration(f"{where}: {what} must be a file path")
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else folder / path
+    if not path.is_file():
+        raise BadConfiguration(f"{where}: {what} file {path} does not exist")
+    return str(path)
+
+
+def _entry(file: Path, index: int, raw: Any) -> Host:
+    where = f"ssh inventory {file}: host #{index}"
+    if not isinstance(raw, Mapping):
+        raise BadConfiguration(f"{where} must be a mapping (host, port, user, key, labels)")
+    name = raw.get("name")
+    if name is not None:
+        if not isinstance(name, str) or not name.strip():
+            raise BadConfiguration(f"{where}: name must be a non-empty text")
+        where = f"{where} ({name!r})"
+    unknown = sorted(set(raw) - ENTRY_FIELDS, key=str)
+    if unknown:
+        raise BadConfiguration(f"{where}: unknown field {', '.join(map(str, unknown))} "
+                               f"(known: {', '.join(sorted(ENTRY_FIELDS))})")
+    host = raw.get("host")
+    if not isinstance(host, str) or not host.strip():
+        raise BadConfiguration(f"{where}: no host (give the address or name to ssh to)")
+    port = raw.get("port", 22)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise BadConfiguration(f"{where}: port must be a number from 1 to 65535, not {port!r}")
+    user = raw.get("user") or getpass.getuser()
+    if not isinstance(user, str):
+        raise BadConfiguration(f"{where}: user must be a text, not {user!r}")
+    for what, value in (("host", host), ("user", user)):
+        if value.startswith("-") or any(c.isspace() for c in value):
+            raise BadConfiguration(f"{where}: {what} {value!r} is not a valid ssh {what}")
+    return Host(
+        name=name or (host if port == 22 else f"{host}:{port}"),
+        host=host, port=port, user=user,
+        key=_existing_file(raw.get("key"), file.parent, where, "key"),
+        known_hosts=_existing_file(raw.get("known_hosts"), file.parent, where, "known_hosts"),
+        labels=_text_mapping(raw.get("labels"), where, "labels"),
+    )
+
+
+def load_inventory(path: str) -> list[Host]:
+    """The hosts of an inventory file; BadConfiguration (exit 2) naming the entry at fault."""
+    import yaml
+
+    file = Path(path).expanduser().resolve()
+    try:
+        data = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise BadConfiguration(f"ssh inventory {file}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise BadConfiguration(f"ssh inventory {file}:{line} invalid YAML: "
+                               f"{getattr(exc, 'problem', None) or exc}") from None
+    if isinstance(data, Mapping):
+        extra = sorted(set(data) - {"hosts"}, key=str)
+        if extra:
+            raise BadConfiguration(f"ssh inventory {file}: unknown top-level field "
+                                   f"{', '.join(map(str, extra))} (expected hosts:)")
+        data = data.get("hosts")
+    if not isinstance(data, list) or not data:
+        raise BadConfiguration(f"ssh inventory {file}: expected a list of hosts under 'hosts:'")
+    hosts = [_entry(file, index, raw) for index, raw in enumerate(data, 1)]
+    names: dict[str, Host] = {}
+    addresses: dict[str, Host] = {}
+    for h in hosts:
+        if h.name in names:
+            raise BadConfiguration(f"ssh inventory {file}: two hosts are named {h.name!r}")
+        if h.address in addresses:
+            raise BadConfiguration(
+                f"ssh inventory {file}: hosts {addresses[h.address].name!r} and {h.name!r} are "
+                f"the same address {h.address} (a host is leased whole; list it once)")
+        names[h.name], addresses[h.address] = h, h
+    return hosts
+
+
+# -- the profile's options ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    inventory: str
+    match: Mapping[str, str]
+    setup: tuple[str, ...]
+    cleanup: tuple[str, ...]
+    connect_timeout: float
+    command_timeout: float
+
+
+def _commands(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(c, str) and c.strip() for c in value):
+        raise BadConfiguration(f"options.{what} must be a list of shell commands")
+    return tuple(value)
+
+
+def _seconds(value: Any, what: str, default: float) -> float:
+    if value is None:
+        return default
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise BadConfiguration(f"options.{what} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def settings_from(options: Mapping[str, Any]) -> Settings:
+    unknown = sorted(set(options) - OPTIONS)
+    if unknown:
+        raise BadConfiguration(f"the ssh backend has no option {', '.join(unknown)} "
+                               f"(known: {', '.join(sorted(OPTIONS))})")
+    inventory = options.get("inventory") or os.environ.get(INVENTORY_ENV)
+    if not inventory or not isinstance(inventory, str):
+        raise BadConfiguration(f"the ssh backend needs an inventory file: set options.inventory "
+                               f"in the profile or ${INVENTORY_ENV}")
+    return Settings(
+        inventory=inventory,
+        match=_text_mapping(options.get("match"), "options", "match"),
+        setup=_commands(options.get("setup"), "setup"),
+        cleanup=_commands(options.get("cleanup"), "cleanup"),
+        connect_timeout=_seconds(options.get("connect_timeout"), "connect_timeout",
+                                 DEFAULT_CONNECT_TIMEOUT),
+        command_timeout=_seconds(options.get("command_timeout"), "command_timeout",
+                                 DEFAULT_COMMAND_TIMEOUT),
+    )
+
+
+def matching(hosts: Sequence[Host], match: Mapping[str, str]) -> list[Host]:
+    want = dict(match).items()
+    return [h for h in hosts if want <= dict(h.labels).items()]
+
+
+# -- leases ---------------------------------------------------------------------------------
+
+
+def state_folder() -> Path:
+    """`$SBX_HOME`, else the platform's user data folder, as the core finds it (the adapter
+    does not import the core)."""
+    raw = os.environ.get("SBX_HOME")
+    if raw:
+        home = Path(raw).expanduser()
+    else:
+        from platformdirs import user_data_path
+
+        home = user_data_path("sandboxer")
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return home
+
+
+@dataclass(frozen=True)
+class Lease:
+    ref: str
+    sandbox_id: str
+    host: Host
+    labels: Mapping[str, str]
+    cleanup: tuple[str, ...]
+    connect_timeout: float
+    command_timeout: float
+    state: str
+    leased_at: datetime
+
+    def object(self) -> BackendObject:
+        return BackendObject(ref=self.ref, labels=dict(self.labels),
+                             status="running" if self.state == LEASED else self.state,
+                             running=True, created_at=self.leased_at)
+
+
+class NoFreeHost(AdapterError):
+    """Every matching host is leased (exit 1)."""
+
+
+class LeaseStore:
+    """The lease table. Each call opens its own connection: safe across fork and threads."""
+
+    SCHEMA = """CREATE TABLE IF NOT EXISTS ssh_leases (
+        address TEXT PRIMARY KEY,          -- user@host:port: one lease per host, ever
+        ref TEXT NOT NULL UNIQUE,
+        sandbox_id TEXT NOT NULL UNIQUE,
+        host_json TEXT NOT NULL,
+        labels_json TEXT NOT NULL,
+        cleanup_json TEXT NOT NULL,
+        connect_timeout REAL NOT NULL,
+        command_timeout REAL NOT NULL,
+        state TEXT NOT NULL,
+        leased_at TEXT NOT NULL)"""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @contextlib.contextmanager
+    def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
+        fresh = not self.path.exists()
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            if fresh:
+                with contextlib.suppress(OSError):
+                    self.path.chmod(0o600)
+            conn.row_factory = sqlite3.Row
+            conn.execute(self.SCHEMA)
+            if not write:
+                yield conn
+                return
+            conn.execute("BEGIN IMMEDIATE")  # waits for a writer instead of failing later
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _lease(row: sqlite3.Row) -> Lease:
+        host = json.loads(row["host_json"])
+        return Lease(
+            ref=row["ref"], sandbox_id=row["sandbox_id"], host=Host(**host),
+            labels=json.loads(row["labels_json"]), cleanup=tuple(json.loads(row["cleanup_json"])),
+            connect_timeout=row["connect_timeout"], command_timeout=row["command_timeout"],
+            state=row["state"], leased_at=datetime.fromisoformat(row["leased_at"]))
+
+    def take(self, candidates: Sequence[Host], request: CreateRequest, settings: Settings) -> Lease:
+        """Lease the first free candidate, atomically; the same sandbox asking again gets its
+        own lease back (a retried create)."""
+        with self._connect(write=True) as conn:
+            mine = conn.execute("SELECT * FROM ssh_leases WHERE sandbox_id = ?",
+                                (request.sandbox_id,)).fetchone()
+            if mine is not None:
+                return self._lease(mine)
+            taken = {r["address"]: r for r in conn.execute("SELECT * FROM ssh_leases")}
+            free = [h for h in candidates if h.address not in taken]
+            if not free:
+                held = ", ".join(f"{h.name} by {taken[h.address]['sandbox_id']}" for h in candidates)
+                raise NoFreeHost(f"no free ssh host: all {len(candidates)} host(s) matching "
+                                 f"{dict(settings.match)} in {settings.inventory} are leased ({held})")
+            host = free[0]
+            lease = Lease(ref=f"{host.name}/{request.sandbox_id}", sandbox_id=request.sandbox_id,
+                          host=host, labels=dict(request.labels), cleanup=settings.cleanup,
+                          connect_timeout=settings.connect_timeout,
+                          command_timeout=settings.command_timeout, state=LEASED,
+                          leased_at=datetime.now(UTC))
+            conn.execute(
+                "INSERT INTO ssh_leases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (host.address, lease.ref, lease.sandbox_id,
+                 json.dumps({**asdict(host), "labels": dict(host.labels)}),
+                 json.dumps(lease.labels, sort_keys=True), json.dumps(list(lease.cleanup)),
+                 lease.connect_timeout, lease.command_timeout, LEASED,
+                 lease.leased_at.isoformat()))
+            return lease
+
+    def get(self, ref: str) -> Lease | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM ssh_leases WHERE ref = ?", (ref,)).fetchone()
+        return self._lease(row) if row else None
+
+    def all(self) -> list[Lease]:
+        with self._connect() as conn:
+            return [self._lease(r) for r in conn.execute("SELECT * FROM ssh_leases ORDER BY ref")]
+
+    def busy(self) -> set[str]:
+        with self._connect() as conn:
+            return {r["address"] for r in conn.execute("SELECT address FROM ssh_leases")}
+
+    def mark_releasing(self, ref: str) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute("UPDATE ssh_leases SET state = ? WHERE ref = ?", (RELEASING, ref))
+
+    def release(self, ref: str) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute("DELETE FROM ssh_leases WHERE ref = ?", (ref,))
+
+
+@contextlib.asynccontextmanager
+async def _file_lock(path: Path, what: str, wait_s: float = LOCK_WAIT_S):
+    """An exclusive lock across processes; the kernel drops it if the holder dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AdapterError(f"{what} is busy in another process (waited {wait_s:g}s)") from None
+                await asyncio.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+# -- running ssh ----------------------------------------------------------------------------
+
+
+async def _spawn(argv: Sequence[str], timeout_s: float | None) -> tuple[int, bytes, bytes] | None:
+    """Run a local process; None when it outlived `timeout_s` (it is killed)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    except FileNotFoundError:
+        raise BackendUnavailable(NO_CLIENT) from None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        return None
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    return proc.returncode or 0, out, err
+
+
+def _last_line(err: bytes) -> str:
+    lines = [line.strip() for line in err.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "no message from ssh"
+
+
+class SSHAdapter(Adapter):
+    name = "ssh"
+    description = "leases on existing hosts over SSH, from an inventory file (attach)"
+    capabilities = frozenset({Capability.EXEC})
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home
+        self._leases: LeaseStore | None = None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _folder(self) -> Path:
+        if self.home is None:
+            self.home = state_folder()
+        return self.home
+
+    @property
+    def leases(self) -> LeaseStore:
+        if self._leases is None:
+            override = os.environ.get(LEASES_ENV)
+            self._leases = LeaseStore(Path(override).expanduser() if override
+                                      else self._folder() / "ssh-leases.db")
+        return self._leases
+
+    def _lock_path(self, host: Host, kind: str) -> Path:
+        folder = self.leases.path.parent / "ssh-locks"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        return folder / f"{_digest(host.address)}.{kind}"
+
+    @staticmethod
+    def _control_path(host: Host) -> Path:
+        """Short (a socket path has ~100 bytes), private, one per host, key and known hosts."""
+        folder = Path(tempfile.gettempdir()) / f"sbx-ssh-{os.getuid()}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise BackendUnavailable(f"{folder} must be a private folder of this user (mode 0700)")
+        return folder / _digest(f"{host.address}|{host.key}|{host.known_hosts}")
+
+    def _ssh(self, host: Host, connect_timeout: float) -> list[str]:
+        """The client with every option that keeps it from waiting on anything."""
+        if shutil.which("ssh") is None:
+            raise BackendUnavailable(NO_CLIENT)
+        if host.known_hosts:
+            trust = ["-o", f"UserKnownHostsFile={host.known_hosts}",
+                     "-o", "StrictHostKeyChecking=yes"]
+        else:  # first contact is trusted and remembered; a changed key is refused
+            trust = ["-o", f"UserKnownHostsFile={self.leases.path.parent / 'ssh-known_hosts'}",
+                     "-o", "StrictHostKeyChecking=accept-new"]
+        key = ["-i", host.key, "-o", "IdentitiesOnly=yes"] if host.key else []
+        return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={math.ceil(connect_timeout)}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+                "-o", "LogLevel=ERROR", "-o", f"ControlPath={self._control_path(host)}",
+                *trust, *key, "-p", str(host.port), "-l", host.user]
+
+    async def _master_running(self, host: Host, connect_timeout: float) -> bool:
+        result = await _spawn([*self._ssh(host, connect_timeout), "-O", "check", host.host], 10)
+        return result is not None and result[0] == 0
+
+    async def connect(self, host: Host, connect_timeout: float) -> None:
+        """Make sure this host's shared connection is up; BackendUnavailable naming the host
+        when it does not answer within the timeout."""
+        if await self._master_running(host, connect_timeout):
+            return
+        async with _file_lock(self._lock_path(host, "connect"), f"connecting to {host.describe()}"):
+            if await self._master_running(host, connect_timeout):
+                return  # another process made it while we waited
+            control = self._control_path(host)
+            with contextlib.suppress(FileNotFoundError):
+                control.unlink()  # a dead master's socket
+            result = await _spawn(
+                [*self._ssh(host, connect_timeout), "-o", "ControlMaster=yes",
+                 "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N", host.host],
+                connect_timeout + 5)
+        if result is None:
+            raise BackendUnavailable(f"ssh host {host.describe()} did not answer within "
+                                     f"{connect_timeout:g}s")
+        if result[0] != 0:
+            raise BackendUnavailable(f"ssh host {host.describe()} is unreachable: "
+                                     f"{_last_line(result[2])}")
+
+    async def run(self, host: Host, argv: Sequence[str], *, connect_timeout: float,
+                  timeout_s: float | None) -> ExecResult:
+        """Run `argv` on the host (no shell in between): its exit status, stdout and stderr.
+        A command that outlives `timeout_s` is killed on the host with its process group."""
+        started = time.perf_counter()
+        await self.connect(host, connect_timeout)
+        # the remote shell reports its pid (= its process group: sshd starts each command in
+        # a session of its own), then becomes the command
+        remote = f"exec sh -c {shlex.quote(REPORT_PID_THEN_EXEC)} sbx {shlex.join(argv)}"
+        ssh = self._ssh(host, connect_timeout)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *ssh, "-o", "ControlMaster=no", host.host, remote,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        except FileNotFoundError:
+            raise BackendUnavailable(NO_CLIENT) from None
+        remote_pid: list[int] = []
+
+        async def read_stderr() -> bytes:
+            first = await proc.stderr.readline()
+            if first.startswith(PID_MARKER):
+                with contextlib.suppress(ValueError):
+                    remote_pid.append(int(first[len(PID_MARKER):]))
+                    first = b""
+            return first + await proc.stderr.read()
+
+        reading = asyncio.gather(proc.stdout.read(), read_stderr(), proc.wait())
+        try:
+            out, err, code = await asyncio.wait_for(reading, timeout_s)
+        except TimeoutError:
+            killed = await self._kill_remote(host, connect_timeout, remote_pid)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(TimeoutError):  # the master holds the pipes until the
+                await asyncio.wait_for(proc.wait(), 5)  # remote command is gone
+            note = "" if killed else f" (the command may still run on {host.name})"
+            return ExecResult(124, b"", f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
+                              time.perf_counter() - started, timed_out=True)
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        if code == 255 and not remote_pid:  # the client's own failure: the command never ran
+            raise BackendUnavailable(f"ssh host {host.describe()}: {_last_line(err)}")
+        if code == 255 and not await self._master_running(host, connect_timeout):
+            raise BackendUnavailable(f"lost the connection to ssh host {host.describe()}: "
+                                     f"{_last_line(err)}")
+        return ExecResult(code, out, err, time.perf_counter() - started)
+
+    async def _kill_remote(self, host: Host, connect_timeout: float, pid: list[int]) -> bool:
+        if not pid:
+            return False
+        result = await _spawn([*self._ssh(host, connect_timeout), "-o", "ControlMaster=no",
+                               host.host, f"kill -KILL -- -{pid[0]}"], connect_timeout + 5)
+        return result is not None and result[0] == 0
+
+    async def _run_checked(self, lease: Lease, command: str, step: str) -> None:
+        result = await self.run(lease.host, ["sh", "-c", command],
+                                connect_timeout=lease.connect_timeout,
+                                timeout_s=lease.command_timeout)
+        if result.exit_code != 0:
+            why = "timed out" if result.timed_out else f"exit {result.exit_code}"
+            raise AdapterError(f"{step} command {command!r} failed on ssh host "
+                               f"{lease.host.describe()} ({why}): {_last_line(result.stderr)}")
+
+    async def _clean_and_release(self, lease: Lease) -> None:
+        """Cleanup, then release: a host whose cleanup failed is not handed out again."""
+        async with _file_lock(self._lock_path(lease.host, "release"),
+                              f"releasing {lease.host.describe()}", lease.command_timeout + 30):
+            current = self.leases.get(lease.ref)
+            if current is None:
+                return  # another process released it while we waited
+            self.leases.mark_releasing(lease.ref)
+            for command in current.cleanup:
+                await self._run_checked(current, command, "cleanup")
+            self.leases.release(lease.ref)
+
+    # -- contract ---------------------------------------------------------------------------
+
+    def validate(self, request: CreateRequest) -> None:
+        settings = settings_from(request.options)
+        hosts = load_inventory(settings.inventory)
+        candidates = matching(hosts, settings.match)
+        if not candidates:
+            raise BadConfiguration(f"no host in ssh inventory {settings.inventory} has the labels "
+                                   f"{dict(settings.match)} (options.match)")
+        if request.image:
+            raise CapabilityNotSupported("the ssh backend attaches to existing hosts: it has no "
+                                         "image or template; remove image/template")
+        if request.command is not None:
+            raise CapabilityNotSupported("the ssh backend runs no main process on a host; "
+                                         "remove command (use options.setup)")
+        if request.env:
+            raise CapabilityNotSupported("the ssh backend cannot set environment variables on a "
+                                         "host it attaches to; remove env and secrets")
+        if request.network != "full":
+            raise CapabilityNotSupported(
+                f"the ssh backend cannot restrict a host's network (network mode "
+                f"{request.network!r}); an attached host keeps its own: set network.mode: full")
+        limits = request.resources
+        for value, name in ((limits.memory_bytes, "memory"), (limits.pids, "pids"),
+                            (limits.disk_bytes, "disk"), (limits.gpu, "gpu")):
+            if value is not None:
+                raise CapabilityNotSupported(
+                    f"the ssh backend leases a whole host and cannot limit resources.{name}; "
+                    f"set resources.{name}: null")
+        busy = self.leases.busy()
+        if all(h.address in busy for h in candidates):  # checked again, atomically, at create
+            raise NoFreeHost(f"no free ssh host: all {len(candidates)} host(s) matching "
+                             f"{dict(settings.match)} in {settings.inventory} are leased")
+
+    async def ensure_available(self) -> None:
+        if shutil.which("ssh") is None:
+            raise BackendUnavailable(NO_CLIENT)
+
+    async def health(self) -> Health:
+        client = shutil.which("ssh")
+        if client is None:
+            return Health(False, False, NO_CLIENT)
+        try:
+            leased = len(self.leases.all())
+        except (OSError, sqlite3.Error) as exc:
+            return Health(False, True, f"cannot read the ssh leases at {self.leases.path}: {exc}")
+        detail = f"OpenSSH client {client}; {leased} host(s) leased"
+        inventory = os.environ.get(INVENTORY_ENV)
+        if inventory:
+            try:
+                detail += f"; inventory {inventory}: {len(load_inventory(inventory))} host(s)"
+            except AdapterError as exc:
+                return Health(False, True, str(exc))
+        return Health(True, True, detail)
+
+    async def create(self, request: CreateRequest) -> BackendObject:
+        settings = settings_from(request.options)
+        candidates = matching(load_inventory(settings.inventory), settings.match)
+        lease = await asyncio.to_thread(self.leases.take, candidates, request, settings)
+        setup = [*getattr(request, "setup", ()), *settings.setup]  # profile.setup, if passed
+        try:
+            await self.connect(lease.host, lease.connect_timeout)
+            for command in setup:
+                await self._run_checked(lease, command, "setup")
+        except BaseException as exc:
+            if not isinstance(exc, BackendUnavailable):  # a reachable host is cleaned up
+                with contextlib.suppress(Exception):
+                    for command in lease.cleanup:
+                        await self._run_checked(lease, command, "cleanup")
+            self.leases.release(lease.ref)
+            raise
+        return lease.object()
+
+    async def destroy(self, ref: str) -> None:
+        lease = self.leases.get(ref)
+        if lease is None:
+            return  # already released: success
+        await self._clean_and_release(lease)
+
+    async def get(self, ref: str) -> BackendObject | None:
+        lease = self.leases.get(ref)
+        return lease.object() if lease else None
+
+    async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
+        want = dict(labels).items()
+        return [lease.object() for lease in self.leases.all() if want <= dict(lease.labels).items()]
+
+    async def exec(self, ref: str, argv: Sequence[str],
+                   timeout_s: float | None = None) -> ExecResult:
+        lease = self.leases.get(ref)
+        if lease is None:
+            raise BackendObjectGone(f"ssh lease {ref} is released")
+        return await self.run(lease.host, argv, connect_timeout=lease.connect_timeout,
+                              timeout_s=timeout_s)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:24]

@@ -1,0 +1,477 @@
+"""The conformance kit: one pytest suite that any adapter, built in or third party, runs to
+show that it keeps the adapter contract (docs/adapters.md).
+
+Subclass `AdapterConformance` in a test module (a class named `Test...`) and give it:
+
+- a fixture `adapter` (function scope; in the module or the class): a ready adapter reaching a
+  working backend. The kit closes it at the end of every test, in the test's event loop;
+- in the class, a fixture `lose` returning a callable `lose(ref)` (sync or async) that makes
+  the backend lose that object behind sbx's back (remove the container, kill the VM);
+- in the class, if the backend needs more than `CreateRequest(sandbox_id, labels)` (an image,
+  options, a network mode), a fixture `create_request` returning a callable
+  `(sandbox_id, labels) -> CreateRequest`;
+- if the backend's sandboxes have no POSIX `sh`, `echo` and `sleep`, override the `argv_*`
+  methods (return None from `argv_stderr`/`argv_sleep` to leave those checks out).
+
+Fixtures the kit defines (`create_request`, `lose`) are class fixtures: override them in your
+subclass, not in the module, or the kit's own would win.
+
+Every test creates its objects with labels of its own (`sbx.install` = a fresh
+`conformance-...` value) and destroys whatever carries them at the end, even after a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from importlib.metadata import entry_points
+from typing import Any
+
+import pytest
+
+from adapters.base import (
+    LABEL_CHECKPOINT,
+    LABEL_HARD_DEADLINE,
+    LABEL_ID,
+    LABEL_INSTALL,
+    Adapter,
+    AdapterError,
+    Artifact,
+    BackendObject,
+    Capability,
+    CapabilityNotSupported,
+    CreateRequest,
+    ExecResult,
+    Health,
+    MetricSample,
+)
+
+GROUP = "sandboxer.adapters"
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, as a lower-case ULID
+
+
+def new_sandbox_id() -> str:
+    """An id shaped like sbx's own (`sbx-` + 26 base32 characters)."""
+    return "sbx-" + "".join(secrets.choice(_ALPHABET) for _ in range(26))
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _first_items(make: Callable[[], AsyncIterator[Any]], count: int,
+                       timeout_s: float) -> list[Any]:
+    """Up to `count` items of an async iterator within `timeout_s`; an iterator that ends
+    sooner gives fewer. `make()` may itself raise (a refused capability)."""
+    items: list[Any] = []
+
+    async def read() -> None:
+        iterator = make()
+        try:
+            async for item in iterator:
+                items.append(item)
+                if len(items) >= count:
+                    return
+        finally:
+            close = getattr(iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+    await asyncio.wait_for(read(), timeout_s)
+    return items
+
+
+class Kit:
+    """One test's view of the adapter: makes requests, remembers what it made, cleans up."""
+
+    def __init__(self, adapter: Adapter, create_request: Callable[[str, Mapping[str, str]],
+                 CreateRequest], extra_labels: Mapping[str, str], settle_s: float) -> None:
+        self.adapter = adapter
+        self.make_request = create_request
+        self.install = f"conformance-{secrets.token_hex(6)}"
+        self.extra_labels = dict(extra_labels)
+        self.settle_s = settle_s
+        self.refs: list[str] = []
+
+    def labels(self, sandbox_id: str, **more: str) -> dict[str, str]:
+        return {**self.extra_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install,
+                LABEL_HARD_DEADLINE: _iso(datetime.now(UTC) + timedelta(hours=1)), **more}
+
+    def request(self, **labels: str) -> CreateRequest:
+        sandbox_id = new_sandbox_id()
+        return self.make_request(sandbox_id, self.labels(sandbox_id, **labels))
+
+    async def create(self, request: CreateRequest | None = None, **labels: str) -> BackendObject:
+        """As the core does it: validate, make sure the backend answers, create."""
+        request = request or self.request(**labels)
+        self.adapter.validate(request)
+        await self.adapter.ensure_available()
+        obj = await self.adapter.create(request)
+        self.refs.append(obj.ref)
+        return obj
+
+    async def until_gone(self, ref: str, sandbox_id: str) -> None:
+        """get() None and list() without it, allowing `settle_s` for a backend that is only
+        eventually consistent."""
+        deadline = time.monotonic() + self.settle_s
+        while True:
+            got = await self.adapter.get(ref)
+            listed = await self.adapter.list({LABEL_ID: sandbox_id})
+            if got is None and not listed:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{ref} is still reported {self.settle_s:g}s after it was destroyed or lost "
+                    f"(get: {got}, list: {listed})")
+            await asyncio.sleep(0.2)
+
+    async def cleanup(self) -> None:
+        """Destroy everything this test made, whatever state the test left it in."""
+        refs = list(self.refs)
+        try:
+            refs += [o.ref for o in await self.adapter.list({LABEL_INSTALL: self.install})]
+        except Exception:
+            pass
+        for ref in dict.fromkeys(refs):
+            try:
+                await self.adapter.destroy(ref)
+            except Exception:
+                pass
+        if self.adapter.supports(Capability.SNAPSHOT):
+            try:
+                for artifact in await self.adapter.list_artifacts({LABEL_INSTALL: self.install}):
+                    await self.adapter.delete_artifact(artifact.ref)
+            except Exception:
+                pass
+
+
+class AdapterConformance:
+    """The contract, as tests. See the module's docstring for what a subclass provides."""
+
+    # labels added to everything the kit creates (a run label, say)
+    extra_labels: Mapping[str, str] = {}
+    # how long a destroyed or lost object may still be reported (eventually consistent clouds)
+    settle_timeout_s: float = 10.0
+    # the exec timeout the kit asks for, and the slack it allows beyond it
+    exec_timeout_s: float = 2.0
+    exec_timeout_slack_s: float = 10.0
+    # first metric sample and first log chunk must come within this
+    stream_timeout_s: float = 20.0
+    # check that `adapter.name` is registered in the `sandboxer.adapters` entry-point group
+    check_entry_point: bool = True
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def argv_echo(self, text: str) -> list[str]:
+        """Prints `text` and a newline on stdout, exit 0."""
+        return ["echo", text]
+
+    def argv_exit(self, code: int) -> list[str]:
+        """Exits with `code`."""
+        return ["sh", "-c", f"exit {code}"]
+
+    def argv_stderr(self, text: str) -> list[str] | None:
+        """Prints `text` and a newline on stderr only, exit 0; None: not checked."""
+        return ["sh", "-c", f"echo {text} >&2"]
+
+    def argv_sleep(self, seconds: float) -> list[str] | None:
+        """Runs for `seconds`; None: the exec timeout is not checked."""
+        return ["sleep", f"{seconds:g}"]
+
+    @pytest.fixture
+    def create_request(self) -> Callable[[str, Mapping[str, str]], CreateRequest]:
+        return lambda sandbox_id, labels: CreateRequest(sandbox_id=sandbox_id, labels=labels)
+
+    @pytest.fixture
+    def lose(self) -> Callable[[str], Any]:
+        def not_given(ref: str) -> None:
+            pytest.fail("the conformance kit needs a `lose` fixture in your AdapterConformance "
+                        "subclass: a callable lose(ref) that removes the object behind sbx's back")
+        return not_given
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self, adapter: Adapter, create_request: Callable[..., CreateRequest],
+            body: Callable[[Kit], Awaitable[None]]) -> None:
+        """Run one test body in its own event loop; clean up and close the adapter after."""
+        async def main() -> None:
+            kit = Kit(adapter, create_request, self.extra_labels, self.settle_timeout_s)
+            try:
+                await body(kit)
+            finally:
+                try:
+                    await kit.cleanup()
+                finally:
+                    await adapter.close()
+
+        asyncio.run(main())
+
+    # -- identity and health ----------------------------------------------------------------
+
+    def test_is_registered_by_entry_point(self, adapter: Adapter) -> None:
+        if not self.check_entry_point:
+            pytest.skip("check_entry_point = False: this adapter is not installed as a plugin")
+        found = {ep.name: ep for ep in entry_points(group=GROUP)}
+        assert adapter.name in found, (
+            f"no entry point {adapter.name!r} in group {GROUP!r} (found: {sorted(found)})")
+        assert found[adapter.name].load() is type(adapter), (
+            f"entry point {adapter.name!r} loads {found[adapter.name].value}, "
+            f"not {type(adapter).__module__}:{type(adapter).__qualname__}")
+
+    def test_declares_name_and_capabilities(self, adapter: Adapter) -> None:
+        assert isinstance(adapter.name, str) and re.fullmatch(r"[a-z0-9][a-z0-9_-]*", adapter.name), (
+            f"adapter name {adapter.name!r}: use lower-case letters, digits, '-' or '_'")
+        assert isinstance(adapter.description, str)
+        assert isinstance(adapter.capabilities, frozenset)
+        for capability in adapter.capabilities:
+            assert isinstance(capability, Capability), f"{capability!r} is not a Capability"
+            assert adapter.supports(capability), f"declares {capability} but supports() says no"
+
+    def test_health_and_availability(self, adapter: Adapter, create_request) -> None:
+        async def body(kit: Kit) -> None:
+            health = await adapter.health()
+            assert isinstance(health, Health)
+            assert isinstance(health.detail, str) and health.detail
+            assert health.reachable and health.credentials, (
+                f"the kit needs a working backend; health says: {health.detail}")
+            await adapter.ensure_available()
+            first, second = await adapter.instance_id(), await adapter.instance_id()
+            assert first == second and (first is None or isinstance(first, str))
+
+        self.run(adapter, create_request, body)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def test_create_get_list_destroy(self, adapter: Adapter, create_request) -> None:
+        async def body(kit: Kit) -> None:
+            request = kit.request()
+            obj = await kit.create(request)
+            assert isinstance(obj, BackendObject)
+            assert isinstance(obj.ref, str) and obj.ref
+
+            got = await adapter.get(obj.ref)
+            assert got is not None, "get() does not find the object create() just returned"
+            assert got.ref == obj.ref
+            assert got.running, f"a new sandbox is not running (status {got.status!r})"
+
+            listed = await adapter.list({LABEL_ID: request.sandbox_id})
+            assert [o.ref for o in listed] == [obj.ref]
+            assert obj.ref in [o.ref for o in await adapter.list({LABEL_INSTALL: kit.install})]
+
+            await adapter.destroy(obj.ref)
+            await kit.until_gone(obj.ref, request.sandbox_id)
+
+        self.run(adapter, create_request, body)
+
+    def test_labels_round_trip(self, adapter: Adapter, create_request) -> None:
+        """Every label sbx accepts comes back exactly from get() and list(): reconcile and
+        the reaper work from them alone."""
+        async def body(kit: Kit) -> None:
+            request = kit.request(**{
+                "team": "infra",
+                "purpose.kind": "with spaces = and: colons",
+                "empty": "",
+                "unicode": "grüße-✓",
+                "long": "x" * 253,
+            })
+            obj = await kit.create(request)
+            for where, found in (("create()", obj), ("get()", await adapter.get(obj.ref)),
+                                 ("list()", (await adapter.list({LABEL_ID: request.sandbox_id}) or [None])[0])):
+                assert found is not None, f"{where} lost the object"
+                missing = {k: v for k, v in request.labels.items() if found.labels.get(k) != v}
+                assert not missing, f"{where} does not give back the labels {missing}"
+
+        self.run(adapter, create_request, body)
+
+    def test_list_filters_by_every_label(self, adapter: Adapter, create_request) -> None:
+        async def body(kit: Kit) -> None:
+            first, second = kit.request(role="first"), kit.request(role="second")
+            a, b = await asyncio.gather(kit.create(first), kit.create(second))
+            assert a.ref != b.ref, "two creates at once gave the same object"
+            both = {o.ref for o in await adapter.list({LABEL_INSTALL: kit.install})}
+            assert both == {a.ref, b.ref}
+            only = await adapter.list({LABEL_INSTALL: kit.install, "role": "first"})
+            assert [o.ref for o in only] == [a.ref]
+            assert await adapter.list({LABEL_INSTALL: kit.install, "role": "third"}) == []
+            assert await adapter.list({LABEL_INSTALL: kit.install + "-other"}) == []
+
+        self.run(adapter, create_request, body)
+
+    def test_destroy_is_idempotent(self, adapter: Adapter, create_request) -> None:
+        """Already gone, or being removed by someone else at the same time, is success."""
+        async def body(kit: Kit) -> None:
+            one, two = kit.request(), kit.request()
+            a, b = await asyncio.gather(kit.create(one), kit.create(two))
+            await adapter.destroy(a.ref)
+            await adapter.destroy(a.ref)
+            await kit.until_gone(a.ref, one.sandbox_id)
+            await adapter.destroy(a.ref)
+            await asyncio.gather(adapter.destroy(b.ref), adapter.destroy(b.ref))
+            await kit.until_gone(b.ref, two.sandbox_id)
+
+        self.run(adapter, create_request, body)
+
+    def test_after_the_backend_loses_a_sandbox(self, adapter: Adapter, create_request,
+                                                lose) -> None:
+        """Removed behind sbx's back: get() says None, list() leaves it out, destroy succeeds,
+        and every other call fails with an AdapterError (BackendObjectGone at best), never
+        another exception and never a hang."""
+        async def body(kit: Kit) -> None:
+            request = kit.request()
+            obj = await kit.create(request)
+            await _maybe_await(lose(obj.ref))
+            await kit.until_gone(obj.ref, request.sandbox_id)
+            await adapter.destroy(obj.ref)
+            if adapter.supports(Capability.EXEC):
+                with pytest.raises(AdapterError):
+                    await asyncio.wait_for(adapter.exec(obj.ref, self.argv_echo("hi")), 60)
+            if adapter.supports(Capability.PAUSE):
+                with pytest.raises(AdapterError):
+                    await asyncio.wait_for(adapter.pause(obj.ref), 60)
+
+        self.run(adapter, create_request, body)
+
+    # -- exec -------------------------------------------------------------------------------
+
+    def test_exec_exit_codes_and_output(self, adapter: Adapter, create_request) -> None:
+        if not adapter.supports(Capability.EXEC):
+            pytest.skip(f"{adapter.name} does not declare exec (refusal: test_capability[exec])")
+
+        async def body(kit: Kit) -> None:
+            obj = await kit.create()
+            for code in (0, 1, 3, 42):
+                result = await adapter.exec(obj.ref, self.argv_exit(code))
+                assert isinstance(result, ExecResult)
+                assert result.exit_code == code, (
+                    f"exit {code} came back as {result.exit_code} ({result.stderr!r})")
+                assert not result.timed_out
+            echoed = await adapter.exec(obj.ref, self.argv_echo("hello conformance"))
+            assert (echoed.exit_code, echoed.stdout) == (0, b"hello conformance\n")
+            assert echoed.duration_s >= 0
+            argv = self.argv_stderr("to-stderr")
+            if argv is not None:
+                err = await adapter.exec(obj.ref, argv)
+                assert (err.exit_code, err.stdout, err.stderr) == (0, b"", b"to-stderr\n"), (
+                    "stdout and stderr must come back apart")
+
+        self.run(adapter, create_request, body)
+
+    def test_exec_timeout(self, adapter: Adapter, create_request) -> None:
+        if not adapter.supports(Capability.EXEC):
+            pytest.skip(f"{adapter.name} does not declare exec")
+        argv = self.argv_sleep(self.exec_timeout_s + self.exec_timeout_slack_s + 30)
+        if argv is None:
+            pytest.skip("argv_sleep() is None: this backend has no command that waits")
+
+        async def body(kit: Kit) -> None:
+            obj = await kit.create()
+            started = time.monotonic()
+            result = await asyncio.wait_for(
+                adapter.exec(obj.ref, argv, timeout_s=self.exec_timeout_s),
+                self.exec_timeout_s + self.exec_timeout_slack_s)
+            took = time.monotonic() - started
+            assert result.timed_out, f"a command past its timeout was not reported: {result}"
+            assert result.exit_code == 124, "a timed-out command reports exit 124, as timeout(1)"
+            assert took < self.exec_timeout_s + self.exec_timeout_slack_s
+            again = await adapter.exec(obj.ref, self.argv_echo("still here"))
+            assert (again.exit_code, again.stdout) == (0, b"still here\n")
+
+        self.run(adapter, create_request, body)
+
+    # -- each capability: exercised when declared, refused cleanly when not ----------------
+
+    @pytest.mark.parametrize("capability", list(Capability), ids=[c.value for c in Capability])
+    def test_capability(self, adapter: Adapter, create_request, capability: Capability) -> None:
+        declared = adapter.supports(capability)
+
+        async def body(kit: Kit) -> None:
+            if capability == Capability.MEMORY_CHECKPOINT:
+                return  # no call in the contract yet: supports() is all there is
+            obj = await kit.create()
+            if declared:
+                await self._exercise(kit, obj, capability)
+            else:
+                await self._refused(kit, obj, capability)
+
+        self.run(adapter, create_request, body)
+
+    async def _exercise(self, kit: Kit, obj: BackendObject, capability: Capability) -> None:
+        adapter = kit.adapter
+        if capability == Capability.EXEC:
+            result = await adapter.exec(obj.ref, self.argv_echo("exec works"))
+            assert result.stdout == b"exec works\n"
+        elif capability == Capability.LOGS:
+            chunks = await _first_items(lambda: adapter.logs(obj.ref, follow=False, tail=10),
+                                        100, self.stream_timeout_s)
+            assert all(isinstance(c, bytes) for c in chunks)
+        elif capability == Capability.METRICS:
+            samples = await _first_items(lambda: adapter.metrics(obj.ref), 1,
+                                         self.stream_timeout_s)
+            assert samples and isinstance(samples[0], MetricSample), "no metric sample came"
+        elif capability == Capability.SET_DEADLINE:
+            await adapter.set_deadline(obj.ref, datetime.now(UTC) + timedelta(minutes=30))
+            assert (await adapter.get(obj.ref)) is not None
+        elif capability == Capability.PAUSE:
+            await adapter.pause(obj.ref)
+            paused = await adapter.get(obj.ref)
+            assert paused is not None and paused.status == "paused", (
+                f"a paused sandbox must report status 'paused' (got {paused})")
+            await adapter.resume(obj.ref)
+            resumed = await adapter.get(obj.ref)
+            assert resumed is not None and resumed.running and resumed.status != "paused"
+        elif capability == Capability.SNAPSHOT:
+            await self._snapshot_restore(kit, obj)
+
+    async def _snapshot_restore(self, kit: Kit, obj: BackendObject) -> None:
+        adapter = kit.adapter
+        checkpoint = f"ckpt-{secrets.token_hex(6)}"
+        labels = {LABEL_CHECKPOINT: checkpoint, LABEL_INSTALL: kit.install}
+        artifact = await adapter.snapshot(obj.ref, labels)
+        assert isinstance(artifact, Artifact) and artifact.ref
+        listed = await adapter.list_artifacts({LABEL_INSTALL: kit.install})
+        mine = [a for a in listed if a.ref == artifact.ref]
+        assert mine, f"list_artifacts() does not show {artifact.ref}"
+        assert mine[0].labels.get(LABEL_CHECKPOINT) == checkpoint
+        restored = await adapter.restore(artifact.ref, kit.request(restored="yes"))
+        kit.refs.append(restored.ref)
+        assert restored.ref != obj.ref
+        got = await adapter.get(restored.ref)
+        assert got is not None and got.running
+        await adapter.destroy(restored.ref)
+        await adapter.delete_artifact(artifact.ref)
+        await adapter.delete_artifact(artifact.ref)  # already gone: success
+        assert artifact.ref not in [a.ref for a in
+                                    await adapter.list_artifacts({LABEL_INSTALL: kit.install})]
+
+    async def _refused(self, kit: Kit, obj: BackendObject, capability: Capability) -> None:
+        """Every call of an undeclared capability raises CapabilityNotSupported (which the
+        CLI reports as exit 4) and changes nothing."""
+        adapter, ref = kit.adapter, obj.ref
+        later = datetime.now(UTC) + timedelta(minutes=30)
+        calls: dict[Capability, list[Callable[[], Awaitable[Any]]]] = {
+            Capability.EXEC: [lambda: adapter.exec(ref, self.argv_echo("no"))],
+            Capability.LOGS: [lambda: _first_items(lambda: adapter.logs(ref), 1, 30)],
+            Capability.METRICS: [lambda: _first_items(lambda: adapter.metrics(ref), 1, 30)],
+            Capability.SET_DEADLINE: [lambda: adapter.set_deadline(ref, later)],
+            Capability.PAUSE: [lambda: adapter.pause(ref), lambda: adapter.resume(ref)],
+            Capability.SNAPSHOT: [
+                lambda: adapter.snapshot(ref, {LABEL_INSTALL: kit.install}),
+                lambda: adapter.list_artifacts({LABEL_INSTALL: kit.install}),
+                lambda: adapter.restore("no-such-artifact", kit.request()),
+                lambda: adapter.delete_artifact("no-such-artifact"),
+            ],
+        }
+        for call in calls[capability]:
+            with pytest.raises(CapabilityNotSupported):
+                await asyncio.wait_for(call(), 60)
+        still = await adapter.get(ref)
+        assert still is not None and still.running, "a refused call changed the sandbox"

@@ -1,0 +1,101 @@
+"""The conformance kit (adapters/testing) run against every built-in adapter: docker against
+the real engine, ssh against a real OpenSSH server on 127.0.0.1, and the stub (the test
+double, so the kit itself is checked against a backend whose every call is known).
+
+A new backend joins with one class here: an `adapter` fixture, a `lose` fixture and, when it
+needs one, a `create_request` fixture (see adapters/testing/conformance.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import RUN_ID
+from sshd import sshd_server  # noqa: F401 (a fixture)
+
+from adapters.base import CreateRequest
+from adapters.testing import AdapterConformance
+
+# -- the stub: checks the kit against a backend that does exactly what it says --------------
+
+
+class TestStubConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self):
+        from adapters.stub import StubAdapter
+
+        StubAdapter.reset()
+        yield StubAdapter()
+        StubAdapter.reset()
+
+    @pytest.fixture
+    def lose(self):
+        from adapters.stub import StubAdapter
+
+        return StubAdapter.lose
+
+    # the stub understands `echo`, `true`, `false` and `exit N` only
+    def argv_exit(self, code: int) -> list[str]:
+        return ["exit", str(code)]
+
+    def argv_stderr(self, text: str) -> None:
+        return None
+
+    def argv_sleep(self, seconds: float) -> None:
+        return None
+
+
+# -- docker: the real engine --------------------------------------------------------------
+
+
+@pytest.mark.docker
+class TestDockerConformance(AdapterConformance):
+    extra_labels = {"sbx-test-run": RUN_ID}
+
+    @pytest.fixture
+    def adapter(self, docker_api):
+        from adapters.docker import DockerAdapter
+
+        return DockerAdapter()
+
+    @pytest.fixture
+    def lose(self, docker_api):
+        return lambda ref: docker_api.remove_container(ref, force=True)
+
+
+# -- ssh: a real sshd on 127.0.0.1, listed as three hosts (one per port it listens on) ------
+
+
+@pytest.fixture
+def ssh_inventory(sshd_server, tmp_path) -> Path:  # noqa: F811
+    path = tmp_path / "hosts.yaml"
+    hosts = [sshd_server.inventory_entry(f"host-{i}", port, {"pool": "kit"})
+             for i, port in enumerate(sshd_server.ports, 1)]
+    path.write_text(yaml.safe_dump({"hosts": hosts}))
+    return path
+
+
+class TestSSHConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self, sbx_home):
+        from adapters.ssh import SSHAdapter
+
+        return SSHAdapter()
+
+    @pytest.fixture
+    def create_request(self, ssh_inventory):
+        options = {"inventory": str(ssh_inventory), "match": {"pool": "kit"},
+                   "connect_timeout": 5}
+        return lambda sandbox_id, labels: CreateRequest(
+            sandbox_id=sandbox_id, labels=labels, network="full", options=options)
+
+    @pytest.fixture
+    def lose(self, sbx_home):
+        """The lease record vanishes (its file was edited or restored from an old copy)."""
+        def lose(ref: str) -> None:
+            with sqlite3.connect(sbx_home / "ssh-leases.db") as conn:
+                conn.execute("DELETE FROM ssh_leases WHERE ref = ?", (ref,))
+        return lose
