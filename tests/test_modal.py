@@ -173,9 +173,16 @@ def test_snapshot_destroy_restore_gives_back_the_files(sbx, standin, image, tmp_
     check = sbx("exec", again["id"], "--", "sha256sum", "blob")
     assert (check.code, check.out.split()[0]) == (0, digest)
 
-    removed = sbx("checkpoint", "rm", ckpt["id"])
+    second = sbx_json(sbx("snapshot", again["id"], "--json"))
+    assert second["parent_id"] == ckpt["id"]
+    removed = sbx("checkpoint", "rm", second["id"])
     assert removed.code == 0, removed.err
-    assert ckpt["backend_ref"] in standin.deleted_images
+    assert second["backend_ref"] in standin.deleted_images  # Modal deleted the image
+
+    del standin.images[ckpt["backend_ref"]]  # Modal's 30-day expiry of snapshot images
+    late = sbx("restore", ckpt["id"], "--label", RUN_LABEL)
+    assert late.code == 1 and ckpt["backend_ref"] in late.err
+    assert sbx("checkpoint", "rm", ckpt["id"]).code == 0  # an image already gone is fine
     assert sbx("destroy", again["id"]).code == 0
 
 
