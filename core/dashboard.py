@@ -588,7 +588,7 @@ def parse_create_args(profile: str, ttl: str = "", name: str = "",
     ttl_delta = parse_duration(ttl_text, "ttl") if ttl_text else None
     if name_text:
         validate_name(name_text)
-    parsed = parse_labels(labels.replace(",", " ").split())
+    parsed = parse_labels(t.strip() for t in labels.split(",") if t.strip())
     return CreateArgs(profile, ttl_delta, ttl_text, name_text, parsed)
 
 
@@ -815,8 +815,9 @@ class Dashboard:
     # -- actions ----------------------------------------------------------------------------
 
     def record(self, outcome: Outcome) -> Outcome:
-        self.command_log.append(CommandRecord(self.now(), outcome.command, outcome.ok,
-                                              outcome.message()))
+        summary = ("; ".join(error for _, error in outcome.failed) if outcome.failed
+                   else outcome.message().splitlines()[0])
+        self.command_log.append(CommandRecord(self.now(), outcome.command, outcome.ok, summary))
         return outcome
 
     async def _each(self, verb: str, ids: Sequence[str], command: str,

@@ -62,8 +62,12 @@ class SandboxerApp(App):
                                 partial(screen.run_action, binding.action))
 
     def on_worker_state_changed(self, event) -> None:
+        self.report_worker_error(event)
+
+    def report_worker_error(self, event) -> None:
         """One place where a worker's unexpected error becomes a notification (never a
-        traceback, never the end of the app)."""
+        traceback, never the end of the app). Screens hand their workers' events here
+        (worker messages do not bubble)."""
         if event.state == WorkerState.ERROR and event.worker.error is not None:
             message = one_line(event.worker.error)
             self.dashboard.record_error(event.worker.name or "dashboard", event.worker.error)

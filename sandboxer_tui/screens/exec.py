@@ -77,5 +77,8 @@ class ExecScreen(ModalScreen[None]):
                               + (" (timed out)" if result.timed_out else ""), style=style))
         status.update(Text("Enter runs · Escape closes", style="dim"))
 
+    def on_worker_state_changed(self, event) -> None:
+        self.app.report_worker_error(event)  # type: ignore[attr-defined]
+
     def action_close(self) -> None:
         self.dismiss(None)

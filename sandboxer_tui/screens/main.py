@@ -147,6 +147,9 @@ class MainScreen(Screen):
         """Call a blocking core function on the core's thread pool."""
         return await asyncio.wrap_future(self.dashboard.call(fn, *args))
 
+    def on_worker_state_changed(self, event) -> None:
+        self.app.report_worker_error(event)  # type: ignore[attr-defined]
+
     # -- live: inventory, clock, metrics, health --------------------------------------------
 
     def poll(self) -> None:

@@ -56,7 +56,7 @@ class ProfilePicker(ModalScreen[CreateArgs | None]):
             with Horizontal(id="picker-fields"):
                 yield Input(placeholder="name (optional)", id="new-name")
                 yield Input(placeholder="ttl (profile default)", id="new-ttl")
-                yield Input(value=self.preset_labels, placeholder="labels k=v,k=v", id="new-labels")
+                yield Input(value=self.preset_labels, placeholder="labels k=v, k=v", id="new-labels")
             yield Static("", id="picker-command")
             yield Static("", id="picker-error", classes="error")
             with Horizontal(classes="modal-buttons"):

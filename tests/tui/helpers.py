@@ -5,6 +5,7 @@ seeding through the core, and reading the app's screen."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 from collections.abc import AsyncIterator, Mapping
@@ -181,7 +182,8 @@ def screen_text(app) -> str:
     lines = re.findall(r'<text class="[^"]*" x="[^"]*" y="([^"]*)"[^>]*>(.*?)</text>', svg)
     by_y: dict[float, list[str]] = {}
     for y, body in lines:
-        by_y.setdefault(float(y), []).append(html.unescape(_TAGS.sub("", body)))
+        by_y.setdefault(float(y), []).append(
+            html.unescape(_TAGS.sub("", body)).replace("\xa0", " "))
     return "\n".join("".join(parts) for _, parts in sorted(by_y.items()))
 
 
@@ -200,3 +202,37 @@ async def settle(pilot) -> None:
     """Every pending worker done, and the screen redrawn."""
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+
+
+@contextlib.asynccontextmanager
+async def opened(dashboard, size: tuple[int, int] = (120, 36), **options):
+    """The real app on `dashboard`, headless, once its first inventory read and health
+    check have landed."""
+    from sandboxer_tui.app import SandboxerApp
+
+    app = SandboxerApp(dashboard, **options)
+    app.told = []  # every notification: (severity, title, message)
+    shown = app.notify
+
+    def notify(message, *, title="", severity="information", timeout=None, markup=True):
+        app.told.append((severity, title, message))
+        shown(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    app.notify = notify
+    async with app.run_test(size=size, notifications=True) as pilot:
+        await wait_for(pilot, lambda: app.main.table.loaded and app.main.health.statuses,
+                       within=10, what="the first inventory read and health check")
+        await pilot.pause()
+        yield app, pilot
+
+
+async def select(pilot, sandbox_id: str) -> None:
+    table = pilot.app.main.table
+    table.move_cursor(row=table.get_row_index(sandbox_id), animate=False)
+    await pilot.pause()
+    assert table.selected_id == sandbox_id
+
+
+def told(app, severity: str | None = None) -> list[str]:
+    """The messages the app notified (of one severity), oldest first."""
+    return [m for s, _, m in app.told if severity is None or s == severity]
