@@ -58,6 +58,7 @@ TOKEN_SECRET_NAME = re.compile(r"MODAL_TOKEN_SECRET(_[A-Z0-9_]+)?")
 DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}", re.IGNORECASE)
 MiB = 1024**2
 PROBE_TIMEOUT = 10.0  # seconds to open a TCP connection to Modal
+MAX_TIMEOUT_S = 24 * 3600  # Modal's longest sandbox timeout
 INSTALL_HINT = "pip install 'sandboxer[modal]'"
 TOKEN_HINT = "create one with `modal token new` or in your Modal workspace settings"
 
@@ -332,6 +333,10 @@ class ModalAdapter(Adapter):
                 "the modal backend cannot limit disk for sandboxes (resources.disk)")
         if request.network == "egress":
             self._allow_lists(request.network_allow)
+        if self._timeout(request) > MAX_TIMEOUT_S:
+            raise CapabilityNotSupported(
+                "the modal backend cannot keep a sandbox longer than 24h (Modal's longest "
+                "timeout): lower ttl.max")
         tokens = TokenVariables.from_options(request.options)
         tokens.read()  # unset: exit 5 before anything is written
         self._creating_with = tokens  # ensure_available checks Modal accepts it

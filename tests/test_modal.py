@@ -277,6 +277,7 @@ def test_what_modal_cannot_enforce_is_refused_before_anything_is_written(
         "disk": ("resources: {disk: 1GiB}\n", "resources.disk"),
         "port": ("network: {mode: egress, allow: ['example.com:443']}\n", "example.com:443"),
         "option": ("options: {region: eu}\n", "region"),
+        "lifetime": ("ttl: {default: 1h, max: 25h}\n", "ttl.max"),
     }
     for name, (body, named) in cases.items():
         result = sbx("create", "--profile-file", profile(tmp_path, image, body, name=name))
