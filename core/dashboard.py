@@ -342,10 +342,10 @@ async def check_backend(mgr: Manager, name: str, timeout_s: float = 5.0) -> Back
         return BackendStatus(name, "down", f"no answer in {timeout_s:g}s", double)
     except Exception as exc:
         return BackendStatus(name, "down", one_line(exc), double)
-    if not health.reachable:
+    if not health.credentials:
+        state = "no-credentials"  # not contacted, or the key was refused
+    elif not health.reachable:
         state = "down"
-    elif not health.credentials:
-        state = "no-credentials"
     else:
         state = "up"
     return BackendStatus(name, state, " ".join(health.detail.split()), double)

@@ -68,7 +68,7 @@ class MainScreen(Screen):
         Binding("T", "extend_by", "Extend by…", show=False),
         Binding("s", "snapshot", "Snapshot"),
         Binding("r", "restore", "Restore"),
-        Binding("p", "pause", "Pause/Resume"),
+        Binding("p", "pause", "Pause"),
         Binding("x", "exec", "Exec"),
         Binding("e", "shell", "Shell"),
         Binding("k", "touch", "Touch", show=False),
@@ -214,8 +214,8 @@ class MainScreen(Screen):
 
     @work(exit_on_error=False, group="health", exclusive=True)
     async def _check_health(self) -> None:
-        """Ask every watched backend; again in 2 s while one is down (so a backend coming
-        back shows within seconds), in 10 s when all are up."""
+        """Ask every watched backend; again in 2 s while one is unreachable (so a backend
+        coming back shows within seconds), in 10 s otherwise."""
         statuses = []
         try:
             in_use = {r.backend for r in self.table.sandboxes.values()}
@@ -225,7 +225,8 @@ class MainScreen(Screen):
             self.notify(f"health check failed: {one_line(exc)}", severity="warning",
                         markup=False)
         finally:
-            healthy = bool(statuses) and all(s.state == "up" for s in statuses)
+            healthy = bool(statuses) and not any(s.state in ("down", "connecting")
+                                                 for s in statuses)
             self.set_timer(self.health_every if healthy else self.health_retry,
                            self.watch_health)
         if statuses:

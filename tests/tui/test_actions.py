@@ -460,7 +460,7 @@ def test_palette_offers_the_actions_that_apply_and_runs_them(dashboard, seeded, 
             await select(pilot, target)
             commands = {c.title: c for c in app.get_system_commands(app.main)}
             for title in ("New (n)", "Destroy (d)", "Extend (t)", "Extend by… (T)",
-                          "Snapshot (s)", "Restore (r)", "Pause/Resume (p)", "Exec (x)",
+                          "Snapshot (s)", "Restore (r)", "Pause (p)", "Exec (x)",
                           "Touch (k)", "Logs (l)", "Filter (/)", "Help (?)"):
                 assert title in commands, title
             assert "Shell (e)" not in commands

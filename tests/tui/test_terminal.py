@@ -1,0 +1,119 @@
+"""The dashboard in a real terminal: bare `sbx` in tmux at 120x32, keys sent with
+`send-keys`, the screen read with `capture-pane`. A sandbox made by another process shows up
+within 2 s; `t` extends it; `e` hands the terminal to a shell in it and back; `d` then `y`
+destroys it; `q` quits cleanly and leaves the terminal sane. The tmux server has a socket of
+its own and is the only one killed."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from core.clock import from_iso
+
+pytestmark = pytest.mark.docker
+
+
+class Tmux:
+    def __init__(self) -> None:
+        self.socket = f"sbx-tui-test-{uuid.uuid4().hex[:10]}"
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+                              capture_output=True, text=True, timeout=20)
+        if check:
+            assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "main")
+
+    def keys(self, *keys: str) -> None:
+        self("send-keys", "-t", "main", *keys)
+
+    def wait(self, predicate, within: float, what: str) -> float:
+        started = time.monotonic()
+        while True:
+            screen = self.screen()
+            if predicate(screen):
+                return time.monotonic() - started
+            if time.monotonic() - started > within:
+                raise AssertionError(f"no {what} within {within}s; the screen:\n{screen}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        self("kill-server", check=False)
+
+
+@pytest.fixture
+def tmux():
+    server = Tmux()
+    yield server
+    server.kill()
+
+
+def row_line(screen: str, name: str) -> str | None:
+    return next((line for line in screen.splitlines() if f" {name} " in line), None)
+
+
+def test_dashboard_in_tmux(sbx, docker_api, tmux, tmp_path):
+    env = {k: v for k, v in sbx.env().items() if not k.startswith(("E2B_", "MODAL_"))}
+    stty_after = tmp_path / "stty-after.txt"
+    script = tmp_path / "dashboard.sh"
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()
+                        if k.isidentifier())
+    script.write_text(f"""{exports}
+cd {shlex.quote(str(sbx.cwd))}
+{shlex.quote(sys.executable)} -m sandboxer_tui.cli
+echo "exit=$?"
+stty -a > {shlex.quote(str(stty_after))}
+echo DONE
+sleep 60
+""")
+    tmux("new-session", "-d", "-x", "120", "-y", "32", "-s", "main", f"sh {script}")
+    tmux("set", "-g", "escape-time", "0")
+    tmux.wait(lambda s: "0 sandboxes" in s and "docker ● up" in s, 15, "dashboard")
+
+    box = sbx.create("--name", "tmux-box", "--ttl", "10m")  # carries the run label
+    took = tmux.wait(lambda s: row_line(s, "tmux-box") is not None, 2.0, "new row")
+    print(f"the row showed {took:.2f}s after `sbx create` returned")
+    line = row_line(tmux.screen(), "tmux-box")
+    assert "running" in line and box["id"][4:14] in line
+
+    tmux.keys("t")
+    tmux.wait(lambda s: " 39m" in (row_line(s, "tmux-box") or ""), 3, "the extended TTL")
+    shown = sbx("show", box["id"], "--json").json()
+    assert from_iso(shown["deadline"]) - from_iso(box["deadline"]) == timedelta(minutes=30)
+
+    tmux.keys("e")  # the app steps aside for a shell in the container
+    tmux.wait(lambda s: f"a shell in {box['id']}" in s and "#" in s, 10, "the shell")
+    tmux.keys("echo in-the-box-$((6*7))", "Enter")
+    tmux.wait(lambda s: "in-the-box-42" in s, 5, "the shell's output")
+    tmux.keys("exit", "Enter")
+    tmux.wait(lambda s: row_line(s, "tmux-box") is not None, 10, "the dashboard again")
+
+    tmux.keys("d")
+    tmux.wait(lambda s: f"sbx destroy {box['id']}" in s, 5, "the confirmation")
+    assert "Cancel" in tmux.screen()
+    tmux.keys("y")
+    tmux.wait(lambda s: row_line(s, "tmux-box") is None, 15, "the row to go")
+    assert sbx("show", box["id"], "--json").json()["state"] == "destroyed"
+    assert docker_api.containers(all=True, filters={"id": box["backend_ref"]}) == []
+
+    tmux.keys("q")
+    tmux.wait(lambda s: "DONE" in s, 10, "the app to quit")
+    screen = tmux.screen()
+    assert "exit=0" in screen and "Traceback" not in screen
+    modes = tmux("display", "-p", "-t", "main",
+                 "#{alternate_on} #{mouse_any_flag} #{mouse_button_flag} #{mouse_sgr_flag} "
+                 "#{cursor_flag}").split()
+    assert modes == ["0", "0", "0", "0", "1"], modes  # main screen, no mouse, cursor shown
+    settings = stty_after.read_text().split()
+    for flag in ("icanon", "echo", "isig", "icrnl", "opost"):
+        assert flag in settings and f"-{flag}" not in settings, flag
