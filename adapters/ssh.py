@@ -282,6 +282,13 @@ class Lease:
 class NoFreeHost(AdapterError):
     """Every matching host is leased (exit 1)."""
 
+    @classmethod
+    def of(cls, candidates: Sequence[Host], taken: Mapping[str, str],
+           settings: Settings) -> NoFreeHost:
+        held = ", ".join(f"{h.name} by {taken[h.address]}" for h in candidates)
+        return cls(f"no free ssh host: all {len(candidates)} host(s) matching "
+                   f"{dict(settings.match)} in {settings.inventory} are leased ({held})")
+
 
 class LeaseStore:
     """The lease table. Each call opens its own connection: safe across fork and threads."""
@@ -341,12 +348,11 @@ class LeaseStore:
                                 (request.sandbox_id,)).fetchone()
             if mine is not None:
                 return self._lease(mine)
-            taken = {r["address"]: r for r in conn.execute("SELECT * FROM ssh_leases")}
+            taken = {r["address"]: r["sandbox_id"] for r in conn.execute(
+                "SELECT address, sandbox_id FROM ssh_leases")}
             free = [h for h in candidates if h.address not in taken]
             if not free:
-                held = ", ".join(f"{h.name} by {taken[h.address]['sandbox_id']}" for h in candidates)
-                raise NoFreeHost(f"no free ssh host: all {len(candidates)} host(s) matching "
-                                 f"{dict(settings.match)} in {settings.inventory} are leased ({held})")
+                raise NoFreeHost.of(candidates, taken, settings)
             host = free[0]
             lease = Lease(ref=f"{host.name}/{request.sandbox_id}", sandbox_id=request.sandbox_id,
                           host=host, labels=dict(request.labels), cleanup=settings.cleanup,
@@ -371,9 +377,11 @@ class LeaseStore:
         with self._connect() as conn:
             return [self._lease(r) for r in conn.execute("SELECT * FROM ssh_leases ORDER BY ref")]
 
-    def busy(self) -> set[str]:
+    def holders(self) -> dict[str, str]:
+        """address -> the sandbox holding it."""
         with self._connect() as conn:
-            return {r["address"] for r in conn.execute("SELECT address FROM ssh_leases")}
+            return {r["address"]: r["sandbox_id"] for r in conn.execute(
+                "SELECT address, sandbox_id FROM ssh_leases")}
 
     def mark_releasing(self, ref: str) -> None:
         with self._connect(write=True) as conn:
@@ -570,7 +578,10 @@ class SSHAdapter(Adapter):
         return result is not None and result[0] == 0
 
     async def _run_checked(self, lease: Lease, command: str, step: str) -> None:
-        result = await self.run(lease.host, ["sh", "-c", command],
+        # setup and cleanup may key their work on the sandbox (a folder per sandbox, say)
+        argv = ["env", f"SBX_SANDBOX_ID={lease.sandbox_id}", f"SBX_HOST_NAME={lease.host.name}",
+                "sh", "-c", command]
+        result = await self.run(lease.host, argv,
                                 connect_timeout=lease.connect_timeout,
                                 timeout_s=lease.command_timeout)
         if result.exit_code != 0:
@@ -619,10 +630,9 @@ class SSHAdapter(Adapter):
                 raise CapabilityNotSupported(
                     f"the ssh backend leases a whole host and cannot limit resources.{name}; "
                     f"set resources.{name}: null")
-        busy = self.leases.busy()
-        if all(h.address in busy for h in candidates):  # checked again, atomically, at create
-            raise NoFreeHost(f"no free ssh host: all {len(candidates)} host(s) matching "
-                             f"{dict(settings.match)} in {settings.inventory} are leased")
+        taken = self.leases.holders()
+        if all(h.address in taken for h in candidates):  # checked again, atomically, at create
+            raise NoFreeHost.of(candidates, taken, settings)
 
     async def ensure_available(self) -> None:
         if shutil.which("ssh") is None:
