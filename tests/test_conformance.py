@@ -9,6 +9,8 @@ needs one, a `create_request` fixture (see adapters/testing/conformance.py).
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,76 @@ class TestSSHConformance(AdapterConformance):
             with sqlite3.connect(sbx_home / "ssh-leases.db") as conn:
                 conn.execute("DELETE FROM ssh_leases WHERE ref = ?", (ref,))
         return lose
+
+
+# -- the kit itself: it fails an adapter that breaks the contract ---------------------------
+
+SLOPPY_ADAPTER = '''
+from adapters.base import AdapterError, Capability
+from adapters.stub import StubAdapter
+from adapters.testing import AdapterConformance
+import pytest
+
+
+class SloppyAdapter(StubAdapter):
+    # declares pause, which it cannot do; does not declare logs, which it does not refuse
+    capabilities = frozenset({Capability.EXEC, Capability.PAUSE})
+
+    async def destroy(self, ref):
+        if ref not in self.objects:
+            raise AdapterError(f"no such sandbox {ref}")  # already gone must be success
+        await super().destroy(ref)
+
+    async def list(self, labels):  # any label instead of every label
+        want = dict(labels).items()
+        return [o for o in self.objects.values() if want & dict(o.labels).items()]
+
+    async def exec(self, ref, argv, timeout_s=None):
+        result = await super().exec(ref, argv, timeout_s)
+        return type(result)(min(result.exit_code, 1), result.stdout, result.stderr,
+                            result.duration_s)  # every failure comes back as exit 1
+
+
+@pytest.fixture
+def adapter():
+    SloppyAdapter.reset()
+    return SloppyAdapter()
+
+
+class TestSloppy(AdapterConformance):
+    check_entry_point = False
+
+    @pytest.fixture
+    def lose(self):
+        return SloppyAdapter.lose
+
+    def argv_exit(self, code):
+        return ["exit", str(code)]
+
+    def argv_stderr(self, text):
+        return None
+
+    def argv_sleep(self, seconds):
+        return None
+'''
+
+
+def test_the_kit_fails_an_adapter_that_breaks_the_contract(tmp_path):
+    """Each contract breach of the sloppy adapter above fails exactly the test that checks
+    that rule; everything it does right passes."""
+    (tmp_path / "test_sloppy.py").write_text(SLOPPY_ADAPTER)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
+         str(tmp_path / "test_sloppy.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    failed = sorted(line.split("::")[-1].split(" ")[0] for line in result.stdout.splitlines()
+                    if line.startswith(("FAILED", "ERROR")))
+    assert failed == sorted([
+        "test_destroy_is_idempotent",             # destroy of a gone object raises
+        "test_after_the_backend_loses_a_sandbox",  # the same, after the backend lost it
+        "test_list_filters_by_every_label",        # list matches any label
+        "test_exec_exit_codes_and_output",         # exit 3 came back as 1
+        "test_capability[pause]",                  # declared, not done
+        "test_capability[logs]",                   # not declared, not refused
+    ]), result.stdout[-4000:]
+    assert "9 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]
