@@ -241,3 +241,41 @@ def test_sbx_adapters_naming_an_adapter_nobody_installed_is_reported(sbx):
     report = doctor(sbx, {"SBX_ADAPTERS": "docker,nosuch"})
     assert [b["name"] for b in report["backends"]] == ["docker"]
     assert report["adapters"]["unknown"] == ["nosuch"]
+
+
+# -- the documentation ----------------------------------------------------------------------
+
+
+def code_blocks(markdown: str, language: str) -> list[str]:
+    blocks, inside, lines = [], False, []
+    for line in markdown.splitlines():
+        if not inside and line.strip() == f"```{language}":
+            inside, lines = True, []
+        elif inside and line.strip() == "```":
+            inside = False
+            blocks.append("\n".join(lines) + "\n")
+        elif inside:
+            lines.append(line)
+    return blocks
+
+
+def test_the_minimal_adapter_in_the_docs_passes_the_kit(tmp_path):
+    """docs/adapters.md shows a complete adapter, its entry point and its kit test: the page's
+    own code, registered as its toml says, passes the kit."""
+    doc = (ROOT / "docs" / "adapters.md").read_text()
+    adapter_source, kit_source = code_blocks(doc, "python")[:2]
+    toml = code_blocks(doc, "toml")[0]
+    entry = next(line for line in toml.splitlines() if line.startswith("folder = "))
+    site = fake_distribution(tmp_path / "site", "sbx-folder",
+                             {"folder": entry.split("=", 1)[1].strip().strip('"')},
+                             {"sbx_folder": adapter_source})
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_folder_conformance.py").write_text(kit_source)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+        cwd=tmp_path, env={**os.environ, **with_path(site)},
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    summary = result.stdout.strip().splitlines()[-1]
+    assert "17 passed" in summary and "failed" not in summary, summary
