@@ -1,6 +1,7 @@
 """The conformance kit (adapters/testing) run against every built-in adapter: docker against
-the real engine, ssh against a real OpenSSH server on 127.0.0.1, and the stub (the test
-double, so the kit itself is checked against a backend whose every call is known).
+the real engine, ssh against a real OpenSSH server on 127.0.0.1, e2b and modal (their real
+SDKs) against the local stand-ins of tests/standins, and the stub (the test double, so the
+kit itself is checked against a backend whose every call is known).
 
 A new backend joins with one class here: an `adapter` fixture, a `lose` fixture and, when it
 needs one, a `create_request` fixture (see adapters/testing/conformance.py).
@@ -8,9 +9,12 @@ needs one, a `create_request` fixture (see adapters/testing/conformance.py).
 
 from __future__ import annotations
 
+import os
+import secrets
 import sqlite3
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -101,6 +105,82 @@ class TestSSHConformance(AdapterConformance):
             with sqlite3.connect(sbx_home / "ssh-leases.db") as conn:
                 conn.execute("DELETE FROM ssh_leases WHERE ref = ?", (ref,))
         return lose
+
+
+
+# -- e2b and modal: the real SDKs against the local stand-ins in tests/standins --------------
+
+E2B_KEY = "e2b_" + secrets.token_hex(20)
+MODAL_TOKEN_ID = f"ak-sbxkit{secrets.token_hex(6)}"
+MODAL_TOKEN_SECRET = f"as-sbxkit{secrets.token_hex(12)}"
+
+
+@pytest.fixture
+def e2b_standin():
+    from standins.e2b_server import E2BStandIn
+
+    server = E2BStandIn({E2B_KEY: "team-kit"}, metrics_every=0.2).start()
+    yield server
+    server.stop()
+    assert server.problems == [], f"the stand-in met what it does not know: {server.problems}"
+
+
+class TestE2BConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self, e2b_standin, sbx_home, monkeypatch):
+        from adapters.e2b import E2BAdapter
+
+        for name in [n for n in os.environ if n.startswith("E2B_")]:
+            monkeypatch.delenv(name)
+        for name, value in {"E2B_API_URL": e2b_standin.url, "E2B_SANDBOX_URL": e2b_standin.url,
+                            "E2B_API_KEY": E2B_KEY, "E2B_CONNECTION_RETRIES": "0",
+                            "SBX_E2B_RATE_LIMIT_BACKOFF": "0.01"}.items():
+            monkeypatch.setenv(name, value)
+        return E2BAdapter()
+
+    @pytest.fixture
+    def lose(self, e2b_standin):
+        """Another client of the same team kills it through E2B's API."""
+        def lose(ref: str) -> None:
+            request = urllib.request.Request(f"{e2b_standin.url}/sandboxes/{ref.split('@')[0]}",
+                                             method="DELETE", headers={"X-API-KEY": E2B_KEY})
+            urllib.request.urlopen(request, timeout=10).close()
+        return lose
+
+
+@pytest.fixture(scope="module")
+def modal_standin(tmp_path_factory):
+    from standins.modal_server import ModalStandin
+
+    server = ModalStandin(tmp_path_factory.mktemp("modal-standin"), MODAL_TOKEN_ID,
+                          MODAL_TOKEN_SECRET)
+    server.start()
+    yield server
+    server.stop()
+    assert server.unimplemented == [], "the SDK called RPCs the stand-in lacks"
+
+
+class TestModalConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self, modal_standin, sbx_home, monkeypatch, tmp_path):
+        from adapters.modal import ModalAdapter
+
+        monkeypatch.setenv("MODAL_SERVER_URL", modal_standin.url)
+        monkeypatch.setenv("MODAL_TOKEN_ID", MODAL_TOKEN_ID)
+        monkeypatch.setenv("MODAL_TOKEN_SECRET", MODAL_TOKEN_SECRET)
+        monkeypatch.setenv("MODAL_CONFIG_PATH", str(tmp_path / "modal.toml"))
+        for name in ("MODAL_PROFILE", "MODAL_ENVIRONMENT", "MODAL_SANDBOX_V2"):
+            monkeypatch.delenv(name, raising=False)
+        return ModalAdapter()
+
+    @pytest.fixture
+    def create_request(self, modal_standin):
+        image = modal_standin.add_image({"hello.txt": "hello\n"})
+        return lambda sandbox_id, labels: CreateRequest(sandbox_id, labels, image=image)
+
+    @pytest.fixture
+    def lose(self, modal_standin):
+        return modal_standin.forget  # Modal no longer knows it at all
 
 
 # -- the kit itself: it fails an adapter that breaks the contract ---------------------------

@@ -28,6 +28,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import entry_points
 from typing import Any
@@ -100,15 +101,20 @@ class Kit:
         self.install = f"conformance-{secrets.token_hex(6)}"
         self.extra_labels = dict(extra_labels)
         self.settle_s = settle_s
+        self.hard_deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
         self.refs: list[str] = []
 
     def labels(self, sandbox_id: str, **more: str) -> dict[str, str]:
         return {**self.extra_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install,
-                LABEL_HARD_DEADLINE: _iso(datetime.now(UTC) + timedelta(hours=1)), **more}
+                LABEL_HARD_DEADLINE: _iso(self.hard_deadline), **more}
 
     def request(self, **labels: str) -> CreateRequest:
+        """As the core builds one: sbx's labels, and the hard deadline they carry."""
         sandbox_id = new_sandbox_id()
-        return self.make_request(sandbox_id, self.labels(sandbox_id, **labels))
+        request = self.make_request(sandbox_id, self.labels(sandbox_id, **labels))
+        if request.hard_deadline is None:
+            request = replace(request, hard_deadline=self.hard_deadline)
+        return request
 
     async def create(self, request: CreateRequest | None = None, **labels: str) -> BackendObject:
         """As the core does it: validate, make sure the backend answers, create."""
