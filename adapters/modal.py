@@ -59,6 +59,7 @@ DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}"
 MiB = 1024**2
 PROBE_TIMEOUT = 10.0  # seconds to open a TCP connection to Modal
 MAX_TIMEOUT_S = 24 * 3600  # Modal's longest sandbox timeout
+CHECKPOINT_REGISTRY = "sandboxer-checkpoints"  # a Modal Dict: snapshot image id -> labels
 INSTALL_HINT = "pip install 'sandboxer[modal]'"
 TOKEN_HINT = "create one with `modal token new` or in your Modal workspace settings"
 
@@ -428,15 +429,16 @@ class ModalAdapter(Adapter):
             raise self._translate(exc, tokens, f"terminate {split_ref(ref)[0]}") from exc
 
     async def get(self, ref: str) -> BackendObject | None:
+        """None also for a sandbox that has ended (timed out, terminated, exited): Modal keeps
+        only its record, and an ended sandbox cannot run again."""
         sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
-        if sandbox is None:
+        if sandbox is None or sandbox.returncode is not None:  # from the lookup itself
             return None
-        code = sandbox.returncode  # from the lookup itself
         try:
             labels = await sandbox.get_tags.aio()
         except Exception as exc:
             raise self._translate(exc, tokens, "read the sandbox's tags") from exc
-        return BackendObject(ref=ref, labels=labels, status=_status(code), running=code is None)
+        return BackendObject(ref=ref, labels=labels, status="running", running=True)
 
     async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
         """Running sandboxes carrying all `labels` (tags), every page, under every token pair
@@ -487,9 +489,14 @@ class ModalAdapter(Adapter):
                               elapsed, timed_out=True)
         return ExecResult(code, out, err, elapsed)
 
+    async def _checkpoint_registry(self, client: modal_sdk.Client) -> Any:
+        """The Modal Dict that records each snapshot image's labels: Modal images carry none
+        and cannot be listed, and reconcile needs both (docs/modal.md, "Checkpoints")."""
+        return _sdk().Dict.from_name(CHECKPOINT_REGISTRY, create_if_missing=True, client=client)
+
     async def snapshot(self, ref: str, labels: Mapping[str, str]) -> Artifact:
-        """`snapshot_filesystem`: the filesystem as a Modal image (not memory). Modal images
-        carry no labels, so `labels` live only in sbx's checkpoint row."""
+        """`snapshot_filesystem`: the filesystem as a Modal image (not memory), recorded with
+        its labels in the checkpoint registry. An image that cannot be recorded is deleted."""
         from modal.exception import ConflictError, NotFoundError
 
         sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
@@ -502,26 +509,56 @@ class ModalAdapter(Adapter):
                 f"Modal sandbox {split_ref(ref)[0]} has ended ({_error_text(exc)})") from exc
         except Exception as exc:
             raise self._translate(exc, tokens, "snapshot the sandbox") from exc
-        return Artifact(join_ref(image.object_id, tokens), dict(labels))
+        artifact = Artifact(join_ref(image.object_id, tokens), dict(labels))
+        try:
+            registry = await self._checkpoint_registry(await self._client(tokens))
+            await registry.put.aio(image.object_id, dict(labels))
+        except BaseException as exc:
+            try:
+                await self.delete_artifact(artifact.ref)
+            except Exception:
+                pass  # Modal expires snapshot images after 30 days by itself
+            if not isinstance(exc, Exception):
+                raise
+            raise self._translate(exc, tokens, "record the snapshot") from exc
+        return artifact
 
     async def delete_artifact(self, artifact: str) -> None:
-        """Delete the snapshot image (the SDK's `modal.experimental.image_delete`)."""
+        """Delete the snapshot image (the SDK's `modal.experimental.image_delete`), then its
+        registry entry. Already gone is success."""
         from modal.exception import NotFoundError
         from modal.experimental import image_delete
 
         image_id, tokens = split_ref(artifact)
         client = await self._client(tokens)
         try:
-            await image_delete.aio(image_id, client=client)
-        except NotFoundError:
-            pass  # already gone: success
+            try:
+                await image_delete.aio(image_id, client=client)
+            except NotFoundError:
+                pass
+            registry = await self._checkpoint_registry(client)
+            await registry.pop.aio(image_id, None)
         except Exception as exc:
             raise self._translate(exc, tokens, f"delete image {image_id}") from exc
 
     async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
-        """Modal cannot list images by label: none are reported, so reconcile never removes
-        a snapshot image it cannot prove is ours (docs/modal.md)."""
-        return []
+        """Snapshot images recorded with all of `labels`, under every token pair set."""
+        pairs = TokenVariables.all_set()  # first: with no token, `sbx reap` never imports the SDK
+        if not pairs:
+            TokenVariables().read()
+        want = dict(labels).items()
+        found: dict[str, Artifact] = {}
+        for tokens in pairs:
+            client = await self._client(tokens)
+            try:
+                registry = await self._checkpoint_registry(client)
+                entries = [entry async for entry in registry.items.aio()]
+            except Exception as exc:
+                raise self._translate(exc, tokens, "list snapshot images") from exc
+            for image_id, image_labels in entries:
+                if isinstance(image_labels, dict) and want <= image_labels.items():
+                    found.setdefault(image_id, Artifact(join_ref(image_id, tokens), image_labels))
+        return list(found.values())
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}

@@ -23,8 +23,15 @@ from conftest import RUN_LABEL, events_of, install_id_of, show, table_rows, writ
 from modal_proto import api_pb2
 from standins.modal_server import ModalStandin
 
-from adapters.base import LABEL_HARD_DEADLINE, LABEL_ID, LABEL_INSTALL, CreateRequest
+from adapters.base import (
+    LABEL_CHECKPOINT,
+    LABEL_HARD_DEADLINE,
+    LABEL_ID,
+    LABEL_INSTALL,
+    CreateRequest,
+)
 from adapters.modal import ModalAdapter
+from adapters.testing import AdapterConformance
 
 TOKEN_ID = f"ak-sbxtest{secrets.token_hex(6)}"
 TOKEN_SECRET = f"as-sbxtest{secrets.token_hex(12)}"
@@ -37,6 +44,7 @@ MEASURED_RPCS = {
     # control plane
     "ClientHello", "AuthTokenGet", "AppGetOrCreate", "EnvironmentGetOrCreate", "ImageFromId",
     "ImageGetOrCreate", "ImageDelete", "SecretGetOrCreate",
+    "DictGetOrCreate", "DictUpdate", "DictPop", "DictContents",
     "SandboxCreateV2", "SandboxWaitV2", "SandboxTerminateV2", "SandboxListV2",
     "SandboxTagsGetV2", "SandboxGetTaskIdV2", "SandboxGetCommandRouterAccess",
     # the V1 calls the SDK makes for a GPU sandbox
@@ -499,4 +507,47 @@ def test_list_reads_every_page_and_only_the_asked_tags(standin, image):
     assert {o.labels[LABEL_ID] for o in listed} == {f"sbx-list{n}" for n in range(7)}
     assert len(after) == 6 and mine[0].ref not in {o.ref for o in after}
     assert running.running and running.labels[LABEL_ID] == "sbx-list1"
-    assert (ended.running, ended.status) == (False, "terminated")
+    assert ended is None  # Modal keeps only the record of an ended sandbox
+
+
+def test_reconcile_removes_a_snapshot_image_of_ours_that_no_checkpoint_claims(
+        sbx, standin, image, tmp_path):
+    box = sbx.create("--profile-file", profile(tmp_path, image))
+    install = install_id_of(sbx.home)
+    stray_labels = {LABEL_CHECKPOINT: "ckpt-01stray0000000000000000000", LABEL_INSTALL: install,
+                    LABEL_ID: box["id"]}
+    others = {LABEL_CHECKPOINT: "ckpt-01other0000000000000000000", LABEL_INSTALL: "inst-other"}
+
+    async def snapshots(adapter):  # made behind sbx's back: no checkpoint row claims them
+        return (await adapter.snapshot(box["backend_ref"], stray_labels),
+                await adapter.snapshot(box["backend_ref"], others))
+
+    stray, foreign = run(with_adapter(snapshots))
+    report = sbx_json(sbx("reconcile", "--json"))
+    assert any(r.get("checkpoint") == stray_labels[LABEL_CHECKPOINT] for r in report["reconciled"])
+    assert stray.ref in standin.deleted_images and stray.ref not in standin.images
+    assert foreign.ref in standin.images  # another installation's: untouched
+    listed = run(with_adapter(lambda a: a.list_artifacts({LABEL_INSTALL: install})))
+    assert listed == []
+
+
+# -- the conformance kit (adapters/testing), as every backend runs it ----------------------
+
+
+class TestModalConformance(AdapterConformance):
+    settle_timeout_s = 5.0
+
+    @pytest.fixture
+    def adapter(self):
+        return ModalAdapter()
+
+    @pytest.fixture
+    def create_request(self, image):
+        hard = datetime.now(UTC) + timedelta(hours=1)
+        return lambda sandbox_id, labels: CreateRequest(
+            sandbox_id=sandbox_id, labels=labels, image=image, hard_deadline=hard)
+
+    @pytest.fixture
+    def lose(self, standin):
+        """Modal ends the sandbox by itself (terminated outside sbx)."""
+        return standin.terminate_out_of_band

@@ -126,6 +126,8 @@ class ModalStandin:
         self.deleted_images: list[str] = []
         self.apps: dict[str, str] = {}
         self.secrets: dict[str, dict[str, str]] = {}  # ephemeral secrets (V1 sandboxes' env)
+        self.dict_ids: dict[str, str] = {}  # Dict name -> id
+        self.dicts: dict[str, dict[bytes, bytes]] = {}  # Dict id -> serialized entries
         self.auth_tokens: set[str] = set()
         self.api_port = _free_port()
         self.router_port = _free_port()
@@ -448,6 +450,58 @@ class ControlPlane(_Service, ModalClientBase):
             return empty_pb2.Empty()
 
         await self._unary(stream, "ImageDelete", answer)
+
+    # -- dicts (the adapter's checkpoint registry) -----------------------------------------
+
+    async def DictGetOrCreate(self, stream: Stream) -> None:
+        def answer(request: api_pb2.DictGetOrCreateRequest) -> api_pb2.DictGetOrCreateResponse:
+            name = request.deployment_name
+            if name not in self.standin.dict_ids:
+                if request.object_creation_type != api_pb2.OBJECT_CREATION_TYPE_CREATE_IF_MISSING:
+                    raise GRPCError(Status.NOT_FOUND, f"Dict {name!r} not found")
+                dict_id = f"di-{uuid.uuid4().hex[:20]}"
+                self.standin.dict_ids[name] = dict_id
+                self.standin.dicts[dict_id] = {}
+            return api_pb2.DictGetOrCreateResponse(
+                dict_id=self.standin.dict_ids[name], metadata=api_pb2.DictMetadata(name=name))
+
+        await self._unary(stream, "DictGetOrCreate", answer)
+
+    def _dict(self, dict_id: str) -> dict[bytes, bytes]:
+        if dict_id not in self.standin.dicts:
+            raise GRPCError(Status.NOT_FOUND, f"Dict {dict_id} not found")
+        return self.standin.dicts[dict_id]
+
+    async def DictUpdate(self, stream: Stream) -> None:
+        def answer(request: api_pb2.DictUpdateRequest) -> api_pb2.DictUpdateResponse:
+            entries = self._dict(request.dict_id)
+            created = False
+            for entry in request.updates:
+                if request.if_not_exists and entry.key in entries:
+                    continue
+                created = created or entry.key not in entries
+                entries[entry.key] = entry.value
+            return api_pb2.DictUpdateResponse(created=created)
+
+        await self._unary(stream, "DictUpdate", answer)
+
+    async def DictPop(self, stream: Stream) -> None:
+        def answer(request: api_pb2.DictPopRequest) -> api_pb2.DictPopResponse:
+            entries = self._dict(request.dict_id)
+            if request.key not in entries:
+                return api_pb2.DictPopResponse(found=False)
+            return api_pb2.DictPopResponse(found=True, value=entries.pop(request.key))
+
+        await self._unary(stream, "DictPop", answer)
+
+    async def DictContents(self, stream: Stream) -> None:
+        """Server streaming: one entry per key."""
+        request = await stream.recv_message()
+        self.standin.calls.append(Call(self.service, "DictContents", request))
+        self._authenticate(stream)
+        for key, value in list(self._dict(request.dict_id).items()):
+            await stream.send_message(api_pb2.DictEntry(key=key if request.keys else b"",
+                                                        value=value if request.values else b""))
 
     # -- sandboxes (V2, and V1 for GPU sandboxes) ------------------------------------------
 
