@@ -11,8 +11,9 @@ process without the profile (the reaper) still reaches the sandbox, and the reap
 every such pair that is set.
 
 What Modal cannot do, sbx does not claim: it cannot extend a sandbox's timeout (so the Modal
-`timeout` is the hard deadline and sbx's reaper enforces the soft one), pause, or label images.
-See docs/modal.md.
+`timeout` is the hard deadline and sbx's reaper enforces the soft one) or pause. Its images
+carry no labels, so snapshot images are recorded with theirs in a Modal Dict. See
+docs/modal.md.
 """
 
 from __future__ import annotations
