@@ -105,6 +105,18 @@ def _seconds_until(moment: datetime) -> int:
     return max(1, math.ceil((moment + DEADLINE_GRACE - datetime.now(UTC)).total_seconds()))
 
 
+def _setting(name: str, default: float) -> float:
+    """A number from the environment (a tuning knob); a bad one is refused, naming it."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise AdapterError(f"{name} must be a number of at least 0, not {raw!r}")
+    return value
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
@@ -188,8 +200,8 @@ class E2BAdapter(Adapter):
         are retried with exponential backoff a bounded number of times; everything else is
         translated to the adapter's errors."""
         e2b = _sdk()
-        attempts = int(os.environ.get("SBX_E2B_RATE_LIMIT_RETRIES", RATE_LIMIT_RETRIES)) + 1
-        backoff = float(os.environ.get("SBX_E2B_RATE_LIMIT_BACKOFF", RATE_LIMIT_BACKOFF_S))
+        attempts = int(_setting("SBX_E2B_RATE_LIMIT_RETRIES", RATE_LIMIT_RETRIES)) + 1
+        backoff = _setting("SBX_E2B_RATE_LIMIT_BACKOFF", RATE_LIMIT_BACKOFF_S)
         started = time.monotonic()
         for attempt in range(attempts):
             try:

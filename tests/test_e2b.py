@@ -19,7 +19,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import RUN_LABEL, SBX, Result, events_of, install_id_of, table_rows, write_profile
+from conftest import (
+    RUN_LABEL,
+    SBX,
+    Result,
+    events_of,
+    install_id_of,
+    query,
+    table_rows,
+    write_profile,
+)
 from standins.e2b_server import DEFAULT_TIMEOUT_S, E2BStandIn
 
 from adapters.base import CreateRequest, ResourceLimits
@@ -167,6 +176,9 @@ def test_create_exec_destroy_through_the_cli(e2b, standin, tmp_path):
     assert remote.metadata["team"] == "infra"
     assert remote.env_vars == {"GREETING": "hello-e2b", "TOKEN": SECRET}
     assert remote.allow_internet_access is False  # network mode none
+    # the engine it lives on is the API base, never anything derived from the key
+    assert query(e2b.home, "SELECT backend_instance FROM sandboxes")[0] == {
+        "backend_instance": standin.url}
 
     result = e2b("exec", box["id"], "--", "sh", "-c", "echo $GREETING; echo err >&2; exit 7")
     assert (result.code, result.out, result.err) == (7, "hello-e2b\n", "err\n")
