@@ -31,7 +31,6 @@ from adapters.base import (
     CreateRequest,
 )
 from adapters.modal import ModalAdapter
-from adapters.testing import AdapterConformance
 
 TOKEN_ID = f"ak-sbxtest{secrets.token_hex(6)}"
 TOKEN_SECRET = f"as-sbxtest{secrets.token_hex(12)}"
@@ -529,25 +528,3 @@ def test_reconcile_removes_a_snapshot_image_of_ours_that_no_checkpoint_claims(
     assert foreign.ref in standin.images  # another installation's: untouched
     listed = run(with_adapter(lambda a: a.list_artifacts({LABEL_INSTALL: install})))
     assert listed == []
-
-
-# -- the conformance kit (adapters/testing), as every backend runs it ----------------------
-
-
-class TestModalConformance(AdapterConformance):
-    settle_timeout_s = 5.0
-
-    @pytest.fixture
-    def adapter(self):
-        return ModalAdapter()
-
-    @pytest.fixture
-    def create_request(self, image):
-        hard = datetime.now(UTC) + timedelta(hours=1)
-        return lambda sandbox_id, labels: CreateRequest(
-            sandbox_id=sandbox_id, labels=labels, image=image, hard_deadline=hard)
-
-    @pytest.fixture
-    def lose(self, standin):
-        """Modal ends the sandbox by itself (terminated outside sbx)."""
-        return standin.terminate_out_of_band
