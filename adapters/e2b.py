@@ -163,6 +163,7 @@ class _CreateSlots:
 
 class E2BAdapter(Adapter):
     name = "e2b"
+    shared = True  # sandboxes live in an E2B account: any fleet host reaching it may reap them
     description = "cloud sandboxes on E2B (your own key: E2B_API_KEY)"
     capabilities = frozenset({Capability.EXEC, Capability.PAUSE, Capability.SNAPSHOT,
                               Capability.SET_DEADLINE, Capability.METRICS})

@@ -189,6 +189,7 @@ def _status(code: int | None) -> str:
 
 class ModalAdapter(Adapter):
     name = "modal"
+    shared = True  # sandboxes live in a Modal workspace: any fleet host reaching it may reap them
     description = "Modal sandboxes with your own token (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET)"
     capabilities = frozenset({Capability.EXEC, Capability.SNAPSHOT})
 
