@@ -450,12 +450,18 @@ def _open_readonly(url: str) -> sqlite3.Connection | None:
 
 
 class InventoryReader:
-    """Reads the sandboxes every tick, cheaply: on SQLite, `PRAGMA data_version` on a
-    connection of its own says whether anyone committed since the last read; when nobody
-    did, nothing is read. Only rows whose values changed are parsed again."""
+    """Reads the sandboxes every tick, cheaply: on SQLite, through a read-only connection of
+    its own (no ORM, as `sbx ls` does), where `PRAGMA data_version` says whether anyone
+    committed since the last read; when nobody did, nothing is read. Only rows whose values
+    changed are parsed again. `fallback(include_all)` reads through the Manager (which
+    migrates) when the database is not a current SQLite file."""
 
-    def __init__(self, mgr: Manager, include_all: bool = False) -> None:
-        self.mgr = mgr
+    def __init__(self, url: str, clock: Clock,
+                 fallback: Callable[[bool], list[dict[str, Any]]],
+                 include_all: bool = False) -> None:
+        self.url = url
+        self.clock = clock
+        self.fallback = fallback
         self.include_all = include_all
         self._raw: dict[str, dict[str, Any]] = {}
         self._rows: dict[str, SandboxRow] = {}
@@ -473,8 +479,7 @@ class InventoryReader:
         from core import inventory
 
         if self._conn is None:
-            self.mgr.db.migrate()
-            self._conn = _open_readonly(self.mgr.db.url)
+            self._conn = _open_readonly(self.url)
         if self._conn is not None:
             version = self._conn.execute("PRAGMA data_version").fetchone()[0]
             if version == self._version:
@@ -482,11 +487,11 @@ class InventoryReader:
             rows = inventory.list_sandboxes(self._conn, include_all=self.include_all)
             self._version = version
             return rows
-        return self.mgr.list(include_all=self.include_all)  # not SQLite: read each time
+        return self.fallback(self.include_all)  # no current SQLite file (yet): the Manager
 
     def read(self) -> Inventory:
         with self._lock:
-            now = self.mgr.clock.now()
+            now = self.clock.now()
             rows = self._read_rows()
             if rows is None:
                 return Inventory(dict(self._rows), [], [], [], now)
@@ -632,12 +637,11 @@ class Dashboard:
     """The dashboard's one handle on the core: a Manager (the CLI's), the background loop,
     the inventory reader, health, metrics, and one method per action."""
 
-    def __init__(self, manager: Manager | None = None, *,
-                 manager_factory: Callable[[], Manager] | None = None,
-                 sample_metrics: bool = True, backends: Sequence[str] | None = None,
-                 include_all: bool = False) -> None:
+    def __init__(self, manager: Manager | None = None, *, sample_metrics: bool = True,
+                 backends: Sequence[str] | None = None, include_all: bool = False) -> None:
         self._manager = manager
-        self._factory = manager_factory
+        self._clock = manager.clock if manager is not None else None
+        self._url = manager.db.url if manager is not None else None
         self.sample_metrics = sample_metrics
         self.fixed_backends = list(backends) if backends is not None else None
         self.include_all = include_all
@@ -655,21 +659,32 @@ class Dashboard:
 
     @property
     def mgr(self) -> Manager:
+        """The Manager, made on first use (importing it is the slow part of starting: the
+        first inventory is read without it)."""
         if self._manager is None:
-            if self._factory is not None:
-                self._manager = self._factory()
-            else:
-                from core.manager import Manager
+            from core.manager import Manager
 
-                self._manager = Manager()
+            self._manager = Manager(clock=self.clock)
         return self._manager
 
     @property
     def clock(self) -> Clock:
-        return self.mgr.clock
+        if self._clock is None:
+            from core.clock import clock_from_env
+
+            self._clock = clock_from_env()
+        return self._clock
+
+    @property
+    def database_url(self) -> str:
+        if self._url is None:
+            from core import settings
+
+            self._url = settings.database_url()
+        return self._url
 
     def now(self) -> datetime:
-        return self.mgr.clock.now()
+        return self.clock.now()
 
     def run(self, coro: Awaitable[Any]) -> Future:
         return self.core.run(coro)
@@ -707,11 +722,13 @@ class Dashboard:
     def read_inventory(self) -> Inventory:
         """The inventory now (call through `call`: it reads the database)."""
         if self._reader is None:
-            self._reader = InventoryReader(self.mgr, self.include_all)
+            self._reader = InventoryReader(
+                self.database_url, self.clock,
+                lambda include_all: self.mgr.list(include_all=include_all), self.include_all)
         self._reader.set_include_all(self.include_all)
         inventory = self._reader.read()
-        for backend in {r.backend for r in inventory.rows.values()} - self._capabilities.keys():
-            self.capabilities(backend)
+        if self._manager is not None:  # else: loaded with the health check, after paint
+            self.load_capabilities(r.backend for r in inventory.rows.values())
         if self.sample_metrics and inventory.removed:
             self.metrics.forget(inventory.rows)
         return inventory
@@ -728,6 +745,10 @@ class Dashboard:
                 caps = frozenset()
             self._capabilities[backend] = caps
         return self._capabilities[backend]
+
+    def load_capabilities(self, backends: Iterable[str]) -> None:
+        for backend in set(backends) - self._capabilities.keys():
+            self.capabilities(backend)
 
     def known_capabilities(self, backend: str) -> frozenset[str]:
         """What is known without loading anything (for the UI thread)."""

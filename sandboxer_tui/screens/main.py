@@ -102,6 +102,7 @@ class MainScreen(Screen):
         self._history: dict[str, list[dict[str, Any]]] = {}
         self._shell_cache: dict[tuple[str, str], bool] = {}
         self.health_every, self.health_retry = 10.0, 2.0
+        self._last_title: Text | None = None
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -133,9 +134,8 @@ class MainScreen(Screen):
         self.table.focus()
         self.set_interval(self.refresh_s, self.poll)
         self.set_interval(1.0, self.tick)
-        self.set_interval(0.12, self.table.spin)
-        self.poll()
-        self.watch_health()
+        self._spinner = self.set_interval(0.12, self._spin, pause=True)
+        self.poll()  # the health check and metrics start after the first inventory
 
     # -- core plumbing ----------------------------------------------------------------------
 
@@ -181,13 +181,19 @@ class MainScreen(Screen):
             self._first_load = False
             table.loading = False
             table.warn_s = self.detail.warn_s = self.dashboard.warn_seconds()
+            self.watch_health()
             self._start_metrics()
         self.health.set_counts(table.counts())
         self._title()
         after = table.selected_row()
         if after is None or before is None or after.id != before.id or after is not before:
             self._selection_changed(after)
-        self.refresh_bindings()
+            self.refresh_bindings()  # what applies depends on the selection's state
+
+    def _spin(self) -> None:
+        self.table.spin()
+        if not self.table.busy:
+            self._spinner.pause()
 
     def tick(self) -> None:
         if self._first_load:
@@ -219,6 +225,8 @@ class MainScreen(Screen):
         statuses = []
         try:
             in_use = {r.backend for r in self.table.sandboxes.values()}
+            await self.core_call(self.dashboard.load_capabilities, in_use)
+            self.refresh_bindings()
             names = await self.core_call(self.dashboard.watched_backends, in_use)
             statuses = await self.core(self.dashboard.health(names))
         except Exception as exc:
@@ -245,7 +253,9 @@ class MainScreen(Screen):
             title.append(f"  {len(table.marked)} marked", style="bold yellow")
         if self.dashboard.include_all:
             title.append("  (destroyed shown)", style="dim")
-        table.border_title = title
+        if title != self._last_title:
+            self._last_title = title
+            table.border_title = title
 
     # -- the detail area --------------------------------------------------------------------
 
@@ -375,6 +385,7 @@ class MainScreen(Screen):
                          make: Callable[[], Awaitable[Outcome]]) -> Outcome:
         """Show progress in the rows, run the action on the core, tell how it ended."""
         self.table.set_busy(ids, busy)
+        self._spinner.resume()
         try:
             outcome = await self.core(make())
         finally:

@@ -150,6 +150,7 @@ class DetailPanel(Vertical):
         self.log_source: list[str] = []
         self.events_after = 0
         self.events_for: str | None = None
+        self._overview_shape: tuple[str, int] | None = None
 
     def compose(self) -> ComposeResult:
         with TabbedContent(id="detail-tabs", initial="overview"):
@@ -193,8 +194,12 @@ class DetailPanel(Vertical):
         body = self.query_one("#overview-body", Static)
         if row is None:
             body.update(Text("no sandbox selected", style="dim"))
+            self._overview_shape = None
             return
-        body.update(overview_table(row, now, self.warn_s))
+        grid = overview_table(row, now, self.warn_s)
+        shape = (row.id, grid.row_count)  # the same shape: only the values move (no layout)
+        body.update(grid, layout=shape != self._overview_shape)
+        self._overview_shape = shape
 
     def select(self, sandbox_id: str | None) -> None:
         """Another sandbox: forget what was shown for the previous one."""
@@ -271,10 +276,11 @@ class DetailPanel(Vertical):
         limit = next((s.get("memory_limit") for s in reversed(samples)
                       if s.get("memory_limit")), None)
         self.query_one("#cpu-label", Static).update(
-            metric_summary("CPU", cpu, lambda v: f"{v:.1f}%", span))
+            metric_summary("CPU", cpu, lambda v: f"{v:.1f}%", span), layout=False)
         self.query_one("#cpu-spark", Sparkline).data = cpu[-120:]
         self.query_one("#mem-label", Static).update(metric_summary(
-            "Memory", mem, human_bytes, f"limit {human_bytes(limit)}" if limit else ""))
+            "Memory", mem, human_bytes, f"limit {human_bytes(limit)}" if limit else ""),
+            layout=False)
         self.query_one("#mem-spark", Sparkline).data = mem[-120:]
         other = Text()
         if samples:
@@ -284,7 +290,7 @@ class DetailPanel(Vertical):
             other.append("   network ", style="bold")
             rx, tx = last.get("net_rx_bytes"), last.get("net_tx_bytes")
             other.append("-" if rx is None else f"rx {human_bytes(rx)} tx {human_bytes(tx)}")
-        self.query_one("#other-label", Static).update(other)
+        self.query_one("#other-label", Static).update(other, layout=False)
 
     # -- checkpoints ------------------------------------------------------------------------
 

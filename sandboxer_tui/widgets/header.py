@@ -79,4 +79,4 @@ class HealthBar(Static):
         text.append("   │  ", style="dim")
         text.append_text(health_text(self.statuses) if self.statuses
                          else Text("backends ◌ connecting…", style="dim"))
-        self.update(text)
+        self.update(text, layout=False)  # one line, always

@@ -244,17 +244,33 @@ class SandboxTable(DataTable):
         self.loaded = True
         self.tick(inventory.now)
 
+    def visible_ids(self) -> list[str]:
+        """The rows on screen now (and one more): only these need their clock cells redrawn;
+        the others are brought up to date when scrolled into view."""
+        height = max(0, self.size.height - (self.header_height if self.show_header else 0))
+        top = int(self.scroll_y)
+        return [row.key.value for row in self.ordered_rows[top: top + height + 1]]
+
     def tick(self, now: datetime) -> None:
-        """The clock moved: ages and countdowns; and the spinners of busy rows."""
+        """The clock moved: ages and countdowns of the rows on screen."""
         self.now = now
-        for sid in self.shown_ids:
-            row = self.sandboxes.get(sid)
-            if row is None:
-                continue
-            self._set(sid, "age", Text(human_age(row.age(now)), style="dim"))
-            self._set(sid, "ttl", ttl_cell(row, now, self.warn_s))
         if self.sort_column == "ttl":
             self.resort()
+        self._refresh_clock_cells()
+
+    def _refresh_clock_cells(self) -> None:
+        now = self.now
+        if now is None:
+            return
+        for sid in self.visible_ids():
+            row = self.sandboxes.get(sid)
+            if row is not None:
+                self._set(sid, "age", Text(human_age(row.age(now)), style="dim"))
+                self._set(sid, "ttl", ttl_cell(row, now, self.warn_s))
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._refresh_clock_cells()
 
     def spin(self) -> None:
         self._frame += 1

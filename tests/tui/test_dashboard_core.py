@@ -152,7 +152,8 @@ def test_reader_sees_another_process_change_and_reads_nothing_otherwise(mgr, sbx
     from core.profiles import ProfileLoader
 
     box = asyncio.run(mgr.create(ProfileLoader().load("stub"), name="one"))
-    reader = InventoryReader(mgr)
+    reader = InventoryReader(mgr.db.url, mgr.clock,
+                             lambda include_all: pytest.fail("read through the Manager"))
     first = reader.read()
     assert first.added == [box["id"]] and first.rows[box["id"]].name == "one"
     calls = []
@@ -195,3 +196,32 @@ def test_dashboard_actions_report_each_target(mgr, profiles):
             f"sbx extend {a['id']} 10h; sbx extend sbx-nope 10h"]
     finally:
         dash.close()
+
+
+def test_first_read_needs_no_manager_and_a_fresh_home_is_migrated(sbx_home, profiles):
+    fresh = Dashboard(sample_metrics=False)
+    try:
+        empty = fresh.read_inventory()  # no database yet: through the Manager, which migrates
+        assert empty.rows == {} and fresh._manager is not None
+        assert (sbx_home / "sbx.db").exists()
+    finally:
+        fresh.close()
+    from core.profiles import ProfileLoader
+
+    maker = manager_for(sbx_home)
+    box = asyncio.run(maker.create(ProfileLoader().load("stub"), name="later"))
+    again = Dashboard(sample_metrics=False)
+    try:
+        seen = again.read_inventory()
+        assert list(seen.rows) == [box["id"]]
+        assert again._manager is None  # read like `sbx ls`: no ORM, no Manager
+    finally:
+        again.close()
+        asyncio.run(maker.close())
+
+
+def manager_for(home):
+    from core.db import Database
+    from core.manager import Manager
+
+    return Manager(Database(f"sqlite:///{home / 'sbx.db'}"))

@@ -1,0 +1,212 @@
+"""The dashboard under load: 1,000 sandboxes in the database (seeded through Manager.create on
+the `stub` test double), the real app (`sbx tui --refresh 1`) in a real terminal (tmux,
+120x32), and another process writing to the database every second, so every refresh really
+reads and redraws (the 1,000 countdowns tick every second anyway).
+
+Measured:
+1. first paint: from launching the process to the first frame on the terminal (the header),
+   and to the inventory on screen (a seeded row and "1000 sandboxes"); target <= 1.5 s for
+   the inventory (the stricter of the two);
+2. the app's CPU over ~20 s (user + system time of the process, all its threads, from
+   /proc/PID/stat), as % of one core; target <= 15 %;
+3. its memory: resident set (VmRSS) at the end and its peak (VmHWM); target <= 250 MB.
+
+    .venv/bin/python bench/bench_tui.py [--count N] [--seconds S] [--json FILE]
+
+Prints the figures and the targets; exit status 0 whatever the figures (non-zero only on a
+crash). Uses its own temporary SBX_HOME and a tmux server on a socket of its own, killed at
+the end; makes no container.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import common
+from common import BenchContext, print_table
+
+TARGET_FIRST_PAINT_S = 1.5
+TARGET_CPU_PCT = 15.0
+TARGET_RSS_MB = 250.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+async def seed(home: Path, count: int, labels: dict[str, str]) -> float:
+    """`count` sandboxes through the core (the same Manager.create as `sbx create`)."""
+    from core.db import Database
+    from core.manager import Manager
+    from core.profiles import ProfileLoader
+
+    profile = ProfileLoader().load("bench-stub")
+    mgr = Manager(Database(f"sqlite:///{home / 'sbx.db'}"), actor="sbx-bench")
+    started = time.perf_counter()
+    try:
+        for index in range(count):
+            await mgr.create(profile, name=f"bench-{index:04d}", labels=labels,
+                             owner=f"user{index % 7}@bench")
+    finally:
+        await mgr.close()
+    return time.perf_counter() - started
+
+
+class Tmux:
+    def __init__(self) -> None:
+        self.socket = f"sbx-bench-tui-{uuid.uuid4().hex[:10]}"
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+                              capture_output=True, text=True, timeout=20).stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "bench")
+
+    def kill(self) -> None:
+        self("kill-server")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime, all threads
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) in MB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+def writer(home: Path, stop: threading.Event, every: float, counts: list[int]) -> None:
+    """Another process's writes, once a second: `touch` a random sandbox (a real change the
+    dashboard must read)."""
+    from core.db import Database
+    from core.manager import Manager
+
+    mgr = Manager(Database(f"sqlite:///{home / 'sbx.db'}"), actor="sbx-bench-writer")
+    ids = [r["id"] for r in mgr.list()]
+    while not stop.wait(every):
+        mgr.touch(random.choice(ids), event=False)
+        counts[0] += 1
+    mgr.db.dispose()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    ctx = BenchContext("sbx-bench-tui-")
+    tmux = Tmux()
+    results: dict = {"count": args.count, "seconds": args.seconds}
+    try:
+        home = ctx.home("tui-home")
+        profiles = ctx.home("profiles")
+        (profiles / "bench-stub.yaml").write_text(
+            "description: sbx-bench seed (stub test double)\nbackend: stub\n"
+            "ttl: {default: 30m, max: 4h}\n")
+        with ctx.in_process(home):
+            os.environ["SBX_PROFILE_PATH"] = str(profiles)
+            seed_s = asyncio.run(seed(home, args.count, ctx.labels))
+        print(f"seeded {args.count} sandboxes through Manager.create (stub) in {seed_s:.1f} s",
+              flush=True)
+
+        env = ctx.sbx_env(home, SBX_PROFILE_PATH=str(profiles))
+        env = {k: v for k, v in env.items() if not k.startswith(("E2B_", "MODAL_"))}
+        script = ctx.tmp / "dashboard.sh"
+        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()
+                            if k.isidentifier())
+        script.write_text(f"{exports}\ncd {shlex.quote(str(ctx.tmp))}\n"
+                          f"exec {shlex.quote(sys.executable)} -m sandboxer_tui.cli tui "
+                          f"--refresh 1\n")
+        launched = time.perf_counter()
+        tmux("new-session", "-d", "-x", "120", "-y", "32", "-s", "bench", f"sh {script}")
+        tmux("set", "-g", "escape-time", "0")
+        first_frame = inventory_shown = None
+        while time.perf_counter() - launched < 30:
+            screen = tmux.screen()
+            now = time.perf_counter() - launched
+            if first_frame is None and "sbx" in screen and "sandboxes" in screen:
+                first_frame = now
+            if f"{args.count} sandboxes" in screen and "bench-0000" in screen:
+                inventory_shown = now
+                break
+            time.sleep(0.01)
+        if inventory_shown is None:
+            raise RuntimeError(f"the inventory never showed; the screen:\n{tmux.screen()}")
+        pid = int(tmux("display", "-p", "-t", "bench", "#{pane_pid}").strip())
+        print(f"first frame {first_frame:.2f} s, inventory on screen {inventory_shown:.2f} s "
+              f"after launch (pid {pid})", flush=True)
+
+        time.sleep(3)  # past start-up: the first metrics and health reads
+        stop, writes = threading.Event(), [0]
+        thread = threading.Thread(target=writer, args=(home, stop, 1.0, writes), daemon=True)
+        with ctx.in_process(home):
+            thread.start()
+            cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+            rss_samples = []
+            while time.perf_counter() - t0 < args.seconds:
+                time.sleep(1.0)
+                rss_samples.append(memory_mb(pid)[0])
+            cpu1, t1 = cpu_seconds(pid), time.perf_counter()
+            stop.set()
+            thread.join(10)
+        rss, hwm = memory_mb(pid)
+        cpu_pct = (cpu1 - cpu0) / (t1 - t0) * 100
+        screen = tmux.screen()
+        ticking = "bench-0000" in screen and "1000 sandboxes" in screen
+        tmux("send-keys", "-t", "bench", "q")
+        for _ in range(100):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.05)
+        quit_ok = not Path(f"/proc/{pid}").exists()
+
+        print_table(["measurement", "value"], [
+            ["process", f"{sys.executable} -m sandboxer_tui.cli tui --refresh 1"],
+            ["terminal", "tmux 120x32"],
+            ["sandboxes in the database", args.count],
+            ["writes by another process", f"{writes[0]} (one a second)"],
+            ["measured for", f"{t1 - t0:.1f} s"],
+            ["RSS over the run (min/max)", f"{min(rss_samples):.0f} / {max(rss_samples):.0f} MB"],
+            ["quit with q", "ok" if quit_ok else "STILL RUNNING"],
+            ["inventory still on screen", "yes" if ticking else "NO"],
+        ], title="details")
+        results.update(first_frame_s=first_frame, inventory_shown_s=inventory_shown,
+                       cpu_pct=cpu_pct, rss_mb=rss, peak_rss_mb=hwm, writes=writes[0],
+                       seed_s=seed_s, quit_ok=quit_ok)
+        summary = [
+            ("first paint (inventory on screen)", inventory_shown, TARGET_FIRST_PAINT_S,
+             f"{inventory_shown:.2f} s", f"<= {TARGET_FIRST_PAINT_S} s"),
+            ("CPU, % of one core", cpu_pct, TARGET_CPU_PCT, f"{cpu_pct:.1f} %",
+             f"<= {TARGET_CPU_PCT:.0f} %"),
+            ("memory, peak RSS", hwm, TARGET_RSS_MB, f"{hwm:.0f} MB",
+             f"<= {TARGET_RSS_MB:.0f} MB"),
+        ]
+        info = [["first frame (header drawn)", f"{first_frame:.2f} s", "-", "info"],
+                ["memory, RSS at the end", f"{rss:.0f} MB", "-", "info"]]
+        common.finish(results, summary, info, run_id=ctx.run_id, started=started,
+                      json_path=args.json)
+    finally:
+        tmux.kill()
+        ctx.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
