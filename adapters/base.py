@@ -77,6 +77,9 @@ class CreateRequest:
     network_allow: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
     hard_deadline: datetime | None = None
+    # the soft deadline: a backend with a timer of its own (E2B) ends the sandbox there even
+    # if sbx never runs again; `set_deadline` moves it on extend
+    deadline: datetime | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -451,6 +451,7 @@ class Manager:
             network=profile.network.mode,
             network_allow=tuple(profile.network.allow),
             env=env,
+            deadline=deadline,
             hard_deadline=hard_deadline,
             options=profile.options,
         )
@@ -772,6 +773,9 @@ class Manager:
             async with self._holding(lease):
                 await (adapter.pause if target == State.PAUSED else adapter.resume)(
                     row["backend_ref"])
+                if target == State.RUNNING and adapter.supports(Capability.SET_DEADLINE):
+                    # a backend that resumes with a timer of its own gets the deadline back
+                    await adapter.set_deadline(row["backend_ref"], effective_deadline(row))
         except BaseException:
             self._give_back(lease)
             raise

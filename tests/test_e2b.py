@@ -239,8 +239,8 @@ def test_snapshot_restore_pause_resume_through_the_cli(e2b, standin):
     assert resumed.code == 0, resumed.err
     remote = standin.sandboxes[box["backend_ref"]]
     assert remote.state == "running"
-    # resumed, E2B's clock runs again until the hard deadline (plus the grace)
-    assert near(remote.end_at, parse(box["hard_deadline"]) + DEADLINE_GRACE)
+    # resumed, E2B's clock runs again until the sandbox's deadline (plus the grace)
+    assert near(remote.end_at, parse(box["deadline"]) + DEADLINE_GRACE)
     again = e2b("exec", box["id"], "--", "cat", "data.txt")
     assert (again.code, again.out) == (0, "kept-bytes\n")
 
@@ -255,8 +255,9 @@ def test_snapshot_restore_pause_resume_through_the_cli(e2b, standin):
 def test_extend_moves_the_timeout_e2b_holds(e2b, standin):
     box = e2b.create("--ttl", "10m")
     remote = standin.sandboxes[box["backend_ref"]]
-    # at create the core passes the hard deadline only: E2B's timeout is that plus the grace
-    assert near(remote.end_at, parse(box["hard_deadline"]) + DEADLINE_GRACE)
+    # at create E2B's timeout is the sandbox's deadline plus the grace, not the hard deadline
+    assert near(remote.end_at, parse(box["deadline"]) + DEADLINE_GRACE)
+    assert not near(remote.end_at, parse(box["hard_deadline"]) + DEADLINE_GRACE)
 
     extended = e2b("extend", box["id"], "20m", "--json")
     assert extended.code == 0, extended.err
