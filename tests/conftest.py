@@ -52,7 +52,10 @@ class SbxRunner:
     cwd: Path
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        # no SBX_ settings, and no cloud credentials a developer's shell may hold: a test
+        # that means to reach a (stand-in) cloud passes them explicitly
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SBX_", "E2B_", "MODAL_"))}
         env.update(SBX_HOME=str(self.home), XDG_CONFIG_HOME=str(self.cwd / "xdg-config"))
         env.update(extra or {})
         return env
