@@ -84,16 +84,17 @@ def metric_cells(series: list[dict[str, Any]]) -> tuple[Text, Text]:
     cpu_values = [s["cpu_pct"] for s in series]
     mem_values = [s["memory_bytes"] for s in series]
     cpu = Text()
-    if last["cpu_pct"] is not None:
-        cpu.append(sparkline(cpu_values, SPARK_WIDTH, top=max(100.0, *[
+    if last["cpu_pct"] is not None:  # scaled to the window's peak, at least 10 % of a core
+        cpu.append(sparkline(cpu_values, SPARK_WIDTH, top=max(10.0, *[
             v for v in cpu_values if v is not None])), style="green")
         cpu.append(f" {last['cpu_pct']:.0f}%")
     else:
         cpu.append("-", style="dim")
     mem = Text()
-    if last["memory_bytes"] is not None:
-        mem.append(sparkline(mem_values, SPARK_WIDTH, top=last.get("memory_limit")),
-                   style="cyan")
+    if last["memory_bytes"] is not None:  # to the window's peak, at least a quarter of the limit
+        peak = max(v for v in mem_values if v is not None)
+        top = max(peak, (last.get("memory_limit") or 0) / 4)
+        mem.append(sparkline(mem_values, SPARK_WIDTH, top=top), style="cyan")
         mem.append(f" {human_bytes(last['memory_bytes'])}")
     else:
         mem.append("-", style="dim")
