@@ -35,6 +35,7 @@ class FullStub(StubAdapter):
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.PAUSE,
                               Capability.SNAPSHOT, Capability.METRICS})
     artifacts: ClassVar[dict[str, Artifact]] = {}
+    snapshot_delay: ClassVar[float] = 0.0  # a slow backend, for progress in the row
     series: ClassVar[list[tuple[float, int]]] = [
         (2.0, 40), (15.0, 42), (60.0, 55), (35.0, 61), (80.0, 70), (20.0, 66), (5.0, 64)]
 
@@ -45,6 +46,7 @@ class FullStub(StubAdapter):
     def reset(cls) -> None:
         super().reset()
         cls.artifacts.clear()
+        cls.snapshot_delay = 0.0
 
     def _status(self, ref: str, status: str) -> None:
         obj = self.objects[ref]
@@ -62,6 +64,7 @@ class FullStub(StubAdapter):
 
     async def snapshot(self, ref: str, labels: Mapping[str, str]) -> Artifact:
         self.calls.append(("snapshot", ref))
+        await asyncio.sleep(self.snapshot_delay)
         self._maybe_fail("snapshot")
         name = f"stub-image:{labels.get('sbx.checkpoint', len(self.artifacts))}"
         artifact = Artifact(name, dict(labels), 4 * 1024 * 1024)

@@ -274,6 +274,33 @@ def test_snapshot_then_restore_a_fork_with_lineage(dashboard, seeded, mgr):
     asyncio.run(scenario())
 
 
+def test_a_long_action_shows_progress_in_its_row_and_never_blocks(dashboard, seeded, mgr):
+    async def scenario():
+        async with opened(dashboard) as (app, pilot):
+            table = app.main.table
+            target = seeded["api"]["id"]
+            await select(pilot, target)
+            FullStub.snapshot_delay = 4.0
+            await pilot.press("s")
+            await wait_for(pilot, lambda: table.cell_text(target, "state").endswith(" snapshot"),
+                           within=1, what="the spinner")
+            first = table.cell_text(target, "state")
+            await wait_for(pilot, lambda: table.cell_text(target, "state") != first, within=1,
+                           what="the spinner to turn")
+            await pilot.press("down")  # the UI answers while the backend works
+            assert table.selected_id == seeded["ci"]["id"]
+            await pilot.press("slash", *"batch", "enter")
+            assert table.shown_ids == [seeded["paused"]["id"]]
+            assert not any(m.startswith("snapshot of") for m in told(app))  # still running
+            await wait_for(pilot, lambda: any(m.startswith("snapshot of") for m in told(app)),
+                           within=8, what="the notification")
+            await pilot.press("slash", "escape")
+            await wait_for(pilot, lambda: table.is_shown(target))
+            assert table.cell_text(target, "state") == "running"
+
+    asyncio.run(scenario())
+
+
 def test_restore_without_a_checkpoint_says_how_to_make_one(dashboard, seeded):
     async def scenario():
         async with opened(dashboard) as (app, pilot):
