@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from core.clock import Clock, from_iso, to_iso
-from core.errors import BadInput, classify
+from core.errors import BadInput
 from core.states import ACTIVE, ON_THE_CLOCK, State
 from core.ttl import effective_deadline
 
@@ -208,7 +208,6 @@ def sort_key(row: SandboxRow, column: str, now: datetime,
 
 # -- actions: which applies, and the command line that does the same ------------------------
 
-DESTRUCTIVE = frozenset({"destroy"})
 MUTATING = frozenset({"new", "destroy", "extend", "extend_by", "snapshot", "restore",
                       "pause", "exec", "shell", "touch"})
 
@@ -606,7 +605,8 @@ class CoreLoop:
     def __init__(self, workers: int = 64) -> None:
         self.loop = asyncio.new_event_loop()
         # metric streams and log reads each hold a thread for a while: room for many
-        self.loop.set_default_executor(ThreadPoolExecutor(workers, thread_name_prefix="sbx-io"))
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="sbx-io")
+        self.loop.set_default_executor(self.executor)
         self._thread = threading.Thread(target=self.loop.run_forever, name="sbx-core",
                                         daemon=True)
         self._thread.start()
@@ -625,9 +625,7 @@ class CoreLoop:
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
-        executor = self.loop._default_executor  # type: ignore[attr-defined]
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 # -- the dashboard service ------------------------------------------------------------------
@@ -654,6 +652,7 @@ class Dashboard:
         self._profile_backends: set[str] | None = None
         self.command_log: deque[CommandRecord] = deque(maxlen=500)
         self._warn_s: float | None = None
+        self._manager_lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -661,10 +660,12 @@ class Dashboard:
     def mgr(self) -> Manager:
         """The Manager, made on first use (importing it is the slow part of starting: the
         first inventory is read without it)."""
-        if self._manager is None:
-            from core.manager import Manager
+        with self._manager_lock:  # asked for from the core's threads at once
+            if self._manager is None:
+                from core.db import Database
+                from core.manager import Manager
 
-            self._manager = Manager(clock=self.clock)
+                self._manager = Manager(Database(self.database_url), clock=self.clock)
         return self._manager
 
     @property
@@ -796,9 +797,6 @@ class Dashboard:
             await follow_all(self.mgr, self.metrics.add, self._sampler_stop, refresh)
 
         self._sampler = self.run(sample())
-
-    def row(self, sandbox_id: str) -> dict[str, Any]:
-        return self.mgr.resolve(sandbox_id)
 
     def events(self, sandbox_id: str, after_id: int = 0) -> list[dict[str, Any]]:
         from core.views import event_view
@@ -968,7 +966,3 @@ class Dashboard:
         message = one_line(exc)
         self.command_log.append(CommandRecord(self.now(), command, False, message))
         return message
-
-
-def exit_code_of(exc: BaseException) -> int:
-    return classify(exc)[0]
