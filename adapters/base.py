@@ -25,6 +25,7 @@ class Capability(enum.StrEnum):
     MEMORY_CHECKPOINT = "memory-checkpoint"
     SET_DEADLINE = "set-deadline"
     METRICS = "metrics"
+    SERVICES = "services"  # containers beside the main one, sharing its network (a pod)
 
 
 # Labels sbx puts on every backend object; the `sbx.` prefix is reserved for them.
@@ -32,6 +33,8 @@ LABEL_ID = "sbx.id"
 LABEL_INSTALL = "sbx.install"
 LABEL_HARD_DEADLINE = "sbx.hard-deadline"
 LABEL_CHECKPOINT = "sbx.checkpoint"
+LABEL_SERVICE = "sbx.service"  # a service container: its name in the profile
+LABEL_POD = "sbx.pod"  # a service container: the backend ref of the main container
 RESERVED_LABEL_PREFIX = "sbx."
 
 
@@ -65,6 +68,16 @@ class ResourceLimits:
 
 
 @dataclass(frozen=True)
+class ServiceSpec:
+    """One `services:` entry of a profile."""
+
+    name: str
+    image: str
+    command: Sequence[str] | None = None
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
 class CreateRequest:
     """Everything a backend needs to make one sandbox; built by the core from a resolved profile."""
 
@@ -80,6 +93,7 @@ class CreateRequest:
     # the soft deadline: a backend with a timer of its own (E2B) ends the sandbox there even
     # if sbx never runs again; `set_deadline` moves it on extend
     deadline: datetime | None = None
+    services: Sequence[ServiceSpec] = ()
     options: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -8,6 +8,7 @@ so each call runs in a worker thread; no database transaction is open while it d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import os
@@ -25,6 +26,8 @@ from docker import errors as docker_errors
 
 from adapters.base import (
     LABEL_CHECKPOINT,
+    LABEL_POD,
+    LABEL_SERVICE,
     Adapter,
     AdapterError,
     Artifact,
@@ -38,6 +41,7 @@ from adapters.base import (
     ExecResult,
     Health,
     MetricSample,
+    ServiceSpec,
 )
 
 BASE_IMAGE = "sandboxer/base:busybox"
@@ -102,7 +106,7 @@ class DockerAdapter(Adapter):
     name = "docker"
     description = "containers on a Docker engine (local socket or DOCKER_HOST)"
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
-                              Capability.PAUSE, Capability.SNAPSHOT})
+                              Capability.PAUSE, Capability.SNAPSHOT, Capability.SERVICES})
 
     def supports(self, capability: Capability) -> bool:
         if capability == Capability.MEMORY_CHECKPOINT:
@@ -136,7 +140,11 @@ class DockerAdapter(Adapter):
         if self._api is None:
             try:
                 api = docker.APIClient(base_url=self.base_url, timeout=self.timeout,
-                                       version=docker.constants.MINIMUM_DOCKER_API_VERSION)
+                                       version=docker.constants.MINIMUM_DOCKER_API_VERSION,
+                                       # ssh://user@host goes through paramiko, which reads
+                                       # ~/.ssh/config and known_hosts. (docker-py's system-ssh
+                                       # mode breaks pipes when exec streams close.)
+                                       use_ssh_client=False)
                 response = api._get(api.base_url + "/_ping")
                 response.raise_for_status()
                 api._version = response.headers.get("Api-Version") or api._version
@@ -230,9 +238,9 @@ class DockerAdapter(Adapter):
         image = request.image or BASE_IMAGE
         limits = request.resources
 
-        def make(api: docker.APIClient) -> str:
-            host_config = api.create_host_config(
-                network_mode="none" if request.network == "none" else "bridge",  # "full"
+        def host_config(api: docker.APIClient, network_mode: str) -> dict[str, Any]:
+            return api.create_host_config(
+                network_mode=network_mode,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
                 mem_limit=limits.memory_bytes,
@@ -241,10 +249,13 @@ class DockerAdapter(Adapter):
                 pids_limit=limits.pids,
                 init=False,
             )
+
+        def make(api: docker.APIClient) -> str:
+            mode = "none" if request.network == "none" else "bridge"  # "full"
             spec = dict(
                 image=image, command=list(request.command or KEEPALIVE), name=request.sandbox_id,
                 labels=dict(request.labels), environment=dict(request.env),
-                host_config=host_config, detach=True,
+                host_config=host_config(api, mode), detach=True,
             )
             try:
                 created = api.create_container(**spec)
@@ -254,10 +265,29 @@ class DockerAdapter(Adapter):
             container_id = created["Id"]
             try:
                 api.start(container_id)
+                for service in request.services:
+                    start_service(api, container_id, service)
             except BaseException:
+                for made in _pod_members(api, container_id):
+                    _remove_quietly(api, made)
                 _remove_quietly(api, container_id)
                 raise
             return container_id
+
+        def start_service(api: docker.APIClient, pod: str, service: ServiceSpec) -> None:
+            """Beside the main container, in its network namespace: localhost reaches it,
+            and it has no network the main container does not have."""
+            spec = dict(image=service.image, command=list(service.command or KEEPALIVE),
+                        name=f"{request.sandbox_id}-{service.name}",
+                        labels={**request.labels, LABEL_SERVICE: service.name, LABEL_POD: pod},
+                        environment=dict(service.env),
+                        host_config=host_config(api, f"container:{pod}"), detach=True)
+            try:
+                made = api.create_container(**spec)
+            except docker_errors.ImageNotFound:
+                self._provide_image(api, service.image)
+                made = api.create_container(**spec)
+            api.start(made["Id"])
 
         try:
             container_id = await self._call(make)
@@ -279,6 +309,11 @@ class DockerAdapter(Adapter):
 
     async def destroy(self, ref: str) -> None:
         def remove(api: docker.APIClient) -> None:
+            for member in _pod_members(api, ref):  # its services first, then itself
+                remove_one(api, member)
+            remove_one(api, ref)
+
+        def remove_one(api: docker.APIClient, ref: str) -> None:
             deadline = time.monotonic() + 30
             while True:
                 try:
@@ -301,9 +336,22 @@ class DockerAdapter(Adapter):
             return None
 
     async def list(self, labels: Mapping[str, str]) -> list[BackendObject]:
+        """The sandboxes' main containers. A service container stands for its sandbox only
+        when its main container is gone, so that reconcile removes it rather than leak it.
+        (A service carries every label of its main container, so a filter that finds a
+        service finds its main one too, while it exists.)"""
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
         found = await self._call(lambda api: api.containers(all=True, filters=filters))
-        return [self._object(info) for info in found]
+        ids = {info["Id"] for info in found}
+        objects = []
+        for info in found:
+            pod = (info.get("Labels") or {}).get(LABEL_POD)
+            if pod is None:
+                objects.append(self._object(info))
+            elif pod not in ids:  # its sandbox is gone: never report it as a live sandbox
+                objects.append(dataclasses.replace(self._object(info), status="exited",
+                                                   running=False))
+        return objects
 
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout_s: float | None = None) -> ExecResult:
@@ -359,10 +407,20 @@ class DockerAdapter(Adapter):
             yield chunk
 
     async def pause(self, ref: str) -> None:
-        await self._on_container(ref, lambda api: api.pause(ref), "pause")
+        def pause(api: docker.APIClient) -> None:
+            api.pause(ref)
+            for member in _pod_members(api, ref):
+                api.pause(member)
+
+        await self._on_container(ref, pause, "pause")
 
     async def resume(self, ref: str) -> None:
-        await self._on_container(ref, lambda api: api.unpause(ref), "resume")
+        def resume(api: docker.APIClient) -> None:
+            for member in _pod_members(api, ref):
+                api.unpause(member)
+            api.unpause(ref)
+
+        await self._on_container(ref, resume, "resume")
 
     async def _on_container(self, ref: str, fn: Callable[[docker.APIClient], Any], verb: str) -> Any:
         try:
@@ -500,6 +558,12 @@ async def _in_thread(iterator: Iterator[bytes]) -> AsyncIterator[bytes]:
         if item is done:
             return
         yield item
+
+
+def _pod_members(api: docker.APIClient, ref: str) -> list[str]:
+    """The service containers of the sandbox whose main container is `ref`."""
+    found = api.containers(all=True, filters={"label": [f"{LABEL_POD}={ref}"]})
+    return [info["Id"] for info in found]
 
 
 def _remove_quietly(api: docker.APIClient, container_id: str) -> None:

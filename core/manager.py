@@ -35,9 +35,11 @@ from adapters.base import (
     AdapterError,
     BackendObject,
     Capability,
+    CapabilityNotSupported,
     CreateRequest,
     ExecResult,
     ResourceLimits,
+    ServiceSpec,
 )
 from core import events as eventlog
 from core import inventory, settings
@@ -453,9 +455,14 @@ class Manager:
             env=env,
             deadline=deadline,
             hard_deadline=hard_deadline,
+            services=tuple(ServiceSpec(name, svc.image, svc.command, dict(svc.environment))
+                           for name, svc in profile.services.items()),
             options=profile.options,
         )
         adapter = self.adapter(profile.backend)
+        if request.services and not adapter.supports(Capability.SERVICES):
+            raise CapabilityNotSupported(
+                f"the {profile.backend} backend cannot run services beside a sandbox")
         adapter.validate(request)  # what this backend cannot enforce is refused, not ignored
         if restore_from is not None and not adapter.supports(Capability.SNAPSHOT):
             raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")

@@ -96,6 +96,15 @@ class CheckpointPolicy(_Strict):
     ttl: Duration | None = None
 
 
+class Service(_Strict):
+    """A container beside the sandbox's main one, in its network namespace (as in a pod):
+    the main container reaches it on localhost; the pod keeps the profile's network policy."""
+
+    image: str
+    command: list[str] | None = None
+    environment: dict[str, str] = Field(default_factory=dict)
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
@@ -111,6 +120,7 @@ class Profile(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     setup: list[str] = Field(default_factory=list)
     checkpoints: CheckpointPolicy = CheckpointPolicy()
+    services: dict[str, Service] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("name")
@@ -135,6 +145,15 @@ class Profile(_Strict):
                 raise ValueError(
                     f"secret {key!r} must be a reference such as env:VARIABLE, never the value"
                 )
+        return v
+
+    @field_validator("services")
+    @classmethod
+    def _service_names(cls, v: dict[str, Service]) -> dict[str, Service]:
+        for key in v:
+            if not _NAME.fullmatch(key):
+                raise ValueError(f"service name {key!r}: use lower-case letters, digits, "
+                                 "'.', '_' or '-' (at most 63)")
         return v
 
     @field_validator("labels")

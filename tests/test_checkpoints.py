@@ -330,7 +330,9 @@ def test_paused_sandbox_burns_no_cpu_resumes_intact_and_is_reaped_on_time(
     pid1 = sh(sbx, burner["id"], "tr '\\0' ' ' < /proc/1/cmdline")
     assert "while :; do :; done" in pid1, pid1
     busy = cpu_percent(docker_api, ref, samples=2)
-    assert len(busy) == 2 and max(busy) > 50.0, busy
+    # busy again (well above the paused readings; the loop gets less than a core when the
+    # machine is shared)
+    assert len(busy) == 2 and max(busy) > 20.0, busy
 
     # paused again, it is still reaped at its deadline
     ok(sbx("pause", burner["id"]))

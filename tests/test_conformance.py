@@ -253,4 +253,4 @@ def test_the_kit_fails_an_adapter_that_breaks_the_contract(tmp_path):
         "test_capability[pause]",                  # declared, not done
         "test_capability[logs]",                   # not declared, not refused
     ]), result.stdout[-4000:]
-    assert "9 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]
+    assert "10 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]

@@ -81,7 +81,8 @@ sleep 60
     tmux.wait(lambda s: "0 sandboxes" in s and "docker ● up" in s, 15, "dashboard")
 
     box = sbx.create("--name", "tmux-box", "--ttl", "10m")  # carries the run label
-    took = tmux.wait(lambda s: row_line(s, "tmux-box") is not None, 2.0, "new row")
+    # within 2 s the row shows it as it is now (it may first have appeared as creating)
+    took = tmux.wait(lambda s: "running" in (row_line(s, "tmux-box") or ""), 2.0, "new row")
     print(f"the row showed {took:.2f}s after `sbx create` returned")
     line = row_line(tmux.screen(), "tmux-box")
     assert "running" in line and box["id"][4:14] in line
