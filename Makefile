@@ -1,21 +1,24 @@
 # `make run` opens sbx; `make test` runs the whole suite. Both set everything up first:
-# the .venv, the project, a reachable Docker engine, and the offline base image.
+# the .venv, the project, a reachable Docker engine, and the offline base image; the tests
+# also need PostgreSQL, an OpenSSH server binary and tmux, which `make test` installs.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup venv docker image postgres sshd lint bench clean
+.PHONY: run test setup test-setup venv docker image postgres sshd tmux lint bench clean
 
 run: setup
 	$(BIN)/sbx
 
-test: setup
+test: setup test-setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
-setup: venv docker image postgres sshd
+setup: venv docker image
+
+test-setup: postgres sshd tmux
 
 venv: $(STAMP)
 
@@ -37,12 +40,15 @@ image: venv docker
 sshd:
 	scripts/ensure-sshd.sh
 
+tmux:
+	scripts/ensure-tmux.sh
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-bench: setup
-	for b in lifecycle reap checkpoints delivery metrics; do $(BIN)/python bench/bench_$$b.py || exit 1; done
+bench: setup test-setup
+	for b in lifecycle reap checkpoints delivery metrics tui fleet; do $(BIN)/python bench/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info
