@@ -23,6 +23,7 @@ from conftest import (
     RUN_LABEL,
     SBX,
     Result,
+    SbxRunner,
     events_of,
     install_id_of,
     query,
@@ -577,3 +578,31 @@ def test_reconcile_without_a_profiles_key_variable_does_not_judge_its_sandboxes(
     box = e2b.create("--profile-file", str(path), env={"E2B_API_KEY_TEAM_B": TEAM_B_KEY})
     assert e2b("reconcile", "--json").code == 0  # E2B_API_KEY_TEAM_B is not set here
     assert e2b.show(box["id"])["state"] == "running"
+
+
+# -- fleets: one inventory, several hosts -------------------------------------------------
+
+
+def test_in_a_fleet_any_host_reaps_an_expired_e2b_sandbox_but_not_anothers_docker_one(
+        e2b, standin, docker_api, tmp_path):
+    """Two installations share one inventory. Host B's reaper ends host A's expired E2B
+    sandbox (E2B is a shared backend both reach) but leaves A's expired Docker sandbox to A:
+    a Docker engine belongs to its host."""
+    shared = {"SBX_DATABASE_URL": f"sqlite:///{tmp_path / 'fleet.db'}"}
+    box = e2b.create("--ttl", "5m", env={**shared, "SBX_HOST_NAME": "host-a"})
+    local = e2b("create", "--label", RUN_LABEL, "--ttl", "5m", "--json",
+                env={**shared, "SBX_HOST_NAME": "host-a"})
+    assert local.code == 0, local.err
+    local = local.json()
+    host_b = E2BRunner(SbxRunner(tmp_path / "home-b", tmp_path), e2b.env)
+    reaped = host_b("reap", "--json",
+                    env={**shared, "SBX_HOST_NAME": "host-b", "SBX_CLOCK_OFFSET": "6m"})
+    assert reaped.code == 0, reaped.err
+    assert reaped.json()["destroyed"] == [box["id"]]
+    assert box["backend_ref"] not in standin.sandboxes
+    assert e2b("show", box["id"], "--json", env=shared).json()["state"] == "destroyed"
+    assert e2b("show", local["id"], "--json", env=shared).json()["state"] == "running"
+    assert docker_api.inspect_container(local["backend_ref"])["State"]["Running"]
+    # its own host's reaper does end it
+    mine = e2b("reap", "--json", env={**shared, "SBX_CLOCK_OFFSET": "6m"})
+    assert mine.code == 0 and mine.json()["destroyed"] == [local["id"]]
