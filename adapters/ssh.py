@@ -369,16 +369,22 @@ class LeaseStore:
             return lease
 
     def get(self, ref: str) -> Lease | None:
+        if not self.path.exists():  # reading makes no file: a reap with no ssh use writes nothing
+            return None
         with self._connect() as conn:
             row = conn.execute("SELECT * FROM ssh_leases WHERE ref = ?", (ref,)).fetchone()
         return self._lease(row) if row else None
 
     def all(self) -> list[Lease]:
+        if not self.path.exists():
+            return []
         with self._connect() as conn:
             return [self._lease(r) for r in conn.execute("SELECT * FROM ssh_leases ORDER BY ref")]
 
     def holders(self) -> dict[str, str]:
         """address -> the sandbox holding it."""
+        if not self.path.exists():
+            return {}
         with self._connect() as conn:
             return {r["address"]: r["sandbox_id"] for r in conn.execute(
                 "SELECT address, sandbox_id FROM ssh_leases")}
