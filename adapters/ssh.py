@@ -546,12 +546,13 @@ class SSHAdapter(Adapter):
         remote_pid: list[int] = []
 
         async def read_stderr() -> bytes:
-            first = await proc.stderr.readline()
-            if first.startswith(PID_MARKER):
-                with contextlib.suppress(ValueError):
-                    remote_pid.append(int(first[len(PID_MARKER):]))
-                    first = b""
-            return first + await proc.stderr.read()
+            before = b""  # what the remote login shell printed before the marker (rc files)
+            while line := await proc.stderr.readline():
+                if line.startswith(PID_MARKER) and line[len(PID_MARKER):].strip().isdigit():
+                    remote_pid.append(int(line[len(PID_MARKER):]))
+                    break
+                before += line
+            return before + await proc.stderr.read()
 
         reading = asyncio.gather(proc.stdout.read(), read_stderr(), proc.wait())
         try:

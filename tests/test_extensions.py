@@ -176,10 +176,6 @@ def test_every_other_command_works_beside_a_broken_adapter(sbx, plugins, tmp_pat
     assert sbx("destroy", box["id"], "--yes", env=env).code == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core/reaper.py Reaper._plan_checkpoints calls registry.load_class() for every registered "
-    "backend without a try, so an adapter that cannot be imported stops the whole reap "
-    "(exit 5); it must skip that backend as plan() does"))
 def test_reap_and_reconcile_work_beside_a_broken_adapter(sbx, plugins, tmp_path):
     env = with_path(plugins["installed"], plugins["broken"],
                     SBX_TMPDIR_ROOT=str(tmp_path / "boxes"))
@@ -278,4 +274,5 @@ def test_the_minimal_adapter_in_the_docs_passes_the_kit(tmp_path):
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     summary = result.stdout.strip().splitlines()[-1]
-    assert "17 passed" in summary and "failed" not in summary, summary
+    assert "passed" in summary and "skipped" not in summary, summary  # all of them ran
+    assert "failed" not in summary and "error" not in summary, summary
