@@ -77,6 +77,43 @@ def _changed(stamps: dict[str, float]) -> str | None:
     return None
 
 
+def _warm_up() -> None:
+    """Take once, on throwaway state, the code paths every command takes, so each child
+    starts with what Python and the libraries memoise on first use (SQLAlchemy's statement
+    and class caches, pydantic, docker-py's session set-up) instead of paying it again.
+    Everything opened here is closed before serving: children inherit no connection."""
+    import asyncio
+    import tempfile
+    from datetime import timedelta
+
+    import docker
+
+    from adapters import registry
+    from core.db import Database
+    from core.manager import Manager
+    from core.profiles import Profile
+    from core.views import sandbox_view
+
+    docker.APIClient(base_url="unix:///nonexistent", version="1.41").close()  # no I/O
+    with tempfile.TemporaryDirectory(prefix="sbx-warm-up-") as folder:
+        db = Database(f"sqlite:///{folder}/warm.db")
+        stub = registry.load_class("stub")()
+        mgr = Manager(db, actor="warm-up", install_id="inst-warm-up", adapters={"stub": stub})
+
+        async def commands() -> None:
+            row = await mgr.create(Profile(name="warm-up", backend="stub"), labels={"a": "b"})
+            mgr.resolve(row["id"])
+            sandbox_view(row, None)
+            mgr.list(include_all=True)
+            await mgr.extend(row["id"], timedelta(minutes=1))
+            await mgr.exec(row["id"], ["true"])
+            await mgr.destroy(row["id"])
+            await mgr.close()
+
+        asyncio.run(commands())
+        db.dispose()
+
+
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
     while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
@@ -151,6 +188,7 @@ class Server:
         from adapters import registry
 
         registry.names()  # reads every distribution's entry points once, for every child
+        _warm_up()
         if threading.active_count() > 1:  # fork would copy a thread's locks, not the thread
             raise RuntimeError(f"a preloaded module started a thread: {threading.enumerate()}")
         self.stamps = _code_fingerprint()
