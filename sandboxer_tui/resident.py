@@ -80,13 +80,11 @@ def _changed(stamps: dict[str, float]) -> str | None:
 def _warm_up() -> None:
     """Take once, on throwaway state, the code paths every command takes, so each child
     starts with what Python and the libraries memoise on first use (SQLAlchemy's statement
-    and class caches, pydantic, docker-py's session set-up) instead of paying it again.
+    and class caches, pydantic) instead of paying it again.
     Everything opened here is closed before serving: children inherit no connection."""
     import asyncio
     import tempfile
     from datetime import timedelta
-
-    import docker
 
     from adapters import registry
     from core.db import Database
@@ -94,7 +92,6 @@ def _warm_up() -> None:
     from core.profiles import Profile
     from core.views import sandbox_view
 
-    docker.APIClient(base_url="unix:///nonexistent", version="1.41").close()  # no I/O
     with tempfile.TemporaryDirectory(prefix="sbx-warm-up-") as folder:
         db = Database(f"sqlite:///{folder}/warm.db")
         stub = registry.load_class("stub")()
