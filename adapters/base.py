@@ -46,6 +46,10 @@ class BackendUnavailable(AdapterError):
     """Engine unreachable, credentials missing or SDK absent (exit 5). Say how to fix it."""
 
 
+class InvalidRequest(AdapterError):
+    """The request or the backend's own configuration is wrong (exit 2; nothing written)."""
+
+
 class CapabilityNotSupported(AdapterError):
     """The backend does not offer this action (exit 4)."""
 

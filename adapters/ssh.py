@@ -42,7 +42,6 @@ from typing import Any
 from adapters.base import (
     Adapter,
     AdapterError,
-    ArtifactRefused,
     BackendObject,
     BackendObjectGone,
     BackendUnavailable,
@@ -51,6 +50,7 @@ from adapters.base import (
     CreateRequest,
     ExecResult,
     Health,
+    InvalidRequest,
 )
 
 INVENTORY_ENV = "SBX_SSH_INVENTORY"
@@ -68,11 +68,8 @@ REPORT_PID_THEN_EXEC = 'printf "sbx-pid %s\\n" "$$" >&2; exec "$@"'
 NO_CLIENT = "no OpenSSH client (`ssh`) on PATH: install it (on Debian: apt-get install openssh-client)"
 
 
-class BadConfiguration(ArtifactRefused):
-    """The inventory or the profile's ssh options are wrong: exit 2, nothing written.
-
-    A subclass of ArtifactRefused only because that is the adapter error the core maps to
-    exit 2 today; it means "bad input", not "bad artifact"."""
+class BadConfiguration(InvalidRequest):
+    """The inventory or the profile's ssh options are wrong: exit 2, nothing written."""
 
 
 # -- the inventory --------------------------------------------------------------------------
@@ -666,7 +663,7 @@ class SSHAdapter(Adapter):
         settings = settings_from(request.options)
         candidates = matching(load_inventory(settings.inventory), settings.match)
         lease = await asyncio.to_thread(self.leases.take, candidates, request, settings)
-        setup = [*getattr(request, "setup", ()), *settings.setup]  # profile.setup, if passed
+        setup = list(settings.setup)  # the profile's own `setup:` the core runs through exec
         try:
             await self.connect(lease.host, lease.connect_timeout)
             for command in setup:

@@ -7,6 +7,7 @@ from adapters.base import (
     BackendObjectGone,
     BackendUnavailable,
     CapabilityNotSupported,
+    InvalidRequest,
 )
 
 EXIT_OK = 0
@@ -61,7 +62,7 @@ def classify(exc: BaseException) -> tuple[int, str]:
     """(exit code, kind) for any exception the front ends may see."""
     if isinstance(exc, SbxError):
         return exc.exit_code, exc.kind
-    if isinstance(exc, ArtifactRefused):
+    if isinstance(exc, ArtifactRefused | InvalidRequest):
         return EXIT_BAD_INPUT, "bad_input"
     if isinstance(exc, BackendUnavailable):
         return EXIT_UNAVAILABLE, "unavailable"

@@ -463,6 +463,9 @@ class Manager:
         if request.services and not adapter.supports(Capability.SERVICES):
             raise CapabilityNotSupported(
                 f"the {profile.backend} backend cannot run services beside a sandbox")
+        if profile.setup and not restore_from and not adapter.supports(Capability.EXEC):
+            raise CapabilityNotSupported(
+                f"the {profile.backend} backend cannot run the profile's setup commands")
         adapter.validate(request)  # what this backend cannot enforce is refused, not ignored
         if restore_from is not None and not adapter.supports(Capability.SNAPSHOT):
             raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")
@@ -525,11 +528,28 @@ class Manager:
                 raise
             raise OperationFailed(f"create failed on {profile.backend}: {message}") from exc
         failpoint("create.after-backend")
-        return self._finish(
+        running = self._finish(
             lease, State.RUNNING,
             values={"backend_ref": obj.ref, "started_at": self._now()},
             payload={"backend_ref": obj.ref},
         )
+        if profile.setup and not restore_from:  # a restored filesystem has had its setup
+            await self._run_setup(running, adapter, profile.setup)
+        return running
+
+    async def _run_setup(self, row: Mapping[str, Any], adapter: Adapter,
+                         commands: Sequence[str]) -> None:
+        """The profile's setup commands, in order, each recorded as an exec. A failing one
+        destroys the sandbox: it is not what the profile describes."""
+        for command in commands:
+            result = await self.exec(row["id"], ["sh", "-c", command])
+            if result.exit_code != 0:
+                said = (result.stderr or result.stdout).decode(errors="replace").strip()
+                said = said.splitlines()[-1] if said else "no output"
+                await self._destroy(row["id"], adapter, reason="failed")
+                raise OperationFailed(
+                    f"setup command {command!r} exited {result.exit_code} ({said}); "
+                    f"sandbox {row['id']} was destroyed")
 
     @staticmethod
     def _read_secrets(refs: Mapping[str, str]) -> dict[str, str]:

@@ -215,6 +215,14 @@ def doctor_command(as_json: bool) -> None:
             state = "ok" if b["reachable"] and b["credentials"] else "UNAVAILABLE"
             caps = ",".join(b["capabilities"]) or "-"
             click.echo(f"  {b['name']:<8} {state:<11} {b['detail']}  (capabilities: {caps}){tag}")
+        adapters = data.get("adapters") or {}
+        if adapters.get("selected") is not None:
+            click.echo(f"SBX_ADAPTERS limits backends to: {', '.join(adapters['selected'])}")
+        for name in adapters.get("unknown") or []:
+            click.echo(f"SBX_ADAPTERS names {name!r}, which no installed package provides")
+        for name, packages in (adapters.get("shadowed") or {}).items():
+            click.echo(f"backend {name!r} is also registered by {', '.join(packages)}: "
+                       "that one is not used")
     if not data["database"].get("ok"):
         sys.exit(5)
 

@@ -10,7 +10,15 @@ import time
 import pytest
 from sshd import sshd_server  # noqa: F401 (a fixture)
 
-from tests.conftest import containers_of, install_id_of, show, table_rows, write_profile
+from tests.conftest import (
+    RUN_LABEL,
+    containers_of,
+    events_of,
+    install_id_of,
+    show,
+    table_rows,
+    write_profile,
+)
 
 POD_PROFILE = """\
 backend: docker
@@ -140,3 +148,27 @@ def test_services_on_a_backend_without_them_are_refused(sbx, tmp_path):
     result = sbx("create", "--profile", "stubpod", env={"SBX_PROFILE_PATH": str(folder)})
     assert result.code == 4 and "cannot run services" in result.err
     assert table_rows(sbx.home, "sandboxes") == []
+
+
+def test_profile_setup_runs_in_the_new_sandbox_and_a_failing_one_destroys_it(
+        sbx, docker_api, tmp_path):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    write_profile(folder, "prepared", "backend: docker\n"
+                  "setup: ['echo ready > /tmp/marker', 'mkdir -p /tmp/work']\n")
+    write_profile(folder, "doomed", "backend: docker\n"
+                  "setup: ['echo first', 'echo broken >&2; exit 3', 'echo never']\n")
+    env = {"SBX_PROFILE_PATH": str(folder)}
+    box = sbx.create("--profile", "prepared", env=env)
+    marker = sbx("exec", box["id"], "--", "cat", "/tmp/marker")
+    assert (marker.code, marker.out) == (0, "ready\n")
+    execs = [e for e in events_of(sbx, box["id"]) if e["type"] == "sandbox.exec"]
+    assert [e["payload"]["argv"][-1] for e in execs][:2] == [
+        "echo ready > /tmp/marker", "mkdir -p /tmp/work"]
+    failed = sbx("create", "--profile", "doomed", "--label", RUN_LABEL, env=env)
+    assert failed.code == 1
+    assert "setup command 'echo broken >&2; exit 3' exited 3 (broken)" in failed.err
+    doomed = [s for s in sbx("ls", "--all", "--json").json() if s["profile"] == "doomed"]
+    assert [s["state"] for s in doomed] == ["destroyed"]
+    assert [c["Id"] for c in containers_of(docker_api, install_id_of(sbx.home))] == [
+        box["backend_ref"]]
