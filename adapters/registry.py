@@ -41,6 +41,11 @@ def _dist(ep: EntryPoint) -> str | None:
     return ep.dist.name if getattr(ep, "dist", None) is not None else None
 
 
+def is_installed(name: str) -> bool:
+    """Registered by an installed package, whether or not SBX_ADAPTERS leaves it out."""
+    return name in _scan()[0]
+
+
 def selection() -> list[str] | None:
     """The names `SBX_ADAPTERS` asks for, or None when it does not limit anything."""
     raw = os.environ.get(SELECT_ENV, "")

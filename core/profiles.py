@@ -134,6 +134,9 @@ class Profile(_Strict):
     @classmethod
     def _known_backend(cls, v: str) -> str:
         if not registry.is_registered(v):
+            if registry.is_installed(v):
+                raise ValueError(f"backend {v!r} is left out by SBX_ADAPTERS "
+                                 f"({','.join(registry.selection())})")
             raise ValueError(f"unknown backend {v!r} (known: {', '.join(registry.names())})")
         return v
 
