@@ -47,6 +47,7 @@ PRELOAD = (
     "adapters.docker",
     "docker",
     "adapters.stub",
+    "adapters.ssh",
 )
 _PACKAGES = ("core", "adapters", "sandboxer_tui", "profiles")
 
