@@ -425,29 +425,6 @@ class Inventory:
         return bool(self.added or self.changed or self.removed)
 
 
-def _open_readonly(url: str) -> sqlite3.Connection | None:
-    """A read-only connection to a current SQLite database, usable from any thread of the
-    core's pool (the reader serialises its use with a lock); None when not SQLite."""
-    from pathlib import Path
-
-    from core.migrations import SCHEMA_HEAD
-
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or not Path(url[len(prefix):]).is_file():
-        return None
-    path = Path(url[len(prefix):]).resolve()
-    try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30,
-                               check_same_thread=False)
-        version = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-    except sqlite3.Error:
-        return None
-    if version is None or version[0] != SCHEMA_HEAD:
-        conn.close()
-        return None
-    return conn
-
-
 class InventoryReader:
     """Reads the sandboxes every tick, cheaply: on SQLite, through a read-only connection of
     its own (no ORM, as `sbx ls` does), where `PRAGMA data_version` says whether anyone
@@ -478,7 +455,7 @@ class InventoryReader:
         from core import inventory
 
         if self._conn is None:
-            self._conn = _open_readonly(self.url)
+            self._conn = inventory.open_sqlite_readonly(self.url, any_thread=True)
         if self._conn is not None:
             version = self._conn.execute("PRAGMA data_version").fetchone()[0]
             if version == self._version:

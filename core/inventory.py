@@ -68,8 +68,9 @@ def list_sandboxes(
     return rows
 
 
-def open_sqlite_readonly(url: str) -> sqlite3.Connection | None:
-    """A read-only connection when `url` is a current SQLite database; None otherwise."""
+def open_sqlite_readonly(url: str, *, any_thread: bool = False) -> sqlite3.Connection | None:
+    """A read-only connection when `url` is a current SQLite database; None otherwise.
+    `any_thread`: usable from any thread (the caller serialises its use)."""
     prefix = "sqlite:///"
     if not url.startswith(prefix):
         return None
@@ -77,7 +78,8 @@ def open_sqlite_readonly(url: str) -> sqlite3.Connection | None:
     if not path.is_file():
         return None
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30,
+                               check_same_thread=not any_thread)
         version = conn.execute("SELECT version_num FROM alembic_version").fetchone()
     except sqlite3.Error:
         return None
