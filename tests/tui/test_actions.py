@@ -583,3 +583,21 @@ def test_cell_values_are_text_never_markup(dashboard, seeded):
                     assert isinstance(table.get_cell(sid, column), Text)
 
     asyncio.run(scenario())
+
+
+def test_a_name_written_as_markup_shows_literally(dashboard, mgr):
+    from core.profiles import ProfileLoader
+
+    from .helpers import run
+
+    box = run(mgr.create(ProfileLoader().load("stub"), name="box-[red]alert"))
+
+    async def scenario():
+        async with opened(dashboard) as (app, pilot):
+            await wait_for(pilot, lambda: box["id"] in app.main.table.sandboxes)
+            assert app.main.table.cell_text(box["id"], "name") == "box-[red]alert"
+            await select(pilot, box["id"])
+            await pilot.pause(0.2)
+            assert "box-[red]alert" in screen_text(app)  # in the overview too, not parsed
+
+    asyncio.run(scenario())
