@@ -193,6 +193,11 @@ class Adapter(abc.ABC):
         made on one instance is never judged by an adapter that reaches another."""
         return None
 
+    def sees(self, ref: str) -> bool:
+        """Whether `list()` in this process covers the sandbox `ref` (a per-profile key that
+        is not set here hides it). One it does not see is never judged gone by its absence."""
+        return True
+
     def validate(self, request: CreateRequest) -> None:  # noqa: B027 (optional hook)
         """Refuse (CapabilityNotSupported) what this backend cannot enforce, before anything
         is written: a limit silently ignored is a sandbox that is not what was asked for."""

@@ -275,6 +275,10 @@ class ModalAdapter(Adapter):
 
     # -- contract ---------------------------------------------------------------------------
 
+    def sees(self, ref: str) -> bool:
+        """list() covers a sandbox only when its token pair is set in this process."""
+        return split_ref(ref)[1].present()
+
     async def health(self) -> Health:
         """Through the default token, or the first MODAL_TOKEN_ID_<NAME> pair that is set."""
         pairs = TokenVariables.all_set()

@@ -284,6 +284,15 @@ class Reaper:
                     "error": f"{len(elsewhere)} sandbox(es) live on another {backend} engine "
                              f"than the one this process reaches ({(here or '?')[:20]}); they "
                              "were not checked: check DOCKER_HOST"})
+            unseen = [r for r in mine if r["backend"] == backend and r.get("backend_ref")
+                      and r["id"] not in unreachable_rows
+                      and not self._adapter(backend).sees(r["backend_ref"])]
+            if unseen:  # e.g. a per-profile key not set here: not checked, not lost
+                unreachable_rows.update(r["id"] for r in unseen)
+                report.skipped.append({
+                    "id": f"backend:{backend}",
+                    "error": f"{len(unseen)} sandbox(es) not checked: this process cannot see "
+                             "them on the backend (their profile's credentials are not set here)"})
             judged = [r for r in mine if r["id"] not in unreachable_rows]
             stray = [o.labels[LABEL_ID] for o in objects
                      if o.labels.get(LABEL_ID) and o.labels[LABEL_ID] not in live_ids]

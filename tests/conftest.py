@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Cloud credentials a developer's shell may hold never reach a test: every E2B_/MODAL_
+# variable a test sees is one it set itself, pointing at a local stand-in.
+for _name in [n for n in os.environ if n.startswith(("E2B_", "MODAL_"))]:
+    del os.environ[_name]
 RUN_ID = uuid.uuid4().hex[:12]
 RUN_LABEL = f"sbx-test-run={RUN_ID}"
 SBX = [sys.executable, "-m", "sandboxer_tui.cli"]
@@ -52,10 +56,7 @@ class SbxRunner:
     cwd: Path
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        # no SBX_ settings, and no cloud credentials a developer's shell may hold: a test
-        # that means to reach a (stand-in) cloud passes them explicitly
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("SBX_", "E2B_", "MODAL_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
         env.update(SBX_HOME=str(self.home), XDG_CONFIG_HOME=str(self.cwd / "xdg-config"))
         env.update(extra or {})
         return env
