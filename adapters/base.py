@@ -11,7 +11,7 @@ import abc
 import enum
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 
@@ -97,6 +97,9 @@ class CreateRequest:
     # the soft deadline: a backend with a timer of its own (E2B) ends the sandbox there even
     # if sbx never runs again; `set_deadline` moves it on extend
     deadline: datetime | None = None
+    # the profile's idle limit: a backend with an idle clock of its own (Modal) gets it, and
+    # `touch` tells it about activity sbx records
+    idle: timedelta | None = None
     services: Sequence[ServiceSpec] = ()
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -192,6 +195,10 @@ class Adapter(abc.ABC):
         """Which engine or account this adapter reaches (None: only one can exist). A sandbox
         made on one instance is never judged by an adapter that reaches another."""
         return None
+
+    async def touch(self, ref: str) -> None:  # noqa: B027 (optional hook)
+        """Activity sbx recorded (`sbx touch`): a backend with an idle clock of its own resets
+        it, so it never ends a sandbox sbx still counts as in use."""
 
     def sees(self, ref: str) -> bool:
         """Whether `list()` in this process covers the sandbox `ref` (a per-profile key that

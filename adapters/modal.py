@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 TOKEN_ID = "MODAL_TOKEN_ID"
 TOKEN_SECRET = "MODAL_TOKEN_SECRET"
 DEFAULT_APP = "sandboxer"
+IDLE_GRACE_S = 60  # Modal's idle_timeout is the profile's ttl.idle plus this
 DEFAULT_SERVER = "https://api.modal.com"
 OPTIONS = frozenset({"app", "token_id", "token_secret"})
 ENV_REF = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
@@ -400,6 +401,9 @@ class ModalAdapter(Adapter):
                 app=app,
                 image=image,
                 timeout=self._timeout(request),
+                # past sbx's own idle limit, so sbx's reaper ends it first, with the reason
+                idle_timeout=(math.ceil(request.idle.total_seconds()) + IDLE_GRACE_S
+                              if request.idle else None),
                 cpu=(limits.cpu, limits.cpu) if limits.cpu else None,  # request = hard limit
                 memory=(memory_mib, memory_mib) if memory_mib else None,
                 gpu=limits.gpu,
@@ -468,6 +472,10 @@ class ModalAdapter(Adapter):
                     ref=join_ref(sandbox.object_id, tokens), labels=sandbox_tags,
                     status=_status(sandbox.returncode), running=sandbox.returncode is None))
         return list(found.values())
+
+    async def touch(self, ref: str) -> None:
+        """Modal's idle clock counts commands: run a no-op one."""
+        await self.exec(ref, ["true"], timeout_s=30)
 
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout_s: float | None = None) -> ExecResult:

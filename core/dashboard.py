@@ -866,7 +866,7 @@ class Dashboard:
 
     async def touch(self, ids: Sequence[str]) -> Outcome:
         async def one(sandbox_id: str) -> None:
-            await asyncio.to_thread(self.mgr.touch, sandbox_id)
+            await self.mgr.record_activity(sandbox_id)
 
         command = "; ".join(equivalent_command("touch", [i]) for i in ids)
         return await self._each("touched", ids, command, one)

@@ -455,6 +455,7 @@ class Manager:
             env=env,
             deadline=deadline,
             hard_deadline=hard_deadline,
+            idle=profile.ttl.idle,
             services=tuple(ServiceSpec(name, svc.image, svc.command, dict(svc.environment))
                            for name, svc in profile.services.items()),
             options=profile.options,
@@ -687,6 +688,13 @@ class Manager:
             if event:
                 self._event(conn, sandbox_id, "sandbox.touched", reason="manual")
         return dict(row)
+
+    async def record_activity(self, ref: str) -> dict[str, Any]:
+        """`sbx touch`: the idle clock starts again here, and on the backend if it keeps one."""
+        row = self.touch(ref)
+        if row.get("backend_ref"):
+            await (await self.adapter_for(row)).touch(row["backend_ref"])
+        return row
 
     def warn_expiring(self, sandbox_id: str, warn_before: timedelta) -> bool:
         """Write `sandbox.expiring` once per deadline, if still due."""

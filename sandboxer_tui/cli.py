@@ -505,9 +505,7 @@ def extend_command(sandbox_id: str, duration: str, as_json: bool) -> None:
 @command
 def touch_command(sandbox_id: str) -> None:
     """Record activity now (resets the idle clock)."""
-    mgr = manager()
-    row = mgr.touch(sandbox_id)
-    mgr.db.dispose()
+    row = run(lambda mgr: mgr.record_activity(sandbox_id))
     click.echo(f"{row['id']} active at {row['last_activity_at']}")
 
 

@@ -216,11 +216,17 @@ def test_parameters_that_reach_modal_match_the_profile(sbx, standin, image, tmp_
         "network: {mode: egress, allow: [10.0.0.0/8, 192.0.2.7, example.com, '*.pypi.org']}\n"
         "env: {GREETING: hi}\n"
         "secrets: {API_KEY: env:MODALTEST_API_KEY}\n"
-        "ttl: {default: 10m, max: 2h}\n"
+        "ttl: {default: 10m, max: 2h, idle: 5m}\n"
         "options: {app: sbx-tests}\n"))
     box = sbx.create("--profile-file", path)
     request = created(standin, box)
     definition = request.definition
+    # Modal's idle clock: sbx's idle limit plus a grace, so sbx's reaper ends it first
+    assert definition.idle_timeout_secs == 5 * 60 + 60
+    before = standin.sandboxes[box["backend_ref"]].last_activity
+    touched = sbx("touch", box["id"])
+    assert touched.code == 0, touched.err
+    assert standin.sandboxes[box["backend_ref"]].last_activity > before  # Modal saw activity
     resources = definition.resources
     assert (resources.milli_cpu, resources.milli_cpu_max) == (500, 500)
     assert (resources.memory_mb, resources.memory_mb_max) == (256, 256)
