@@ -19,7 +19,6 @@ import http.client
 import json
 import os
 import socket
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -177,20 +176,12 @@ class DeliverySettings:
     backoff_s: float = 2.0  # doubles with each attempt, at most 5 minutes
 
 
-def settings_file() -> Path:
-    return settings.user_config_dir() / "settings.toml"
-
-
 def load_settings() -> DeliverySettings:
     """The sinks from the settings file, overridden by `SBX_WEBHOOK_URL`. A bad setting is
     BadInput naming the file (or variable) and the field."""
-    path = settings_file()
-    data: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise BadInput(f"{path}: invalid settings: {exc}") from None
+    path = settings.settings_file()
+    data = settings.read_settings_file()
+
     def table(value: Any, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise BadInput(f"{path}: {where}: must be a table")

@@ -29,8 +29,39 @@ def user_config_dir() -> Path:
     return user_config_path(APP_NAME)
 
 
+def settings_file() -> Path:
+    return user_config_dir() / "settings.toml"
+
+
+def read_settings_file() -> dict:
+    """The settings file's tables ({} when there is none); BadInput naming it when invalid."""
+    import tomllib
+
+    from core.errors import BadInput
+
+    path = settings_file()
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise BadInput(f"{path}: invalid settings: {exc}") from None
+
+
 def database_url() -> str:
-    return os.environ.get("SBX_DATABASE_URL") or f"sqlite:///{sbx_home() / 'sbx.db'}"
+    """`$SBX_DATABASE_URL`, else `[database] url` of the settings file, else SQLite in
+    SBX_HOME."""
+    if os.environ.get("SBX_DATABASE_URL"):
+        return os.environ["SBX_DATABASE_URL"]
+    section = read_settings_file().get("database", {})
+    url = section.get("url") if isinstance(section, dict) else None
+    if url is not None:
+        if not isinstance(url, str) or not url:
+            from core.errors import BadInput
+
+            raise BadInput(f"{settings_file()}: database.url: must be a database URL string")
+        return url
+    return f"sqlite:///{sbx_home() / 'sbx.db'}"
 
 
 def install_id() -> str:

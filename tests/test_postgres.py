@@ -253,3 +253,16 @@ def test_unreachable_postgres_is_exit_5_in_one_line(sbx) -> None:
     assert result.code == 5, (result.code, result.err)
     assert len(result.err.strip().splitlines()) == 1
     assert "hunter2" not in result.err and "127.0.0.1:1" in result.err
+
+
+def test_the_settings_file_can_name_the_store(sbx, pg_url) -> None:
+    config = sbx.cwd / "xdg-config" / "sandboxer"
+    config.mkdir(parents=True)
+    (config / "settings.toml").write_text(f'[database]\nurl = "{pg_url}"\n')
+    doctor = sbx("doctor", "--json")
+    assert doctor.code == 0, doctor.err
+    assert doctor.json()["database"]["dialect"] == "postgresql"
+    assert not (sbx.home / "sbx.db").exists()
+    (config / "settings.toml").write_text("[database]\nurl = 5\n")
+    bad = sbx("ls")
+    assert bad.code == 2 and "database.url" in bad.err and "settings.toml" in bad.err

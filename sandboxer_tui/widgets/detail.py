@@ -69,6 +69,7 @@ def overview_table(row: SandboxRow, now: datetime | None, warn_s: float) -> Tabl
         ("backend", Text(row.backend)),
         ("backend ref", Text((raw.get("backend_ref") or "-")[:40])),
         ("owner", Text(row.owner)),
+        ("host", Text(raw.get("host") or "-")),  # the machine that made it (fleets)
         ("task", Text(row.task or "-")),
         ("labels", labels),
     ]

@@ -20,6 +20,7 @@ def profiles(sbx_home, tmp_path, monkeypatch):
     folder = tmp_path / "profiles"
     write_stub_profile(folder)
     monkeypatch.setenv("SBX_PROFILE_PATH", str(folder))
+    monkeypatch.setenv("SBX_HOST_NAME", "devbox")  # snapshots show it: not this machine's name
     return folder
 
 
