@@ -7,6 +7,7 @@ integration test, and `sbx doctor` shows it as a test double. Tests can make it 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -82,7 +83,8 @@ class StubAdapter(Adapter):
 
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout_s: float | None = None) -> ExecResult:
-        """Understands `echo ARGS`, `true`, `false` and `exit N`; anything else is exit 127."""
+        """Understands `echo ARGS`, `true`, `false`, `exit N` and `sleep S` (which honours
+        `timeout_s`: 124); anything else is exit 127."""
         self._maybe_fail("exec")
         if ref not in self.objects:
             raise AdapterError(f"stub: no sandbox {ref}")
@@ -95,6 +97,13 @@ class StubAdapter(Adapter):
             code = 1
         elif cmd == "exit":
             code = int(args[0]) if args else 0
+        elif cmd == "sleep":
+            seconds = float(args[0]) if args else 0.0
+            if timeout_s is not None and seconds > timeout_s:
+                await asyncio.sleep(timeout_s)
+                return ExecResult(124, b"", b"stub: timed out\n", time.perf_counter() - start,
+                                  timed_out=True)
+            await asyncio.sleep(seconds)
         elif cmd != "true":
             err, code = f"stub: {cmd}: not found\n".encode(), 127
         return ExecResult(code, out, err, time.perf_counter() - start)

@@ -43,14 +43,11 @@ class TestStubConformance(AdapterConformance):
 
         return StubAdapter.lose
 
-    # the stub understands `echo`, `true`, `false` and `exit N` only
+    # the stub understands `echo`, `true`, `false`, `exit N` and `sleep S` only
     def argv_exit(self, code: int) -> list[str]:
         return ["exit", str(code)]
 
     def argv_stderr(self, text: str) -> None:
-        return None
-
-    def argv_sleep(self, seconds: float) -> None:
         return None
 
 
