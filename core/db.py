@@ -62,6 +62,26 @@ def _precreate_private(path: Path) -> None:
     os.close(fd)
 
 
+def _ensure_wal(cur) -> None:
+    """WAL mode, set once in the file's life. Switching needs an exclusive lock, and SQLite
+    answers "database is locked" at once, without its busy handler, while another process
+    is creating the same new database: wait for it, as the busy timeout would."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def make_engine(url: str) -> Engine:
     try:
         parsed = sa.make_url(url)
@@ -87,7 +107,7 @@ def make_engine(url: str) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         if path is not None:
-            cur.execute("PRAGMA journal_mode=WAL")
+            _ensure_wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
@@ -143,12 +163,29 @@ class Database:
                 yield conn
 
     def schema_version(self) -> str | None:
+        import time
+
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                return self._read_schema_version()
+            except sa.exc.OperationalError as exc:
+                # a new SQLite file another process is creating right now: it answers
+                # "locked" at once, before its busy timeout applies; wait as that would
+                if "locked" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                raise
+
+    def _read_schema_version(self) -> str | None:
         try:
             with self.engine.connect() as conn:
                 return conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
         except sa.exc.OperationalError as exc:
             if "no such table" in str(exc):
                 return None
+            if "locked" in str(exc):
+                raise
             raise Unavailable(f"cannot read the database {redact(self.url)}: {exc}") from exc
         except sa.exc.ProgrammingError:
             return None
