@@ -14,9 +14,10 @@ advisory lock (`serialise`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -26,6 +27,7 @@ from core.errors import BadInput, OperationFailed, Unavailable
 from core.migrations import SCHEMA_HEAD
 
 BUSY_TIMEOUT_MS = 30_000
+T = TypeVar("T")
 _WRITE = "sbx_write"
 # pg_advisory_xact_lock keys: one per thing that needs a total order
 LOCK_EVENT_CHAIN = 0x5B0001
@@ -62,24 +64,30 @@ def _precreate_private(path: Path) -> None:
     os.close(fd)
 
 
-def _ensure_wal(cur) -> None:
-    """WAL mode, set once in the file's life. Switching needs an exclusive lock, and SQLite
-    answers "database is locked" at once, without its busy handler, while another process
-    is creating the same new database: wait for it, as the busy timeout would."""
+def _waiting_while_locked(action: Callable[[], T]) -> T:
+    """Run `action`, trying again while SQLite says "database is locked". A new file that
+    another process is creating right now answers that at once, without the busy handler
+    (switching to WAL needs an exclusive lock): wait for it, as the busy timeout would."""
     import sqlite3
     import time
 
     deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
     while True:
         try:
-            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
-                return
-            cur.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
+            return action()
+        except (sqlite3.OperationalError, sa.exc.OperationalError) as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def _ensure_wal(cur) -> None:
+    """WAL mode, set once in the file's life."""
+    def switch() -> None:
+        if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            cur.execute("PRAGMA journal_mode=WAL")
+
+    _waiting_while_locked(switch)
 
 
 def make_engine(url: str) -> Engine:
@@ -163,19 +171,10 @@ class Database:
                 yield conn
 
     def schema_version(self) -> str | None:
-        import time
-
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        while True:
-            try:
-                return self._read_schema_version()
-            except sa.exc.OperationalError as exc:
-                # a new SQLite file another process is creating right now: it answers
-                # "locked" at once, before its busy timeout applies; wait as that would
-                if "locked" in str(exc) and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                    continue
-                raise
+        try:
+            return _waiting_while_locked(self._read_schema_version)
+        except sa.exc.OperationalError as exc:  # still locked after the busy timeout
+            raise Unavailable(f"cannot read the database {redact(self.url)}: {exc}") from exc
 
     def _read_schema_version(self) -> str | None:
         try:

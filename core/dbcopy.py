@@ -75,13 +75,11 @@ def _advance_sequences(out: sa.Connection, tables: list[sa.Table]) -> None:
     if out.dialect.name != "postgresql":
         return
     for table in tables:
-        for column in table.primary_key.columns:
-            if column.autoincrement is True or (
-                    column.autoincrement == "auto" and isinstance(column.type, sa.Integer)
-                    and len(table.primary_key.columns) == 1):
-                sequence = out.exec_driver_sql(
-                    "SELECT pg_get_serial_sequence(%s, %s)", (table.name, column.name)).scalar()
-                if sequence:
-                    out.exec_driver_sql(
-                        f"SELECT setval('{sequence}', COALESCE((SELECT MAX({column.name}) "
-                        f"FROM {table.name}), 0) + 1, false)")
+        column = table.autoincrement_column
+        if column is None:
+            continue
+        sequence = out.exec_driver_sql(
+            "SELECT pg_get_serial_sequence(%s, %s)", (table.name, column.name)).scalar()
+        if sequence:
+            out.exec_driver_sql(f"SELECT setval('{sequence}', COALESCE((SELECT MAX({column.name}) "
+                                f"FROM {table.name}), 0) + 1, false)")

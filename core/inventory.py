@@ -90,25 +90,17 @@ def open_sqlite_readonly(url: str, *, any_thread: bool = False) -> sqlite3.Conne
 
 
 def open_postgres_readonly(url: str) -> Any | None:
-    """A read-only psycopg connection when `url` is a current PostgreSQL database."""
-    from urllib.parse import unquote, urlsplit
-
-    parts = urlsplit(url)
-    if not parts.scheme.startswith("postgresql"):
+    """A read-only psycopg connection when `url` is a current PostgreSQL database. libpq
+    reads the URL itself once SQLAlchemy's `+driver` is taken off its scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+")[0] != "postgresql":
         return None
     try:
         import psycopg
     except ImportError:
         return None
-    params = {"host": parts.hostname, "port": parts.port, "dbname": parts.path.lstrip("/"),
-              "user": unquote(parts.username) if parts.username else None,
-              "password": unquote(parts.password) if parts.password else None}
-    for item in filter(None, parts.query.split("&")):
-        key, _, value = item.partition("=")
-        params[key] = unquote(value)
     try:
-        conn = psycopg.connect(**{k: v for k, v in params.items() if v is not None},
-                               connect_timeout=10, autocommit=True)
+        conn = psycopg.connect(f"postgresql://{rest}", connect_timeout=10, autocommit=True)
         conn.read_only = True
         version = conn.execute("SELECT version_num FROM alembic_version").fetchone()
     except psycopg.Error:

@@ -692,7 +692,8 @@ class Manager:
     async def record_activity(self, ref: str) -> dict[str, Any]:
         """`sbx touch`: the idle clock starts again here, and on the backend if it keeps one."""
         row = self.touch(ref)
-        if row.get("backend_ref"):
+        keeps_idle_clock = type(self.adapter(row["backend"])).touch is not Adapter.touch
+        if keeps_idle_clock and row.get("backend_ref"):
             await (await self.adapter_for(row)).touch(row["backend_ref"])
         return row
 

@@ -304,18 +304,20 @@ class Reaper:
         reachable = [r for r in mine
                      if r["backend"] not in unreachable and r["id"] not in unreachable_rows]
         if self.reap:
-            reachable += await self._fleet_rows(rows, unreachable)
+            reachable += await self._fleet_rows(rows, unreachable, now)
         reap = plan_reap(reachable, now, self.warn_before) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
         return merge(reconcile, [*reap, *orphans])
 
-    async def _fleet_rows(self, rows: list[dict[str, Any]],
-                          unreachable: set[str]) -> list[dict[str, Any]]:
+    async def _fleet_rows(self, rows: list[dict[str, Any]], unreachable: set[str],
+                          now: datetime) -> list[dict[str, Any]]:
         """Other installations' sandboxes on a shared backend (a cloud account this process
         reaches too): any reaper may end them when they expire. Reconcile stays with their
-        own installation, which lists its own objects."""
+        own installation, which lists its own objects. Only rows with something due load
+        their backend, so a cycle with nothing to do loads none."""
         theirs = [r for r in rows if r["install_id"] != self.install_id
-                  and r["state"] in REAPABLE and r["backend"] not in unreachable]
+                  and r["state"] in REAPABLE and r["backend"] not in unreachable
+                  and (expiry_reason(r, now) or warning_due(r, now, self.warn_before))]
         usable: list[dict[str, Any]] = []
         for backend in {r["backend"] for r in theirs}:
             try:

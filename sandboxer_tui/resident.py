@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandboxer_tui.launcher import PROTOCOL, SOCKET_NAME, home, socket_address
+from sandboxer_tui.launcher import PROTOCOL, SOCKET_NAME, home, send_message, socket_address
 
 PID_FILE = "server.pid"
 LOG_FILE = "server.log"
@@ -330,8 +330,6 @@ def _log(message: str) -> None:
 
 def query_status(folder: Path) -> dict[str, Any] | None:
     """The running server's status, or None when none answers."""
-    from sandboxer_tui.launcher import send_message
-
     if not (folder / SOCKET_NAME).exists():
         return None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
