@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import abc
 import enum
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, ClassVar
 
 
@@ -191,6 +193,12 @@ class Adapter(abc.ABC):
     async def health(self) -> Health:
         """Reachable? Credentials present? Never raises."""
 
+    @classmethod  # noqa: B027 (optional hook)
+    def prepare(cls) -> None:
+        """Optional: reach the backend ahead of a command in this process (the resident
+        server's spare child calls it while no one waits), so that command's first call
+        is quicker. It changes nothing; what fails here is for the command to meet."""
+
     async def instance_id(self) -> str | None:
         """Which engine or account this adapter reaches (None: only one can exist). A sandbox
         made on one instance is never judged by an adapter that reaches another."""
@@ -263,3 +271,17 @@ class Adapter(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release clients and threads."""
+
+
+def state_folder() -> Path:
+    """`$SBX_HOME`, else the platform's user data folder, as the core finds it: where an
+    adapter keeps files of its own (adapters do not import the core)."""
+    raw = os.environ.get("SBX_HOME")
+    if raw:
+        home = Path(raw).expanduser()
+    else:
+        from platformdirs import user_data_path
+
+        home = user_data_path("sandboxer")
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return home

@@ -8,6 +8,7 @@ so each call runs in a worker thread; no database transaction is open while it d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import json
@@ -42,6 +43,7 @@ from adapters.base import (
     Health,
     MetricSample,
     ServiceSpec,
+    state_folder,
 )
 
 BASE_IMAGE = "sandboxer/base:busybox"
@@ -49,6 +51,11 @@ CHECKPOINT_REPOSITORY = "sandboxer/checkpoint"
 # Keeps the container alive and exits at once on TERM; needs only a POSIX sh.
 KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox")
+ENGINE_IDS_FILE = "docker-engine-ids.json"  # in SBX_HOME; see known_engine_id()
+ENGINE_IDS_KEPT = 16
+# How long a ping made ahead (DockerAdapter.prepare) stands for the command's own: an engine
+# that stops answering is still met before anything is written, give or take this.
+PING_FRESH_S = 1.0
 START_HINT = (
     "start one: `make run` does it for you (as root on Debian), or `sudo dockerd &`, "
     "or `sudo systemctl start docker`; or point DOCKER_HOST at a reachable engine"
@@ -57,6 +64,67 @@ START_HINT = (
 
 def engine_url() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def _client_key(base_url: str, timeout: float) -> tuple[Any, ...]:
+    """What decides a client: the engine, and the environment docker-py reads at creation."""
+    return (base_url, timeout, *(os.environ.get(v) for v in (
+        "HOME", "DOCKER_CONFIG", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")))
+
+
+# Clients made, and pinged, ahead of the command that will use them: key -> (client, when).
+_prepared_clients: dict[tuple[Any, ...], tuple[docker.APIClient, float]] = {}
+
+
+def _socket_stamp(base_url: str) -> str | None:
+    """Which socket file a local engine listens on: its path, inode and change time. An
+    engine (re)started, or another one, makes a new socket file, hence a new stamp. None
+    for a remote engine (tcp://, ssh://), whose identity is always asked."""
+    if not base_url.startswith("unix://"):
+        return None
+    path = base_url.removeprefix("unix://")
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{path} {st.st_ino} {st.st_ctime_ns}"
+
+
+def known_engine_id(base_url: str) -> tuple[str | None, str | None]:
+    """The engine ID remembered for this socket file, if any, and the socket's stamp.
+
+    `docker info` costs a command several ms every time, for an answer that is fixed for
+    the socket's life, so it is remembered in SBX_HOME per socket stamp."""
+    stamp = _socket_stamp(base_url)
+    if stamp is None:
+        return None, None
+    try:
+        known = json.loads((state_folder() / ENGINE_IDS_FILE).read_text())
+    except (OSError, ValueError):
+        return None, stamp
+    found = known.get(stamp) if isinstance(known, dict) else None
+    return (found if isinstance(found, str) and found else None), stamp
+
+
+def remember_engine_id(stamp: str, engine_id: str) -> None:
+    path = state_folder() / ENGINE_IDS_FILE
+    try:
+        known = json.loads(path.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    known.pop(stamp, None)
+    known[stamp] = engine_id  # newest last; the oldest go
+    kept = dict(list(known.items())[-ENGINE_IDS_KEPT:])
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(kept, out)
+        os.replace(scratch, path)
+    except OSError:  # a cache: a command never fails for want of it
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
 
 
 def build_base_image(api: docker.APIClient, tag: str = BASE_IMAGE) -> str:
@@ -134,10 +202,22 @@ class DockerAdapter(Adapter):
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    @classmethod
+    def prepare(cls) -> None:
+        adapter = cls()
+        adapter._client()
+        key = _client_key(adapter.base_url, adapter.timeout)
+        _prepared_clients[key] = (adapter._api, time.monotonic())
+
     def _client(self) -> docker.APIClient:
         """A client speaking the engine's own API version, learnt from one unversioned
         `/_ping` (what `docker version="auto"` learns from the slower `/version`)."""
         if self._api is None:
+            prepared = _prepared_clients.pop(_client_key(self.base_url, self.timeout), None)
+            if prepared is not None:
+                self._api, pinged_at = prepared
+                self._pinged = time.monotonic() - pinged_at < PING_FRESH_S
+                return self._api
             try:
                 api = docker.APIClient(base_url=self.base_url, timeout=self.timeout,
                                        version=docker.constants.MINIMUM_DOCKER_API_VERSION,
@@ -217,7 +297,13 @@ class DockerAdapter(Adapter):
         """The engine's own ID (`docker info`), so a DOCKER_HOST that reaches another engine
         cannot mistake this one's containers for gone."""
         if self._engine_id is None:
-            self._engine_id = (await self._call(lambda api: api.info())).get("ID") or ""
+            remembered, stamp = known_engine_id(self.base_url)
+            if remembered:
+                self._engine_id = remembered
+            else:
+                self._engine_id = (await self._call(lambda api: api.info())).get("ID") or ""
+                if stamp and self._engine_id:
+                    remember_engine_id(stamp, self._engine_id)
         return self._engine_id or None
 
     def validate(self, request: CreateRequest) -> None:

@@ -51,6 +51,7 @@ from adapters.base import (
     ExecResult,
     Health,
     InvalidRequest,
+    state_folder,
 )
 
 INVENTORY_ENV = "SBX_SSH_INVENTORY"
@@ -242,20 +243,6 @@ def matching(hosts: Sequence[Host], match: Mapping[str, str]) -> list[Host]:
 
 
 # -- leases ---------------------------------------------------------------------------------
-
-
-def state_folder() -> Path:
-    """`$SBX_HOME`, else the platform's user data folder, as the core finds it (the adapter
-    does not import the core)."""
-    raw = os.environ.get("SBX_HOME")
-    if raw:
-        home = Path(raw).expanduser()
-    else:
-        from platformdirs import user_data_path
-
-        home = user_data_path("sandboxer")
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return home
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ installation that no row claims, so no row lacks an artifact and no artifact lac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tarfile
@@ -100,7 +101,6 @@ class Checkpoints:
         if sandbox["state"] not in ACTIVE:
             raise Conflict(f"sandbox {sandbox['id']} is {sandbox['state']}: cannot snapshot")
         await mgr.adapter_for(sandbox)
-        lease = mgr._take(sandbox["id"], ACTIVE, "snapshot")
         ckpt_id = new_checkpoint_id()
         profile = json.loads(sandbox["profile_json"] or "{}")
         keep_for = (profile.get("checkpoints") or {}).get("ttl")
@@ -113,12 +113,16 @@ class Checkpoints:
             "created_at": to_iso(now),
             "expires_at": to_iso(now + _duration(keep_for)) if keep_for else None,
         }
+        # The lease and the intent in one transaction, the result and the release in another:
+        # nobody destroys the sandbox while its filesystem is being saved.
+        with self.db.write() as conn:
+            lease = mgr._take_in(conn, sandbox["id"], ACTIVE, "snapshot")
+            conn.execute(CHECKPOINTS.insert().values(**row))
+            mgr._event(conn, sandbox["id"], "checkpoint.creating",
+                       payload={"checkpoint": ckpt_id, "name": name,
+                                "parent": row["parent_id"]})
+        given_back = False
         try:
-            with self.db.write() as conn:
-                conn.execute(CHECKPOINTS.insert().values(**row))
-                mgr._event(conn, sandbox["id"], "checkpoint.creating",
-                           payload={"checkpoint": ckpt_id, "name": name,
-                                    "parent": row["parent_id"]})
             failpoint("snapshot.after-intent")
             labels = {LABEL_CHECKPOINT: ckpt_id, LABEL_INSTALL: mgr.install_id,
                       LABEL_ID: sandbox["id"]}
@@ -130,6 +134,8 @@ class Checkpoints:
                     conn.execute(CHECKPOINTS.delete().where(CHECKPOINTS.c.id == ckpt_id))
                     mgr._event(conn, sandbox["id"], "checkpoint.failed",
                                payload={"checkpoint": ckpt_id, "error": str(exc)})
+                    mgr._give_back(lease, conn)
+                given_back = True
                 raise
             failpoint("snapshot.after-backend")
             with self.db.write() as conn:
@@ -138,8 +144,12 @@ class Checkpoints:
                 mgr._event(conn, sandbox["id"], "checkpoint.created", payload={
                     "checkpoint": ckpt_id, "name": name, "kind": "filesystem",
                     "parent": row["parent_id"], "size_bytes": artifact.size_bytes})
+                mgr._give_back(lease, conn)
+            given_back = True
         finally:
-            mgr._give_back(lease)
+            if not given_back:  # a database error above: the lease must not outlive us
+                with contextlib.suppress(Exception):
+                    mgr._give_back(lease)
         keep = (profile.get("checkpoints") or {}).get("keep")
         if keep:
             await self._keep_newest(sandbox["id"], int(keep))

@@ -146,6 +146,16 @@ class Database:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    def file_identity(self) -> tuple[int, int] | None:
+        """Which file a SQLite database is (device, inode); None for a server database or
+        a file not there. A file replaced under the same name is another database."""
+        path = _sqlite_path(self.engine.url)
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino) if st else None
+
     @property
     def anchor_path(self) -> Path | None:
         """Where the event log's head is anchored: beside the SQLite file."""

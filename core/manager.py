@@ -92,6 +92,54 @@ def _like_prefix(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
+# A database opened ahead of the command that will use it (see prepare_process): its URL ->
+# (the database, the file it opened, when).
+_prepared: dict[str, tuple[Database, tuple[int, int], float]] = {}
+PREPARED_FOR_S = 30.0
+
+
+def prepare_process(backends: Sequence[str] = ()) -> None:
+    """Open the database and reach the backends a command in this process is likely to use,
+    before that command exists: the resident server's spare child does it while no one
+    waits. Only a SQLite file is opened ahead (a database server may drop an idle
+    connection). Whatever fails here is left for the command to meet and report."""
+    with contextlib.suppress(Exception):
+        url = settings.database_url()
+        db = Database(url)
+        identity = db.file_identity() if db.dialect == "sqlite" else None
+        if identity is None:
+            db.dispose()
+        else:
+            db.migrate()  # connects, and checks the schema once
+            _prepared[url] = (db, identity, time.monotonic())
+    for name in backends:
+        with contextlib.suppress(Exception):
+            registry.load_class(name).prepare()
+
+
+_abandoned: list[Database] = []
+
+
+def _prepared_database(url: str) -> Database | None:
+    """The database prepare_process opened for this URL, if it is still the same file and
+    recent; else None.
+
+    A connection to a file since replaced is left open, untouched, until the process ends:
+    closing SQLite's last connection to a file checkpoints and removes the `-wal` beside it,
+    which by now may belong to the new file."""
+    found = _prepared.pop(url, None)
+    if found is None:
+        return None
+    db, identity, opened = found
+    if db.file_identity() != identity:
+        _abandoned.append(db)
+        return None
+    if time.monotonic() - opened > PREPARED_FOR_S:
+        db.dispose()
+        return None
+    return db
+
+
 class Manager:
     """One per process (or per test). Holds the database, the clock and loaded adapters."""
 
@@ -105,7 +153,10 @@ class Manager:
         lease_ttl: timedelta | None = None,
         adapters: dict[str, Adapter] | None = None,
     ) -> None:
-        self.db = db or Database(settings.database_url())
+        if db is None:
+            url = settings.database_url()
+            db = _prepared_database(url) or Database(url)
+        self.db = db
         self.clock = clock or clock_from_env()
         self.actor = actor or settings.actor()
         self.install_id = install_id or settings.install_id()
@@ -317,31 +368,40 @@ class Manager:
         """The lease alone, for an action that is not a transition yet (snapshot, pause):
         nobody destroys the sandbox under it. IllegalTransition-like Conflict otherwise."""
         with self.db.write() as conn:
-            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
-                               ).mappings().first()
-            if row is None:
-                raise NotFound(f"no sandbox {sandbox_id!r}")
-            if row["state"] not in states:
-                raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot {verb}")
-            if leased(row, self._now()):
-                raise Conflict(f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
-                               f"until {row['lease_expires_at']}")
-            fence = conn.execute(
-                SANDBOXES.update()
-                .where(SANDBOXES.c.id == sandbox_id, SANDBOXES.c.fence == row["fence"])
-                .values(lease_owner=self.lease_owner, fence=SANDBOXES.c.fence + 1,
-                        lease_expires_at=to_iso(self.clock.now() + self.lease_ttl))
-                .returning(SANDBOXES.c.fence)).scalar()
-            if fence is None:
-                raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
-            return Lease(sandbox_id, fence)
+            return self._take_in(conn, sandbox_id, states, verb)
 
-    def _give_back(self, lease: Lease) -> None:
-        with self.db.write() as conn:
-            conn.execute(SANDBOXES.update().where(
-                SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
-                SANDBOXES.c.lease_owner == self.lease_owner,
-            ).values(lease_owner=None, lease_expires_at=None))
+    def _take_in(self, conn: Connection, sandbox_id: str,
+                 states: frozenset[State] | set[State], verb: str) -> Lease:
+        """_take inside the caller's write transaction, with what it records beside it."""
+        row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
+                           ).mappings().first()
+        if row is None:
+            raise NotFound(f"no sandbox {sandbox_id!r}")
+        if row["state"] not in states:
+            raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot {verb}")
+        if leased(row, self._now()):
+            raise Conflict(f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
+                           f"until {row['lease_expires_at']}")
+        fence = conn.execute(
+            SANDBOXES.update()
+            .where(SANDBOXES.c.id == sandbox_id, SANDBOXES.c.fence == row["fence"])
+            .values(lease_owner=self.lease_owner, fence=SANDBOXES.c.fence + 1,
+                    lease_expires_at=to_iso(self.clock.now() + self.lease_ttl))
+            .returning(SANDBOXES.c.fence)).scalar()
+        if fence is None:
+            raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
+        return Lease(sandbox_id, fence)
+
+    def _give_back(self, lease: Lease, conn: Connection | None = None) -> None:
+        """Release a lease _take took; inside `conn` when given, else in its own transaction."""
+        if conn is None:
+            with self.db.write() as conn:
+                self._give_back(lease, conn)
+            return
+        conn.execute(SANDBOXES.update().where(
+            SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
+            SANDBOXES.c.lease_owner == self.lease_owner,
+        ).values(lease_owner=None, lease_expires_at=None))
 
     def _finish(self, lease: Lease, result: State, *, values: Mapping[str, Any] | None = None,
                 reason: str | None = None, payload: Mapping[str, Any] | None = None,

@@ -1173,9 +1173,8 @@ def server_stop_command(as_json: bool) -> None:
 def server_status_command(as_json: bool) -> None:
     """Whether a server runs for this SBX_HOME, and how many commands it served."""
     from sandboxer_tui import resident
-    from sandboxer_tui.launcher import home
 
-    status = resident.query_status(home())
+    status = resident.query_status(resident.server_folder())
     running = bool(status and "pid" in status)
     if as_json:
         emit_json({"running": running, **(status or {})})

@@ -3,59 +3,90 @@
 Most of an `sbx` command's time is Python importing SQLAlchemy, pydantic and docker-py, not
 the work. A resident server (sandboxer_tui/resident.py) imports them once and forks a child
 per command; this launcher only connects, passes its argv, environment, working folder and
-its own stdin/stdout/stderr, forwards signals and exits with the child's code. It imports
-nothing but the standard library. With no server, or one that cannot take the command, the
-command runs here as it always did.
+its own stdin/stdout/stderr, forwards signals and exits with the child's code. With no
+server, or one that cannot take the command, the command runs here as it always did.
+
+Every millisecond here is paid by every command, so this file imports only modules built
+into the interpreter (`_socket`, `_signal`, `marshal`): not `socket`, `signal` or `json`,
+which pull in `enum` and `re`, nor `pathlib`.
+
+The protocol: the request is a 4-byte big-endian length and a `marshal`led dict, with the
+caller's fds 0, 1 and 2 attached (SCM_RIGHTS). Replies are text lines: `pid N` when a child
+took the command, then `exit N`; or `declined REASON` (run it here instead).
 """
 
 from __future__ import annotations
 
-import json
+import _signal
+import _socket
+import marshal
 import os
-import signal
-import socket
-import struct
 import sys
-from pathlib import Path
 
 SOCKET_NAME = "server.sock"
-PROTOCOL = 1
+PROTOCOL = 2
+APP_NAME = "sandboxer"
 # Not through the server: the dashboard needs the terminal as its own (job control,
 # resizes), and the server commands manage the server itself.
 _LOCAL_COMMANDS = {"tui", "server"}
 
 
-def home() -> Path:
-    """The same folder as core.settings.sbx_home(), without importing the core."""
+def home() -> str:
+    """The folder core.settings.sbx_home() names, without importing the core.
+
+    On Linux platformdirs' rule is XDG's, written out here to spare its import;
+    tests/test_resident_server.py checks the two agree."""
     raw = os.environ.get("SBX_HOME")
     if raw:
-        return Path(raw).expanduser()
-    from platformdirs import user_data_path
+        return os.path.expanduser(raw)
+    if sys.platform == "linux":
+        base = os.environ.get("XDG_DATA_HOME", "").strip() or os.path.expanduser("~/.local/share")
+        return os.path.join(base, APP_NAME)
+    from platformdirs import user_data_dir
 
-    return user_data_path("sandboxer")
+    return user_data_dir(APP_NAME)
 
 
-def socket_address(folder: Path) -> str:
+def socket_address(folder: str) -> str:
     """The socket's path; through /proc/self/fd when the real one is too long for AF_UNIX."""
-    path = str(folder / SOCKET_NAME)
+    path = os.path.join(folder, SOCKET_NAME)
     if len(path.encode()) < 100:
         return path
     fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     return f"/proc/self/fd/{fd}/{SOCKET_NAME}"
 
 
-def send_message(sock: socket.socket, data: dict, fds: list[int] | None = None) -> None:
-    body = json.dumps(data).encode()
-    frame = struct.pack("!I", len(body)) + body
+def frame(data: dict) -> bytes:
+    body = marshal.dumps(data)
+    return len(body).to_bytes(4, "big") + body
+
+
+def send_request(sock, data: dict, fds: list[int] | None = None) -> None:
     if fds:
-        socket.send_fds(sock, [frame], fds)
+        rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+        sock.sendmsg([frame(data)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
     else:
-        sock.sendall(frame)
+        sock.sendall(frame(data))
 
 
-def read_line(stream) -> dict | None:
-    line = stream.readline()
-    return json.loads(line) if line else None
+class _Lines:
+    """Reply lines from the server; None at end of stream."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.buffer = sock, b""
+
+    def next(self) -> tuple[str, str] | None:
+        while b"\n" not in self.buffer:
+            try:
+                chunk = self.sock.recv(4096)
+            except InterruptedError:
+                continue
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        word, _, rest = line.decode().partition(" ")
+        return word, rest
 
 
 def wants_server(args: list[str]) -> bool:
@@ -68,9 +99,7 @@ def wants_server(args: list[str]) -> bool:
 def through_server(args: list[str]) -> int | None:
     """The command's exit code, or None when no server took it (run it here instead)."""
     folder = home()
-    if not (folder / SOCKET_NAME).exists():
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(socket_address(folder))
         request = {
@@ -81,16 +110,16 @@ def through_server(args: list[str]) -> int | None:
             "cwd": os.getcwd(),
             "umask": _umask(),
         }
-        send_message(sock, request, [0, 1, 2])
-        replies = sock.makefile("r")
-        started = read_line(replies)
+        send_request(sock, request, [0, 1, 2])
+        replies = _Lines(sock)
+        started = replies.next()
     except (OSError, ValueError):
         sock.close()
-        return None  # no server (a stale socket), or it went away: run here
-    if not started or "pid" not in started:
+        return None  # no server (no socket, a stale one), or it went away: run here
+    if not started or started[0] != "pid":
         sock.close()
         return None  # the server declined (another Python, its code changed): run here
-    child = started["pid"]
+    child = int(started[1])
 
     def forward(signum, _frame) -> None:
         try:
@@ -98,22 +127,17 @@ def through_server(args: list[str]) -> int | None:
         except ProcessLookupError:
             pass
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
+    for signum in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(signum, forward)
     try:
-        while True:
-            try:
-                finished = read_line(replies)
-                break
-            except InterruptedError:
-                continue
-    except (OSError, ValueError):
+        finished = replies.next()
+    except OSError:
         finished = None
     sock.close()
-    if not finished or "exit" not in finished:
+    if not finished or finished[0] != "exit":
         print("sbx: the sbx server went away while running the command", file=sys.stderr)
         return 1
-    return int(finished["exit"])
+    return int(finished[1])
 
 
 def _umask() -> int:
@@ -127,7 +151,8 @@ def main() -> None:
     if wants_server(args):
         code = through_server(args)
         if code is not None:
-            sys.exit(code)
+            sys.stderr.flush()
+            os._exit(code)  # skips the interpreter's teardown (~3 ms): nothing here needs it
     from sandboxer_tui.cli import main as run_here
 
     run_here(args)

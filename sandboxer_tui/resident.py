@@ -14,9 +14,11 @@ stale code. Forking is safe because the server never starts a thread.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import json
+import marshal
 import os
 import selectors
 import signal
@@ -28,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandboxer_tui.launcher import PROTOCOL, SOCKET_NAME, home, send_message, socket_address
+from sandboxer_tui import launcher
+from sandboxer_tui.launcher import PROTOCOL, SOCKET_NAME, send_request, socket_address
 
 PID_FILE = "server.pid"
 LOG_FILE = "server.log"
@@ -48,7 +51,11 @@ PRELOAD = (
     "docker",
     "adapters.stub",
     "adapters.ssh",
+    "platformdirs",
+    "tomllib",
+    "netrc",  # requests imports it on a client's first request
 )
+LOCAL_BACKENDS = ("docker", "stub", "ssh")  # preloaded above; a spare reaches them ahead
 _PACKAGES = ("core", "adapters", "sandboxer_tui", "profiles")
 
 
@@ -112,24 +119,27 @@ def _warm_up() -> None:
         db.dispose()
 
 
-def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
-    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
+def _read_frame(conn: socket.socket, max_fds: int = 3) -> tuple[bytes, list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, max_fds)
+    while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
         more = conn.recv(1 << 20)
         if not more:
             raise ValueError("request cut short")
         data += more
-    (size,) = struct.unpack("!I", data[:4])
-    return json.loads(data[4 : 4 + size]), fds
+    return data[4 : 4 + int.from_bytes(data[:4], "big")], fds
 
 
-def _reply(conn: socket.socket, data: dict[str, Any]) -> None:
+def _reply(conn: socket.socket, word: str, payload: object) -> None:
     with contextlib.suppress(OSError):
-        conn.sendall((json.dumps(data) + "\n").encode())
+        conn.sendall(f"{word} {payload}\n".encode())
 
 
-def _run_child(request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked child: become the caller's `sbx` process, run the command, exit."""
+def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: become the caller's `sbx` process, run the command, exit.
+
+    The child answers `exit N` itself, after letting go of the caller's stdin/stdout/stderr,
+    so the caller goes on while this process is torn down (a few ms for a process this
+    size). The server answers too when it reaps the child, for a child killed by a signal."""
     code = 1
     try:
         for target, fd in enumerate(fds):
@@ -165,7 +175,46 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> None:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        for fd in (0, 1, 2):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        _reply(conn, "exit", code)
         os._exit(code)
+
+
+def _wait_as_spare(control: socket.socket) -> None:
+    """In a spare child, forked while no command waits: open the database and reach the
+    local engine (core.manager.prepare_process), say so, then wait for a command.
+
+    The fork, the database's first connection and the engine's ping then happen on no
+    command's clock. The command takes what was opened only if its environment names the
+    same database file and engine. (Running the whole warm-up again here was measured to
+    slow the command running beside it by as much as it saved the next one.)
+    The spare exits when the server closes its end (the server stopping, or dying)."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        from core.manager import prepare_process
+
+        prepare_process(LOCAL_BACKENDS)
+        control.sendall(b"ready\n")
+        body, fds = _read_frame(control, max_fds=4)
+        if len(fds) != 4:
+            raise ValueError("a command comes with its connection and three fds")
+        request = marshal.loads(body)
+    except BaseException:
+        os._exit(0)
+    control.close()
+    conn = socket.socket(fileno=fds[0])
+    _run_child(conn, request, fds[1:])  # never returns
+
+
+@dataclasses.dataclass
+class _Spare:
+    pid: int
+    pidfd: int
+    control: socket.socket  # the server's end; the spare's ends when it closes
+    ready: bool = False
 
 
 class Server:
@@ -179,6 +228,8 @@ class Server:
         self.last_activity = time.monotonic()
         self.stamps: dict[str, float] = {}
         self.stopping = False
+        self.spare: _Spare | None = None
+        self.spares_lost = 0  # spares that died unused: after a few, fork per command only
 
     def preload(self) -> None:
         for name in PRELOAD:
@@ -209,12 +260,18 @@ class Server:
         self.selector.register(listener, selectors.EVENT_READ, "listener")
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
+        self.listener = listener
+        self._fork_spare()
         try:
             while not self.stopping:
                 timeout = 1.0
                 for key, _ in self.selector.select(timeout):
                     if key.data == "listener":
                         self._accept(listener)
+                    elif key.data == "spare-ready":
+                        self._spare_ready()
+                    elif key.data == "spare-exit":
+                        self._spare_lost()
                     else:
                         self._reap(key.fileobj)
                 if self._idle_expired():
@@ -246,21 +303,30 @@ class Server:
         try:
             uid = struct.unpack("3i", conn.getsockopt(
                 socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
-            request, fds = _read_request(conn)
+            body, fds = _read_frame(conn)
+            if uid != os.getuid():  # marshal is for trusted data: read nothing of another user's
+                _reply(conn, "declined", "another user")
+                return
+            request = marshal.loads(body)
             if request.get("op") == "status":
-                reason = "another user" if uid != os.getuid() else None
-                _reply(conn, {"declined": reason} if reason else self.status())
+                _reply(conn, "status", json.dumps(self.status()))
                 return
-            reason = self._decline_reason(uid, request, fds)
+            reason = self._decline_reason(request, fds)
             if reason:
-                _reply(conn, {"declined": reason})
+                _reply(conn, "declined", reason)
                 return
-            pid = os.fork()
-            if pid == 0:
-                self._close_inherited(listener, keep=conn)
-                _run_child(request, fds)  # never returns
-        except (OSError, ValueError) as exc:
-            _log(f"request refused: {exc}")
+            handed = self._hand_to_spare(conn, body, fds)
+            if handed:
+                pid, pidfd = handed
+            else:
+                pid = os.fork()
+                if pid == 0:
+                    self._close_inherited(listener)
+                    _run_child(conn, request, fds)  # never returns
+                pidfd = os.pidfd_open(pid)
+                self.selector.register(pidfd, selectors.EVENT_READ, "child")
+        except (OSError, ValueError, EOFError, TypeError, AttributeError) as exc:
+            _log(f"request refused: {exc!r}")
             return
         finally:
             for fd in fds:
@@ -268,24 +334,82 @@ class Server:
             if pid is None:
                 conn.close()
         self.served += 1
-        pidfd = os.pidfd_open(pid)
         self.children[pidfd] = (conn, pid)
-        self.selector.register(pidfd, selectors.EVENT_READ, "child")
-        _reply(conn, {"pid": pid})
+        _reply(conn, "pid", pid)
+        self._fork_spare()
 
-    def _close_inherited(self, listener: socket.socket, keep: socket.socket) -> None:
-        """A child holds nothing of the server's: not the listener, nor other callers'
-        connections, so a caller sees its server go away when it does."""
+    # -- the spare ---------------------------------------------------------------------------
+
+    def _fork_spare(self) -> None:
+        if self.spare is not None or self.stopping or self.spares_lost >= 3:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            self._close_inherited(self.listener)
+            _wait_as_spare(theirs)  # never returns
+        theirs.close()
+        pidfd = os.pidfd_open(pid)
+        self.spare = _Spare(pid, pidfd, ours)
+        self.selector.register(pidfd, selectors.EVENT_READ, "spare-exit")
+        self.selector.register(ours, selectors.EVENT_READ, "spare-ready")
+
+    def _spare_ready(self) -> None:
+        spare = self.spare
+        assert spare is not None
+        self.selector.unregister(spare.control)
+        with contextlib.suppress(OSError):
+            spare.ready = spare.control.recv(16) == b"ready\n"
+
+    def _hand_to_spare(self, conn: socket.socket, body: bytes, fds: list[int]
+                       ) -> tuple[int, int] | None:
+        """Give the command to the spare if one is ready: its pid and pidfd, else None."""
+        spare = self.spare
+        if spare is None or not spare.ready:
+            return None
+        self.spare = None
+        try:
+            socket.send_fds(spare.control, [len(body).to_bytes(4, "big") + body],
+                            [conn.fileno(), *fds])
+        except OSError:  # it died since it said ready
+            self._end_spare(spare)
+            return None
+        spare.control.close()
+        self.selector.modify(spare.pidfd, selectors.EVENT_READ, "child")
+        return spare.pid, spare.pidfd
+
+    def _spare_lost(self) -> None:
+        spare = self.spare
+        assert spare is not None
+        self.spare = None
+        self.spares_lost += 1
+        self._end_spare(spare)
+        _log(f"the spare child {spare.pid} exited unused")
+
+    def _end_spare(self, spare: _Spare) -> None:
+        """Close its end (it exits on seeing that) and reap it."""
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(spare.control)
+        spare.control.close()
+        self.selector.unregister(spare.pidfd)
+        os.close(spare.pidfd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(spare.pid, 0)
+
+    def _close_inherited(self, listener: socket.socket) -> None:
+        """A child holds nothing of the server's but its own caller's connection: not the
+        listener, nor other callers' connections, so a caller sees its server go away."""
         listener.close()
         for pidfd, (conn, _) in self.children.items():
             conn.close()
             os.close(pidfd)
+        if self.spare is not None:
+            self.spare.control.close()
+            os.close(self.spare.pidfd)
         self.selector.close()
-        keep.close()
 
-    def _decline_reason(self, uid: int, request: dict[str, Any], fds: list[int]) -> str | None:
-        if uid != os.getuid():
-            return "another user"
+    def _decline_reason(self, request: dict[str, Any], fds: list[int]) -> str | None:
         if request.get("protocol") != PROTOCOL or len(fds) != 3:
             return "another protocol"
         if os.path.realpath(request.get("executable", "")) != os.path.realpath(sys.executable):
@@ -303,18 +427,22 @@ class Server:
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        _reply(conn, {"exit": code if code >= 0 else 128 - code})
+        _reply(conn, "exit", code if code >= 0 else 128 - code)
         conn.close()
         self.last_activity = time.monotonic()
 
     def status(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "served": self.served, "commands_running": len(self.children),
+                "spare": self.spare.pid if self.spare and self.spare.ready else None,
                 "since": self.started, "python": sys.executable}
 
     def _cleanup(self, listener: socket.socket, path: Path) -> None:
         """Stop taking commands; the ones running finish and answer their callers."""
         self.selector.unregister(listener)
         listener.close()
+        if self.spare is not None:
+            spare, self.spare = self.spare, None
+            self._end_spare(spare)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         with contextlib.suppress(FileNotFoundError):
@@ -328,6 +456,10 @@ def _log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
+def server_folder() -> Path:
+    return Path(launcher.home())
+
+
 def query_status(folder: Path) -> dict[str, Any] | None:
     """The running server's status, or None when none answers."""
     if not (folder / SOCKET_NAME).exists():
@@ -336,18 +468,19 @@ def query_status(folder: Path) -> dict[str, Any] | None:
         sock.settimeout(5)
         try:
             sock.connect(socket_address(folder))
-            send_message(sock, {"op": "status"})
+            send_request(sock, {"op": "status"})
             line = sock.makefile("r").readline()
         except OSError:
             return None
-    return json.loads(line) if line else None
+    word, _, payload = line.partition(" ")
+    return json.loads(payload) if word == "status" else None
 
 
 def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, Any], bool]:
     """Start a detached server unless one answers. Returns its status and whether it is new."""
     import subprocess
 
-    folder = home()
+    folder = server_folder()
     running = query_status(folder)
     if running and "pid" in running:
         return running, False
@@ -371,7 +504,7 @@ def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, 
 
 def stop(wait_s: float = 30.0) -> dict[str, Any] | None:
     """Stop the server (running commands finish first). None when none was running."""
-    folder = home()
+    folder = server_folder()
     status = query_status(folder)
     if not status or "pid" not in status:
         return None
@@ -384,7 +517,7 @@ def stop(wait_s: float = 30.0) -> dict[str, Any] | None:
 
 def run(idle_s: float | None = None) -> None:
     """Serve in the foreground until SIGTERM, idleness or a code change."""
-    folder = home()
+    folder = server_folder()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     server = Server(folder, idle_s)
     server.preload()

@@ -199,3 +199,78 @@ def test_idle_server_exits_by_itself(sbx: SbxRunner) -> None:
 def test_json_status_is_one_document(via: Launcher) -> None:
     doc = json.loads(via("server", "status", "--json").out)
     assert doc["running"] is True and doc["python"] == sys.executable
+
+
+@pytest.mark.parametrize("env", [
+    {"SBX_HOME": "~/elsewhere/sbx"},
+    {"XDG_DATA_HOME": "/srv/data"},
+    {"XDG_DATA_HOME": "  "},  # blank counts as unset, as platformdirs has it
+    {},
+])
+def test_the_launcher_finds_the_folder_the_core_uses(env: dict[str, str], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher spares itself platformdirs' import by writing XDG's rule out; were the
+    two to disagree, `sbx` would look for its server in the wrong folder."""
+    from core.settings import sbx_home
+    from sandboxer_tui import launcher
+
+    for name in ("SBX_HOME", "XDG_DATA_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.replace("/srv", str(tmp_path / "srv")))
+    assert launcher.home() == str(sbx_home())
+
+
+def test_the_spare_child_goes_with_its_server(sbx: SbxRunner) -> None:
+    """The server keeps one child forked ahead; stopped, or killed with -9, it leaves none."""
+    launcher = Launcher(sbx.home, sbx.cwd)
+    for stop in ("stop", "kill -9"):
+        started = launcher("server", "start", "--json")
+        assert started.code == 0, started.err
+        server = started.json()["pid"]
+        deadline = time.monotonic() + 10
+        while launcher.status().get("spare") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spare = launcher.status()["spare"]
+        assert spare and spare != server
+        if stop == "stop":
+            assert launcher("server", "stop").code == 0
+        else:
+            os.kill(server, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{spare}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{spare}").exists(), f"spare {spare} outlived the server ({stop})"
+        (sbx.home / "server.sock").unlink(missing_ok=True)
+
+
+def test_a_database_file_replaced_under_the_server_is_the_one_commands_use(
+        via: Launcher, sbx: SbxRunner, tmp_path: Path) -> None:
+    """The spare child opens the database ahead of the next command; if the file is
+    replaced meanwhile (a backup restored as SQLite has it: the file in place, its -wal and
+    -shm removed), the command works on the new one, not on the file it replaced."""
+    import sqlite3
+
+    assert via("ls", "--json").json() == []  # served; the next spare holds the file open
+    deadline = time.monotonic() + 10
+    while via.status().get("spare") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    other = SbxRunner(tmp_path / "other-home", sbx.cwd)
+    made = other("create", "--label", RUN_LABEL, "--json")
+    assert made.code == 0, made.err
+    sandbox = made.json()
+    try:
+        backup = via.home / "restored.db"
+        with sqlite3.connect(other.home / "sbx.db") as source, sqlite3.connect(backup) as copy:
+            source.backup(copy)
+        os.replace(backup, via.home / "sbx.db")
+        for stale in ("sbx.db-wal", "sbx.db-shm"):
+            (via.home / stale).unlink(missing_ok=True)
+        gone = via("destroy", "--yes", sandbox["id"])  # a command that writes, via the spare
+        assert gone.code == 0, gone.err
+        assert via("show", sandbox["id"], "--json").json()["state"] == "destroyed"
+        with sqlite3.connect(via.home / "sbx.db") as db:
+            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:  # its own record of it: gone already, or removed now
+        assert other("destroy", "--yes", sandbox["id"]).code == 0

@@ -389,7 +389,8 @@ class AdapterConformance:
             assert result.exit_code == 124, "a timed-out command reports exit 124, as timeout(1)"
             assert took < self.exec_timeout_s + self.exec_timeout_slack_s
             again = await adapter.exec(obj.ref, self.argv_echo("still here"))
-            assert (again.exit_code, again.stdout) == (0, b"still here\n")
+            assert (again.exit_code, again.stdout) == (0, b"still here\n"), (
+                f"after a timed-out command, the next one failed: {again}")
 
         self.run(adapter, create_request, body)
 
