@@ -137,9 +137,13 @@ def _reply(conn: socket.socket, word: str, payload: object) -> None:
 def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: become the caller's `sbx` process, run the command, exit.
 
-    The child answers `exit N` itself, after letting go of the caller's stdin/stdout/stderr,
-    so the caller goes on while this process is torn down (a few ms for a process this
-    size). The server answers too when it reaps the child, for a child killed by a signal."""
+    The child answers both lines itself, in order: `pid N` before it runs anything (were the
+    server to answer it, a quick command's `exit` could reach the caller first, and the
+    caller would take the command as declined and run it again), and `exit N` after letting
+    go of the caller's stdin/stdout/stderr, so the caller goes on while this process is torn
+    down (a few ms for a process this size). The server answers `exit` too when it reaps the
+    child, for a child killed by a signal; by then the caller has what it needs or is gone."""
+    _reply(conn, "pid", os.getpid())
     code = 1
     try:
         for target, fd in enumerate(fds):
@@ -335,7 +339,6 @@ class Server:
                 conn.close()
         self.served += 1
         self.children[pidfd] = (conn, pid)
-        _reply(conn, "pid", pid)
         self._fork_spare()
 
     # -- the spare ---------------------------------------------------------------------------
