@@ -11,6 +11,10 @@ rounds interleaved (and the order within a round alternated) to cancel drift:
 2. `sbx restore CKPT --json` against `docker run -d` of the image `docker commit` made, with the
    same limits and command as adapters/docker.py (KEEPALIVE). Target: ratio of medians <= 1.3.
 
+With `sbx server`, every timed command (sbx or docker) starts on an idle server whose spare
+child has warmed up (untimed wait, common.settle): sbx commands that come after a pause, and
+docker commands that never share the machine with the server's background work.
+
 For context: `sbx --version` and `python -c pass` (fresh-process start-up). Every container
 carries `sbx-bench=<runid>` and is removed by id; the images this run made are removed by the
 tags it gave them (`sandboxer/checkpoint:<ckpt-id>` for sbx, `sbx-bench-commit:<runid>-<n>` for
@@ -62,6 +66,7 @@ class Run:
                  "head -c 1048576 /dev/urandom > /work/state && sync")
 
     def snapshot(self) -> float:
+        self.ctx.settle(self.env)
         elapsed, proc = self.sbx("snapshot", self.box["id"], "--json")
         self.checkpoints.append(json.loads(proc.stdout)["id"])
         return elapsed
@@ -72,10 +77,12 @@ class Run:
         changes = [f"LABEL bench.checkpoint={tag.split(':')[1]}",
                    f"LABEL bench.install={self.install}", f"LABEL bench.id={self.box['id']}"]
         argv = ["docker", "commit"] + [a for c in changes for a in ("--change", c)]
+        self.ctx.settle(self.env)
         elapsed, _ = self.ctx.run([*argv, self.box["backend_ref"], tag])
         return elapsed
 
     def restore(self, ckpt_id: str) -> tuple[float, str]:
+        self.ctx.settle(self.env)
         elapsed, proc = self.sbx("restore", ckpt_id, "--label", self.ctx.label, "--json")
         ref = json.loads(proc.stdout)["backend_ref"]
         self.ctx.containers.add(ref)
@@ -84,6 +91,7 @@ class Run:
     def docker_run(self, image: str) -> tuple[float, str]:
         from adapters.docker import KEEPALIVE
 
+        self.ctx.settle(self.env)
         elapsed, proc = self.ctx.run(["docker", "run", "-d", *DOCKER_LIMITS, "--label",
                                       self.ctx.label, image, *KEEPALIVE])
         ref = proc.stdout.split()[-1]

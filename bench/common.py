@@ -140,6 +140,20 @@ class BenchContext:
         """`sbx ARGS...` in a fresh process, in the run's folder, with `env` (see sbx_env)."""
         return self.run([*self.sbx, *args], env=env, cwd=self.tmp, check=check)
 
+    def settle(self, env: dict[str, str], timeout_s: float = 5.0) -> None:
+        """Untimed: wait until the `sbx server` for env's SBX_HOME (if one runs) is idle with
+        its spare child warmed up. Then a timed `docker` command never shares the machine
+        with the server's background work, and a timed sbx command is one that came after
+        a pause (the spare warms up after 50 ms with no command)."""
+        from sandboxer_tui.resident import query_status
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = query_status(Path(env["SBX_HOME"]))
+            if not status or "pid" not in status or status.get("spare_warm"):
+                return
+            time.sleep(0.005)
+
     def python_pass_s(self) -> float:
         """Wall time of `python -c pass`: the floor under any fresh Python process."""
         return self.run([sys.executable, "-c", "pass"])[0]

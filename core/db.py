@@ -167,8 +167,14 @@ class Database:
         """A short write transaction (BEGIN IMMEDIATE on SQLite). Never hold it across I/O."""
         self.migrate()
         with self.engine.connect().execution_options(**{_WRITE: True}) as conn:
-            with conn.begin():
-                yield conn
+            try:
+                with conn.begin():
+                    yield conn
+            except BaseException:
+                # rolled back: its events were never written, so its head must not be left
+                # on this pooled connection for the next transaction to anchor
+                conn.info.pop(HEAD_KEY, None)
+                raise
             head = conn.info.pop(HEAD_KEY, None)  # committed: move the anchor
             if head and self.anchor_path:
                 move_anchor(self.anchor_path, head)

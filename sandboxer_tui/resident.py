@@ -20,6 +20,7 @@ import importlib
 import json
 import marshal
 import os
+import select
 import selectors
 import signal
 import socket
@@ -27,6 +28,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,9 @@ PRELOAD = (
     "tomllib",
     "netrc",  # requests imports it on a client's first request
 )
+# The spare warms up once the server has had no command for this long: a burst of commands
+# (a script) is never slowed by it, a command after a pause (an agent thinking) gains.
+WARM_AFTER_IDLE_S = 0.05
 LOCAL_BACKENDS = ("docker", "stub", "ssh")  # preloaded above; a spare reaches them ahead
 _PACKAGES = ("core", "adapters", "sandboxer_tui", "profiles")
 
@@ -85,16 +90,16 @@ def _changed(stamps: dict[str, float]) -> str | None:
     return None
 
 
-def _warm_up() -> None:
+def _warm_up(stop: Callable[[], bool] = lambda: False) -> None:
     """Take once, on throwaway state, the code paths every command takes, so each child
     starts with what Python and the libraries memoise on first use (SQLAlchemy's statement
-    and class caches, pydantic) instead of paying it again.
+    and class caches, pydantic) instead of paying it again. `stop` is asked between steps.
     Everything opened here is closed before serving: children inherit no connection."""
     import asyncio
     import tempfile
     from datetime import timedelta
 
-    from adapters import registry
+    from core.checkpoints import Checkpoints
     from core.db import Database
     from core.manager import Manager
     from core.profiles import Profile
@@ -102,21 +107,49 @@ def _warm_up() -> None:
 
     with tempfile.TemporaryDirectory(prefix="sbx-warm-up-") as folder:
         db = Database(f"sqlite:///{folder}/warm.db")
-        stub = registry.load_class("stub")()
-        mgr = Manager(db, actor="warm-up", install_id="inst-warm-up", adapters={"stub": stub})
+        mgr = Manager(db, actor="warm-up", install_id="inst-warm-up",
+                      adapters={"stub": _warm_up_adapter()})
+        checkpoints = Checkpoints(mgr)
 
         async def commands() -> None:
-            row = await mgr.create(Profile(name="warm-up", backend="stub"), labels={"a": "b"})
-            mgr.resolve(row["id"])
-            sandbox_view(row, None)
-            mgr.list(include_all=True)
-            await mgr.extend(row["id"], timedelta(minutes=1))
-            await mgr.exec(row["id"], ["true"])
-            await mgr.destroy(row["id"])
-            await mgr.close()
+            try:
+                row = await mgr.create(Profile(name="warm-up", backend="stub"),
+                                       labels={"a": "b"})
+                steps = [lambda: mgr.resolve(row["id"]), lambda: sandbox_view(row, None),
+                         lambda: mgr.list(include_all=True),
+                         lambda: mgr.extend(row["id"], timedelta(minutes=1)),
+                         lambda: mgr.exec(row["id"], ["true"]),
+                         lambda: checkpoints.snapshot(row["id"]),
+                         lambda: checkpoints.list(),
+                         lambda: mgr.destroy(row["id"])]
+                for step in steps:
+                    if stop():
+                        return
+                    done = step()
+                    if asyncio.iscoroutine(done):
+                        await done
+            finally:
+                await mgr.close()
 
         asyncio.run(commands())
         db.dispose()
+
+
+def _warm_up_adapter():
+    """The stub test double, able to snapshot as well, so that the warm-up takes the
+    checkpoint paths too (on throwaway state; nothing reaches a real backend)."""
+    from adapters import registry
+    from adapters.base import Artifact, Capability
+
+    stub = registry.load_class("stub")
+
+    class WarmUpAdapter(stub):  # type: ignore[misc, valid-type]
+        capabilities = stub.capabilities | {Capability.SNAPSHOT}
+
+        async def snapshot(self, ref, labels):
+            return Artifact(f"warm-up:{ref}", dict(labels), 0)
+
+    return WarmUpAdapter()
 
 
 def _read_frame(conn: socket.socket, max_fds: int = 3) -> tuple[bytes, list[int]]:
@@ -186,14 +219,21 @@ def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> 
         os._exit(code)
 
 
+class _WarmNow(Exception):
+    """SIGUSR1 to a spare: the server is idle, warm up now."""
+
+
 def _wait_as_spare(control: socket.socket) -> None:
     """In a spare child, forked while no command waits: open the database and reach the
     local engine (core.manager.prepare_process), say so, then wait for a command.
 
     The fork, the database's first connection and the engine's ping then happen on no
     command's clock. The command takes what was opened only if its environment names the
-    same database file and engine. (Running the whole warm-up again here was measured to
-    slow the command running beside it by as much as it saved the next one.)
+    same database file and engine. When the server has no command running it sends SIGUSR1:
+    the spare then runs the warm-up, so that its first touches of the memory it shares with
+    the server (copied on write) and of the code paths are not paid by the next command.
+    It stops warming as soon as a command arrives. (Warming while a command runs beside it
+    was measured to slow that command by as much as it saved the next one.)
     The spare exits when the server closes its end (the server stopping, or dying)."""
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -201,8 +241,24 @@ def _wait_as_spare(control: socket.socket) -> None:
         from core.manager import prepare_process
 
         prepare_process(LOCAL_BACKENDS)
+
+        def warm_now(_signum, _frame) -> None:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # once
+            raise _WarmNow
+
+        signal.signal(signal.SIGUSR1, warm_now)
         control.sendall(b"ready\n")
-        body, fds = _read_frame(control, max_fds=4)
+        while True:
+            try:
+                body, fds = _read_frame(control, max_fds=4)
+                break
+            except _WarmNow:
+                waiting = lambda: bool(select.select([control], [], [], 0)[0])  # noqa: E731
+                _warm_up(stop=waiting)
+                if not waiting():
+                    with contextlib.suppress(OSError):  # a command may be on its way in
+                        control.sendall(b"warm\n")
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         if len(fds) != 4:
             raise ValueError("a command comes with its connection and three fds")
         request = marshal.loads(body)
@@ -219,6 +275,8 @@ class _Spare:
     pidfd: int
     control: socket.socket  # the server's end; the spare's ends when it closes
     ready: bool = False
+    warming: bool = False  # told to warm up (SIGUSR1)
+    warm: bool = False  # and done
 
 
 class Server:
@@ -268,16 +326,17 @@ class Server:
         self._fork_spare()
         try:
             while not self.stopping:
-                timeout = 1.0
+                timeout = self._until_warm_up() or 1.0
                 for key, _ in self.selector.select(timeout):
                     if key.data == "listener":
                         self._accept(listener)
-                    elif key.data == "spare-ready":
-                        self._spare_ready()
+                    elif key.data == "spare-says":
+                        self._spare_says()
                     elif key.data == "spare-exit":
                         self._spare_lost()
                     else:
                         self._reap(key.fileobj)
+                self._warm_spare_if_idle()
                 if self._idle_expired():
                     break
                 changed = None if self.children else _changed(self.stamps)
@@ -301,7 +360,6 @@ class Server:
         except BlockingIOError:
             return
         conn.setblocking(True)
-        self.last_activity = time.monotonic()
         fds: list[int] = []
         pid: int | None = None
         try:
@@ -312,9 +370,10 @@ class Server:
                 _reply(conn, "declined", "another user")
                 return
             request = marshal.loads(body)
-            if request.get("op") == "status":
+            if request.get("op") == "status":  # not a command: the server stays idle
                 _reply(conn, "status", json.dumps(self.status()))
                 return
+            self.last_activity = time.monotonic()
             reason = self._decline_reason(request, fds)
             if reason:
                 _reply(conn, "declined", reason)
@@ -356,14 +415,41 @@ class Server:
         pidfd = os.pidfd_open(pid)
         self.spare = _Spare(pid, pidfd, ours)
         self.selector.register(pidfd, selectors.EVENT_READ, "spare-exit")
-        self.selector.register(ours, selectors.EVENT_READ, "spare-ready")
+        self.selector.register(ours, selectors.EVENT_READ, "spare-says")
 
-    def _spare_ready(self) -> None:
+    def _spare_says(self) -> None:
+        """`ready` (it has prepared) or `warm` (it has warmed up); nothing: it died, and
+        its pidfd says so next."""
         spare = self.spare
         assert spare is not None
-        self.selector.unregister(spare.control)
-        with contextlib.suppress(OSError):
-            spare.ready = spare.control.recv(16) == b"ready\n"
+        try:
+            said = spare.control.recv(64)
+        except OSError:
+            said = b""
+        if not said:
+            self.selector.unregister(spare.control)
+            return
+        spare.ready = spare.ready or b"ready\n" in said
+        spare.warm = spare.warm or b"warm\n" in said
+
+    def _until_warm_up(self) -> float | None:
+        """Seconds until the spare is due to warm up; None when it is not to."""
+        spare = self.spare
+        if spare is None or not spare.ready or spare.warming or self.children:
+            return None
+        return max(0.001, self.last_activity + WARM_AFTER_IDLE_S - time.monotonic())
+
+    def _warm_spare_if_idle(self) -> None:
+        """Warm the spare up only after a pause with no command: never on a command's
+        clock, nor while a burst of commands comes in."""
+        spare = self.spare
+        if spare is None or not spare.ready or spare.warming or self.children:
+            return
+        if time.monotonic() - self.last_activity < WARM_AFTER_IDLE_S:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(spare.pid, signal.SIGUSR1)
+        spare.warming = True
 
     def _hand_to_spare(self, conn: socket.socket, body: bytes, fds: list[int]
                        ) -> tuple[int, int] | None:
@@ -378,6 +464,8 @@ class Server:
         except OSError:  # it died since it said ready
             self._end_spare(spare)
             return None
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(spare.control)
         spare.control.close()
         self.selector.modify(spare.pidfd, selectors.EVENT_READ, "child")
         return spare.pid, spare.pidfd
@@ -437,6 +525,7 @@ class Server:
     def status(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "served": self.served, "commands_running": len(self.children),
                 "spare": self.spare.pid if self.spare and self.spare.ready else None,
+                "spare_warm": bool(self.spare and self.spare.warm),
                 "since": self.started, "python": sys.executable}
 
     def _cleanup(self, listener: socket.socket, path: Path) -> None:

@@ -274,3 +274,30 @@ def test_a_database_file_replaced_under_the_server_is_the_one_commands_use(
             assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     finally:  # its own record of it: gone already, or removed now
         assert other("destroy", "--yes", sandbox["id"]).code == 0
+
+
+def test_the_spare_warms_up_after_a_pause_and_changes_nothing(via: Launcher,
+                                                               sbx: SbxRunner) -> None:
+    """After a pause the spare runs the warm-up (on throwaway state): the inventory, the
+    event log and its anchor are exactly as before, and the next command runs as usual."""
+    made = via("create", "--label", RUN_LABEL, "--json")
+    assert made.code == 0, made.err
+
+    def warm() -> bool:
+        deadline = time.monotonic() + 10
+        while not via.status().get("spare_warm") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return via.status().get("spare_warm")
+
+    assert warm()
+    def state() -> tuple:
+        rows = [(r["id"], r["state"], r["last_activity_at"])
+                for r in sbx("ls", "--all", "--json").json()]
+        return rows, sbx("events", "--json").out, (sbx.home / "sbx.db.head").read_text()
+
+    before = state()
+    shown = via("show", made.json()["id"], "--json")  # taken by the warmed spare
+    assert shown.code == 0, shown.err
+    assert warm()
+    assert state() == before
+    assert sbx("events", "verify").code == 0

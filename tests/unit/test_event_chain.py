@@ -90,3 +90,24 @@ def test_anchor_never_moves_back(tmp_path):
     move_anchor(path, (7, "b"))
     move_anchor(path, (3, "a"))
     assert read_anchor(path) == (7, "b")
+
+
+def test_a_rolled_back_event_never_reaches_the_anchor(tmp_path):
+    """An event appended in a transaction that then fails is gone; the next transaction on
+    the same pooled connection, with no event of its own, must not anchor it."""
+    import pytest
+
+    from core.anchor import read_anchor
+
+    db = _db(tmp_path)
+    _fill(db, 2)
+    with pytest.raises(RuntimeError), db.write() as conn:
+        events.append(conn, time="2026-01-01T00:00:09.000000Z", type="sandbox.exec",
+                      actor="t", sandbox_id="sbx-x", payload={"lost": True})
+        raise RuntimeError("the transaction fails after its event")
+    with db.write() as conn:  # a write with no event (a lease given back, say)
+        conn.execute(sa.text("SELECT 1"))
+    rows = _rows(db)
+    assert len(rows) == 2
+    assert read_anchor(db.anchor_path) == (2, rows[-1]["hash"])
+    assert events.verify(iter(rows), read_anchor(db.anchor_path)).intact
