@@ -45,7 +45,7 @@ from core import events as eventlog
 from core import inventory, settings
 from core.anchor import read_anchor
 from core.clock import Clock, clock_from_env, from_iso, to_iso
-from core.db import LOCK_SANDBOX_NAMES, Database, serialise
+from core.db import LOCK_SANDBOX_NAMES, Database, rolled_back, serialise
 from core.durations import format_duration
 from core.errors import (
     BadInput,
@@ -118,6 +118,16 @@ def prepare_process(backends: Sequence[str] = ()) -> None:
 
 
 _abandoned: list[Database] = []
+
+
+def warm_prepared(run: Callable[[Database], None]) -> bool:
+    """Run `run` on each database prepare_process opened, through core.db.rolled_back: its
+    engine then has compiled the statements commands will send, and nothing is left
+    behind. Whether there was one to warm."""
+    for db, _identity, _opened in list(_prepared.values()):
+        with contextlib.suppress(Exception), rolled_back(db) as view:
+            run(view)
+    return bool(_prepared)
 
 
 def _prepared_database(url: str) -> Database | None:

@@ -95,44 +95,51 @@ def _warm_up(stop: Callable[[], bool] = lambda: False) -> None:
     starts with what Python and the libraries memoise on first use (SQLAlchemy's statement
     and class caches, pydantic) instead of paying it again. `stop` is asked between steps.
     Everything opened here is closed before serving: children inherit no connection."""
-    import asyncio
     import tempfile
+
+    from core.db import Database
+
+    with tempfile.TemporaryDirectory(prefix="sbx-warm-up-") as folder:
+        db = Database(f"sqlite:///{folder}/warm.db")
+        _warm_up_on(db, stop)
+        db.dispose()
+
+
+def _warm_up_on(db, stop: Callable[[], bool]) -> None:
+    """The warm-up's commands, on the stub test double, through `db`."""
+    import asyncio
     from datetime import timedelta
 
     from core.checkpoints import Checkpoints
-    from core.db import Database
     from core.manager import Manager
     from core.profiles import Profile
     from core.views import sandbox_view
 
-    with tempfile.TemporaryDirectory(prefix="sbx-warm-up-") as folder:
-        db = Database(f"sqlite:///{folder}/warm.db")
-        mgr = Manager(db, actor="warm-up", install_id="inst-warm-up",
-                      adapters={"stub": _warm_up_adapter()})
-        checkpoints = Checkpoints(mgr)
+    mgr = Manager(db, actor="warm-up", install_id="inst-warm-up",
+                  adapters={"stub": _warm_up_adapter()})
+    checkpoints = Checkpoints(mgr)
 
-        async def commands() -> None:
-            try:
-                row = await mgr.create(Profile(name="warm-up", backend="stub"),
-                                       labels={"a": "b"})
-                steps = [lambda: mgr.resolve(row["id"]), lambda: sandbox_view(row, None),
-                         lambda: mgr.list(include_all=True),
-                         lambda: mgr.extend(row["id"], timedelta(minutes=1)),
-                         lambda: mgr.exec(row["id"], ["true"]),
-                         lambda: checkpoints.snapshot(row["id"]),
-                         lambda: checkpoints.list(),
-                         lambda: mgr.destroy(row["id"])]
-                for step in steps:
-                    if stop():
-                        return
-                    done = step()
-                    if asyncio.iscoroutine(done):
-                        await done
-            finally:
-                await mgr.close()
+    async def commands() -> None:
+        try:
+            row = await mgr.create(Profile(name="warm-up", backend="stub"),
+                                   labels={"a": "b"})
+            steps = [lambda: mgr.resolve(row["id"]), lambda: sandbox_view(row, None),
+                     lambda: mgr.list(include_all=True),
+                     lambda: mgr.extend(row["id"], timedelta(minutes=1)),
+                     lambda: mgr.exec(row["id"], ["true"]),
+                     lambda: checkpoints.snapshot(row["id"]),
+                     lambda: checkpoints.list(),
+                     lambda: mgr.destroy(row["id"])]
+            for step in steps:
+                if stop():
+                    return
+                done = step()
+                if asyncio.iscoroutine(done):
+                    await done
+        finally:
+            await mgr.close()
 
-        asyncio.run(commands())
-        db.dispose()
+    asyncio.run(commands())
 
 
 def _warm_up_adapter():
@@ -238,13 +245,16 @@ def _wait_as_spare(control: socket.socket) -> None:
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        from core.manager import prepare_process
+        from core.manager import prepare_process, warm_prepared
 
         prepare_process(LOCAL_BACKENDS)
 
         def warm_now(_signum, _frame) -> None:
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # once
             raise _WarmNow
+
+        def waiting() -> bool:
+            return bool(select.select([control], [], [], 0)[0])
 
         signal.signal(signal.SIGUSR1, warm_now)
         control.sendall(b"ready\n")
@@ -253,8 +263,10 @@ def _wait_as_spare(control: socket.socket) -> None:
                 body, fds = _read_frame(control, max_fds=4)
                 break
             except _WarmNow:
-                waiting = lambda: bool(select.select([control], [], [], 0)[0])  # noqa: E731
-                _warm_up(stop=waiting)
+                # on the database the next command will use, rolled back: its engine
+                # compiles the statements now; else on throwaway state
+                if not warm_prepared(lambda view: _warm_up_on(view, waiting)):
+                    _warm_up(stop=waiting)
                 if not waiting():
                     with contextlib.suppress(OSError):  # a command may be on its way in
                         control.sendall(b"warm\n")
