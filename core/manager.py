@@ -131,8 +131,8 @@ def warm_prepared(run: Callable[[Database], None]) -> bool:
 
 
 def _prepared_database(url: str) -> Database | None:
-    """The database prepare_process opened for this URL, if it is still the same file and
-    recent; else None.
+    """The database prepare_process opened for this URL, if it is still the same file;
+    else None. Opened long ago, it gets a new connection.
 
     A connection to a file since replaced is left open, untouched, until the process ends:
     closing SQLite's last connection to a file checkpoints and removes the `-wal` beside it,
@@ -145,8 +145,7 @@ def _prepared_database(url: str) -> Database | None:
         _abandoned.append(db)
         return None
     if time.monotonic() - opened > PREPARED_FOR_S:
-        db.dispose()
-        return None
+        db.dispose()  # a connection of its own, new; the engine and what it compiled stay
     return db
 
 

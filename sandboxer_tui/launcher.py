@@ -39,7 +39,7 @@ def home() -> str:
     raw = os.environ.get("SBX_HOME")
     if raw:
         return os.path.expanduser(raw)
-    if sys.platform == "linux":
+    if sys.platform == "linux" and "ANDROID_DATA" not in os.environ:  # Android: ask platformdirs
         base = os.environ.get("XDG_DATA_HOME", "").strip() or os.path.expanduser("~/.local/share")
         return os.path.join(base, APP_NAME)
     from platformdirs import user_data_dir
