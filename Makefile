@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup test-setup venv docker image postgres sshd tmux lint bench clean
+.PHONY: run test setup test-setup venv bytecode docker image postgres sshd tmux lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -16,7 +16,13 @@ test: setup test-setup
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
-setup: venv docker image
+setup: venv bytecode docker image
+
+# The project's modules compiled ahead, as pip does for an installed package: the `sbx`
+# launcher is imported by every command, and compiling it each time (PYTHONDONTWRITEBYTECODE
+# set, say) costs about 2 ms. Python recompiles whatever changed since.
+bytecode: venv
+	$(BIN)/python -m compileall -q core adapters sandboxer_tui profiles
 
 test-setup: postgres sshd tmux
 
