@@ -273,15 +273,18 @@ class Adapter(abc.ABC):
         """Release clients and threads."""
 
 
+APP_NAME = "sandboxer"
+
+
 def state_folder() -> Path:
-    """`$SBX_HOME`, else the platform's user data folder, as the core finds it: where an
-    adapter keeps files of its own (adapters do not import the core)."""
+    """`$SBX_HOME`, else the platform's user data folder; created 0700. Where sbx keeps its
+    state (core.settings.sbx_home) and an adapter its own files."""
     raw = os.environ.get("SBX_HOME")
     if raw:
         home = Path(raw).expanduser()
     else:
         from platformdirs import user_data_path
 
-        home = user_data_path("sandboxer")
+        home = user_data_path(APP_NAME)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     return home

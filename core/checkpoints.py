@@ -116,7 +116,7 @@ class Checkpoints:
         # The lease and the intent in one transaction, the result and the release in another:
         # nobody destroys the sandbox while its filesystem is being saved.
         with self.db.write() as conn:
-            lease = mgr._take_in(conn, sandbox["id"], ACTIVE, "snapshot")
+            lease = mgr._take(sandbox["id"], ACTIVE, "snapshot", conn)
             conn.execute(CHECKPOINTS.insert().values(**row))
             mgr._event(conn, sandbox["id"], "checkpoint.creating",
                        payload={"checkpoint": ckpt_id, "name": name,

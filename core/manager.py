@@ -96,6 +96,7 @@ def _like_prefix(text: str) -> str:
 # (the database, the file it opened, when).
 _prepared: dict[str, tuple[Database, tuple[int, int], float]] = {}
 PREPARED_FOR_S = 30.0
+_abandoned: list[Database] = []  # see _prepared_database
 
 
 def prepare_process(backends: Sequence[str] = ()) -> None:
@@ -106,7 +107,7 @@ def prepare_process(backends: Sequence[str] = ()) -> None:
     with contextlib.suppress(Exception):
         url = settings.database_url()
         db = Database(url)
-        identity = db.file_identity() if db.dialect == "sqlite" else None
+        identity = db.file_identity()  # None unless a SQLite file
         if identity is None:
             db.dispose()
         else:
@@ -115,9 +116,6 @@ def prepare_process(backends: Sequence[str] = ()) -> None:
     for name in backends:
         with contextlib.suppress(Exception):
             registry.load_class(name).prepare()
-
-
-_abandoned: list[Database] = []
 
 
 def warm_prepared(run: Callable[[Database], None]) -> bool:
@@ -373,15 +371,15 @@ class Manager:
                             reason=reason, payload=payload)
             return Lease(sandbox_id, fence, reason), dict(row)
 
-    def _take(self, sandbox_id: str, states: frozenset[State] | set[State], verb: str) -> Lease:
+    def _take(self, sandbox_id: str, states: frozenset[State] | set[State], verb: str,
+              conn: Connection | None = None) -> Lease:
         """The lease alone, for an action that is not a transition yet (snapshot, pause):
-        nobody destroys the sandbox under it. IllegalTransition-like Conflict otherwise."""
-        with self.db.write() as conn:
-            return self._take_in(conn, sandbox_id, states, verb)
-
-    def _take_in(self, conn: Connection, sandbox_id: str,
-                 states: frozenset[State] | set[State], verb: str) -> Lease:
-        """_take inside the caller's write transaction, with what it records beside it."""
+        nobody destroys the sandbox under it. IllegalTransition-like Conflict otherwise.
+        Inside `conn` when given (with what the caller records beside it), else in its own
+        transaction."""
+        if conn is None:
+            with self.db.write() as conn:
+                return self._take(sandbox_id, states, verb, conn)
         row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                            ).mappings().first()
         if row is None:

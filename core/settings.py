@@ -7,20 +7,13 @@ import os
 import socket
 from pathlib import Path
 
-APP_NAME = "sandboxer"
+from adapters.base import APP_NAME, state_folder
 
 
 def sbx_home() -> Path:
-    """`$SBX_HOME`, else the platform's user data folder; created 0700."""
-    raw = os.environ.get("SBX_HOME")
-    if raw:
-        home = Path(raw).expanduser()
-    else:
-        from platformdirs import user_data_path
-
-        home = user_data_path(APP_NAME)
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return home
+    """`$SBX_HOME`, else the platform's user data folder; created 0700. The rule lives in
+    adapters.base, where the adapters (which do not import the core) find it too."""
+    return state_folder()
 
 
 def user_config_dir() -> Path:

@@ -303,6 +303,7 @@ class Server:
         self.stamps: dict[str, float] = {}
         self.stopping = False
         self.spare: _Spare | None = None
+        self.listener: socket.socket | None = None  # while serving
         self.spares_lost = 0  # spares that died unused: after a few, fork per command only
 
     def preload(self) -> None:
