@@ -226,22 +226,20 @@ def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> 
         os._exit(code)
 
 
-class _WarmNow(Exception):
-    """SIGUSR1 to a spare: the server is idle, warm up now."""
-
-
-def _wait_as_spare(control: socket.socket) -> None:
+def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
     """In a spare child, forked while no command waits: open the database and reach the
     local engine (core.manager.prepare_process), say so, then wait for a command.
 
     The fork, the database's first connection and the engine's ping then happen on no
     command's clock. The command takes what was opened only if its environment names the
-    same database file and engine. When the server has no command running it sends SIGUSR1:
-    the spare then runs the warm-up, so that its first touches of the memory it shares with
-    the server (copied on write) and of the code paths are not paid by the next command.
-    It stops warming as soon as a command arrives. (Warming while a command runs beside it
-    was measured to slow that command by as much as it saved the next one.)
-    The spare exits when the server closes its end (the server stopping, or dying)."""
+    same database file and engine. When the server has no command running it writes to the
+    `warm_now` pipe: the spare then runs the warm-up, so that its first touches of the memory
+    it shares with the server (copied on write) and of the code paths are not paid by the
+    next command. It stops warming as soon as a command arrives. (Warming while a command
+    runs beside it was measured to slow that command by as much as it saved the next one.)
+    A pipe rather than a signal: a signal raised at the wrong moment (say, while `ready` is
+    being sent) ended the spare. The spare exits when the server closes its end (the server
+    stopping, or dying)."""
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -249,33 +247,27 @@ def _wait_as_spare(control: socket.socket) -> None:
 
         prepare_process(LOCAL_BACKENDS)
 
-        def warm_now(_signum, _frame) -> None:
-            signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # once
-            raise _WarmNow
-
         def waiting() -> bool:
             return bool(select.select([control], [], [], 0)[0])
 
-        signal.signal(signal.SIGUSR1, warm_now)
         control.sendall(b"ready\n")
-        while True:
-            try:
-                body, fds = _read_frame(control, max_fds=4)
-                break
-            except _WarmNow:
-                # on the database the next command will use, rolled back: its engine
-                # compiles the statements now; else on throwaway state
-                if not warm_prepared(lambda view: _warm_up_on(view, waiting)):
-                    _warm_up(stop=waiting)
-                if not waiting():
-                    with contextlib.suppress(OSError):  # a command may be on its way in
-                        control.sendall(b"warm\n")
-        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        while control not in select.select([control, warm_now], [], [])[0]:
+            if not os.read(warm_now, 64):
+                raise EOFError("the server went away")
+            # on the database the next command will use, rolled back: its engine compiles
+            # the statements now; else on throwaway state
+            if not warm_prepared(lambda view: _warm_up_on(view, waiting)):
+                _warm_up(stop=waiting)
+            if not waiting():
+                with contextlib.suppress(OSError):  # a command may be on its way in
+                    control.sendall(b"warm\n")
+        body, fds = _read_frame(control, max_fds=4)
         if len(fds) != 4:
             raise ValueError("a command comes with its connection and three fds")
         request = marshal.loads(body)
     except BaseException:
         os._exit(0)
+    os.close(warm_now)
     control.close()
     conn = socket.socket(fileno=fds[0])
     _run_child(conn, request, fds[1:])  # never returns
@@ -286,8 +278,9 @@ class _Spare:
     pid: int
     pidfd: int
     control: socket.socket  # the server's end; the spare's ends when it closes
+    warm_now: int  # the write end of the pipe that tells it to warm up
     ready: bool = False
-    warming: bool = False  # told to warm up (SIGUSR1)
+    warming: bool = False  # told to warm up
     warm: bool = False  # and done
 
 
@@ -419,14 +412,17 @@ class Server:
         if self.spare is not None or self.stopping or self.spares_lost >= 3:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        warm_read, warm_write = os.pipe()
         pid = os.fork()
         if pid == 0:
             ours.close()
+            os.close(warm_write)
             self._close_inherited(self.listener)
-            _wait_as_spare(theirs)  # never returns
+            _wait_as_spare(theirs, warm_read)  # never returns
         theirs.close()
+        os.close(warm_read)
         pidfd = os.pidfd_open(pid)
-        self.spare = _Spare(pid, pidfd, ours)
+        self.spare = _Spare(pid, pidfd, ours, warm_write)
         self.selector.register(pidfd, selectors.EVENT_READ, "spare-exit")
         self.selector.register(ours, selectors.EVENT_READ, "spare-says")
 
@@ -460,8 +456,8 @@ class Server:
             return
         if time.monotonic() - self.last_activity < WARM_AFTER_IDLE_S:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(spare.pid, signal.SIGUSR1)
+        with contextlib.suppress(OSError):  # it died: its pidfd says so next
+            os.write(spare.warm_now, b"w")
         spare.warming = True
 
     def _hand_to_spare(self, conn: socket.socket, body: bytes, fds: list[int]
@@ -480,6 +476,7 @@ class Server:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(spare.control)
         spare.control.close()
+        os.close(spare.warm_now)
         self.selector.modify(spare.pidfd, selectors.EVENT_READ, "child")
         return spare.pid, spare.pidfd
 
@@ -490,12 +487,14 @@ class Server:
         self.spares_lost += 1
         self._end_spare(spare)
         _log(f"the spare child {spare.pid} exited unused")
+        self._fork_spare()  # another, up to 3 lost in the server's life
 
     def _end_spare(self, spare: _Spare) -> None:
         """Close its end (it exits on seeing that) and reap it."""
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(spare.control)
         spare.control.close()
+        os.close(spare.warm_now)
         self.selector.unregister(spare.pidfd)
         os.close(spare.pidfd)
         with contextlib.suppress(ChildProcessError):
@@ -505,6 +504,9 @@ class Server:
         """A child holds nothing of the server's but its own caller's connection: not the
         listener, nor other callers' connections, so a caller sees its server go away."""
         listener.close()
+        if self.spare is not None:  # a command forked while the spare was not yet ready
+            self.spare.control.close()
+            os.close(self.spare.warm_now)
         for pidfd, (conn, _) in self.children.items():
             conn.close()
             os.close(pidfd)

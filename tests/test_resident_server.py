@@ -7,6 +7,7 @@ on the real Docker engine where a sandbox is involved.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -229,20 +230,27 @@ def test_the_spare_child_goes_with_its_server(sbx: SbxRunner) -> None:
         started = launcher("server", "start", "--json")
         assert started.code == 0, started.err
         server = started.json()["pid"]
-        deadline = time.monotonic() + 10
-        while launcher.status().get("spare") is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        spare = launcher.status()["spare"]
-        assert spare and spare != server
-        if stop == "stop":
-            assert launcher("server", "stop").code == 0
-        else:
-            os.kill(server, signal.SIGKILL)
+        try:
+            deadline = time.monotonic() + 10
+            while not launcher.status().get("spare_warm") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            spare = launcher.status()["spare"]
+            assert spare and spare != server
+            if stop == "stop":
+                assert launcher("server", "stop").code == 0
+            else:
+                os.kill(server, signal.SIGKILL)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while Path(f"/proc/{spare}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not Path(f"/proc/{spare}").exists(), f"spare {spare} outlived the server ({stop})"
         (sbx.home / "server.sock").unlink(missing_ok=True)
+    # the spare was told to warm up as soon as it said `ready`: it lived on to take a command
+    # (a signal landing while it said `ready` once ended it)
+    assert "exited unused" not in (sbx.home / "server.log").read_text()
 
 
 def test_a_database_file_replaced_under_the_server_is_the_one_commands_use(
