@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup test-setup venv bytecode docker image postgres sshd tmux lint bench clean
+.PHONY: run test setup test-setup venv launcher bytecode docker image postgres sshd tmux lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -16,7 +16,13 @@ test: setup test-setup
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
-setup: venv bytecode docker image
+setup: venv launcher bytecode docker image
+
+# The compiled launcher (sandboxer_tui/launcher.c) in place of the Python `sbx` script pip
+# wrote: a command that `sbx server` runs then starts no interpreter of its own (about 10 ms
+# a command). Without a C compiler the Python launcher stays; it does the same work.
+launcher: venv
+	scripts/build-launcher.sh $(BIN)/sbx $(abspath $(BIN))/python
 
 # The project's modules compiled ahead, as pip does for an installed package: the `sbx`
 # launcher is imported by every command, and compiling it each time (PYTHONDONTWRITEBYTECODE

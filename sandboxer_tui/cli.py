@@ -1184,12 +1184,24 @@ def server_status_command(as_json: bool) -> None:
         click.echo("no sbx server running")
 
 
+def _not_utf8(arg: str) -> bool:
+    """Bytes that were not UTF-8 reach Python as lone surrogates (surrogateescape)."""
+    try:
+        arg.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def main(args: list[str] | None = None) -> None:
     """Run sbx. Click's own usage errors follow the same rules as ours: one line (or one
     JSON object under --json) and exit 2."""
     import gc
 
     args = sys.argv[1:] if args is None else args
+    for arg in args:
+        if not arg.isascii() and _not_utf8(arg):  # ids, names, labels, commands: all UTF-8
+            fail(BadInput(f"argument {arg!r} is not UTF-8 text"), "--json" in args)
     try:
         code = cli.main(args=args, prog_name="sbx", standalone_mode=False)
     except click.UsageError as exc:

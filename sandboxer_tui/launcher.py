@@ -34,14 +34,20 @@ _LOCAL_COMMANDS = {"tui", "server"}
 def home() -> str:
     """The folder core.settings.sbx_home() names, without importing the core.
 
-    On Linux platformdirs' rule is XDG's, written out here to spare its import;
-    tests/test_resident_server.py checks the two agree."""
+    Where every platformdirs release agrees (Linux, XDG_DATA_HOME absolute or empty, HOME
+    absolute), its rule is written out here to spare its import; anything else is left to
+    it. tests/test_resident_server.py checks that this, and launcher.c's copy, agree with
+    the core."""
     raw = os.environ.get("SBX_HOME")
     if raw:
         return os.path.expanduser(raw)
-    if sys.platform == "linux" and "ANDROID_DATA" not in os.environ:  # Android: ask platformdirs
-        base = os.environ.get("XDG_DATA_HOME", "").strip() or os.path.expanduser("~/.local/share")
-        return os.path.join(base, APP_NAME)
+    if sys.platform == "linux" and "ANDROID_DATA" not in os.environ:
+        data = os.environ.get("XDG_DATA_HOME", "")
+        user = os.environ.get("HOME", "")
+        if data.startswith("/"):
+            return os.path.join(data, APP_NAME)
+        if not data and user.startswith("/"):
+            return os.path.join(user.rstrip("/") + "/.local/share", APP_NAME)
     from platformdirs import user_data_dir
 
     return user_data_dir(APP_NAME)
@@ -153,9 +159,15 @@ def main() -> None:
         if code is not None:
             sys.stderr.flush()
             os._exit(code)  # skips the interpreter's teardown (~3 ms): nothing here needs it
-    from sandboxer_tui.cli import main as run_here
-
     run_here(args)
+
+
+def run_here(args: list[str]) -> None:
+    """The command in this process: what main() falls back to, and what the compiled launcher
+    (launcher.c) execs Python for when no server takes the command."""
+    from sandboxer_tui.cli import main as run_cli
+
+    run_cli(args)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,8 @@ CASES: dict[str, Case] = {
     "ttl-empty": Case(["create", "--ttl", ""], 2, ["--ttl"]),
     "ttl-over-profile-max": Case(["create", "--ttl", "5h"], 2, ["5h", "default", "4h"]),
     "label-no-equals": Case(["create", "--label", "noequals"], 2, ["noequals"]),
+    # the bytes b"caf\xe9" (Latin-1), as Python receives them: refused, not a crash (exit 1)
+    "id-not-utf8": Case(["show", "caf\udce9"], 2, ["'caf\\udce9'", "not UTF-8"]),
     "label-upper": Case(["create", "--label", "Bad=1"], 2, ["Bad"]),
     "label-reserved": Case(["create", "--label", "sbx.id=x"], 2, ["sbx.id"]),
     "label-dash": Case(["create", "--label", "-x=1"], 2, ["-x"]),

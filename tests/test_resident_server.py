@@ -1,8 +1,10 @@
 """`sbx server`: commands handed to a resident process behave exactly as one-shot commands.
 
-Every test runs the real launcher (`python -m sandboxer_tui.launcher`, what the `sbx` script
-runs) against a real server started with `sbx server start` in the test's own SBX_HOME, and
-on the real Docker engine where a sandbox is involved.
+Every test runs a real launcher against a real server started with `sbx server start` in the
+test's own SBX_HOME, and on the real Docker engine where a sandbox is involved. The tests
+that concern the launcher run on both: the Python one (`python -m sandboxer_tui.launcher`,
+what pip's `sbx` script runs) and the compiled one (sandboxer_tui/launcher.c, which
+`make setup` puts in its place), built here by scripts/build-launcher.sh.
 """
 
 from __future__ import annotations
@@ -10,38 +12,65 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RUN_LABEL, Result, SbxRunner, one_json, write_profile
 
-LAUNCHER = [sys.executable, "-m", "sandboxer_tui.launcher"]
+PYTHON_LAUNCHER = [sys.executable, "-m", "sandboxer_tui.launcher"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
+@dataclass
 class Launcher(SbxRunner):
-    """Like the `sbx` fixture, but through the launcher, so a running server takes the command."""
+    """Like the `sbx` fixture, but through a launcher, so a running server takes the command."""
 
-    def __call__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
-                 input: str | None = None) -> Result:
-        proc = subprocess.run([*LAUNCHER, *args], cwd=self.cwd, env=self.env(env), text=True,
+    argv: list[str] = field(default_factory=lambda: PYTHON_LAUNCHER)
+
+    def __call__(self, *args: str | bytes, env: dict[str, str] | None = None,
+                 timeout: float = 120, input: str | None = None) -> Result:
+        proc = subprocess.run([*self.argv, *args], cwd=self.cwd, env=self.env(env), text=True,
                               capture_output=True, timeout=timeout, input=input)
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     def status(self) -> dict:
-        result = self("server", "status", "--json")
+        result = Launcher(self.home, self.cwd)("server", "status", "--json")
         assert result.code == 0, result.err
         return result.json()
 
 
+@pytest.fixture(scope="session")
+def compiled_launcher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """launcher.c built for this interpreter, as `make setup` builds it for the venv's."""
+    compiler = os.environ.get("CC", "cc")
+    if not shutil.which(compiler):
+        pytest.skip(f"no C compiler ({compiler}) on this machine: sbx stays the Python launcher")
+    out = tmp_path_factory.mktemp("launcher") / "sbx"
+    built = subprocess.run([ROOT / "scripts" / "build-launcher.sh", out, sys.executable],
+                           capture_output=True, text=True)
+    assert built.returncode == 0 and out.exists(), built.stderr
+    assert "warning" not in built.stderr, built.stderr
+    return out
+
+
+@pytest.fixture(params=["python", "compiled"])
+def launcher_argv(request: pytest.FixtureRequest) -> list[str]:
+    if request.param == "python":
+        return PYTHON_LAUNCHER
+    return [str(request.getfixturevalue("compiled_launcher"))]
+
+
 @pytest.fixture
-def via(sbx: SbxRunner) -> Launcher:
-    launcher = Launcher(sbx.home, sbx.cwd)
+def via(sbx: SbxRunner, launcher_argv: list[str]) -> Launcher:
+    launcher = Launcher(sbx.home, sbx.cwd, launcher_argv)
     started = launcher("server", "start", "--json")
     assert started.code == 0, started.err
     pid = started.json()["pid"]
@@ -78,7 +107,7 @@ def test_the_callers_environment_and_folder_are_the_commands(via: Launcher, tmp_
     folder = tmp_path / "project"
     (folder / ".sbx" / "profiles").mkdir(parents=True)
     write_profile(folder / ".sbx" / "profiles", "local-only", "backend: docker\n")
-    here = Launcher(via.home, folder)
+    here = Launcher(via.home, folder, via.argv)
     listed = here("profiles", "list", "--json")
     assert listed.code == 0, listed.err
     assert "local-only" in {p["name"] for p in listed.json()}
@@ -99,7 +128,7 @@ def test_concurrent_commands_each_get_their_own_child(via: Launcher) -> None:
 
 
 def test_ctrl_c_reaches_the_command_and_the_server_lives_on(via: Launcher) -> None:
-    follower = subprocess.Popen([*LAUNCHER, "events", "--follow"], cwd=via.cwd, env=via.env(),
+    follower = subprocess.Popen([*via.argv, "events", "--follow"], cwd=via.cwd, env=via.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 10
     while via.status()["commands_running"] == 0 and time.monotonic() < deadline:
@@ -132,8 +161,9 @@ def test_a_server_whose_code_changed_steps_aside(via: Launcher) -> None:
         os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-def test_without_a_server_or_with_a_dead_one_commands_run_here(sbx: SbxRunner) -> None:
-    launcher = Launcher(sbx.home, sbx.cwd)
+def test_without_a_server_or_with_a_dead_one_commands_run_here(
+        sbx: SbxRunner, launcher_argv: list[str]) -> None:
+    launcher = Launcher(sbx.home, sbx.cwd, launcher_argv)
     assert launcher("ls", "--json").json() == []
     sbx.home.mkdir(parents=True, exist_ok=True)
     (sbx.home / "server.sock").touch()  # a server killed with -9 leaves its socket behind
@@ -155,10 +185,11 @@ def test_socket_is_private_and_nothing_of_the_environment_is_written(
             assert secret.encode() not in path.read_bytes(), path
 
 
-def test_a_long_home_path_still_reaches_the_server(sbx: SbxRunner, tmp_path: Path) -> None:
+def test_a_long_home_path_still_reaches_the_server(sbx: SbxRunner, tmp_path: Path,
+                                                  launcher_argv: list[str]) -> None:
     """AF_UNIX paths are limited to 107 bytes; a deep SBX_HOME must not lose the server."""
     deep = tmp_path / ("d" * 60) / ("e" * 60) / "sbx-home"
-    launcher = Launcher(deep, sbx.cwd)
+    launcher = Launcher(deep, sbx.cwd, launcher_argv)
     started = launcher("server", "start", "--json")
     assert started.code == 0, started.err
     try:
@@ -202,25 +233,92 @@ def test_json_status_is_one_document(via: Launcher) -> None:
     assert doc["running"] is True and doc["python"] == sys.executable
 
 
-@pytest.mark.parametrize("env", [
+# Where the folder comes from. The launchers write platformdirs' rule out where all its
+# releases agree, and ask it otherwise (blank, padded or relative XDG_DATA_HOME).
+FOLDER_CASES = [
     {"SBX_HOME": "~/elsewhere/sbx"},
     {"XDG_DATA_HOME": "/srv/data"},
-    {"XDG_DATA_HOME": "  "},  # blank counts as unset, as platformdirs has it
+    {"XDG_DATA_HOME": "/srv/data/"},
+    {"XDG_DATA_HOME": "  "},
+    {"XDG_DATA_HOME": " /srv/data"},
+    {"XDG_DATA_HOME": "srv/data"},
+    {"HOME": "/home/"},
     {},
-])
-def test_the_launcher_finds_the_folder_the_core_uses(env: dict[str, str], tmp_path: Path,
+]
+
+
+def folder_env(case: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A test's FOLDER_CASES entry made concrete: HOME is tmp_path, /srv and /home under it."""
+    env = {"HOME": str(tmp_path)}
+    env.update({name: value.replace("/srv", str(tmp_path / "srv"))
+                .replace("/home", str(tmp_path / "home")) for name, value in case.items()})
+    return env
+
+
+@pytest.mark.parametrize("case", FOLDER_CASES)
+def test_the_launcher_finds_the_folder_the_core_uses(case: dict[str, str], tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher spares itself platformdirs' import by writing XDG's rule out; were the
+    """The launcher spares itself platformdirs' import by writing its rule out; were the
     two to disagree, `sbx` would look for its server in the wrong folder."""
     from core.settings import sbx_home
     from sandboxer_tui import launcher
 
     for name in ("SBX_HOME", "XDG_DATA_HOME"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for name, value in env.items():
-        monkeypatch.setenv(name, value.replace("/srv", str(tmp_path / "srv")))
+    for name, value in folder_env(case, tmp_path).items():
+        monkeypatch.setenv(name, value)
     assert launcher.home() == str(sbx_home())
+
+
+@pytest.mark.parametrize("case", FOLDER_CASES)
+def test_the_compiled_launcher_reaches_the_server_in_the_folder_the_core_uses(
+        case: dict[str, str], tmp_path: Path, compiled_launcher: Path) -> None:
+    """A server started where the core puts it (`sbx server start` runs the core's rule) takes
+    the compiled launcher's command: the two found the same folder."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SBX_HOME", "XDG_DATA_HOME")}
+    env.update(folder_env(case, tmp_path), XDG_CONFIG_HOME=str(tmp_path / "xdg-config"))
+
+    def run(argv: list[str], *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*argv, *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=60)
+
+    started = run(PYTHON_LAUNCHER, "server", "start", "--json")
+    assert started.returncode == 0, started.stderr
+    try:
+        listed = run([str(compiled_launcher)], "ls", "--json")
+        assert (listed.returncode, listed.stdout.strip()) == (0, "[]"), listed.stderr
+        assert json.loads(run(PYTHON_LAUNCHER, "server", "status", "--json").stdout)["served"] == 1
+    finally:
+        run(PYTHON_LAUNCHER, "server", "stop")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(json.loads(started.stdout)["pid"], signal.SIGKILL)
+
+
+def test_text_that_is_not_utf8_reaches_the_command_unchanged(via: Launcher,
+                                                             sbx: SbxRunner) -> None:
+    """An argument that is not UTF-8 (a file name in Latin-1, say) is refused as the one-shot
+    CLI refuses it; a variable that is not UTF-8 is passed on. Both go through the server."""
+    before = via.status()["served"]
+    through = subprocess.run([*via.argv, "show", b"sbx-caf\xe9"], cwd=via.cwd, env=via.env(),
+                             capture_output=True)
+    here = subprocess.run([*PYTHON_LAUNCHER, "show", b"sbx-caf\xe9"], cwd=sbx.cwd,
+                          env=sbx.env({"SBX_NO_SERVER": "1"}), capture_output=True)
+    assert (through.returncode, through.stdout, through.stderr) == (
+        here.returncode, here.stdout, here.stderr) == (
+        2, b"", b"sbx: argument 'sbx-caf\\udce9' is not UTF-8 text\n")
+    env = {name.encode(): value.encode() for name, value in via.env().items()}
+    env[b"LATIN1_NAME"] = b"caf\xe9"
+    listed = subprocess.run([*via.argv, "ls", "--json"], cwd=via.cwd, env=env,
+                            capture_output=True)
+    assert (listed.returncode, listed.stdout.strip()) == (0, b"[]"), listed.stderr
+    assert via.status()["served"] == before + 2
+
+
+def test_sbx_no_server_runs_the_command_here(via: Launcher) -> None:
+    before = via.status()["served"]
+    result = via("ls", "--json", env={"SBX_NO_SERVER": "1"})
+    assert (result.code, result.json()) == (0, [])
+    assert via.status()["served"] == before
 
 
 def test_the_spare_child_goes_with_its_server(sbx: SbxRunner) -> None:
