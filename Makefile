@@ -22,7 +22,7 @@ setup: venv launcher bytecode docker image
 # wrote: a command that `sbx server` runs then starts no interpreter of its own (about 10 ms
 # a command). Without a C compiler the Python launcher stays; it does the same work.
 launcher: venv
-	scripts/build-launcher.sh $(BIN)/sbx $(abspath $(BIN))/python
+	scripts/build-launcher.sh "$(BIN)/sbx" "$(CURDIR)/$(BIN)/python"
 
 # The project's modules compiled ahead, as pip does for an installed package: the `sbx`
 # launcher is imported by every command, and compiling it each time (PYTHONDONTWRITEBYTECODE

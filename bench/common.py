@@ -249,12 +249,22 @@ def preflight(timeout: float = TIMEOUT_S) -> dict[str, Any]:
         raise SystemExit(f"the base image {IMAGE} is not on the engine; `make image` builds it")
     return {"docker_server": proc.stdout.strip(), "python": platform.python_version(),
             "platform": platform.platform(), "cpus": os.cpu_count(),
-            "git_commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "launcher": launcher_kind(), "git_commit": git_commit(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def launcher_kind() -> str:
+    """Which `sbx` the run times: `make setup` compiles launcher.c in place of pip's script."""
+    sbx = Path(sys.executable).parent / "sbx"
+    if not sbx.exists():
+        return "none (python -m sandboxer_tui.cli)"
+    return "compiled" if sbx.read_bytes()[:4] == b"\x7fELF" else "python"
 
 
 def print_banner(name: str, ctx: BenchContext, meta: dict[str, Any]) -> None:
     print(f"sbx {name} benchmark  run {ctx.run_id}  commit {meta['git_commit']}  "
-          f"docker {meta['docker_server']}  python {meta['python']}  {meta['cpus']} cpus",
+          f"docker {meta['docker_server']}  python {meta['python']}  {meta['cpus']} cpus  "
+          f"launcher {meta['launcher']}",
           flush=True)
 
 

@@ -18,6 +18,9 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <langinfo.h>
+#include <limits.h>
+#include <locale.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdint.h>
@@ -30,7 +33,7 @@
 #include <unistd.h>
 
 #ifndef SBX_PYTHON
-#error "build with -DSBX_PYTHON='\"/path/to/python\"' (scripts/build_launcher.py does)"
+#error "build with -DSBX_PYTHON='\"/path/to/python\"' (scripts/build-launcher.sh does)"
 #endif
 
 #define PROTOCOL 2
@@ -209,31 +212,49 @@ static char *home(void) {
     return out;
 }
 
-/* Python decodes file names and the environment with the locale's encoding unless it is C or
-   POSIX (coerced to UTF-8) or UTF-8 mode is on; only UTF-8 is done here. */
-static int utf8_locale(void) {
-    const char *mode = getenv("PYTHONUTF8");
-    if (mode && strcmp(mode, "1") == 0) return 1;
-    if (mode && strcmp(mode, "0") == 0) return 0;
-    const char *names[] = {"LC_ALL", "LC_CTYPE", "LANG"};
-    const char *name = "";
-    for (int i = 0; i < 3; i++) {
-        const char *v = getenv(names[i]);
-        if (v && *v) {
-            name = v;
-            break;
+/* What Python's start-up does with the locale before it reads the environment (PEP 538 and
+   540): with LC_CTYPE resolving to C and LC_ALL unset, it sets LC_CTYPE to the first of
+   these the system has, in its own environment, which the server's child then inherits. */
+static const char *const COERCION_TARGETS[] = {"C.UTF-8", "C.utf8", "UTF-8"};
+
+/* Whether Python would decode this process's arguments and environment as UTF-8, and what
+   it would set LC_CTYPE to (`coerced`, else NULL). 0 when unsure: the Python launcher then
+   does it all. */
+static int python_reads_utf8(const char **coerced) {
+    *coerced = NULL;
+    const char *utf8_mode = getenv("PYTHONUTF8");
+    const char *coercion = getenv("PYTHONCOERCECLOCALE");
+    if (utf8_mode && *utf8_mode && strcmp(utf8_mode, "0") != 0 && strcmp(utf8_mode, "1") != 0)
+        return 0;  /* Python refuses to start: let it say so */
+    if (coercion && strcmp(coercion, "warn") == 0) return 0;  /* it warns: let it */
+    setlocale(LC_CTYPE, "");
+    const char *ctype = setlocale(LC_CTYPE, NULL);
+    const char *all = getenv("LC_ALL");
+    if (ctype && strcmp(ctype, "C") == 0) {
+        if ((all && *all) || (coercion && strcmp(coercion, "0") == 0))
+            return !(utf8_mode && strcmp(utf8_mode, "0") == 0);  /* C: UTF-8 mode */
+        for (size_t i = 0; i < sizeof COERCION_TARGETS / sizeof *COERCION_TARGETS; i++) {
+            if (setlocale(LC_CTYPE, COERCION_TARGETS[i])) {
+                const char *codeset = nl_langinfo(CODESET);
+                if (codeset && *codeset) {
+                    *coerced = COERCION_TARGETS[i];
+                    break;
+                }
+                setlocale(LC_CTYPE, "");
+            }
         }
+        return !(utf8_mode && strcmp(utf8_mode, "0") == 0) || *coerced;
     }
-    if (!*name || strcmp(name, "C") == 0 || strcmp(name, "POSIX") == 0) return 1;
-    const char *dot = strchr(name, '.');
-    if (!dot) return 0;
-    return strncasecmp(dot + 1, "utf-8", 5) == 0 || strncasecmp(dot + 1, "utf8", 4) == 0;
+    if (utf8_mode && strcmp(utf8_mode, "1") == 0) return 1;
+    const char *codeset = nl_langinfo(CODESET);
+    return codeset && strcmp(codeset, "UTF-8") == 0;
 }
 
 /* ---- the request --------------------------------------------------------------------- */
 
-/* os.environ: entries with '=', the first of a repeated name wins. */
-static void put_env(struct buf *b) {
+/* os.environ: entries with '=', the first of a repeated name wins; LC_CTYPE as Python's
+   locale coercion leaves it (`coerced`), when it did coerce. */
+static void put_env(struct buf *b, const char *coerced) {
     size_t count = 0;
     for (char **e = environ; *e; e++) count++;
     put(b, "{", 1);
@@ -244,16 +265,21 @@ static void put_env(struct buf *b) {
         int repeated = 0;
         for (size_t j = 0; j < i && !repeated; j++)
             repeated = strncmp(environ[j], environ[i], klen + 1) == 0;
-        if (repeated) continue;
+        if (repeated || (coerced && klen == 8 && strncmp(environ[i], "LC_CTYPE", 8) == 0))
+            continue;
         put_str(b, environ[i], klen);
         put_cstr(b, eq + 1);
+    }
+    if (coerced) {
+        put_cstr(b, "LC_CTYPE");
+        put_cstr(b, coerced);
     }
     put(b, "0", 1);
 }
 
 /* The framed request (4-byte big-endian length, then the marshalled dict); 0 if it cannot
    be said the way the Python launcher would say it. */
-static int build_request(struct buf *b, int argc, char **argv) {
+static int build_request(struct buf *b, int argc, char **argv, const char *coerced) {
     char *cwd = getcwd(NULL, 0);
     if (!cwd) return 0;
     mode_t mask = umask(077);
@@ -268,7 +294,7 @@ static int build_request(struct buf *b, int argc, char **argv) {
     put_u32(b, (uint32_t)(argc - 1));
     for (int i = 1; i < argc; i++) put_cstr(b, argv[i]);
     put_cstr(b, "env");
-    put_env(b);
+    put_env(b, coerced);
     put_cstr(b, "cwd");
     put_cstr(b, cwd);
     put_cstr(b, "umask");
@@ -307,11 +333,14 @@ static int connect_server(const char *folder) {
 
 static int send_request(int sock, const struct buf *b) {
     int fds[3] = {0, 1, 2};
-    char control[CMSG_SPACE(sizeof fds)];
-    memset(control, 0, sizeof control);
+    union {  /* aligned for struct cmsghdr */
+        char data[CMSG_SPACE(sizeof fds)];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
     struct iovec iov = {.iov_base = b->data, .iov_len = b->len};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
-                         .msg_controllen = sizeof control};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.data,
+                         .msg_controllen = sizeof control.data};
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
@@ -376,26 +405,51 @@ static int wants_server(int argc, char **argv) {
     return 1;
 }
 
+/* A reply's number: the whole rest of the line, in range; 0 if it is not one. */
+static int reply_number(const char *text, long low, long high, long *value) {
+    char *end;
+    errno = 0;
+    *value = strtol(text, &end, 10);
+    return !errno && end != text && !*end && *value >= low && *value <= high;
+}
+
+/* Forward `signum` to the child, unless it is ignored here (nohup, a background job). */
+static void forward_signal(int signum) {
+    struct sigaction current;
+    if (sigaction(signum, NULL, &current) == 0 && current.sa_handler == SIG_IGN) return;
+    struct sigaction forwarding = {.sa_handler = forward};  /* no SA_RESTART: reads see EINTR */
+    sigemptyset(&forwarding.sa_mask);
+    sigaction(signum, &forwarding, NULL);
+}
+
 int main(int argc, char **argv) {
     if (!wants_server(argc, argv)) run_here(argc, argv);
-    char *folder = utf8_locale() ? home() : NULL;
+    const char *coerced;
+    char *folder = python_reads_utf8(&coerced) ? home() : NULL;
     struct buf request = {0};
-    if (!folder || !build_request(&request, argc, argv)) python_launcher(argc, argv);
+    if (!folder || !build_request(&request, argc, argv, coerced)) python_launcher(argc, argv);
     int sock = connect_server(folder);
     if (sock < 0 || !send_request(sock, &request)) run_here(argc, argv);  /* exec closes it */
     struct lines replies = {.sock = sock};
     char line[256];
+    long number;
     if (!next_line(&replies, line, sizeof line) || strncmp(line, "pid ", 4) != 0)
         run_here(argc, argv);  /* declined (another Python, its code changed): run it here */
-    child = (pid_t)strtol(line + 4, NULL, 10);
-    struct sigaction forwarding = {.sa_handler = forward};  /* no SA_RESTART: reads see EINTR */
-    sigemptyset(&forwarding.sa_mask);
-    sigaction(SIGINT, &forwarding, NULL);
-    sigaction(SIGTERM, &forwarding, NULL);
-    sigaction(SIGHUP, &forwarding, NULL);
+    if (!reply_number(line + 4, 1, INT_MAX, &number)) {
+        fputs("sbx: the sbx server answered with no process id\n", stderr);
+        return 1;
+    }
+    child = (pid_t)number;
+    forward_signal(SIGINT);
+    forward_signal(SIGTERM);
+    forward_signal(SIGHUP);
     if (!next_line(&replies, line, sizeof line) || strncmp(line, "exit ", 5) != 0) {
         fputs("sbx: the sbx server went away while running the command\n", stderr);
         return 1;
     }
-    _exit((int)strtol(line + 5, NULL, 10));
+    if (!reply_number(line + 5, INT_MIN, INT_MAX, &number)) {
+        fputs("sbx: the sbx server answered with no exit code\n", stderr);
+        return 1;
+    }
+    _exit((int)number);
 }

@@ -68,11 +68,12 @@ def frame(data: dict) -> bytes:
 
 
 def send_request(sock, data: dict, fds: list[int] | None = None) -> None:
+    body = frame(data)
     if fds:
         rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
-        sock.sendmsg([frame(data)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
-    else:
-        sock.sendall(frame(data))
+        sent = sock.sendmsg([body], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+        body = body[sent:]  # a large environment may not go in one write
+    sock.sendall(body)
 
 
 class _Lines:
@@ -134,7 +135,8 @@ def through_server(args: list[str]) -> int | None:
             pass
 
     for signum in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
-        _signal.signal(signum, forward)
+        if _signal.getsignal(signum) != _signal.SIG_IGN:  # nohup, a background job: stays so
+            _signal.signal(signum, forward)
     try:
         finished = replies.next()
     except OSError:

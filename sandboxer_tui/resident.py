@@ -205,7 +205,7 @@ def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> 
             main(request["argv"])
             code = 0
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            code = int(exc.code) if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if isinstance(exc.code, str):
                 print(exc.code, file=sys.stderr)
         except KeyboardInterrupt:
