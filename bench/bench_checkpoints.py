@@ -15,7 +15,9 @@ With `sbx server`, every timed command (sbx or docker) starts on an idle server 
 child has warmed up (untimed wait, common.settle): sbx commands that come after a pause, and
 docker commands that never share the machine with the server's background work.
 
-For context: `sbx --version` and `python -c pass` (fresh-process start-up). Every container
+For context: `sbx --version` and `python -c pass` (fresh-process start-up), and each launcher
+alone (the compiled `sbx` make setup builds, the Python one, `/bin/true`) against a socket
+that answers at once. Every container
 carries `sbx-bench=<runid>` and is removed by id; the images this run made are removed by the
 tags it gave them (`sandboxer/checkpoint:<ckpt-id>` for sbx, `sbx-bench-commit:<runid>-<n>` for
 docker). Never prunes. Exit 0 whatever the figures; non-zero only when something crashed.
@@ -214,6 +216,15 @@ def main(argv: list[str] | None = None) -> int:
             if ctx.containers:
                 print(f"WARNING: not removed: {sorted(left & ctx.containers)}", file=sys.stderr)
 
+    alone = ctx.launcher_alone(args.rounds * 3)
+    results["launcher_alone_s"] = alone
+    print_table(["launcher, start to exit", "median"],
+                [[f"sbx ls ({meta['launcher']})", ms(alone["sbx"])],
+                 ["python -m sandboxer_tui.launcher ls", ms(alone["python_launcher"])],
+                 ["/bin/true", ms(alone["true"])]],
+                title="4. the launcher alone, against a socket that answers at once, "
+                      f"for context ({args.rounds * 3} runs)")
+
     snap, rest = results["resident"]["snapshot"], results["resident"]["restore"]
     summary = [
         ("sbx snapshot / docker commit, ratio of medians (sbx server)", snap["ratio"],
@@ -234,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             [f"  {mode}: sbx --version / python -c pass (medians)",
              f"{ms(start['sbx_version_s'])} / {ms(start['python_pass_s'])}", "", "info"],
         ]
+    info.append([f"  launcher alone: sbx ({meta['launcher']}) / Python launcher / /bin/true",
+                 f"{ms(alone['sbx'])} / {ms(alone['python_launcher'])} / {ms(alone['true'])}",
+                 "", "info"])
     common.finish(results, summary, info, run_id=ctx.run_id, started=started,
                   json_path=args.json)
     return 0

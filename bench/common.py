@@ -158,6 +158,46 @@ class BenchContext:
         """Wall time of `python -c pass`: the floor under any fresh Python process."""
         return self.run([sys.executable, "-c", "pass"])[0]
 
+    def launcher_alone(self, rounds: int) -> dict[str, float]:
+        """Median wall time of `sbx ls` from start to exit against a socket that answers `pid`
+        and `exit 0` at once, for the `sbx` this run times and for the Python launcher, with
+        `/bin/true` as the floor: what a launcher itself adds to every command."""
+        import socket
+        import threading
+
+        from sandboxer_tui.resident import _read_frame
+
+        folder = self.home("instant-server")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(folder / "server.sock"))
+        listener.listen(8)
+
+        def answer() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return  # closed: the measurement is over
+                with conn:
+                    _, fds = _read_frame(conn)
+                    for fd in fds:
+                        os.close(fd)
+                    conn.sendall(f"pid {os.getpid()}\nexit 0\n".encode())
+
+        threading.Thread(target=answer, daemon=True).start()
+        env = self.sbx_env(folder)
+        commands = {"sbx": [*self.sbx, "ls"],
+                    "python_launcher": [sys.executable, "-m", "sandboxer_tui.launcher", "ls"],
+                    "true": ["/bin/true"]}
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        try:
+            for _ in range(rounds):
+                for name, argv in commands.items():
+                    times[name].append(self.run(argv, env=env, cwd=self.tmp)[0])
+        finally:
+            listener.close()
+        return {name: median(values) for name, values in times.items()}
+
     def home(self, name: str) -> Path:
         path = self.tmp / name
         path.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,8 @@ def send_request(sock, data: dict, fds: list[int] | None = None) -> None:
         rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
         sent = sock.sendmsg([body], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
         body = body[sent:]  # a large environment may not go in one write
-    sock.sendall(body)
+    if body:  # sendall(b"") still writes: after a quick command's end, EPIPE, and a rerun
+        sock.sendall(body)
 
 
 class _Lines:

@@ -331,7 +331,6 @@ class FakeServer:
 
     def take(self) -> dict:
         import marshal
-        import socket
 
         from sandboxer_tui.resident import _read_frame
 
@@ -341,8 +340,7 @@ class FakeServer:
             for fd in fds:
                 os.close(fd)
             conn.sendall(f"pid {os.getpid()}\nexit 7\n".encode())
-            conn.shutdown(socket.SHUT_WR)
-        return marshal.loads(body)
+        return marshal.loads(body)  # closed at once, as when a quick command has ended
 
 
 @pytest.mark.parametrize("case", [
@@ -376,6 +374,24 @@ def test_both_launchers_send_the_same_request(case: dict[str, str | None], tmp_p
     python, compiled = requests
     assert python["argv"] == ["ls", "--name", "café", "--json"] and python["umask"] == 0o027
     assert compiled == python
+
+
+def test_a_command_that_ended_before_its_launcher_looked_is_not_run_again(
+        tmp_path: Path, launcher_argv: list[str]) -> None:
+    """The server may answer `pid` and `exit` and close before the launcher has finished
+    sending; the launcher must not take that for a missing server and run the command
+    itself too (a second `create`). A local run would print and exit 0, not 7."""
+    home = tmp_path / "home"
+    server = FakeServer(home)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SBX_")},
+           "SBX_HOME": str(home)}
+    with ThreadPoolExecutor(1) as pool:
+        for _ in range(20):
+            taken = pool.submit(server.take)
+            run = subprocess.run([*launcher_argv, "ls"], cwd=tmp_path, env=env, text=True,
+                                 capture_output=True, timeout=30)
+            taken.result(timeout=30)
+            assert (run.returncode, run.stdout) == (7, ""), run.stderr
 
 
 def test_sbx_no_server_runs_the_command_here(via: Launcher) -> None:
