@@ -443,7 +443,8 @@ class InventoryReader:
         self._rows: dict[str, SandboxRow] = {}
         self._conn: sqlite3.Connection | None = None
         self._version: int | None = None
-        self._lock = threading.Lock()
+        self._closed = False
+        self._lock = threading.Lock()  # a read and close() run on different worker threads
 
     def set_include_all(self, include_all: bool) -> None:
         with self._lock:
@@ -454,6 +455,8 @@ class InventoryReader:
     def _read_rows(self) -> list[dict[str, Any]] | None:
         from core import inventory
 
+        if self._closed:
+            return None
         if self._conn is None:
             self._conn = inventory.open_sqlite_readonly(self.url, any_thread=True)
         if self._conn is not None:
@@ -488,9 +491,13 @@ class InventoryReader:
             return Inventory(dict(fresh), added, changed, removed, now)
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """After the read in progress, if any: closing SQLite's connection under a running
+        statement crashed the process (seen when the dashboard quit mid-refresh)."""
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 # -- profiles for the picker ----------------------------------------------------------------

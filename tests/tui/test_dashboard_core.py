@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 
 import pytest
@@ -145,6 +146,40 @@ def test_metrics_buffer_keeps_the_last_samples_and_reports_changes():
     assert buffer.take_changed() == {"a"} and buffer.take_changed() == set()
     buffer.forget(["b"])
     assert buffer.series("a") == []
+
+
+def test_closing_the_reader_waits_for_the_read_in_progress(mgr, profiles, monkeypatch):
+    """The dashboard closes its reader on one worker thread while a refresh may be reading on
+    another; closing the SQLite connection under that read crashed the whole process."""
+    from core import inventory
+    from core.profiles import ProfileLoader
+
+    asyncio.run(mgr.create(ProfileLoader().load("stub"), name="one"))
+    reader = InventoryReader(mgr.db.url, mgr.clock,
+                             lambda include_all: pytest.fail("read through the Manager"))
+    reading, go_on = threading.Event(), threading.Event()
+    list_sandboxes = inventory.list_sandboxes
+
+    def slow_list(conn, include_all):
+        reading.set()
+        go_on.wait(10)
+        return list_sandboxes(conn, include_all=include_all)
+
+    monkeypatch.setattr(inventory, "list_sandboxes", slow_list)
+    results = []
+    refresh = threading.Thread(target=lambda: results.append(reader.read()))
+    refresh.start()
+    assert reading.wait(10)
+    closer = threading.Thread(target=reader.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive(), "close() did not wait for the read in progress"
+    go_on.set()
+    refresh.join(10)
+    closer.join(10)
+    assert [len(r.rows) for r in results] == [1]
+    assert reader._conn is None
+    assert not reader.read().any_change and reader._conn is None  # closed stays closed
 
 
 def test_reader_sees_another_process_change_and_reads_nothing_otherwise(mgr, sbx_home,
