@@ -201,13 +201,8 @@ static char *home(void) {
     const char *user = getenv("HOME");
     if (data && data[0] == '/') return join_app(data);
     if ((data && *data) || !user || user[0] != '/') return NULL;
-    size_t n = strlen(user);
-    while (n && user[n - 1] == '/') n--;
-    char *share = malloc(n + sizeof "/.local/share");
-    if (!share) return NULL;
-    memcpy(share, user, n);
-    strcpy(share + n, "/.local/share");
-    char *out = join_app(share);
+    char *share = expanduser("~/.local/share");  /* HOME, absolute: what every release uses */
+    char *out = share ? join_app(share) : NULL;
     free(share);
     return out;
 }

@@ -47,7 +47,7 @@ def home() -> str:
         if data.startswith("/"):
             return os.path.join(data, APP_NAME)
         if not data and user.startswith("/"):
-            return os.path.join(user.rstrip("/") + "/.local/share", APP_NAME)
+            return os.path.join(os.path.expanduser("~/.local/share"), APP_NAME)
     from platformdirs import user_data_dir
 
     return user_data_dir(APP_NAME)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -50,14 +49,12 @@ class Launcher(SbxRunner):
 @pytest.fixture(scope="session")
 def compiled_launcher(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """launcher.c built for this interpreter, as `make setup` builds it for the venv's."""
-    compiler = os.environ.get("CC", "cc")
-    if not shutil.which(compiler):
-        pytest.skip(f"no C compiler ({compiler}) on this machine: sbx stays the Python launcher")
     out = tmp_path_factory.mktemp("launcher") / "sbx"
     built = subprocess.run([ROOT / "scripts" / "build-launcher.sh", out, sys.executable],
                            capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
-    if not out.exists():  # the script said why (a compiler without the C library's headers)
+    if not out.exists():  # no working C compiler here: `sbx` is the Python launcher, and
+        # there is no compiled one to test (the script's last line says which compiler failed)
         pytest.skip(built.stderr.strip().splitlines()[-1])
     assert "warning" not in built.stderr, built.stderr
     return out
