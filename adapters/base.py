@@ -11,6 +11,7 @@ import abc
 import enum
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -228,6 +229,18 @@ class Adapter(abc.ABC):
     ) -> ExecResult:
         raise self._unsupported("run commands")
 
+    async def exec_stream(
+        self, ref: str, argv: Sequence[str], timeout_s: float | None = None
+    ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        """A command's output as it comes, `("stdout" | "stderr", bytes)` pairs, then its
+        ExecResult (whose stdout and stderr are empty: they were sent). A backend that
+        cannot stream keeps this default: the whole output once the command ends."""
+        result = await self.exec(ref, argv, timeout_s)
+        for stream, data in (("stdout", result.stdout), ("stderr", result.stderr)):
+            if data:
+                yield stream, data
+        yield ExecResult(result.exit_code, b"", b"", result.duration_s, result.timed_out)
+
     def logs(self, ref: str, follow: bool = False, tail: int | None = None) -> AsyncIterator[bytes]:
         raise self._unsupported("show logs")
 
@@ -276,10 +289,15 @@ class Adapter(abc.ABC):
 APP_NAME = "sandboxer"
 
 
+# The folder a library client named (`sandboxer.Sandboxer(home=...)`), for the operations it
+# runs: several clients with their own folders may share one process.
+HOME_OVERRIDE: ContextVar[str | None] = ContextVar("sbx_home_override", default=None)
+
+
 def state_folder() -> Path:
     """`$SBX_HOME`, else the platform's user data folder; created 0700. Where sbx keeps its
     state (core.settings.sbx_home) and an adapter its own files."""
-    raw = os.environ.get("SBX_HOME")
+    raw = HOME_OVERRIDE.get() or os.environ.get("SBX_HOME")
     if raw:
         home = Path(raw).expanduser()
     else:

@@ -466,6 +466,49 @@ class DockerAdapter(Adapter):
             raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
         return ExecResult(code, out, err, time.perf_counter() - started)
 
+    async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                          ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        started = time.perf_counter()
+
+        def start(api: docker.APIClient) -> tuple[str, Iterator[tuple[bytes, bytes]]]:
+            exec_id = api.exec_create(ref, list(argv), stdout=True, stderr=True)["Id"]
+            return exec_id, api.exec_start(exec_id, stream=True, demux=True)
+
+        try:
+            exec_id, frames = await self._call(start)
+        except docker_errors.NotFound as exc:
+            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+        except docker_errors.APIError as exc:
+            if exc.status_code == 409:
+                raise BackendObjectGone(f"container {ref[:12]} is not running") from exc
+            raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
+        chunks = _in_thread(frames)
+        try:
+            while True:
+                left = None if timeout_s is None else timeout_s - (time.perf_counter() - started)
+                try:
+                    if left is not None and left <= 0:
+                        raise TimeoutError
+                    frame = await asyncio.wait_for(anext(chunks, None), left)
+                except TimeoutError:
+                    killed = await self._kill_exec(exec_id)
+                    note = "" if killed else " (the process may still run inside the sandbox)"
+                    yield "stderr", f"sbx: timed out after {timeout_s:g}s{note}\n".encode()
+                    yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
+                    return
+                if frame is None:
+                    break
+                out, err = frame
+                if out:
+                    yield "stdout", out
+                if err:
+                    yield "stderr", err
+        finally:
+            await chunks.aclose()
+        code = (await self._call(lambda api: api.exec_inspect(exec_id)))["ExitCode"]
+        yield ExecResult(code if code is not None else -1, b"", b"",
+                         time.perf_counter() - started)
+
     async def _kill_exec(self, exec_id: str | None) -> bool:
         """Kill a timed-out exec's process; possible only when the engine runs on this host."""
         if not exec_id or not self.base_url.startswith("unix://"):

@@ -38,6 +38,11 @@ ARCHIVE_FORMAT = "sandboxer-checkpoint/1"
 ARCHIVE_MEMBERS = {"manifest.json", "artifact.tar"}
 
 
+def checkpoint_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint as the CLI and the API show it (without its stored profile)."""
+    return {k: v for k, v in row.items() if k != "profile_json"}
+
+
 def new_checkpoint_id() -> str:
     return PREFIX + str(ULID()).lower()
 

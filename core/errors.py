@@ -1,6 +1,11 @@
-"""Errors the core raises and the one mapping from any error to the CLI's exit codes."""
+"""Errors the core raises, the exit codes, and the one mapping from any error to them.
+
+`sandboxer.Error` and its subclasses are these classes: the library, the CLI and the service
+share one hierarchy, and each class carries the CLI's exit code (docs/cli.md)."""
 
 from __future__ import annotations
+
+import enum
 
 from adapters.base import (
     ArtifactRefused,
@@ -10,15 +15,31 @@ from adapters.base import (
     InvalidRequest,
 )
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_NOT_FOUND = 3
-EXIT_CONFLICT = 4
-EXIT_UNAVAILABLE = 5
+
+class ExitCode(enum.IntEnum):
+    """Every exit status sbx gives of its own (docs/cli.md, "Exit codes")."""
+
+    OK = 0
+    FAILED = 1  # the operation failed (the backend refused, a command failed to start)
+    BAD_INPUT = 2  # nothing was written
+    NOT_FOUND = 3
+    CONFLICT = 4  # the sandbox's state does not allow it
+    UNAVAILABLE = 5  # a backend or the database cannot be reached
+    TIMED_OUT = 124  # `exec --timeout` ended the command, as timeout(1) does
+    INTERRUPTED = 130  # Ctrl-C (SIGINT)
+
+
+EXIT_OK = ExitCode.OK
+EXIT_FAILED = ExitCode.FAILED
+EXIT_BAD_INPUT = ExitCode.BAD_INPUT
+EXIT_NOT_FOUND = ExitCode.NOT_FOUND
+EXIT_CONFLICT = ExitCode.CONFLICT
+EXIT_UNAVAILABLE = ExitCode.UNAVAILABLE
 
 
 class SbxError(Exception):
+    """Anything sbx refuses or fails; `exit_code` is what the CLI exits with."""
+
     exit_code = EXIT_FAILED
     kind = "failed"
 
@@ -71,3 +92,20 @@ def classify(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, BackendObjectGone):
         return EXIT_CONFLICT, "conflict"
     return EXIT_FAILED, "failed"  # AdapterError and anything unexpected
+
+
+_KINDS: dict[str, type[SbxError]] = {}
+
+
+def as_error(exc: BaseException) -> SbxError:
+    """`exc` as one of the classes above (a backend's own error keeps its message), so a
+    caller of the library catches one hierarchy."""
+    if isinstance(exc, SbxError):
+        return exc
+    if not _KINDS:
+        _KINDS.update({cls.kind: cls for cls in (OperationFailed, BadInput, NotFound,
+                                                  Conflict, Unavailable)})
+    _, kind = classify(exc)
+    error = _KINDS[kind](" ".join(str(exc).split()) or type(exc).__name__)
+    error.__cause__ = exc
+    return error

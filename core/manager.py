@@ -173,6 +173,11 @@ class Manager:
 
     # -- adapters ---------------------------------------------------------------------------
 
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        """The adapters loaded so far, by backend name (shared with a reaper it runs)."""
+        return self._adapters
+
     def adapter(self, backend: str) -> Adapter:
         if backend not in self._adapters:
             if not registry.is_registered(backend):  # profiles refuse unknown ones (exit 2)
@@ -203,6 +208,10 @@ class Manager:
         self.db.dispose()
 
     def _now(self) -> str:
+        return to_iso(self.clock.now())
+
+    def now_iso(self) -> str:
+        """Now on this manager's clock, as the records write times."""
         return to_iso(self.clock.now())
 
     # -- reading ----------------------------------------------------------------------------
@@ -285,6 +294,11 @@ class Manager:
                 .order_by(checkpoints.c.created_at)).mappings()]
         history = self.metric_history(row["id"])
         return evidence.build(row, events, ckpts, self._now(), history)
+
+    def last_event_id(self) -> int:
+        """The newest event's id (0 when there is none): following starts after it."""
+        with self.db.read() as conn:
+            return conn.execute(sa.select(sa.func.max(EVENTS.c.id))).scalar() or 0
 
     def follow_events(self, sandbox_id: str | None = None, *, after_id: int = 0,
                       every: float = 0.5) -> Iterator[dict[str, Any]]:
@@ -905,18 +919,50 @@ class Manager:
         self.touch(row["id"], event=False)  # a long command is activity from its start
         result = await adapter.exec(row["backend_ref"], list(argv),
                                     timeout.total_seconds() if timeout else None)
+        self._record_exec(row["id"], argv, result, _digest(result.stdout),
+                          _digest(result.stderr))
+        return result
+
+    async def exec_stream(self, ref: str, argv: Sequence[str],
+                          timeout: timedelta | None = None,
+                          ) -> AsyncIterator[tuple[str, Any]]:
+        """Run a command, yielding `("stdout" | "stderr", bytes)` as the output comes and
+        then `("exit", {"exit_code", "duration", "timed_out"})`; recorded as exec is."""
+        if not argv:
+            raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
+        row = self.resolve(ref)
+        self._usable(row, Capability.EXEC, "exec")
+        adapter = await self.adapter_for(row)
+        self.touch(row["id"], event=False)
+        digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
+        sizes = {"stdout": 0, "stderr": 0}
+        async for item in adapter.exec_stream(row["backend_ref"], list(argv),
+                                              timeout.total_seconds() if timeout else None):
+            if isinstance(item, ExecResult):
+                self._record_exec(row["id"], argv, item, *(
+                    {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
+                    for s in ("stdout", "stderr")))
+                yield "exit", {"exit_code": item.exit_code, "duration": item.duration_s,
+                               "timed_out": item.timed_out}
+                return
+            stream, data = item
+            digests[stream].update(data)
+            sizes[stream] += len(data)
+            yield stream, data
+
+    def _record_exec(self, sandbox_id: str, argv: Sequence[str], result: ExecResult,
+                     stdout: Mapping[str, Any], stderr: Mapping[str, Any]) -> None:
         with self.db.write() as conn:
-            conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == row["id"])
+            conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
                          .values(last_activity_at=self._now()))
-            self._event(conn, row["id"], "sandbox.exec", payload={
+            self._event(conn, sandbox_id, "sandbox.exec", payload={
                 "argv": list(argv),
                 "exit_code": result.exit_code,
                 "timed_out": result.timed_out,
                 "duration_s": round(result.duration_s, 3),
-                "stdout": _digest(result.stdout),
-                "stderr": _digest(result.stderr),
+                "stdout": stdout,
+                "stderr": stderr,
             })
-        return result
 
     async def metrics(self, ref: str, *, follow: bool = False) -> AsyncIterator[dict[str, Any]]:
         """Live samples from the backend, stored at a bounded rate for history. Without

@@ -301,6 +301,15 @@ class ProfileLoader:
         merged = self._resolve(data, path, layer, name, (name,))
         return self._validate(merged, path, name)
 
+    def load_mapping(self, data: dict[str, Any], where: str = "(given profile)") -> Profile:
+        """A profile given as a mapping (from a program, or a service request); its
+        `extends:` resolves along the search path."""
+        if not isinstance(data, dict):
+            raise ProfileError([f"{where}: a profile is a mapping of fields"])
+        name = str(data.get("name") or "inline")
+        merged = self._resolve(dict(data), Path(where), None, name, (name,))
+        return self._validate(merged, Path(where), name)
+
 
 def dump(profile: Profile) -> dict[str, Any]:
     """The resolved profile as stored and shown: durations as `30m`, sizes in bytes."""

@@ -433,7 +433,11 @@ class Reaper:
             report.failed.append({"id": label, "code": classify(exc)[0],
                                   "error": " ".join(str(exc).split())})
 
-    async def close(self) -> None:
+    async def close(self, *, keep_manager: bool = False) -> None:
+        """Close what this reaper opened; `keep_manager`: the manager and its adapters are
+        someone else's (a library client's), left open."""
+        if keep_manager:
+            return
         if self._manager is not None:
             await self._manager.close()
         else:
@@ -481,18 +485,25 @@ async def run_every(make: Callable[[], Reaper], every: timedelta, stop: asyncio.
             pass
 
 
-def default_reaper(**options: Any) -> Reaper:
-    """A Reaper on this installation's database. It reads rows with the standard library when
-    it can (a cycle with nothing to do then loads neither the ORM nor Alembic)."""
+def default_reaper(*, database_url: str | None = None, manager: Manager | None = None,
+                   actor: str | None = None, **options: Any) -> Reaper:
+    """A Reaper on this installation's database (`database_url`, else the settings'). It
+    reads rows with the standard library when it can (a cycle with nothing to do then loads
+    neither the ORM nor Alembic). Given a `manager` (a library client's), it acts through
+    it and its adapters instead of making its own."""
     from core import inventory, settings
     from core.clock import clock_from_env
 
-    url = settings.database_url()
+    url = database_url or settings.database_url()
 
     def make_manager(adapters: dict[str, Adapter]) -> Manager:
+        if manager is not None:
+            return manager
+        from core.db import Database
         from core.manager import Manager
 
-        return Manager(adapters=adapters)
+        return Manager(db=Database(url) if database_url else None, adapters=adapters,
+                       actor=actor)
 
     def read_rows():
         fast = inventory.open_readonly(url)
@@ -522,4 +533,6 @@ def default_reaper(**options: Any) -> Reaper:
     options.setdefault("grace", settings.reconcile_grace())
     reaper = Reaper(install_id=settings.install_id(), clock=clock_from_env(),
                     read_rows=read_rows, make_manager=make_manager, **options)
+    if manager is not None:
+        reaper.adapters = manager.adapters
     return reaper

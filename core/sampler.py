@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -39,3 +39,23 @@ async def follow_all(mgr: Manager, on_sample: Callable[[dict[str, Any]], None],
         for task in streams.values():
             task.cancel()
         await asyncio.gather(*streams.values(), return_exceptions=True)
+
+
+async def samples_of_all(mgr: Manager) -> AsyncIterator[dict[str, Any]]:
+    """follow_all as an async iterator, for the library: it stops when the caller does."""
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow_all(mgr, queue.put_nowait, stop))
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                task.result()  # follow_all ended: its error, if any
+                return
+            yield getter.result()
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await task

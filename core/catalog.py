@@ -1,0 +1,52 @@
+"""Every event type and reason sbx writes, in one place (docs/events.md catalogues them).
+
+They are string enums: the event log stores the plain value, and a webhook consumer reads the
+same words. A test checks that the code writes no other type and that docs/events.md lists
+each one.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class EventType(enum.StrEnum):
+    # a sandbox's life (the transitions of core/states.py)
+    SANDBOX_CREATING = "sandbox.creating"
+    SANDBOX_CREATED = "sandbox.created"
+    SANDBOX_FAILED = "sandbox.failed"
+    SANDBOX_PAUSED = "sandbox.paused"
+    SANDBOX_RESUMED = "sandbox.resumed"
+    SANDBOX_DESTROYING = "sandbox.destroying"
+    SANDBOX_DESTROYED = "sandbox.destroyed"
+    SANDBOX_LOST = "sandbox.lost"
+    SANDBOX_ADOPTED = "sandbox.adopted"
+    # what happens to a sandbox without changing its state
+    SANDBOX_EXEC = "sandbox.exec"
+    SANDBOX_EXTENDED = "sandbox.extended"
+    SANDBOX_TOUCHED = "sandbox.touched"
+    SANDBOX_EXPIRING = "sandbox.expiring"
+    SANDBOX_ATTEMPT_FAILED = "sandbox.attempt-failed"
+    SANDBOX_ORPHAN_DESTROYED = "sandbox.orphan-destroyed"
+    # checkpoints
+    CHECKPOINT_CREATING = "checkpoint.creating"
+    CHECKPOINT_CREATED = "checkpoint.created"
+    CHECKPOINT_FAILED = "checkpoint.failed"
+    CHECKPOINT_REMOVED = "checkpoint.removed"
+    CHECKPOINT_IMPORTED = "checkpoint.imported"
+    CHECKPOINT_ORPHAN_REMOVED = "checkpoint.orphan-removed"
+
+
+class Reason(enum.StrEnum):
+    """Why an event happened, where it is not simply "someone asked"."""
+
+    MANUAL = "manual"  # a person or a program asked (a CLI command, an API call)
+    TTL = "ttl"  # the deadline passed
+    IDLE = "idle"  # the idle limit passed
+    MAX_TTL = "max-ttl"  # the hard deadline passed
+    ORPHAN = "orphan"  # a backend object of this installation that no row claimed
+    FAILED = "failed"  # cleaning up after a failed create or setup
+    RETENTION = "retention"  # a checkpoint past its profile's `keep`
+
+
+EXPIRY_REASONS = (Reason.TTL, Reason.IDLE, Reason.MAX_TTL)

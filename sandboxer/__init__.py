@@ -1,0 +1,74 @@
+"""Sandboxer as a library: short-lived sandboxes from profiles, on deadlines, on record.
+
+    import sandboxer
+
+    with sandboxer.Sandboxer() as sbx, sbx.create("default", ttl="10m", task="try") as box:
+        print(box.exec(["sh", "-c", "echo hello"]).stdout.decode())
+
+`AsyncSandboxer` is the one implementation; `Sandboxer` is its sync twin. docs/api.md is the
+reference. Everything not in `__all__` is private and may change.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from core.catalog import EventType, Reason
+from core.errors import (
+    BadInput,
+    Conflict,
+    ExitCode,
+    NotFound,
+    OperationFailed,
+    Unavailable,
+)
+from core.errors import SbxError as Error
+from core.states import State
+from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer
+from sandboxer._records import (
+    Event,
+    ExecExit,
+    ExecResult,
+    MetricSample,
+    OutputChunk,
+    ReapReport,
+)
+from sandboxer._sync import Checkpoint, Sandbox, Sandboxer, SyncIterator
+
+if TYPE_CHECKING:
+    from core.profiles import Profile
+
+__all__ = [
+    "AsyncCheckpoint",
+    "AsyncSandbox",
+    "AsyncSandboxer",
+    "BadInput",
+    "Checkpoint",
+    "Conflict",
+    "Error",
+    "Event",
+    "EventType",
+    "ExecExit",
+    "ExecResult",
+    "ExitCode",
+    "MetricSample",
+    "NotFound",
+    "OperationFailed",
+    "OutputChunk",
+    "Profile",
+    "Reason",
+    "ReapReport",
+    "Sandbox",
+    "Sandboxer",
+    "State",
+    "SyncIterator",
+    "Unavailable",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Profile":  # pydantic loads only for a program that uses profiles
+        from core.profiles import Profile
+
+        return Profile
+    raise AttributeError(f"module 'sandboxer' has no attribute {name!r}")

@@ -1,0 +1,407 @@
+"""The one implementation of the library: `AsyncSandboxer` and its handles. The sync API
+(`sandboxer._sync`) is made from these classes, not written again."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandboxer._records import (
+    CheckpointRecord,
+    Event,
+    ExecExit,
+    ExecResult,
+    MetricSample,
+    OutputChunk,
+    ReapReport,
+    SandboxRecord,
+)
+
+if TYPE_CHECKING:
+    from core.profiles import Profile
+
+Duration = timedelta | str | int | float
+
+
+def _duration(value: Duration | None, what: str) -> timedelta | None:
+    """A timedelta, a duration such as "30m", or seconds; BadInput naming `what` otherwise."""
+    if value is None or isinstance(value, timedelta):
+        if isinstance(value, timedelta) and value <= timedelta(0):
+            from core.errors import BadInput
+
+            raise BadInput(f"bad {what} {value}: must be longer than zero")
+        return value
+    if isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, int | float):
+        return _duration(timedelta(seconds=value), what)
+    from core.durations import parse_duration
+
+    return parse_duration(str(value), what)
+
+
+def _argv(argv: Sequence[str] | str) -> list[str]:
+    from core.errors import BadInput
+
+    if isinstance(argv, str):  # a string would become one argument per character
+        raise BadInput("argv must be a list of strings, e.g. ['sh', '-c', 'echo hi']")
+    argv = list(argv)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise BadInput("argv must be a non-empty list of strings")
+    return argv
+
+
+class AsyncSandboxer:
+    """sbx from a program. `home` and `database_url` default as the CLI's (`SBX_HOME`,
+    `SBX_DATABASE_URL`, the settings file); `actor` is who the event log says acted
+    (default `SBX_ACTOR`, else user@host).
+
+        async with AsyncSandboxer() as sbx:
+            async with sbx.create("default", ttl="10m") as box:
+                result = await box.exec(["sh", "-c", "echo hello"])
+    """
+
+    def __init__(self, home: str | Path | None = None, database_url: str | None = None,
+                 actor: str | None = None, *, _transport: Any = None) -> None:
+        if _transport is None:
+            from sandboxer._local import LocalTransport
+
+            _transport = LocalTransport(home=None if home is None else str(home),
+                                        database_url=database_url, actor=actor)
+        self._transport = _transport
+
+    async def __aenter__(self) -> AsyncSandboxer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the database and the backends' connections. Sandboxes keep running."""
+        await self._transport.close()
+
+    # -- sandboxes --------------------------------------------------------------------------
+
+    def create(self, profile: str | Profile = "default", *, ttl: Duration | None = None,
+               name: str | None = None, labels: Mapping[str, str] | None = None,
+               owner: str | None = None, task: str | None = None) -> _Creating:
+        """A new sandbox from a profile (a name on the search path, or a `Profile`).
+        Await it for the sandbox; or `async with sbx.create(...) as box:` to destroy it on
+        leaving, on an exception too."""
+        async def make() -> AsyncSandbox:
+            view = await self._transport.create(
+                profile, ttl=_duration(ttl, "ttl"), name=name,
+                labels=dict(labels) if labels else None, owner=owner, task=task)
+            return AsyncSandbox(self, view)
+
+        return _Creating(make)
+
+    async def get(self, ref: str) -> AsyncSandbox:
+        """A sandbox by id, unique id prefix or name, as the CLI takes them."""
+        return AsyncSandbox(self, await self._transport.get(ref))
+
+    async def list(self, *, state: str | None = None, backend: str | None = None,
+                   labels: Mapping[str, str] | None = None,
+                   include_destroyed: bool = False) -> list[AsyncSandbox]:
+        """Sandboxes, oldest first; destroyed ones only with `include_destroyed` (or a
+        `state`). `labels`: only those carrying all of them."""
+        views = await self._transport.list(
+            state=None if state is None else str(state), backend=backend,
+            labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
+        return [AsyncSandbox(self, v) for v in views]
+
+    async def destroy(self, *refs: str) -> dict[str, list[Any]]:
+        """Destroy several sandboxes; one failure does not stop the others. Every ref is
+        resolved before any is touched. Raises the first failure after trying them all."""
+        result, first_error = await self._transport.destroy_many(list(refs))
+        if first_error is not None:
+            first_error.result = result
+            raise first_error
+        return result
+
+    # -- the reaper -------------------------------------------------------------------------
+
+    async def reap(self, dry_run: bool = False, *, orphans: bool = False,
+                   timeout: Duration | None = None) -> ReapReport:
+        """One cycle of reconcile, then destroy what is past its deadline or idle limit
+        (`sbx reap`). `orphans`: also this installation's backend objects past their hard
+        deadline label, with no database at all."""
+        return ReapReport.from_dict(await self._transport.reap(
+            dry_run=dry_run, orphans=orphans, timeout=_duration(timeout, "timeout")))
+
+    async def reconcile(self, dry_run: bool = False) -> ReapReport:
+        """Diff the backends with the database and repair, destroying nothing that is due
+        (`sbx reconcile`)."""
+        return ReapReport.from_dict(await self._transport.reap(
+            dry_run=dry_run, orphans=False, reap=False))
+
+    # -- profiles ---------------------------------------------------------------------------
+
+    async def profiles(self) -> list[Profile]:
+        """Every profile on the search path, resolved (after `extends`)."""
+        return await self._transport.profiles()
+
+    async def profile(self, name: str) -> Profile:
+        return await self._transport.profile(name)
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def events(self, sandbox: str | None = None,
+                     since: datetime | timedelta | None = None,
+                     after: int | None = None) -> list[Event]:
+        """Events, oldest first: of one sandbox, from a time (or a while ago), after an
+        event id."""
+        ref = sandbox.id if isinstance(sandbox, SandboxRecord) else sandbox
+        return [Event.from_dict(d) for d in await self._transport.events(ref, since, after)]
+
+    async def follow_events(self, sandbox: str | None = None, after: int | None = None,
+                            every: float = 0.5) -> AsyncIterator[Event]:
+        """New events as they are written (by any process), forever. From `after` (an
+        event id), else from now."""
+        ref = sandbox.id if isinstance(sandbox, SandboxRecord) else sandbox
+        async for doc in self._transport.follow_events(ref, after, every):
+            yield Event.from_dict(doc)
+
+    async def verify_events(self) -> dict[str, Any]:
+        """The hash chain's check: `{"checked", "intact", "broken_at", "problem"}`."""
+        return await self._transport.verify_events()
+
+    async def deliver_events(self) -> list[dict[str, Any]]:
+        """Push pending events to the sinks now (`sbx events deliver`)."""
+        return await self._transport.deliver_events()
+
+    async def undelivered(self) -> list[dict[str, Any]]:
+        return await self._transport.undelivered()
+
+    async def redeliver(self, event_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        return await self._transport.redeliver(event_ids)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    async def checkpoint(self, ref: str) -> AsyncCheckpoint:
+        """A checkpoint by id, unique id prefix or name."""
+        return AsyncCheckpoint(self, await self._transport.checkpoint(ref))
+
+    async def checkpoints(self, sandbox: str | None = None) -> list[AsyncCheckpoint]:
+        """Checkpoints, oldest first (of one sandbox)."""
+        ref = sandbox.id if isinstance(sandbox, SandboxRecord) else sandbox
+        return [AsyncCheckpoint(self, v) for v in await self._transport.checkpoints(ref)]
+
+    async def import_checkpoint(self, path: str | Path, *,
+                                name: str | None = None) -> AsyncCheckpoint:
+        """A checkpoint archive made by `export` (on this host or another)."""
+        return AsyncCheckpoint(self, await self._transport.import_checkpoint(str(path), name))
+
+    async def prune_checkpoints(self) -> list[str]:
+        """Remove expired checkpoints and those past each profile's `keep`."""
+        return await self._transport.prune_checkpoints()
+
+    # -- health and the store ---------------------------------------------------------------
+
+    async def doctor(self) -> dict[str, Any]:
+        """Backends, the database and versions, as `sbx doctor --json` prints them."""
+        return await self._transport.doctor()
+
+    async def follow_all_metrics(self) -> AsyncIterator[MetricSample]:
+        """Samples of every running sandbox, as they come (each stored at a bounded rate)."""
+        async for doc in self._transport.follow_all_metrics():
+            yield MetricSample.from_dict(doc)
+
+    async def copy_database(self, target_url: str) -> dict[str, Any]:
+        """Copy the whole inventory into another, empty database (`sbx db copy`)."""
+        return await self._transport.copy_database(target_url)
+
+
+class _Creating:
+    """What `AsyncSandboxer.create` returns: await it, or use it as `async with`."""
+
+    def __init__(self, make) -> None:
+        self._make = make
+        self._box: AsyncSandbox | None = None
+
+    def __await__(self):
+        return self._make().__await__()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._box = await self._make()
+        return self._box
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._box.destroy()
+
+
+class AsyncSandbox(SandboxRecord):
+    """A handle on one sandbox: its record (as of the last read) and what you can do."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: AsyncSandboxer, view: Mapping[str, Any]) -> None:
+        super().__init__(view)
+        self._client = client
+
+    @property
+    def _t(self):
+        return self._client._transport
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.destroy()
+
+    async def refresh(self) -> AsyncSandbox:
+        """Read the record again."""
+        self._replace(await self._t.get(self.id))
+        return self
+
+    async def profile_resolved(self) -> dict[str, Any]:
+        """The resolved profile this sandbox was made from (secrets as references)."""
+        view = await self._t.get(self.id, with_profile=True)
+        resolved = view.pop("profile_resolved")
+        self._replace(view)
+        return resolved
+
+    async def exec(self, argv: Sequence[str], timeout: Duration | None = None) -> ExecResult:
+        """Run a command and wait for it; its output, exit code and duration. Recorded in
+        the event log (argv, exit code, duration, output digests; never the output)."""
+        doc = await self._t.exec(self.id, _argv(argv), _duration(timeout, "timeout"))
+        return ExecResult.from_dict(doc)
+
+    async def exec_stream(self, argv: Sequence[str], timeout: Duration | None = None,
+                          ) -> AsyncIterator[OutputChunk | ExecExit]:
+        """Run a command: its stdout and stderr as they come (`OutputChunk`), then how it
+        ended (`ExecExit`)."""
+        async for kind, value in self._t.exec_stream(self.id, _argv(argv),
+                                                     _duration(timeout, "timeout")):
+            if kind == "exit":
+                yield ExecExit(value["exit_code"], timedelta(seconds=value["duration"]),
+                               bool(value.get("timed_out")))
+            else:
+                yield OutputChunk(kind, value)
+
+    async def logs(self, *, follow: bool = False, tail: int | None = None,
+                   ) -> AsyncIterator[bytes]:
+        """The main process's output; with `follow`, new output as it comes (that counts
+        as activity)."""
+        async for chunk in self._t.logs(self.id, follow=follow, tail=tail):
+            yield chunk
+
+    async def extend(self, by: Duration) -> bool:
+        """Move the deadline `by` later, never past the hard deadline; True when that capped
+        it. The record is updated."""
+        view, capped = await self._t.extend(self.id, _duration(by, "by"))
+        self._replace(view)
+        return capped
+
+    async def touch(self) -> None:
+        """Record activity now: the idle clock starts again."""
+        self._replace(await self._t.touch(self.id))
+
+    async def pause(self) -> None:
+        """Freeze it (no CPU); its deadline still holds."""
+        self._replace(await self._t.pause(self.id))
+
+    async def resume(self) -> None:
+        self._replace(await self._t.resume(self.id))
+
+    async def snapshot(self, name: str | None = None) -> AsyncCheckpoint:
+        """Save its filesystem as a checkpoint."""
+        return AsyncCheckpoint(self._client, await self._t.snapshot(self.id, name))
+
+    async def destroy(self) -> None:
+        """Destroy it; already destroyed counts as done."""
+        view, _ = await self._t.destroy(self.id)
+        self._replace(view)
+
+    async def metrics(self) -> MetricSample | None:
+        """A live reading from the backend (None: no sample yet)."""
+        doc = await self._t.metrics(self.id)
+        return None if doc is None else MetricSample.from_dict(doc)
+
+    async def follow_metrics(self) -> AsyncIterator[MetricSample]:
+        """Live readings as the backend sends them (about one a second on Docker)."""
+        async for doc in self._t.follow_metrics(self.id):
+            yield MetricSample.from_dict(doc)
+
+    async def metric_history(self) -> list[MetricSample]:
+        """The stored readings, oldest first."""
+        return [MetricSample.from_dict(d) for d in await self._t.metric_history(self.id)]
+
+    async def events(self) -> list[Event]:
+        return await self._client.events(self.id)
+
+    async def checkpoints(self) -> list[AsyncCheckpoint]:
+        return await self._client.checkpoints(self.id)
+
+    async def evidence(self, path: str | Path | None = None) -> dict[str, Any]:
+        """The supervision evidence bundle; written to `path` (mode 0600) when given."""
+        bundle = await self._t.evidence(self.id)
+        if path is not None:
+            import json
+            import os
+
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(bundle, out, indent=1, sort_keys=True)
+        return bundle
+
+
+class AsyncCheckpoint(CheckpointRecord):
+    """A handle on one checkpoint."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: AsyncSandboxer, view: Mapping[str, Any]) -> None:
+        super().__init__(view)
+        self._client = client
+
+    @property
+    def _t(self):
+        return self._client._transport
+
+    async def refresh(self) -> AsyncCheckpoint:
+        self._replace(await self._t.checkpoint(self.id))
+        return self
+
+    async def restore(self, *, ttl: Duration | None = None, name: str | None = None,
+                      labels: Mapping[str, str] | None = None, owner: str | None = None,
+                      task: str | None = None,
+                      profile: str | Profile | None = None) -> AsyncSandbox:
+        """A new sandbox from this checkpoint, under the profile it was taken with (for an
+        imported checkpoint, a profile of this host: `profile`, else the one of its name)."""
+        view = await self._t.restore(self.id, ttl=_duration(ttl, "ttl"), name=name,
+                                     labels=dict(labels) if labels else None, owner=owner,
+                                     task=task, profile=profile)
+        return AsyncSandbox(self._client, view)
+
+    async def fork(self, n: int, *, ttl: Duration | None = None,
+                   labels: Mapping[str, str] | None = None, owner: str | None = None,
+                   task: str | None = None) -> list[AsyncSandbox]:
+        """`n` sandboxes from this checkpoint, each with its own copy of the filesystem.
+        If one fails, those already made are destroyed and the error raised."""
+        import asyncio
+
+        from core.errors import BadInput
+
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BadInput(f"fork needs a number of sandboxes of 1 or more, not {n!r}")
+        results = await asyncio.gather(
+            *(self.restore(ttl=ttl, labels=labels, owner=owner, task=task) for _ in range(n)),
+            return_exceptions=True)
+        made = [r for r in results if isinstance(r, AsyncSandbox)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(box.destroy() for box in made), return_exceptions=True)
+            raise failed[0]
+        return made
+
+    async def export(self, path: str | Path) -> Path:
+        """Write it to a portable archive (.tar.gz, mode 0600)."""
+        await self._t.export_checkpoint(self.id, str(path))
+        return Path(path)
+
+    async def remove(self) -> None:
+        """Remove it and its backend artifact."""
+        await self._t.remove_checkpoint(self.id)

@@ -1,0 +1,552 @@
+"""The in-process transport: the core (its database and adapters) on an event loop of its
+own, on a thread of its own.
+
+The core's store is SQLite (or PostgreSQL) through a blocking driver. Running the core on
+its own loop keeps the caller's loop free of that I/O whatever the caller does, and gives
+the sync API the loop it runs on, so both APIs share one implementation. A call from the
+caller's loop hops to the core loop and back (tens of microseconds; bench/bench_api.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from adapters.base import HOME_OVERRIDE
+from core.errors import as_error
+
+if TYPE_CHECKING:
+    from core.manager import Manager
+    from core.profiles import Profile
+
+T = TypeVar("T")
+# Backend SDKs block a worker thread per call: enough for many operations at once.
+IO_THREADS = 64
+
+
+class CoreLoop:
+    """An event loop running on a daemon thread until `stop()`."""
+
+    def __init__(self, name: str = "sbx-core") -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="sbx-io"))
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def here(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if not self.here():
+            self._thread.join()
+            executor = self.loop._default_executor  # noqa: SLF001 (ours, made above)
+            self.loop.close()
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
+
+
+class LocalTransport:
+    """The core of this machine: its database (SQLite in `home`, or `database_url`) and the
+    backends installed here."""
+
+    def __init__(self, *, home: str | None = None, database_url: str | None = None,
+                 actor: str | None = None, manager: Manager | None = None) -> None:
+        self.home = None if home is None else str(home)
+        self.database_url = database_url
+        self.actor = actor
+        self._mgr = manager
+        self._core: CoreLoop | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- running on the core loop -----------------------------------------------------------
+
+    @property
+    def core(self) -> CoreLoop:
+        if self._core is None:
+            with self._lock:
+                if self._closed:
+                    from core.errors import Conflict
+
+                    raise Conflict("this Sandboxer is closed")
+                if self._core is None:
+                    self._core = CoreLoop()
+        return self._core
+
+    def _manager(self) -> Manager:
+        if self._mgr is None:
+            from core.manager import Manager
+
+            db = None
+            if self.database_url is not None or self.home is not None:
+                from core import settings
+                from core.db import Database
+
+                db = Database(self.database_url or settings.database_url())
+            self._mgr = Manager(db=db, actor=self.actor)
+        return self._mgr
+
+    async def _in_core(self, fn: Callable[..., Awaitable[T]] | Callable[..., T], *args: Any,
+                       needs_manager: bool = True) -> T:
+        token = HOME_OVERRIDE.set(self.home) if self.home else None
+        try:
+            result = fn(self._manager(), *args) if needs_manager else fn(*args)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except StopAsyncIteration:
+            raise
+        except Exception as exc:
+            error = as_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            if token is not None:
+                HOME_OVERRIDE.reset(token)
+
+    async def call(self, fn: Callable[..., Any], *args: Any, needs_manager: bool = True) -> Any:
+        """`fn(manager, *args)` (awaited if a coroutine) on the core loop."""
+        coro = self._in_core(fn, *args, needs_manager=needs_manager)
+        core = self.core
+        if core.here():
+            return await coro
+        return await asyncio.wrap_future(core.submit(coro))
+
+    def call_blocking(self, awaitable: Awaitable[T]) -> T:
+        """Run `awaitable` on the core loop and wait for it (the sync API)."""
+        core = self.core
+        if core.here():
+            raise RuntimeError("the sync sandboxer API was called from its own core loop; "
+                               "use the AsyncSandboxer there")
+
+        async def run() -> T:
+            return await awaitable
+
+        return core.submit(run()).result()
+
+    async def stream(self, make: Callable[[Manager], AsyncIterator[T]]) -> AsyncIterator[T]:
+        """Items of the async iterator `make(manager)` runs on the core loop, one hop each."""
+        agen = None
+
+        async def start() -> None:
+            nonlocal agen
+            agen = await self._in_core(lambda mgr: make(mgr))
+
+        async def step() -> T:
+            return await self._in_core(lambda: agen.__anext__(), needs_manager=False)
+
+        async def hop(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
+            if self.core.here():
+                return await coro_fn()
+            return await asyncio.wrap_future(self.core.submit(coro_fn()))
+
+        await hop(start)
+        try:
+            while True:
+                try:
+                    item = await hop(step)
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            if agen is not None and hasattr(agen, "aclose"):
+                with contextlib.suppress(Exception):
+                    await hop(agen.aclose)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        if self._core is not None and self._mgr is not None:
+            mgr = self._mgr
+            with contextlib.suppress(Exception):
+                if self._core.here():
+                    await mgr.close()
+                else:
+                    await asyncio.wrap_future(self._core.submit(mgr.close()))
+        self._closed = True
+        if self._core is not None:
+            self._core.stop()
+
+    def close_blocking(self) -> None:
+        if self._closed:
+            return
+        if self._core is not None and self._mgr is not None:
+            with contextlib.suppress(Exception):
+                self._core.submit(self._mgr.close()).result()
+        self._closed = True
+        if self._core is not None:
+            self._core.stop()
+
+    # -- sandboxes --------------------------------------------------------------------------
+
+    async def create(self, profile: str | Profile, *, ttl: timedelta | None, name: str | None,
+                     labels: Mapping[str, str] | None, owner: str | None,
+                     task: str | None) -> dict[str, Any]:
+        async def go(mgr: Manager) -> dict[str, Any]:
+            from core.views import sandbox_view
+
+            resolved = _load_profile(profile)
+            row = await mgr.create(resolved, ttl=ttl, name=name, labels=labels, owner=owner,
+                                   task=task)
+            return sandbox_view(row, mgr.now_iso())
+
+        return await self.call(go)
+
+    async def get(self, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
+        def go(mgr: Manager) -> dict[str, Any]:
+            import json
+
+            from core.views import sandbox_view
+
+            row = mgr.resolve(ref)
+            view = sandbox_view(row, mgr.now_iso())
+            if with_profile:
+                view["profile_resolved"] = json.loads(row["profile_json"] or "{}")
+            return view
+
+        return await self.call(go)
+
+    async def list(self, *, state: str | None, backend: str | None,
+                   labels: Mapping[str, str] | None,
+                   include_destroyed: bool) -> list[dict[str, Any]]:
+        """Read with the driver alone when the schema is current (no ORM: `sbx ls` stays
+        fast from a fresh process), else through the Manager, which migrates."""
+        filters = dict(include_all=include_destroyed, state=state, backend=backend,
+                       labels=labels)
+
+        def fast() -> list[dict[str, Any]] | None:
+            from core import inventory, settings
+            from core.views import VIEW_COLUMNS
+
+            if self._mgr is not None:
+                return None
+            return inventory.read_fast(self.database_url or settings.database_url(),
+                                       columns=VIEW_COLUMNS, **filters)
+
+        def views(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+            from core.clock import clock_from_env, to_iso
+            from core.views import sandbox_view
+
+            now = to_iso(clock_from_env().now())
+            return [sandbox_view(r, now) for r in rows]
+
+        rows = await self.call(fast, needs_manager=False)
+        if rows is None:
+            rows = await self.call(lambda mgr: mgr.list(**filters))
+        return views(rows)
+
+    async def destroy(self, ref: str) -> tuple[dict[str, Any], bool]:
+        async def go(mgr: Manager) -> tuple[dict[str, Any], bool]:
+            from core.views import sandbox_view
+
+            row, done = await mgr.destroy(ref)
+            return sandbox_view(row, mgr.now_iso()), done
+
+        return await self.call(go)
+
+    async def destroy_many(self, refs: Sequence[str]) -> tuple[dict[str, list[Any]],
+                                                               BaseException | None]:
+        async def go(mgr: Manager):
+            ids = [mgr.resolve(ref)["id"] for ref in refs]  # all known before any is touched
+            result, first = await mgr.destroy_many(ids)
+            return result, (as_error(first) if first is not None else None)
+
+        return await self.call(go)
+
+    async def exec(self, ref: str, argv: Sequence[str],
+                   timeout: timedelta | None) -> dict[str, Any]:
+        async def go(mgr: Manager) -> dict[str, Any]:
+            result = await mgr.exec(ref, list(argv), timeout=timeout)
+            return {"exit_code": result.exit_code, "stdout": result.stdout,
+                    "stderr": result.stderr, "duration": result.duration_s,
+                    "timed_out": result.timed_out}
+
+        return await self.call(go)
+
+    def exec_stream(self, ref: str, argv: Sequence[str],
+                    timeout: timedelta | None) -> AsyncIterator[tuple[str, Any]]:
+        return self.stream(lambda mgr: mgr.exec_stream(ref, list(argv), timeout=timeout))
+
+    def logs(self, ref: str, *, follow: bool, tail: int | None) -> AsyncIterator[bytes]:
+        return self.stream(lambda mgr: mgr.logs(ref, follow=follow, tail=tail))
+
+    async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
+        async def go(mgr: Manager):
+            from core.views import sandbox_view
+
+            row, capped = await mgr.extend(ref, by)
+            return sandbox_view(row, mgr.now_iso()), capped
+
+        return await self.call(go)
+
+    async def touch(self, ref: str) -> dict[str, Any]:
+        async def go(mgr: Manager):
+            from core.views import sandbox_view
+
+            return sandbox_view(await mgr.record_activity(ref), mgr.now_iso())
+
+        return await self.call(go)
+
+    async def pause(self, ref: str) -> dict[str, Any]:
+        return await self._state_change(ref, "pause")
+
+    async def resume(self, ref: str) -> dict[str, Any]:
+        return await self._state_change(ref, "resume")
+
+    async def _state_change(self, ref: str, verb: str) -> dict[str, Any]:
+        async def go(mgr: Manager):
+            from core.views import sandbox_view
+
+            return sandbox_view(await getattr(mgr, verb)(ref), mgr.now_iso())
+
+        return await self.call(go)
+
+    async def metrics(self, ref: str) -> dict[str, Any] | None:
+        async def go(mgr: Manager):
+            async for view in mgr.metrics(ref):
+                return view
+            return None
+
+        return await self.call(go)
+
+    def follow_metrics(self, ref: str) -> AsyncIterator[dict[str, Any]]:
+        return self.stream(lambda mgr: mgr.metrics(ref, follow=True))
+
+    def follow_all_metrics(self) -> AsyncIterator[dict[str, Any]]:
+        from core.sampler import samples_of_all
+
+        return self.stream(samples_of_all)
+
+    async def metric_history(self, ref: str) -> list[dict[str, Any]]:
+        return await self.call(lambda mgr: mgr.metric_history(ref))
+
+    async def evidence(self, ref: str) -> dict[str, Any]:
+        return await self.call(lambda mgr: mgr.evidence(ref))
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def events(self, sandbox: str | None, since: datetime | timedelta | None,
+                     after: int | None) -> list[dict[str, Any]]:
+        def go(mgr: Manager):
+            from core.views import event_view
+
+            sandbox_id = mgr.resolve(sandbox)["id"] if sandbox else None
+            return [event_view(r) for r in mgr.events(
+                sandbox_id, since=_since_iso(mgr, since), after_id=after or 0)]
+
+        return await self.call(go)
+
+    def follow_events(self, sandbox: str | None, after: int | None,
+                      every: float) -> AsyncIterator[dict[str, Any]]:
+        async def follow(mgr: Manager) -> AsyncIterator[dict[str, Any]]:
+            from core.views import event_view
+
+            sandbox_id = mgr.resolve(sandbox)["id"] if sandbox else None
+            after_id = mgr.last_event_id() if after is None else after
+            while True:
+                for row in mgr.events(sandbox_id, after_id=after_id):
+                    after_id = row["id"]
+                    yield event_view(row)
+                await asyncio.sleep(every)
+
+        return self.stream(follow)
+
+    async def verify_events(self) -> dict[str, Any]:
+        def go(mgr: Manager):
+            report = mgr.verify_events()
+            return {"checked": report.checked, "intact": report.intact,
+                    "broken_at": report.broken_at, "problem": report.problem}
+
+        return await self.call(go)
+
+    async def deliver_events(self) -> list[dict[str, Any]]:
+        def go(mgr: Manager):
+            from core.delivery import default_deliverer
+
+            return [r.as_json() for r in default_deliverer(mgr.db).run()]
+
+        return await self.call(go)
+
+    async def undelivered(self) -> list[dict[str, Any]]:
+        def go(mgr: Manager):
+            from core.delivery import default_deliverer
+
+            return default_deliverer(mgr.db).undelivered()
+
+        return await self.call(go)
+
+    async def redeliver(self, event_ids: Sequence[int] | None) -> list[dict[str, Any]]:
+        def go(mgr: Manager):
+            from core.delivery import default_deliverer
+
+            return default_deliverer(mgr.db).redeliver(list(event_ids) if event_ids else None)
+
+        return await self.call(go)
+
+    # -- the reaper -------------------------------------------------------------------------
+
+    async def reap(self, *, dry_run: bool, orphans: bool, reap: bool = True,
+                   timeout: timedelta | None = None) -> dict[str, Any]:
+        """One cycle. It reads with the driver alone when it can, so a cycle with nothing to
+        do loads neither the ORM nor Alembic."""
+        async def go() -> dict[str, Any]:
+            from core.reaper import default_reaper
+
+            reaper = default_reaper(orphans=orphans, dry_run=dry_run, reap=reap,
+                                    database_url=self.database_url,
+                                    manager=self._mgr, actor=self.actor)
+            try:
+                job = reaper.cycle()
+                report = await (asyncio.wait_for(job, timeout.total_seconds())
+                                if timeout else job)
+            finally:
+                await reaper.close(keep_manager=self._mgr is not None)
+            return report.as_json()
+
+        return await self.call(go, needs_manager=False)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    async def snapshot(self, ref: str, name: str | None) -> dict[str, Any]:
+        async def go(mgr: Manager):
+            from core.checkpoints import Checkpoints, checkpoint_view
+
+            return checkpoint_view(await Checkpoints(mgr).snapshot(ref, name))
+
+        return await self.call(go)
+
+    async def checkpoint(self, ref: str) -> dict[str, Any]:
+        def go(mgr: Manager):
+            from core.checkpoints import Checkpoints, checkpoint_view
+
+            return checkpoint_view(Checkpoints(mgr).resolve(ref))
+
+        return await self.call(go)
+
+    async def checkpoints(self, sandbox: str | None) -> list[dict[str, Any]]:
+        def go(mgr: Manager):
+            from core.checkpoints import Checkpoints, checkpoint_view
+
+            return [checkpoint_view(r) for r in Checkpoints(mgr).list(sandbox)]
+
+        return await self.call(go)
+
+    async def restore(self, ref: str, *, ttl: timedelta | None, name: str | None,
+                      labels: Mapping[str, str] | None, owner: str | None, task: str | None,
+                      profile: str | Profile | None) -> dict[str, Any]:
+        async def go(mgr: Manager):
+            from core.checkpoints import Checkpoints
+            from core.views import sandbox_view
+
+            kwargs = {} if profile is None else {"profile": _load_profile(profile)}
+            row = await Checkpoints(mgr).restore(ref, ttl=ttl, name=name, labels=labels,
+                                                 owner=owner, task=task, **kwargs)
+            return sandbox_view(row, mgr.now_iso())
+
+        return await self.call(go)
+
+    async def remove_checkpoint(self, ref: str) -> dict[str, Any]:
+        async def go(mgr: Manager):
+            from core.checkpoints import Checkpoints, checkpoint_view
+
+            return checkpoint_view(await Checkpoints(mgr).remove(ref))
+
+        return await self.call(go)
+
+    async def prune_checkpoints(self) -> list[str]:
+        async def go(mgr: Manager):
+            from core.checkpoints import Checkpoints
+
+            return await Checkpoints(mgr).prune()
+
+        return await self.call(go)
+
+    async def export_checkpoint(self, ref: str, path: str) -> dict[str, Any]:
+        async def go(mgr: Manager):
+            from core.checkpoints import Checkpoints, checkpoint_view
+
+            return checkpoint_view(await Checkpoints(mgr).export(ref, path))
+
+        return await self.call(go)
+
+    async def import_checkpoint(self, path: str, name: str | None) -> dict[str, Any]:
+        async def go(mgr: Manager):
+            from core.checkpoints import Checkpoints, checkpoint_view
+
+            kwargs = {} if name is None else {"name": name}
+            return checkpoint_view(await Checkpoints(mgr).import_(path, **kwargs))
+
+        return await self.call(go)
+
+    # -- profiles, health, the store --------------------------------------------------------
+
+    async def profiles(self) -> list[Profile]:
+        def go() -> list[Profile]:
+            from core.profiles import ProfileLoader
+
+            loader = ProfileLoader()
+            return [loader.load(name) for name in sorted(loader.names())]
+
+        return await self.call(go, needs_manager=False)
+
+    async def profile(self, name: str) -> Profile:
+        return await self.call(lambda: _load_profile(name), needs_manager=False)
+
+    async def doctor(self) -> dict[str, Any]:
+        async def go() -> dict[str, Any]:
+            from core import doctor, settings
+            from core.db import Database
+
+            db = Database(self.database_url or settings.database_url())
+            try:
+                return await doctor.report(db)
+            finally:
+                db.dispose()
+
+        return await self.call(go, needs_manager=False)
+
+    async def copy_database(self, target_url: str) -> dict[str, Any]:
+        def go(mgr: Manager):
+            from core.dbcopy import copy_inventory
+
+            return copy_inventory(mgr.db, target_url).as_json()
+
+        return await self.call(go)
+
+
+def _load_profile(profile: str | Profile) -> Profile:
+    from core.profiles import Profile, ProfileLoader
+
+    if isinstance(profile, Profile):
+        return profile
+    if isinstance(profile, Mapping):
+        return ProfileLoader().load_mapping(dict(profile))
+    return ProfileLoader().load(profile)
+
+
+def _since_iso(mgr: Manager, since: datetime | timedelta | None) -> str | None:
+    from core.clock import to_iso
+
+    if since is None:
+        return None
+    if isinstance(since, timedelta):
+        return to_iso(mgr.clock.now() - since)
+    return to_iso(since)

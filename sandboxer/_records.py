@@ -1,0 +1,274 @@
+"""The typed records the library returns. Each is built from the JSON shape the CLI prints
+(docs/cli.md, "JSON"), which the HTTP service sends too, so every transport gives the same
+records; `to_dict()` gives that shape back."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import Any, Literal
+
+from core.catalog import EventType, Reason
+from core.states import State
+
+
+def _time(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def _maybe_enum(enum_type, value):
+    if value is None:
+        return None
+    try:
+        return enum_type(value)
+    except ValueError:  # written by a newer sbx: keep the word
+        return value
+
+
+class SandboxRecord:
+    """A sandbox's fields, as of when it was last read (`refresh()` reads it again).
+    Times are aware datetimes in UTC; `ttl_left` counts down from the effective deadline
+    (the earlier of the deadline and the idle deadline) and is None once off the clock."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: Mapping[str, Any]) -> None:
+        self._view = dict(view)
+
+    def _replace(self, view: Mapping[str, Any]) -> None:
+        self._view = dict(view)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as `sbx show --json` prints it (without the resolved profile)."""
+        return dict(self._view)
+
+    id = property(lambda self: self._view["id"])
+    name = property(lambda self: self._view["name"])
+    profile = property(lambda self: self._view["profile"])
+    backend = property(lambda self: self._view["backend"])
+    backend_ref = property(lambda self: self._view["backend_ref"])
+    owner = property(lambda self: self._view["owner"])
+    task = property(lambda self: self._view["task"])
+    host = property(lambda self: self._view.get("host"))
+    error = property(lambda self: self._view.get("error"))
+    idle_timeout = property(lambda self: None if not self._view.get("idle_timeout_s")
+                            else timedelta(seconds=self._view["idle_timeout_s"]))
+
+    @property
+    def state(self) -> State:
+        return State(self._view["state"])
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return MappingProxyType(self._view["labels"])
+
+    created_at = property(lambda self: _time(self._view["created_at"]))
+    started_at = property(lambda self: _time(self._view.get("started_at")))
+    deadline = property(lambda self: _time(self._view["deadline"]))
+    hard_deadline = property(lambda self: _time(self._view["hard_deadline"]))
+    idle_deadline = property(lambda self: _time(self._view.get("idle_deadline")))
+    last_activity_at = property(lambda self: _time(self._view.get("last_activity_at")))
+    ended_at = property(lambda self: _time(self._view.get("ended_at")))
+
+    @property
+    def ttl_left(self) -> timedelta | None:
+        """Time left before the reaper may end it, as of now (None once it is off the clock)."""
+        from core.clock import clock_from_env
+        from core.states import ON_THE_CLOCK
+
+        if self._view["state"] not in ON_THE_CLOCK:
+            return None
+        ends = min(t for t in (self.deadline, self.idle_deadline) if t is not None)
+        return max(timedelta(0), ends - clock_from_env().now())
+
+    def __repr__(self) -> str:
+        name = f" {self.name!r}" if self.name else ""
+        return f"<{type(self).__name__} {self.id}{name} {self._view['state']} on {self.backend}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SandboxRecord) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self._view["id"])
+
+
+class CheckpointRecord:
+    """A checkpoint's fields. `sandbox` is the id of the sandbox it was taken from (for an
+    imported one, that sandbox lives elsewhere); `parent` the checkpoint that sandbox was
+    restored from, if any."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: Mapping[str, Any]) -> None:
+        self._view = dict(view)
+
+    def _replace(self, view: Mapping[str, Any]) -> None:
+        self._view = dict(view)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as `sbx checkpoints --json` prints it."""
+        return dict(self._view)
+
+    id = property(lambda self: self._view["id"])
+    name = property(lambda self: self._view["name"])
+    sandbox = property(lambda self: self._view["sandbox_id"])
+    parent = property(lambda self: self._view["parent_id"])
+    kind = property(lambda self: self._view["kind"])
+    state = property(lambda self: self._view["state"])
+    backend = property(lambda self: self._view["backend"])
+    profile = property(lambda self: self._view["profile"])
+    size_bytes = property(lambda self: self._view.get("size_bytes"))
+    created_at = property(lambda self: _time(self._view["created_at"]))
+    expires_at = property(lambda self: _time(self._view.get("expires_at")))
+
+    def __repr__(self) -> str:
+        name = f" {self.name!r}" if self.name else ""
+        return f"<{type(self).__name__} {self.id}{name} of {self.sandbox} {self.state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CheckpointRecord) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self._view["id"])
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """What a command did. `exit_code` is the command's own (124 when `timeout` ended it)."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration: timedelta
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ExecResult:
+        return cls(doc["exit_code"], _bytes(doc["stdout"]), _bytes(doc["stderr"]),
+                   timedelta(seconds=doc["duration"]), bool(doc.get("timed_out")))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shape the HTTP service sends: output as text where it is UTF-8, else base64."""
+        return {"exit_code": self.exit_code, **_text("stdout", self.stdout),
+                **_text("stderr", self.stderr), "duration": self.duration.total_seconds(),
+                "timed_out": self.timed_out}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """Output of a running command, as it came."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ExecExit:
+    """The last item of `exec_stream`: how the command ended."""
+
+    exit_code: int
+    duration: timedelta
+    timed_out: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of the event log. `type` and `reason` are enums where sbx knows the word."""
+
+    id: int
+    time: datetime
+    sandbox_id: str | None
+    type: EventType | str
+    actor: str
+    reason: Reason | str | None
+    payload: Mapping[str, Any]
+    prev_hash: str
+    hash: str
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Event:
+        return cls(doc["id"], _time(doc["time"]), doc["sandbox_id"],
+                   _maybe_enum(EventType, doc["type"]), doc["actor"],
+                   _maybe_enum(Reason, doc["reason"]), MappingProxyType(dict(doc["payload"])),
+                   doc["prev_hash"], doc["hash"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "time": self.time.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                "sandbox_id": self.sandbox_id, "type": str(self.type), "actor": self.actor,
+                "reason": None if self.reason is None else str(self.reason),
+                "payload": dict(self.payload), "prev_hash": self.prev_hash, "hash": self.hash}
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSample:
+    """One reading of a sandbox's resources; None where the backend does not know."""
+
+    sandbox_id: str
+    time: datetime
+    cpu_pct: float | None
+    memory_bytes: int | None
+    memory_limit: int | None
+    net_rx_bytes: int | None
+    net_tx_bytes: int | None
+    pids: int | None
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> MetricSample:
+        return cls(doc["sandbox_id"], _time(doc["time"]), doc["cpu_pct"], doc["memory_bytes"],
+                   doc["memory_limit"], doc["net_rx_bytes"], doc["net_tx_bytes"], doc["pids"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sandbox_id": self.sandbox_id,
+                "time": self.time.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "cpu_pct": self.cpu_pct,
+                "memory_bytes": self.memory_bytes, "memory_limit": self.memory_limit,
+                "net_rx_bytes": self.net_rx_bytes, "net_tx_bytes": self.net_tx_bytes,
+                "pids": self.pids}
+
+
+@dataclass(frozen=True, slots=True)
+class ReapReport:
+    """What one reconcile-and-reap cycle did (`sbx reap --json` prints the same)."""
+
+    destroyed: tuple[str, ...] = ()
+    failed: tuple[Mapping[str, Any], ...] = ()
+    orphans: tuple[str, ...] = ()
+    skipped: tuple[Mapping[str, Any], ...] = ()
+    reconciled: tuple[Mapping[str, Any], ...] = ()
+    warned: tuple[str, ...] = ()
+    planned: tuple[Mapping[str, Any], ...] = field(default=())
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ReapReport:
+        return cls(**{k: tuple(doc.get(k) or ()) for k in (
+            "destroyed", "failed", "orphans", "skipped", "reconciled", "warned", "planned")})
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {k: list(getattr(self, k)) for k in (
+            "destroyed", "failed", "orphans", "skipped", "reconciled", "warned")}
+        if self.planned:
+            doc["planned"] = list(self.planned)
+        return doc
+
+
+def _bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, Mapping):  # {"base64": "..."}: output that was not UTF-8
+        return base64.b64decode(value["base64"])
+    return str(value).encode()
+
+
+def _text(key: str, data: bytes) -> dict[str, Any]:
+    try:
+        return {key: data.decode()}
+    except UnicodeDecodeError:
+        return {key: {"base64": base64.b64encode(data).decode()}}

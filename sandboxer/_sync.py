@@ -1,0 +1,152 @@
+"""The sync API, made from the async one: each method of `Sandboxer`, `Sandbox` and
+`Checkpoint` runs its async twin on the client's core loop and waits for it; async
+iterators become iterators. Nothing here knows what an operation does."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer
+from sandboxer._records import CheckpointRecord, SandboxRecord
+
+
+def _wrap(value: Any) -> Any:
+    """Async handles in `value` as their sync twins."""
+    if isinstance(value, AsyncSandbox):
+        return Sandbox._of(value)
+    if isinstance(value, AsyncCheckpoint):
+        return Checkpoint._of(value)
+    if isinstance(value, list):
+        return [_wrap(v) for v in value]
+    return value
+
+
+class SyncIterator(Iterator):
+    """An async iterator of the core loop, one item at a time. Close it (or use `with`)
+    to stop a stream that never ends, such as followed events or logs."""
+
+    def __init__(self, transport: Any, agen: Any) -> None:
+        self._transport = transport
+        self._agen = agen
+
+    def __iter__(self) -> SyncIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return _wrap(self._transport.call_blocking(self._agen.__anext__()))
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._transport.call_blocking(self._agen.aclose())
+
+    def __enter__(self) -> SyncIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _twin_of(name: str, member: Any) -> Any:
+    @functools.wraps(member)
+    def method(self, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self._async, name)(*args, **kwargs)
+        transport = self._async_client._transport
+        if inspect.isawaitable(result):
+            return _wrap(transport.call_blocking(result))
+        if hasattr(result, "__anext__"):
+            return SyncIterator(transport, result)
+        return _wrap(result)
+
+    return method
+
+
+def _make_twin(sync_cls: type, async_cls: type) -> type:
+    """Give `sync_cls` a blocking twin of every public method of `async_cls`."""
+    for klass in reversed(async_cls.__mro__):
+        for name, member in vars(klass).items():
+            if name.startswith("_") or not callable(member) or isinstance(member, type):
+                continue
+            if name in vars(sync_cls):
+                continue
+            if (inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member)
+                    or klass is async_cls):
+                setattr(sync_cls, name, _twin_of(name, member))
+    return sync_cls
+
+
+class Sandboxer:
+    """The sync twin of `AsyncSandboxer`: the same methods, each returning when done.
+
+        with Sandboxer() as sbx, sbx.create("default", ttl="10m") as box:
+            print(box.exec(["sh", "-c", "echo hello"]).stdout)
+    """
+
+    def __init__(self, home: str | Path | None = None, database_url: str | None = None,
+                 actor: str | None = None, *, _transport: Any = None) -> None:
+        self._async = AsyncSandboxer(home, database_url, actor, _transport=_transport)
+
+    @property
+    def _async_client(self) -> AsyncSandboxer:
+        return self._async
+
+    def __enter__(self) -> Sandboxer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the database and the backends' connections. Sandboxes keep running."""
+        self._async._transport.close_blocking()
+
+
+class Sandbox(SandboxRecord):
+    """The sync twin of `AsyncSandbox`. `with sbx.create(...) as box:` destroys it on
+    leaving, on an exception too."""
+
+    __slots__ = ("_async",)
+    _view = property(lambda self: self._async._view)  # one record, shared with the twin
+
+    @classmethod
+    def _of(cls, handle: AsyncSandbox) -> Sandbox:
+        box = cls.__new__(cls)
+        object.__setattr__(box, "_async", handle)
+        return box
+
+    @property
+    def _async_client(self) -> AsyncSandboxer:
+        return self._async._client
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+class Checkpoint(CheckpointRecord):
+    """The sync twin of `AsyncCheckpoint`."""
+
+    __slots__ = ("_async",)
+    _view = property(lambda self: self._async._view)
+
+    @classmethod
+    def _of(cls, handle: AsyncCheckpoint) -> Checkpoint:
+        ckpt = cls.__new__(cls)
+        object.__setattr__(ckpt, "_async", handle)
+        return ckpt
+
+    @property
+    def _async_client(self) -> AsyncSandboxer:
+        return self._async._client
+
+
+_make_twin(Sandboxer, AsyncSandboxer)
+_make_twin(Sandbox, AsyncSandbox)
+_make_twin(Checkpoint, AsyncCheckpoint)
