@@ -531,7 +531,8 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
     options.setdefault("read_checkpoints", read_checkpoints)
     options.setdefault("warn_before", settings.expiry_warning())
     options.setdefault("grace", settings.reconcile_grace())
-    reaper = Reaper(install_id=settings.install_id(), clock=clock_from_env(),
+    reaper = Reaper(install_id=settings.install_id(),
+                    clock=manager.clock if manager is not None else clock_from_env(),
                     read_rows=read_rows, make_manager=make_manager, **options)
     if manager is not None:
         reaper.adapters = manager.adapters

@@ -80,12 +80,12 @@ class LocalTransport:
 
     @property
     def core(self) -> CoreLoop:
+        if self._closed:
+            from core.errors import Conflict
+
+            raise Conflict("this Sandboxer is closed")
         if self._core is None:
             with self._lock:
-                if self._closed:
-                    from core.errors import Conflict
-
-                    raise Conflict("this Sandboxer is closed")
                 if self._core is None:
                     self._core = CoreLoop()
         return self._core
@@ -132,7 +132,12 @@ class LocalTransport:
 
     def call_blocking(self, awaitable: Awaitable[T]) -> T:
         """Run `awaitable` on the core loop and wait for it (the sync API)."""
-        core = self.core
+        try:
+            core = self.core
+        except BaseException:
+            if hasattr(awaitable, "close"):  # never to run: say so to no one
+                awaitable.close()
+            raise
         if core.here():
             raise RuntimeError("the sync sandboxer API was called from its own core loop; "
                                "use the AsyncSandboxer there")
