@@ -1,0 +1,148 @@
+"""The library against docker-py, in one process, on the real local Docker engine.
+
+    .venv/bin/python bench/bench_api.py [--rounds N] [--json FILE]
+
+Three measurements, rounds interleaved (sbx, docker-py, sbx, ...) so drift cancels:
+
+1. `AsyncSandboxer.create("default")` + `Sandbox.destroy()` against docker-py's
+   `containers.run(detach=True)` + `remove(force=True)` with the same image, command and
+   limits as the default profile. Target: ratio of medians <= 1.03.
+2. `Sandbox.exec(["true"])` against docker-py's `exec_run("true")` on a running container
+   each. Target: <= 1.05.
+3. 20 creates at once through one AsyncSandboxer (asyncio.gather) against 20 docker-py
+   creates in 20 threads, each followed by removing them all (untimed). Target: <= 1.10.
+
+sbx keeps its state in a temporary SBX_HOME; every container carries `sbx-bench=<runid>` and
+only this run's containers are removed, by id. Exit status 0 whatever the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import sys
+import time
+from typing import Any
+
+import common
+from common import BenchContext, median, ms, print_table
+
+TARGETS = {"create_destroy": 1.03, "exec": 1.05, "concurrent_create": 1.10}
+CONCURRENCY = 20
+
+
+def docker_spec(ctx: BenchContext) -> dict[str, Any]:
+    """docker-py's `containers.run` arguments for what the default profile makes."""
+    from adapters.docker import KEEPALIVE
+
+    return dict(image=common.IMAGE, command=KEEPALIVE, detach=True, network_mode="none",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=512 * 1024**2,
+                memswap_limit=512 * 1024**2, nano_cpus=10**9, pids_limit=256,
+                labels=dict(ctx.labels))
+
+
+async def run(rounds: int, ctx: BenchContext) -> dict[str, Any]:
+    import docker
+
+    import sandboxer
+
+    client = docker.from_env(version="auto")
+    spec = docker_spec(ctx)
+    pool = concurrent.futures.ThreadPoolExecutor(CONCURRENCY)
+    times: dict[str, list[float]] = {k: [] for k in (
+        "sbx_create_destroy", "docker_create_destroy", "sbx_exec", "docker_exec",
+        "sbx_concurrent", "docker_concurrent")}
+
+    def docker_run() -> Any:
+        container = client.containers.run(**spec)
+        ctx.containers.add(container.id)
+        return container
+
+    def docker_remove(container) -> None:
+        container.remove(force=True)
+        ctx.containers.discard(container.id)
+
+    async with sandboxer.AsyncSandboxer(home=ctx.home("api"), actor="sbx-bench") as sbx:
+        # warm both paths once (the base image's layers, the database's first migration)
+        box = await sbx.create("default", labels=ctx.labels)
+        await box.destroy()
+        docker_remove(docker_run())
+
+        box = await sbx.create("default", labels=ctx.labels)  # for exec
+        peer = docker_run()
+        for _ in range(rounds):
+            started = time.perf_counter()
+            made = await sbx.create("default", labels=ctx.labels)
+            await made.destroy()
+            times["sbx_create_destroy"].append(time.perf_counter() - started)
+
+            started = time.perf_counter()
+            container = docker_run()
+            docker_remove(container)
+            times["docker_create_destroy"].append(time.perf_counter() - started)
+
+            for _ in range(3):
+                started = time.perf_counter()
+                result = await box.exec(["true"])
+                times["sbx_exec"].append(time.perf_counter() - started)
+                assert result.exit_code == 0, result
+
+                started = time.perf_counter()
+                code, _ = peer.exec_run("true")
+                times["docker_exec"].append(time.perf_counter() - started)
+                assert code == 0
+
+        for _ in range(max(2, rounds // 4)):
+            started = time.perf_counter()
+            boxes = await asyncio.gather(*(sbx.create("default", labels=ctx.labels)
+                                           for _ in range(CONCURRENCY)))
+            times["sbx_concurrent"].append(time.perf_counter() - started)
+            await asyncio.gather(*(b.destroy() for b in boxes))
+
+            started = time.perf_counter()
+            containers = list(pool.map(lambda _: docker_run(), range(CONCURRENCY)))
+            times["docker_concurrent"].append(time.perf_counter() - started)
+            list(pool.map(docker_remove, containers))
+
+        await box.destroy()
+        docker_remove(peer)
+    pool.shutdown()
+    client.close()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args()
+    meta = common.preflight()
+    ctx = BenchContext("sbx-bench-api-")
+    common.print_banner("api", ctx, meta)
+    started = time.perf_counter()
+    try:
+        times = asyncio.run(run(args.rounds, ctx))
+    finally:
+        ctx.cleanup()
+        common.print_notes(ctx)
+    pairs = {"create_destroy": ("sbx_create_destroy", "docker_create_destroy"),
+             "exec": ("sbx_exec", "docker_exec"),
+             "concurrent_create": ("sbx_concurrent", "docker_concurrent")}
+    rows, summary = [], []
+    for key, (ours, theirs) in pairs.items():
+        a, b = median(times[ours]), median(times[theirs])
+        ratio = a / b
+        rows.append([key, ms(a), ms(b), f"{ratio:.3f}", f"<= {TARGETS[key]}"])
+        summary.append((f"{key}: sbx API / docker-py", ratio, TARGETS[key], f"{ratio:.3f}",
+                        f"<= {TARGETS[key]}"))
+    print_table(["measurement", "sbx (median)", "docker-py (median)", "ratio", "target"], rows,
+                title=f"{args.rounds} interleaved rounds")
+    results = {"meta": meta, "rounds": args.rounds, "times": times,
+               "medians": {k: median(v) for k, v in times.items()}}
+    common.finish(results, summary, [], run_id=ctx.run_id, started=started,
+                  json_path=args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
