@@ -852,7 +852,7 @@ class Dashboard:
         return self.record(outcome)
 
     async def destroy(self, ids: Sequence[str]) -> Outcome:
-        result, _ = await self.mgr.destroy_many(list(ids))
+        result = await self.mgr.destroy_many(list(ids))
         outcome = Outcome("destroyed", command=equivalent_command("destroy", ids, "--yes"))
         outcome.done = result["destroyed"] + result["already_destroyed"]
         outcome.failed = [(f["id"], f["error"]) for f in result["failed"]]

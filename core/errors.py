@@ -71,6 +71,10 @@ class Unavailable(SbxError):
     kind = "unavailable"
 
 
+class TimedOut(OperationFailed):
+    """An operation given a time limit did not finish within it (`sbx reap --timeout`)."""
+
+
 class NotDue(Conflict):
     """A reaper's precondition no longer held inside the transaction; nothing was written."""
 

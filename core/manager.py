@@ -656,20 +656,21 @@ class Manager:
         adapter = await self.adapter_for(row)  # unreachable: exit 5 before anything is written
         return await self._destroy(row["id"], adapter, reason=reason), True
 
-    async def destroy_many(self, sandbox_ids: Sequence[str]
-                           ) -> tuple[dict[str, list[Any]], BaseException | None]:
-        """Destroy each in turn; one failure does not stop the others. Returns the outcome
-        by id and the first error (whose exit code the front end reports)."""
+    async def destroy_many(self, sandbox_ids: Sequence[str]) -> dict[str, list[Any]]:
+        """Destroy each in turn; one failure does not stop the others. The outcome by id;
+        each failure with its exit code and kind (the front end reports the first's)."""
+        from core.errors import classify
+
         result: dict[str, list[Any]] = {"destroyed": [], "already_destroyed": [], "failed": []}
-        first_error: BaseException | None = None
         for sandbox_id in sandbox_ids:
             try:
                 _, done = await self.destroy(sandbox_id)
                 result["destroyed" if done else "already_destroyed"].append(sandbox_id)
             except Exception as exc:
-                first_error = first_error or exc
-                result["failed"].append({"id": sandbox_id, "error": " ".join(str(exc).split())})
-        return result, first_error
+                code, kind = classify(exc)
+                result["failed"].append({"id": sandbox_id, "code": code, "kind": kind,
+                                         "error": " ".join(str(exc).split())})
+        return result
 
     async def destroy_if(self, sandbox_id: str, backend: str, *,
                          reason: str | None) -> dict[str, Any] | None:

@@ -11,6 +11,8 @@ reference. Everything not in `__all__` is private and may change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.catalog import EventType, Reason
@@ -31,7 +33,9 @@ from sandboxer._records import (
     ExecResult,
     MetricSample,
     OutputChunk,
+    ProfileInfo,
     ReapReport,
+    lineage,
 )
 from sandboxer._sync import Checkpoint, Sandbox, Sandboxer, SyncIterator
 
@@ -56,6 +60,7 @@ __all__ = [
     "OperationFailed",
     "OutputChunk",
     "Profile",
+    "ProfileInfo",
     "Reason",
     "ReapReport",
     "Sandbox",
@@ -63,7 +68,26 @@ __all__ = [
     "State",
     "SyncIterator",
     "Unavailable",
+    "lineage",
+    "load_profile",
+    "verify_evidence",
 ]
+
+
+def load_profile(path: str | Path) -> Profile:
+    """A profile file, resolved (its `extends:` along the search path); BadInput naming the
+    file, the field and the reason when it cannot be used (`.problems` lists them all)."""
+    from core.profiles import ProfileLoader
+
+    return ProfileLoader().load_file(Path(path))
+
+
+def verify_evidence(bundle: Mapping[str, Any]) -> list[str]:
+    """Check an evidence bundle offline: the problems found, each naming the altered part or
+    event; empty when intact."""
+    from core.evidence import verify
+
+    return verify(bundle)
 
 
 def __getattr__(name: str) -> Any:

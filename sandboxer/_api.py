@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,11 +15,15 @@ from sandboxer._records import (
     ExecResult,
     MetricSample,
     OutputChunk,
+    ProfileInfo,
     ReapReport,
     SandboxRecord,
 )
 
 if TYPE_CHECKING:
+    import asyncio
+
+    from core.errors import SbxError as Error
     from core.profiles import Profile
 
 Duration = timedelta | str | int | float
@@ -114,12 +118,10 @@ class AsyncSandboxer:
 
     async def destroy(self, *refs: str) -> dict[str, list[Any]]:
         """Destroy several sandboxes; one failure does not stop the others. Every ref is
-        resolved before any is touched. Raises the first failure after trying them all."""
-        result, first_error = await self._transport.destroy_many(list(refs))
-        if first_error is not None:
-            first_error.result = result
-            raise first_error
-        return result
+        resolved before any is touched (NotFound before anything is destroyed). The outcome:
+        `{"destroyed": [ids], "already_destroyed": [ids], "failed": [{"id", "code", "kind",
+        "error"}]}`."""
+        return await self._transport.destroy_many(list(refs))
 
     # -- the reaper -------------------------------------------------------------------------
 
@@ -131,6 +133,38 @@ class AsyncSandboxer:
         return ReapReport.from_dict(await self._transport.reap(
             dry_run=dry_run, orphans=orphans, timeout=_duration(timeout, "timeout")))
 
+    async def run_reaper(self, every: Duration, *, stop: asyncio.Event | None = None,
+                         on_report: Callable[[ReapReport | Error], None] | None = None,
+                         timeout: Duration | None = None, orphans: bool = False,
+                         deliver: bool = True) -> None:
+        """Reap (and deliver events) every `every` until `stop` is set (`sbx reap --every`,
+        the service's timer). A failed cycle is reported to `on_report` and the next one
+        tries again."""
+        import asyncio
+
+        from core.errors import as_error
+
+        interval = _duration(every, "every")
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            try:
+                report: ReapReport | Error = await self.reap(orphans=orphans, timeout=timeout)
+            except Exception as exc:
+                report = as_error(exc)
+            if on_report is not None:
+                on_report(report)
+            if deliver:
+                for sink in await self.deliver_events():
+                    if sink["error"] and on_report is not None:
+                        from core.errors import OperationFailed
+
+                        on_report(OperationFailed(f"delivery to {sink['sink']}: "
+                                                  f"{sink['error']}"))
+            try:
+                await asyncio.wait_for(stop.wait(), interval.total_seconds())
+            except TimeoutError:
+                pass
+
     async def reconcile(self, dry_run: bool = False) -> ReapReport:
         """Diff the backends with the database and repair, destroying nothing that is due
         (`sbx reconcile`)."""
@@ -139,11 +173,13 @@ class AsyncSandboxer:
 
     # -- profiles ---------------------------------------------------------------------------
 
-    async def profiles(self) -> list[Profile]:
-        """Every profile on the search path, resolved (after `extends`)."""
-        return await self._transport.profiles()
+    async def profiles(self) -> list[ProfileInfo]:
+        """Every profile on the search path: name, backend, description, the file it came
+        from, and why it cannot be used if it cannot."""
+        return [ProfileInfo(**d) for d in await self._transport.profiles()]
 
     async def profile(self, name: str) -> Profile:
+        """A profile on the search path, resolved (after `extends`)."""
         return await self._transport.profile(name)
 
     # -- events -----------------------------------------------------------------------------

@@ -267,12 +267,10 @@ class LocalTransport:
 
         return await self.call(go)
 
-    async def destroy_many(self, refs: Sequence[str]) -> tuple[dict[str, list[Any]],
-                                                               BaseException | None]:
+    async def destroy_many(self, refs: Sequence[str]) -> dict[str, list[Any]]:
         async def go(mgr: Manager):
             ids = [mgr.resolve(ref)["id"] for ref in refs]  # all known before any is touched
-            result, first = await mgr.destroy_many(ids)
-            return result, (as_error(first) if first is not None else None)
+            return await mgr.destroy_many(ids)
 
         return await self.call(go)
 
@@ -420,8 +418,15 @@ class LocalTransport:
                                     manager=self._mgr, actor=self.actor)
             try:
                 job = reaper.cycle()
-                report = await (asyncio.wait_for(job, timeout.total_seconds())
-                                if timeout else job)
+                try:
+                    report = await (asyncio.wait_for(job, timeout.total_seconds())
+                                    if timeout else job)
+                except TimeoutError:
+                    from core.durations import format_duration
+                    from core.errors import TimedOut
+
+                    raise TimedOut(f"timed out after {format_duration(timeout)}; the next "
+                                   "run completes what this one left") from None
             finally:
                 await reaper.close(keep_manager=self._mgr is not None)
             return report.as_json()
@@ -503,12 +508,20 @@ class LocalTransport:
 
     # -- profiles, health, the store --------------------------------------------------------
 
-    async def profiles(self) -> list[Profile]:
-        def go() -> list[Profile]:
+    async def profiles(self) -> list[dict[str, Any]]:
+        def go() -> list[dict[str, Any]]:
+            from core.errors import BadInput
             from core.profiles import ProfileLoader
 
             loader = ProfileLoader()
-            return [loader.load(name) for name in sorted(loader.names())]
+            found = []
+            for name, path in loader.names().items():
+                try:
+                    found.append({**loader.load(name).summary(), "source": str(path)})
+                except BadInput as exc:
+                    found.append({"name": name, "backend": None, "description": None,
+                                  "source": str(path), "error": str(exc)})
+            return found
 
         return await self.call(go, needs_manager=False)
 

@@ -259,6 +259,36 @@ class ReapReport:
         return doc
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileInfo:
+    """One profile on the search path: the file it came from, and why it cannot be used
+    (`error`) if it cannot."""
+
+    name: str
+    backend: str | None
+    description: str | None
+    source: str
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {"name": self.name, "backend": self.backend, "description": self.description,
+               "source": self.source}
+        if self.error is not None:
+            doc["error"] = self.error
+        return doc
+
+
+def lineage(checkpoints: list[CheckpointRecord]) -> list[dict[str, Any]]:
+    """Checkpoints as nested nodes: a checkpoint's `children` were taken from sandboxes
+    restored from it. A parent not among `checkpoints` makes its children roots."""
+    nodes = {c.id: {**c.to_dict(), "children": []} for c in checkpoints}
+    roots = []
+    for node in nodes.values():
+        parent = nodes.get(node["parent_id"]) if node["parent_id"] else None
+        (parent["children"] if parent else roots).append(node)
+    return roots
+
+
 def _bytes(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value

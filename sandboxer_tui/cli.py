@@ -1,7 +1,7 @@
-"""The `sbx` command line (shared/notes/cli.md is its contract).
+"""The `sbx` command line (docs/cli.md is its contract).
 
-Commands parse, call the core, and show. No logic lives here. Heavy modules (profiles,
-adapters) load inside the commands that need them, so `sbx ls` and `sbx --help` start fast.
+Commands parse, call the library (`sandboxer`), and show. No logic lives here. Heavy modules
+load inside the commands that need them, so `sbx ls` and `sbx --help` start fast.
 """
 
 from __future__ import annotations
@@ -75,31 +75,18 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def manager():
-    from core.manager import Manager
+def client():
+    """The library client this command uses: the one `sbx server` prepared for this
+    process if it fits, else a new one."""
+    from sandboxer_tui.prepared import take_client
 
-    return Manager()
-
-
-def run(coro_fn: Callable[[Any], Any]) -> Any:
-    """Run one async operation with a Manager, closing it afterwards."""
-
-    import asyncio
-
-    async def main() -> Any:
-        mgr = manager()
-        try:
-            return await coro_fn(mgr)
-        finally:
-            await mgr.close()
-
-    return asyncio.run(main())
+    return take_client()
 
 
-def now_iso(mgr) -> str:
-    from core.clock import to_iso
+def now_iso() -> str:
+    from core.clock import clock_from_env, to_iso
 
-    return to_iso(mgr.clock.now())
+    return to_iso(clock_from_env().now())
 
 
 def human_left(seconds: int | None) -> str:
@@ -187,14 +174,8 @@ def tui_command(read_only: bool = False, refresh: float = 1.0, extend_by: str = 
 @command
 def doctor_command(as_json: bool) -> None:
     """Backends (reachable? credentials? SDK?), the database and versions."""
-    import asyncio
-
-    from core.db import Database
-    from core.doctor import report
-    from core.settings import database_url
-
-    db = Database(database_url())
-    data = asyncio.run(report(db))
+    with client() as sbx:
+        data = sbx.doctor()
     if as_json:
         emit_json(data)
     else:
@@ -240,16 +221,8 @@ def profiles_group() -> None:
 @command
 def profiles_list(as_json: bool) -> None:
     """Every profile on the search path."""
-    from core.profiles import ProfileLoader
-
-    loader = ProfileLoader()
-    rows = []
-    for name, path in loader.names().items():
-        try:
-            rows.append({**loader.load(name).summary(), "source": str(path)})
-        except BadInput as exc:
-            rows.append({"name": name, "backend": None, "description": None,
-                         "source": str(path), "error": str(exc)})
+    with client() as sbx:
+        rows = [info.to_dict() for info in sbx.profiles()]
     if as_json:
         emit_json(rows)
     else:
@@ -266,9 +239,10 @@ def profiles_show(name: str, as_json: bool) -> None:
     """The resolved profile (after `extends`); secrets shown as references."""
     import yaml
 
-    from core.profiles import ProfileLoader, dump
+    from core.profiles import dump
 
-    data = dump(ProfileLoader().load(name))
+    with client() as sbx:
+        data = dump(sbx.profile(name))
     if as_json:
         emit_json(data)
     else:
@@ -280,18 +254,15 @@ def profiles_show(name: str, as_json: bool) -> None:
 @command
 def profiles_validate(files: tuple[str, ...]) -> None:
     """Exit 0 when every file is valid; 2 with one line per problem otherwise."""
-    from pathlib import Path
+    from sandboxer import load_profile
 
-    from core.profiles import ProfileError, ProfileLoader
-
-    loader = ProfileLoader()
     problems: list[str] = []
     for file in files:
         try:
-            profile = loader.load_file(Path(file))
+            profile = load_profile(file)
             click.echo(f"{file}: ok ({profile.name}, backend {profile.backend})")
-        except ProfileError as exc:
-            problems += exc.problems
+        except BadInput as exc:
+            problems += getattr(exc, "problems", [str(exc)])
     for line in problems:
         click.echo(line, err=True)
     if problems:
@@ -314,28 +285,20 @@ def profiles_validate(files: tuple[str, ...]) -> None:
 @command
 def create_command(profile_name, profile_file, ttl, name, labels, owner, task, as_json) -> None:
     """Create a sandbox from a profile (`default` unless told)."""
-    from pathlib import Path
-
     from core.durations import parse_duration
     from core.labels import parse_labels
-    from core.profiles import ProfileLoader
-    from core.views import sandbox_view
+    from sandboxer import load_profile
 
     if profile_name and profile_file:
         raise BadInput("give --profile or --profile-file, not both")
     ttl_delta = parse_duration(ttl, "--ttl") if ttl is not None else None
     parsed_labels = parse_labels(labels)
-    loader = ProfileLoader()
-    profile = loader.load_file(Path(profile_file)) if profile_file else loader.load(
-        profile_name or "default")
-    progress(f"creating a sandbox from profile {profile.name} on {profile.backend}...")
-
-    async def go(mgr):
-        row = await mgr.create(profile, ttl=ttl_delta, name=name, labels=parsed_labels,
-                               owner=owner, task=task)
-        return sandbox_view(row, now_iso(mgr))
-
-    view = run(go)
+    with client() as sbx:
+        profile = load_profile(profile_file) if profile_file else sbx.profile(
+            profile_name or "default")
+        progress(f"creating a sandbox from profile {profile.name} on {profile.backend}...")
+        view = sbx.create(profile, ttl=ttl_delta, name=name, labels=parsed_labels,
+                          owner=owner, task=task).to_dict()
     if as_json:
         emit_json(view)
     else:
@@ -356,21 +319,13 @@ def _ls_rows(views: list[Mapping[str, Any]], now: str) -> list[list[Any]]:
 @command
 def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=False) -> None:
     """The inventory: sandboxes that are not destroyed (all with --all)."""
-    from core import inventory
-    from core.clock import clock_from_env, to_iso
     from core.labels import parse_labels
-    from core.settings import database_url
-    from core.views import VIEW_COLUMNS, sandbox_view
 
     wanted = parse_labels(labels)
-    filters = dict(include_all=include_all, state=state, backend=backend, labels=wanted)
-    now = to_iso(clock_from_env().now())
-    rows = inventory.read_fast(database_url(), columns=VIEW_COLUMNS, **filters)
-    if rows is None:
-        mgr = manager()
-        rows = mgr.list(**filters)
-        mgr.db.dispose()
-    views = [sandbox_view(r, now) for r in rows]
+    now = now_iso()
+    with client() as sbx:
+        views = [box.to_dict() for box in sbx.list(
+            include_destroyed=include_all, state=state, backend=backend, labels=wanted)]
     if as_json:
         emit_json(views)
     elif views:
@@ -387,12 +342,10 @@ def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=F
 @command
 def show_command(sandbox_id: str, as_json: bool) -> None:
     """One sandbox: state, deadlines, labels, the resolved profile."""
-    from core.views import sandbox_view
-
-    mgr = manager()
-    row = mgr.resolve(sandbox_id)
-    view = {**sandbox_view(row, now_iso(mgr)), "profile_resolved": json.loads(row["profile_json"])}
-    mgr.db.dispose()
+    with client() as sbx:
+        box = sbx.get(sandbox_id)
+        resolved = box.profile_resolved()
+        view = {**box.to_dict(), "profile_resolved": resolved}
     if as_json:
         emit_json(view)
         return
@@ -417,14 +370,19 @@ def show_command(sandbox_id: str, as_json: bool) -> None:
 def exec_command(sandbox_id: str, timeout: str | None, argv: tuple[str, ...]) -> None:
     """Run a command in a sandbox; the exit status is the command's own."""
     from core.durations import parse_duration
+    from sandboxer import OutputChunk
 
     limit = parse_duration(timeout, "--timeout") if timeout else None
-    result = run(lambda mgr: mgr.exec(sandbox_id, list(argv), timeout=limit))
-    sys.stdout.buffer.write(result.stdout)
-    sys.stdout.flush()
-    sys.stderr.buffer.write(result.stderr)
-    sys.stderr.flush()
-    sys.exit(result.exit_code)
+    outputs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    code = 1
+    with client() as sbx:
+        for item in sbx.get(sandbox_id).exec_stream(list(argv), timeout=limit):
+            if isinstance(item, OutputChunk):  # as it comes, as `docker exec` prints it
+                outputs[item.stream].write(item.data)
+                outputs[item.stream].flush()
+            else:
+                code = item.exit_code
+    sys.exit(code)
 
 
 @cli.command("logs")
@@ -434,13 +392,10 @@ def exec_command(sandbox_id: str, timeout: str | None, argv: tuple[str, ...]) ->
 @command
 def logs_command(sandbox_id: str, follow: bool, tail: int | None) -> None:
     """The sandbox's output (its main process)."""
-
-    async def go(mgr):
-        async for chunk in mgr.logs(sandbox_id, follow=follow, tail=tail):
+    with client() as sbx:
+        for chunk in sbx.get(sandbox_id).logs(follow=follow, tail=tail):
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
-
-    run(go)
 
 
 @cli.command("destroy")
@@ -450,15 +405,12 @@ def logs_command(sandbox_id: str, follow: bool, tail: int | None) -> None:
 @command
 def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> None:
     """Destroy sandboxes. Already destroyed counts as done."""
-
-    async def go(mgr):
-        rows = [mgr.resolve(ref) for ref in sandbox_ids]  # all known before any is touched
+    with client() as sbx:
+        boxes = [sbx.get(ref) for ref in sandbox_ids]  # all known before any is touched
         if not yes and sys.stdin.isatty() and not as_json:
-            names = ", ".join(r["id"] + (f" ({r['name']})" if r["name"] else "") for r in rows)
+            names = ", ".join(b.id + (f" ({b.name})" if b.name else "") for b in boxes)
             click.confirm(f"destroy {names}?", abort=True, err=True)
-        return await mgr.destroy_many([r["id"] for r in rows])
-
-    result, first_error = run(go)
+        result = sbx.destroy(*(b.id for b in boxes))
     if as_json:
         emit_json(result)
     else:
@@ -468,8 +420,8 @@ def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> N
             click.echo(f"{sid} was already destroyed")
         for failure in result["failed"]:
             click.echo(f"sbx: {failure['id']}: {failure['error']}", err=True)
-    if first_error is not None:
-        sys.exit(classify(first_error)[0])
+    if result["failed"]:
+        sys.exit(result["failed"][0]["code"])
 
 
 # -- deadlines ------------------------------------------------------------------------------
@@ -483,15 +435,12 @@ def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> N
 def extend_command(sandbox_id: str, duration: str, as_json: bool) -> None:
     """Add DUR to the deadline, capped at the hard deadline (never shortens)."""
     from core.durations import parse_duration
-    from core.views import sandbox_view
 
     by = parse_duration(duration, "duration")
-
-    async def go(mgr):
-        row, capped = await mgr.extend(sandbox_id, by)
-        return {**sandbox_view(row, now_iso(mgr)), "capped": capped}
-
-    view = run(go)
+    with client() as sbx:
+        box = sbx.get(sandbox_id)
+        capped = box.extend(by)
+        view = {**box.to_dict(), "capped": capped}
     if as_json:
         emit_json(view)
         return
@@ -505,8 +454,11 @@ def extend_command(sandbox_id: str, duration: str, as_json: bool) -> None:
 @command
 def touch_command(sandbox_id: str) -> None:
     """Record activity now (resets the idle clock)."""
-    row = run(lambda mgr: mgr.record_activity(sandbox_id))
-    click.echo(f"{row['id']} active at {row['last_activity_at']}")
+    with client() as sbx:
+        box = sbx.get(sandbox_id)
+        box.touch()
+        view = box.to_dict()
+    click.echo(f"{view['id']} active at {view['last_activity_at']}")
 
 
 def _reap_report_lines(report: dict[str, Any]) -> list[str]:
@@ -521,32 +473,29 @@ def _reap_report_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _cycle_once(reaper, timeout, as_json: bool = False) -> dict[str, Any]:
-    import asyncio
+def _cycle_once(timeout, as_json: bool = False, **options: Any) -> dict[str, Any]:
+    """One reap (or reconcile) cycle through the library; a cycle past `timeout` leaves at
+    once (see _exit_now)."""
+    from core.errors import TimedOut
 
-    async def go():
-        try:
-            job = reaper.cycle()
-            return await (asyncio.wait_for(job, timeout.total_seconds()) if timeout else job)
-        except TimeoutError:
-            _exit_now(timeout, as_json)
-        finally:
-            await reaper.close()
+    sbx = client()
+    try:
+        if options.pop("reconcile", False):
+            return sbx.reconcile(**options).to_dict()
+        return sbx.reap(timeout=timeout, **options).to_dict()
+    except TimedOut as exc:
+        _exit_now(exc, as_json)
+    finally:
+        sbx.close()
 
-    return asyncio.run(go()).as_json()
 
-
-def _exit_now(timeout, as_json: bool) -> None:
+def _exit_now(exc: BaseException, as_json: bool) -> None:
     """Leave at once: a backend call may still block a worker thread, and waiting for it
-    (as asyncio.run would) breaks the bound. Leases taken lapse; the next run completes."""
+    breaks the bound. Leases taken lapse; the next run completes."""
     import os
 
-    from core.durations import format_duration
-    from core.errors import OperationFailed
-
     try:
-        fail(OperationFailed(f"timed out after {format_duration(timeout)}; the next run "
-                             "completes what this one left"), as_json)
+        fail(exc, as_json)
     except SystemExit as stop:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -578,13 +527,9 @@ def reap_command(dry_run, orphans, timeout, every, verbose, as_json) -> None:
     """Reconcile, then destroy every sandbox past its deadline or idle limit. Cron-safe:
     silent on success, one line and a non-zero exit on failure."""
     from core.durations import parse_duration
-    from core.reaper import default_reaper
 
     limit = parse_duration(timeout, "--timeout") if timeout else None
     interval = parse_duration(every, "--every") if every else None
-
-    def make():
-        return default_reaper(orphans=orphans, dry_run=dry_run)
 
     def show(report: dict[str, Any]) -> None:
         if as_json:
@@ -596,44 +541,40 @@ def reap_command(dry_run, orphans, timeout, every, verbose, as_json) -> None:
             click.echo(_failure_line("reap", report["failed"]), err=True)
 
     if interval is None:
-        report = _cycle_once(make(), limit, as_json)
+        report = _cycle_once(limit, as_json, orphans=orphans, dry_run=dry_run)
         show(report)
         if report["failed"]:
             sys.exit(_failure_code(report["failed"]))
         return
-    _reap_forever(make, interval, limit, show, as_json)
+    _reap_forever(interval, limit, orphans, show, as_json)
 
 
-def _reap_forever(make, interval, limit, show, as_json) -> None:
+def _reap_forever(interval, limit, orphans, show, as_json) -> None:
     import asyncio
     import signal
 
-    from core.reaper import run_every
+    from core.delivery import load_settings
+    from sandboxer import AsyncSandboxer, Error
+
+    load_settings()  # a bad sink setting is refused before the first cycle
 
     def on_report(outcome) -> None:
-        if isinstance(outcome, BaseException):
+        if isinstance(outcome, Error):
             doc = error_doc(outcome)
             if as_json:
                 click.echo(json.dumps(doc))
             click.echo(f"sbx reap: {doc['error']['message']}", err=True)
         else:
-            show(outcome.as_json())
-
-    from core.delivery import default_deliverer, load_settings
-
-    load_settings()  # a bad sink setting is refused before the first cycle
-
-    def deliver() -> None:
-        for report in default_deliverer().run():
-            if report.error:
-                click.echo(f"sbx reap: delivery to {report.sink}: {report.error}", err=True)
+            show(outcome.to_dict())
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_every(make, interval, stop, on_report, limit, deliver)
+        async with AsyncSandboxer() as sbx:
+            await sbx.run_reaper(interval, stop=stop, on_report=on_report, timeout=limit,
+                                 orphans=orphans)
 
     asyncio.run(main())
 
@@ -645,9 +586,7 @@ def _reap_forever(make, interval, limit, show, as_json) -> None:
 def reconcile_command(dry_run: bool, as_json: bool) -> None:
     """Diff the backends (by this installation's label) with the database and repair: adopt,
     destroy or mark lost; complete interrupted operations."""
-    from core.reaper import default_reaper
-
-    report = _cycle_once(default_reaper(reap=False, dry_run=dry_run), None)
+    report = _cycle_once(None, as_json, reconcile=True, dry_run=dry_run)
     if as_json:
         emit_json(report)
     else:
@@ -688,31 +627,27 @@ def events_list(sandbox_id: str | None, follow: bool, since: str | None, undeliv
         _show_undelivered(as_json)
         return
 
-    from core.clock import to_iso
     from core.durations import parse_duration
-    from core.views import event_view
 
     since_delta = parse_duration(since, "--since") if since else None
-    mgr = manager()
-    sid = mgr.resolve(sandbox_id)["id"] if sandbox_id else None
-    since_iso = to_iso(mgr.clock.now() - since_delta) if since_delta else None
-    views = [event_view(r) for r in mgr.events(sid, since=since_iso)]
-    if as_json and not follow:
-        emit_json(views)
-        return
-    last = views[-1]["id"] if views else 0
-    for view in views:
-        click.echo(json.dumps(view) if as_json else _event_line(view))
-    if follow:  # JSON Lines when following with --json
-        for row in mgr.follow_events(sid, after_id=last):
-            view = event_view(row)
+    with client() as sbx:
+        sid = sbx.get(sandbox_id).id if sandbox_id else None
+        views = [e.to_dict() for e in sbx.events(sid, since=since_delta)]
+        if as_json and not follow:
+            emit_json(views)
+            return
+        last = views[-1]["id"] if views else 0
+        for view in views:
             click.echo(json.dumps(view) if as_json else _event_line(view))
+        if follow:  # JSON Lines when following with --json
+            for event in sbx.follow_events(sid, after=last):
+                view = event.to_dict()
+                click.echo(json.dumps(view) if as_json else _event_line(view))
 
 
 def _show_undelivered(as_json: bool) -> None:
-    from core.delivery import default_deliverer
-
-    rows = default_deliverer().undelivered()
+    with client() as sbx:
+        rows = sbx.undelivered()
     if as_json:
         emit_json(rows)
     elif rows:
@@ -728,9 +663,8 @@ def _show_undelivered(as_json: bool) -> None:
 @command
 def events_deliver(as_json: bool) -> None:
     """Deliver pending events to the sinks now (the JSON Lines file, the webhook)."""
-    from core.delivery import default_deliverer
-
-    reports = [r.as_json() for r in default_deliverer().run()]
+    with client() as sbx:
+        reports = sbx.deliver_events()
     if as_json:
         emit_json(reports)
     else:
@@ -749,9 +683,8 @@ def events_deliver(as_json: bool) -> None:
 @command
 def events_redeliver(event_ids: tuple[int, ...], as_json: bool) -> None:
     """Send parked events again (all of them, or the ones named)."""
-    from core.delivery import default_deliverer
-
-    outcome = default_deliverer().redeliver(list(event_ids) or None)
+    with client() as sbx:
+        outcome = sbx.redeliver(list(event_ids) or None)
     if as_json:
         emit_json(outcome)
     else:
@@ -767,16 +700,17 @@ def events_redeliver(event_ids: tuple[int, ...], as_json: bool) -> None:
 @command
 def events_verify(as_json: bool) -> None:
     """Check the hash chain; name the first broken link (exit 1)."""
-    report = manager().verify_events()
+    with client() as sbx:
+        report = sbx.verify_events()
     if as_json:
-        emit_json({"checked": report.checked, "intact": report.intact,
-                   "broken_at": report.broken_at, "problem": report.problem})
-    elif report.intact:
-        click.echo(f"{report.checked} events, chain intact")
+        emit_json(report)
+    elif report["intact"]:
+        click.echo(f"{report['checked']} events, chain intact")
     else:
-        click.echo(f"sbx: event chain broken at event {report.broken_at}: {report.problem} "
-                   f"({report.checked} events before it verified)", err=True)
-    if not report.intact:
+        click.echo(f"sbx: event chain broken at event {report['broken_at']}: "
+                   f"{report['problem']} ({report['checked']} events before it verified)",
+                   err=True)
+    if not report["intact"]:
         sys.exit(1)
 
 
@@ -789,7 +723,7 @@ def events_verify(as_json: bool) -> None:
 @command
 def pause_command(sandbox_id: str, as_json: bool) -> None:
     """Freeze a sandbox (no CPU while paused); its deadline still holds."""
-    _show_sandbox(run(lambda mgr: mgr.pause(sandbox_id)), as_json, "paused")
+    _change_state(sandbox_id, "pause", as_json, "paused")
 
 
 @cli.command("resume")
@@ -798,26 +732,18 @@ def pause_command(sandbox_id: str, as_json: bool) -> None:
 @command
 def resume_command(sandbox_id: str, as_json: bool) -> None:
     """Unfreeze a paused sandbox."""
-    _show_sandbox(run(lambda mgr: mgr.resume(sandbox_id)), as_json, "resumed")
+    _change_state(sandbox_id, "resume", as_json, "resumed")
 
 
-def _show_sandbox(row: Mapping[str, Any], as_json: bool, verb: str) -> None:
-    from core.views import sandbox_view
-
+def _change_state(sandbox_id: str, verb: str, as_json: bool, done: str) -> None:
+    with client() as sbx:
+        box = sbx.get(sandbox_id)
+        getattr(box, verb)()
+        view = box.to_dict()
     if as_json:
-        emit_json(sandbox_view(row))
+        emit_json(view)
     else:
-        click.echo(f"{verb} {row['id']}")
-
-
-def _checkpoints(mgr):
-    from core.checkpoints import Checkpoints
-
-    return Checkpoints(mgr)
-
-
-def _checkpoint_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k != "profile_json"}
+        click.echo(f"{done} {view['id']}")
 
 
 @cli.command("snapshot")
@@ -828,11 +754,12 @@ def _checkpoint_view(row: Mapping[str, Any]) -> dict[str, Any]:
 def snapshot_command(sandbox_id: str, name: str | None, as_json: bool) -> None:
     """Save a sandbox's filesystem as a checkpoint."""
     progress(f"snapshotting {sandbox_id}...")
-    row = run(lambda mgr: _checkpoints(mgr).snapshot(sandbox_id, name))
+    with client() as sbx:
+        view = sbx.get(sandbox_id).snapshot(name).to_dict()
     if as_json:
-        emit_json(_checkpoint_view(row))
+        emit_json(view)
     else:
-        click.echo(row["id"])
+        click.echo(view["id"])
 
 
 @cli.command("restore")
@@ -848,17 +775,12 @@ def restore_command(checkpoint_id, ttl, name, labels, owner, task, as_json) -> N
     """A new sandbox from a checkpoint (many may come from one: a fork)."""
     from core.durations import parse_duration
     from core.labels import parse_labels
-    from core.views import sandbox_view
 
     ttl_delta = parse_duration(ttl, "--ttl") if ttl else None
     parsed = parse_labels(labels)
-
-    async def go(mgr):
-        row = await _checkpoints(mgr).restore(checkpoint_id, ttl=ttl_delta, name=name,
-                                              labels=parsed, owner=owner, task=task)
-        return sandbox_view(row, now_iso(mgr))
-
-    view = run(go)
+    with client() as sbx:
+        view = sbx.checkpoint(checkpoint_id).restore(ttl=ttl_delta, name=name, labels=parsed,
+                                                     owner=owner, task=task).to_dict()
     if as_json:
         emit_json(view)
     else:
@@ -887,12 +809,13 @@ def _tree_lines(nodes: list[Mapping[str, Any]], depth: int = 0) -> list[str]:
 @command
 def checkpoints_list(sandbox_id: str | None, tree: bool, as_json: bool) -> None:
     """Checkpoints, oldest first (of one sandbox with ID)."""
-    mgr = manager()
-    store = _checkpoints(mgr)
-    rows = [_checkpoint_view(r) for r in store.list(sandbox_id)]
-    mgr.db.dispose()
+    from sandboxer import lineage
+
+    with client() as sbx:
+        checkpoints = sbx.checkpoints(sbx.get(sandbox_id).id if sandbox_id else None)
+    rows = [c.to_dict() for c in checkpoints]
     if tree:
-        nodes = store.tree(rows)
+        nodes = lineage(checkpoints)
         if as_json:
             emit_json(nodes)
         else:
@@ -914,7 +837,8 @@ def checkpoints_list(sandbox_id: str | None, tree: bool, as_json: bool) -> None:
 @command
 def checkpoints_prune(as_json: bool) -> None:
     """Remove expired checkpoints and those past each profile's `keep`."""
-    removed = run(lambda mgr: _checkpoints(mgr).prune())
+    with client() as sbx:
+        removed = sbx.prune_checkpoints()
     if as_json:
         emit_json({"removed": removed})
     for ckpt in removed if not as_json else []:
@@ -931,14 +855,11 @@ def checkpoint_group() -> None:
 @command
 def checkpoint_rm(checkpoint_ids: tuple[str, ...]) -> None:
     """Remove checkpoints and their backend artifacts."""
-
-    async def go(mgr):
-        store = _checkpoints(mgr)
-        rows = [store.resolve(ref) for ref in checkpoint_ids]  # all known before any goes
-        return [(await store.remove(row["id"]))["id"] for row in rows]
-
-    for ckpt in run(go):
-        click.echo(f"removed {ckpt}")
+    with client() as sbx:
+        found = [sbx.checkpoint(ref) for ref in checkpoint_ids]  # all known before any goes
+        for ckpt in found:
+            ckpt.remove()
+            click.echo(f"removed {ckpt.id}")
 
 
 @checkpoint_group.command("export")
@@ -947,8 +868,10 @@ def checkpoint_rm(checkpoint_ids: tuple[str, ...]) -> None:
 @command
 def checkpoint_export(checkpoint_id: str, output: str) -> None:
     """Write a checkpoint to a portable archive (.tar.gz)."""
-    row = run(lambda mgr: _checkpoints(mgr).export(checkpoint_id, output))
-    click.echo(f"{output}: {row['id']}")
+    with client() as sbx:
+        ckpt = sbx.checkpoint(checkpoint_id)
+        ckpt.export(output)
+    click.echo(f"{output}: {ckpt.id}")
 
 
 @checkpoint_group.command("import")
@@ -957,11 +880,12 @@ def checkpoint_export(checkpoint_id: str, output: str) -> None:
 @command
 def checkpoint_import(file: str, as_json: bool) -> None:
     """Bring in a checkpoint archive made by `sbx checkpoint export`."""
-    row = run(lambda mgr: _checkpoints(mgr).import_(file))
+    with client() as sbx:
+        view = sbx.import_checkpoint(file).to_dict()
     if as_json:
-        emit_json(_checkpoint_view(row))
+        emit_json(view)
     else:
-        click.echo(row["id"])
+        click.echo(view["id"])
 
 
 # -- metrics --------------------------------------------------------------------------------
@@ -996,9 +920,8 @@ def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_run
     if not sandbox_id:
         raise BadInput("give a sandbox ID, or --all")
     if history:
-        mgr = manager()
-        rows = mgr.metric_history(sandbox_id)
-        mgr.db.dispose()
+        with client() as sbx:
+            rows = [m.to_dict() for m in sbx.get(sandbox_id).metric_history()]
         if as_json:
             emit_json(rows)
         for row in rows if not as_json else []:
@@ -1006,18 +929,20 @@ def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_run
         if not rows and not as_json:
             click.echo("no sample yet", err=True)
         return
-
-    async def go(mgr):
-        seen = 0
-        async for view in mgr.metrics(sandbox_id, follow=follow):
+    seen = 0
+    with client() as sbx:
+        box = sbx.get(sandbox_id)
+        samples = box.follow_metrics() if follow else [box.metrics()]
+        for sample in samples:
+            if sample is None:
+                continue
             seen += 1
+            view = sample.to_dict()
             if as_json and not follow:
                 emit_json(view)
             else:
                 click.echo(json.dumps(view) if as_json else _metric_line(view))
-        return seen
-
-    if run(go) == 0:
+    if seen == 0:
         if as_json and not follow:  # --follow --json stays JSON Lines of samples only
             emit_json({"sandbox_id": sandbox_id, "sample": None, "message": "no sample yet"})
         else:
@@ -1026,21 +951,35 @@ def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_run
 
 def _follow_all(as_json: bool) -> None:
     import asyncio
+    import contextlib
     import signal
 
-    from core.sampler import follow_all
+    from sandboxer import AsyncSandboxer
 
     def show(view: Mapping[str, Any]) -> None:
         click.echo(json.dumps(view) if as_json else f"{view['sandbox_id']}  {_metric_line(view)}")
 
-    async def go(mgr) -> None:
+    async def follow(sbx: AsyncSandboxer) -> None:
+        async for sample in sbx.follow_all_metrics():
+            show(sample.to_dict())
+
+    async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await follow_all(mgr, show, stop)
+        async with AsyncSandboxer() as sbx:
+            task = asyncio.create_task(follow(sbx))
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            for pending in (task, stopped):
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+            if task.done() and not task.cancelled() and task.exception():
+                raise task.exception()
 
-    run(go)
+    asyncio.run(main())
 
 
 # -- evidence -------------------------------------------------------------------------------
@@ -1057,14 +996,8 @@ def evidence_group() -> None:
 @command
 def evidence_export(sandbox_id: str, output: str) -> None:
     """Write one sandbox's evidence bundle: record, profile, events, execs, summary."""
-    import os
-
-    mgr = manager()
-    bundle = mgr.evidence(sandbox_id)
-    mgr.db.dispose()
-    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(bundle, out, indent=1, sort_keys=True)
+    with client() as sbx:
+        bundle = sbx.get(sandbox_id).evidence(output)
     click.echo(f"{output}: {len(bundle['events'])} events of {bundle['sandbox']['id']}")
 
 
@@ -1074,7 +1007,7 @@ def evidence_export(sandbox_id: str, output: str) -> None:
 @command
 def evidence_verify(file: str, as_json: bool) -> None:
     """Check a bundle offline; exit 1 naming each altered part or event."""
-    from core.evidence import verify
+    from sandboxer import verify_evidence as verify
 
     try:
         with open(file) as handle:
@@ -1110,17 +1043,14 @@ def db_group() -> None:
 def db_copy_command(target: str, as_json: bool) -> None:
     """Copy every sandbox, checkpoint, event and delivery record into another database.
     Afterwards point SBX_DATABASE_URL at it."""
-    from core.db import Database
-    from core.dbcopy import copy_inventory
-    from core.settings import database_url
-
-    report = copy_inventory(Database(database_url()), target)
+    with client() as sbx:
+        report = sbx.copy_database(target)
     if as_json:
-        emit_json(report.as_json())
+        emit_json(report)
     else:
-        rows = ", ".join(f"{n} {t}" for t, n in report.rows.items())
-        click.echo(f"copied into {report.target}: {rows}; event chain verified "
-                   f"({report.events_verified} events)")
+        rows = ", ".join(f"{n} {t}" for t, n in report["rows"].items())
+        click.echo(f"copied into {report['target']}: {rows}; event chain verified "
+                   f"({report['events_verified']} events)")
 
 
 # -- the resident server --------------------------------------------------------------------
