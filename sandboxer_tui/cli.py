@@ -1,4 +1,4 @@
-"""The `sbx` command line (shared/notes/cli.md is its contract).
+"""The `sbx` command line (docs/cli.md is its contract).
 
 Commands parse, call the core, and show. No logic lives here. Heavy modules (profiles,
 adapters) load inside the commands that need them, so `sbx ls` and `sbx --help` start fast.
@@ -43,7 +43,7 @@ def table(rows: Iterable[Iterable[Any]], headers: list[str]) -> str:
 
 
 def error_doc(exc: BaseException) -> dict[str, Any]:
-    """The one shape of an error under --json (cli.md), with its one-line message."""
+    """The one shape of an error under --json (docs/cli.md), with its one-line message."""
     code, kind = classify(exc)
     return {"error": {"code": code, "kind": kind,
                       "message": " ".join(str(exc).split()) or type(exc).__name__}}
