@@ -1,7 +1,7 @@
 """The database: SQLite (WAL, busy timeout, `BEGIN IMMEDIATE` for writers) or PostgreSQL.
 
 SQLite: writers take the write lock at BEGIN, so a read-then-write transaction never fails
-with "database is locked" halfway (see shared/notes/reliability.md). Readers use deferred
+with "database is locked" halfway (see docs/reliability.md). Readers use deferred
 transactions and, under WAL, never wait for a writer.
 
 PostgreSQL (fleet mode): transactions are READ COMMITTED; a writer locks the rows it reads

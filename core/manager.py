@@ -1,6 +1,6 @@
 """The lifecycle manager: every front end calls this, never a backend directly.
 
-Each mutation follows one pattern (DESIGN.md, "How an operation runs"):
+Each mutation follows one pattern (docs/design.md, "How an operation runs"):
 1. a short write transaction checks the state, takes the sandbox's lease (compare-and-set,
    returning a fence token), records the intent and its event;
 2. the backend call, outside any transaction;

@@ -1,4 +1,4 @@
-"""The public shapes of records (cli.md "JSON"), shared by every front end."""
+"""The public shapes of records (docs/cli.md, "JSON output"), shared by every front end."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def table(rows: Iterable[Iterable[Any]], headers: list[str]) -> str:
 
 
 def error_doc(exc: BaseException) -> dict[str, Any]:
-    """The one shape of an error under --json (cli.md), with its one-line message."""
+    """The one shape of an error under --json (docs/cli.md), with its one-line message."""
     code, kind = classify(exc)
     return {"error": {"code": code, "kind": kind,
                       "message": " ".join(str(exc).split()) or type(exc).__name__}}

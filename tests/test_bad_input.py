@@ -1,8 +1,8 @@
-"""Bad input gets a clear one-line error and changes nothing (reliability.md guarantee 14).
+"""Bad input gets a clear one-line error and changes nothing (docs/reliability.md, guarantee 14).
 
 Each case runs the real `sbx` against an installation that already has a real sandbox (and a
 destroyed one), snapshots the database rows and this installation's containers on the engine,
-runs the bad command, and checks: the exit code from cli.md, one line on stderr naming the
+runs the bad command, and checks: the exit code from docs/cli.md, one line on stderr naming the
 offending thing, and an identical snapshot afterwards.
 """
 

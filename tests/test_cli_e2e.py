@@ -1,4 +1,4 @@
-"""The CLI contract (shared/notes/cli.md) end to end: the real `sbx` in subprocesses, the real
+"""The CLI contract (docs/cli.md) end to end: the real `sbx` in subprocesses, the real
 Docker engine, one SBX_HOME per test."""
 
 from __future__ import annotations

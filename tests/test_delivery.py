@@ -1,4 +1,4 @@
-"""Event delivery to the sinks (reliability.md guarantees 12 and 15), end to end.
+"""Event delivery to the sinks (docs/reliability.md, guarantees 12 and 15), end to end.
 
 A real HTTP receiver listens on 127.0.0.1 (a ThreadingHTTPServer in a thread, port 0); it
 records every POST (body, headers, the status it answered), can be told to answer 500 (all,

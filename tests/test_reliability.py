@@ -1,4 +1,4 @@
-"""The reliability guarantees (shared/notes/reliability.md), against the real Docker engine and
+"""The reliability guarantees (docs/reliability.md), against the real Docker engine and
 the real `sbx` CLI in subprocesses.
 
 Time is moved with `SBX_CLOCK_OFFSET` (a process sees the future), crashes are made exact with

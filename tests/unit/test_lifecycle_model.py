@@ -504,7 +504,7 @@ def test_an_extend_after_the_reapers_read_keeps_the_sandbox(machine):
 
 
 def test_manager_extend_never_moves_a_deadline_earlier(machine):
-    """DESIGN.md (TTL) and reliability guarantee 9: extend never shortens. A zero or negative
+    """docs/reliability.md, guarantee 9: extend never shortens. A zero or negative
     duration through the API must leave the deadline (or be refused), never move it earlier."""
     sid = machine.create(ttl_s=600)
     before = machine.mgr.resolve(sid)["deadline"]

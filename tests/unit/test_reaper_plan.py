@@ -443,7 +443,7 @@ def test_extended_never_moves_a_deadline_already_past_the_hard_deadline_earlier(
 
 @pytest.mark.parametrize("by", [timedelta(0), -S, -10 * M])
 def test_extended_by_zero_or_a_negative_duration_never_shortens(by):
-    """`extend` never moves a deadline earlier (DESIGN.md, TTL; reliability guarantee 9):
+    """`extend` never moves a deadline earlier (docs/reliability.md, guarantee 9):
     a non-positive duration must leave it where it is (or be refused), never shorten it."""
     deadline = NOW + 10 * M
     try:
