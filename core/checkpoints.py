@@ -24,7 +24,7 @@ from ulid import ULID
 
 from adapters.base import LABEL_CHECKPOINT, LABEL_ID, LABEL_INSTALL, Capability
 from core.clock import from_iso, to_iso
-from core.errors import BadInput, Conflict, NotFound
+from core.errors import BadInput, Conflict
 from core.failpoints import failpoint
 from core.models import Checkpoint
 from core.states import ACTIVE, leased
@@ -55,27 +55,11 @@ class Checkpoints:
     # -- reading ----------------------------------------------------------------------------
 
     def resolve(self, ref: str) -> dict[str, Any]:
-        """A checkpoint by id, unique id prefix (with or without `ckpt-`) or name (newest)."""
-        text = ref.strip().lower()
-        if not text:
-            raise BadInput("empty checkpoint id")
-        prefix = text if text.startswith(PREFIX) else PREFIX + text
+        """A checkpoint by id, name or unique id prefix (with or without `ckpt-`; core.refs)."""
+        from core.refs import resolve
+
         with self.db.read() as conn:
-            rows = conn.execute(sa.select(CHECKPOINTS).where(
-                CHECKPOINTS.c.id.like(prefix.replace("%", "") + "%"))).mappings().all()
-            if not rows:
-                rows = conn.execute(sa.select(CHECKPOINTS).where(CHECKPOINTS.c.name == ref.strip())
-                                    .order_by(CHECKPOINTS.c.created_at.desc()).limit(1)
-                                    ).mappings().all()
-        exact = [r for r in rows if r["id"] == prefix]
-        if exact:
-            return dict(exact[0])
-        if not rows:
-            raise NotFound(f"no checkpoint {ref!r}")
-        if len(rows) > 1:
-            raise BadInput(f"checkpoint {ref!r} is ambiguous: it matches "
-                           f"{', '.join(sorted(r['id'] for r in rows)[:5])}")
-        return dict(rows[0])
+            return resolve(conn, CHECKPOINTS, ref, id_prefix=PREFIX, what="checkpoint")
 
     def list(self, sandbox_ref: str | None = None) -> list[dict[str, Any]]:
         query = sa.select(CHECKPOINTS).order_by(CHECKPOINTS.c.created_at, CHECKPOINTS.c.id)

@@ -88,10 +88,6 @@ class Lease:
     reason: str | None = None  # the reason recorded with the intent
 
 
-def _like_prefix(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
 # A database opened ahead of the command that will use it (see prepare_process): its URL ->
 # (the database, the file it opened, when).
 _prepared: dict[str, tuple[Database, tuple[int, int], float]] = {}
@@ -217,36 +213,12 @@ class Manager:
     # -- reading ----------------------------------------------------------------------------
 
     def resolve(self, ref: str) -> dict[str, Any]:
-        """A sandbox by id, unique id prefix (with or without `sbx-`) or name."""
-        text = ref.strip()
-        if not text:
-            raise BadInput("empty sandbox id")
-        lowered = text.lower()
-        prefix = lowered if lowered.startswith(PREFIX) else PREFIX + lowered
+        """A sandbox by id, unique id prefix (with or without `sbx-`) or name (core.refs)."""
+        from core.refs import resolve
+
         with self.db.read() as conn:
-            exact = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == prefix)).mappings().first()
-            if exact:
-                return dict(exact)
-            by_id = conn.execute(
-                sa.select(SANDBOXES).where(SANDBOXES.c.id.like(_like_prefix(prefix), escape="\\"))
-            ).mappings().all()
-            by_name = conn.execute(
-                sa.select(SANDBOXES)
-                .where(SANDBOXES.c.name == text)
-                .order_by(SANDBOXES.c.created_at.desc())
-            ).mappings().all()
-        live_named = [r for r in by_name if r["state"] != State.DESTROYED]
-        if live_named:  # a name is explicit: it wins over an id prefix (names are unique live)
-            return dict(live_named[0])
-        if by_name and not by_id:
-            return dict(by_name[0])  # the newest of that name, all destroyed
-        candidates = {r["id"]: r for r in by_id}
-        if not candidates:
-            raise NotFound(f"no sandbox {ref!r}")
-        if len(candidates) > 1:
-            ids = ", ".join(sorted(candidates)[:5])
-            raise BadInput(f"sandbox {ref!r} is ambiguous: it matches {ids}")
-        return dict(next(iter(candidates.values())))
+            return resolve(conn, SANDBOXES, ref, id_prefix=PREFIX, what="sandbox",
+                           live=lambda row: row["state"] != State.DESTROYED)
 
     def list(
         self,

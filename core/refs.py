@@ -1,0 +1,51 @@
+"""How a reference names a sandbox or a checkpoint, in one place: the whole id, a name, or a
+unique id prefix (with or without the `sbx-` / `ckpt-` prefix), in that order.
+
+A name is explicit, so a live record of that name wins over an id prefix that happens to
+match; records of that name that have all ended come after a matching id prefix. Among records
+of one name the newest wins. A prefix is matched literally: `_` and `%` in it are characters,
+not wildcards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from core.errors import BadInput, NotFound
+
+
+def like_prefix(text: str) -> str:
+    """`text` as a LIKE pattern matching itself followed by anything (escape `\\`)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def resolve(conn: Connection, table: sa.Table, ref: str, *, id_prefix: str, what: str,
+            live: Callable[[Mapping[str, Any]], bool] = lambda row: True) -> dict[str, Any]:
+    """The one row `ref` names; NotFound when none, BadInput when empty or ambiguous."""
+    text = ref.strip()
+    if not text:
+        raise BadInput(f"empty {what} id")
+    lowered = text.lower()
+    full = lowered if lowered.startswith(id_prefix) else id_prefix + lowered
+    exact = conn.execute(sa.select(table).where(table.c.id == full)).mappings().first()
+    if exact:
+        return dict(exact)
+    named = conn.execute(sa.select(table).where(table.c.name == text)
+                         .order_by(table.c.created_at.desc())).mappings().all()
+    alive = [r for r in named if live(r)]
+    if alive:
+        return dict(alive[0])
+    by_id = conn.execute(sa.select(table).where(
+        table.c.id.like(like_prefix(full), escape="\\"))).mappings().all()
+    if not by_id:
+        if named:  # only ended ones bear the name: the newest
+            return dict(named[0])
+        raise NotFound(f"no {what} {ref!r}")
+    if len(by_id) > 1:
+        ids = ", ".join(sorted(r["id"] for r in by_id)[:5])
+        raise BadInput(f"{what} {ref!r} is ambiguous: it matches {ids}")
+    return dict(by_id[0])
