@@ -124,7 +124,8 @@ def containers_of(docker_api, install: str) -> list[dict]:
 
 
 def remove_test_containers(home: Path) -> None:
-    """Remove, by id, the containers this test's installation made (and only those)."""
+    """Remove, by id, the containers this test's installation made (and only those), then
+    its bridge network (`network: full`), if it made one."""
     install = install_id_of(home)
     if install is None:
         return
@@ -136,6 +137,8 @@ def remove_test_containers(home: Path) -> None:
         api = docker.APIClient(version="auto")
         for info in containers_of(api, install):
             api.remove_container(info["Id"], force=True, v=True)
+        for network in api.networks(filters={"label": [f"sbx.install={install}"]}):
+            api.remove_network(network["Id"])
         api.close()
     except docker.errors.DockerException:
         pass
