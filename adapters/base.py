@@ -29,6 +29,10 @@ class Capability(enum.StrEnum):
     SET_DEADLINE = "set-deadline"
     METRICS = "metrics"
     SERVICES = "services"  # containers beside the main one, sharing its network (a pod)
+    # what a profile may ask of the sandbox itself; the core refuses the request (nothing
+    # written) on a backend that does not declare it, rather than ignore it
+    READ_ONLY_ROOT = "read-only-root"  # `read_only: true`: a read-only root, a writable /tmp
+    RUN_AS_USER = "run-as-user"  # `user:` the main process and every exec run as
 
 
 # Labels sbx puts on every backend object; the `sbx.` prefix is reserved for them.
@@ -105,6 +109,9 @@ class CreateRequest:
     idle: timedelta | None = None
     services: Sequence[ServiceSpec] = ()
     options: Mapping[str, Any] = field(default_factory=dict)
+    # asked only of a backend declaring READ_ONLY_ROOT / RUN_AS_USER
+    read_only: bool = False
+    user: str | None = None  # "UID", "UID:GID", "NAME" or "NAME:GROUP"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The Docker backend, on docker-py (the engine at `DOCKER_HOST`, else the local socket).
 
 Containers are hardened by default: every capability dropped, no-new-privileges, no network
-unless the profile asks, memory (without swap), CPU and pids limits. docker-py is blocking,
-so each call runs in a worker thread; no database transaction is open while it does.
+unless the profile asks (then a bridge of the installation's own, with no traffic between its
+containers), memory (without swap), CPU and pids limits; on request a read-only root and
+another user. docker-py is blocking, so each call runs in a worker thread; no database
+transaction is open while it does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from docker import errors as docker_errors
 
 from adapters.base import (
     LABEL_CHECKPOINT,
+    LABEL_INSTALL,
     LABEL_POD,
     LABEL_SERVICE,
     Adapter,
@@ -41,6 +44,7 @@ from adapters.base import (
     CreateRequest,
     ExecResult,
     Health,
+    InvalidRequest,
     MetricSample,
     ServiceSpec,
     state_folder,
@@ -51,6 +55,15 @@ CHECKPOINT_REPOSITORY = "sandboxer/checkpoint"
 # Keeps the container alive and exits at once on TERM; needs only a POSIX sh.
 KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox")
+# `network: full`: one user-defined bridge per installation, `sbx-<install id>`, made on first
+# use and kept (a network holds no data; removing it would race the next create and the
+# restart of a stopped container). Inter-container traffic is off on it, so sandboxes reach
+# out but not each other, nor the containers on Docker's default bridge.
+BRIDGE_PREFIX = "sbx-"
+BRIDGE_ICC = "com.docker.network.bridge.enable_icc"
+# `read_only: true`: the root is read-only, /tmp a tmpfs (in the container's memory limit;
+# noexec, as Docker mounts a tmpfs by default: nothing written can be run directly)
+READ_ONLY_TMPFS = {"/tmp": "rw,nosuid,nodev,noexec,mode=1777"}
 ENGINE_IDS_FILE = "docker-engine-ids.json"  # in SBX_HOME; see known_engine_id()
 ENGINE_IDS_KEPT = 16
 # How long a ping made ahead (DockerAdapter.prepare) stands for the command's own: an engine
@@ -127,6 +140,32 @@ def remember_engine_id(stamp: str, engine_id: str) -> None:
             os.unlink(scratch)
 
 
+def own_bridge(api: docker.APIClient, install: str) -> str:
+    """The name of the installation's bridge, made if missing. One of that name that sbx did
+    not make (another label, or traffic between containers allowed) is refused."""
+    name = f"{BRIDGE_PREFIX}{install}"
+    for _ in range(3):
+        try:
+            info = api.inspect_network(name)
+        except docker_errors.NotFound:
+            try:
+                api.create_network(name, driver="bridge", options={BRIDGE_ICC: "false"},
+                                   labels={LABEL_INSTALL: install}, check_duplicate=True)
+            except docker_errors.APIError as exc:
+                if exc.status_code != 409:  # 409: another create made it first
+                    raise
+            continue
+        if (info.get("Name") != name or info.get("Driver") != "bridge"
+                or (info.get("Labels") or {}).get(LABEL_INSTALL) != install
+                or (info.get("Options") or {}).get(BRIDGE_ICC) != "false"):
+            raise AdapterError(
+                f"the Docker network {name} is not the one sbx makes (a bridge labelled "
+                f"{LABEL_INSTALL}={install} with {BRIDGE_ICC}=false); remove it "
+                f"(`docker network rm {name}`) and sbx makes its own")
+        return name
+    raise AdapterError(f"the Docker network {name} could not be made")
+
+
 def build_base_image(api: docker.APIClient, tag: str = BASE_IMAGE) -> str:
     """Make the offline base image from the host's static busybox; no registry needed."""
     busybox = next((p for p in BUSYBOX_PATHS if os.path.isfile(p)), None)
@@ -174,7 +213,8 @@ class DockerAdapter(Adapter):
     name = "docker"
     description = "containers on a Docker engine (local socket or DOCKER_HOST)"
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
-                              Capability.PAUSE, Capability.SNAPSHOT, Capability.SERVICES})
+                              Capability.PAUSE, Capability.SNAPSHOT, Capability.SERVICES,
+                              Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER})
 
     def supports(self, capability: Capability) -> bool:
         if capability == Capability.MEMORY_CHECKPOINT:
@@ -307,6 +347,9 @@ class DockerAdapter(Adapter):
         return self._engine_id or None
 
     def validate(self, request: CreateRequest) -> None:
+        if request.network == "full" and not request.labels.get(LABEL_INSTALL):
+            raise InvalidRequest(f"network mode 'full' needs the {LABEL_INSTALL} label, "
+                                 "which names the installation's bridge")
         if request.network == "egress":
             raise CapabilityNotSupported(
                 "the docker backend cannot restrict egress (network mode 'egress'); use "
@@ -324,7 +367,8 @@ class DockerAdapter(Adapter):
         image = request.image or BASE_IMAGE
         limits = request.resources
 
-        def host_config(api: docker.APIClient, network_mode: str) -> dict[str, Any]:
+        def host_config(api: docker.APIClient, network_mode: str,
+                        **hardening: Any) -> dict[str, Any]:
             return api.create_host_config(
                 network_mode=network_mode,
                 cap_drop=["ALL"],
@@ -334,14 +378,20 @@ class DockerAdapter(Adapter):
                 nano_cpus=int(limits.cpu * 1e9) if limits.cpu else None,
                 pids_limit=limits.pids,
                 init=False,
+                **hardening,
             )
 
         def make(api: docker.APIClient) -> str:
-            mode = "none" if request.network == "none" else "bridge"  # "full"
+            if request.network == "none":
+                mode = "none"
+            else:  # "full"
+                mode = own_bridge(api, request.labels[LABEL_INSTALL])
+            hardening = {"read_only": True, "tmpfs": READ_ONLY_TMPFS} if request.read_only else {}
             spec = dict(
                 image=image, command=list(request.command or KEEPALIVE), name=request.sandbox_id,
                 labels=dict(request.labels), environment=dict(request.env),
-                host_config=host_config(api, mode), detach=True,
+                host_config=host_config(api, mode, **hardening), detach=True,
+                user=request.user,
             )
             try:
                 created = api.create_container(**spec)

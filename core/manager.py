@@ -512,8 +512,18 @@ class Manager:
             services=tuple(ServiceSpec(name, svc.image, svc.command, dict(svc.environment))
                            for name, svc in profile.services.items()),
             options=profile.options,
+            read_only=profile.read_only,
+            user=profile.user,
         )
         adapter = self.adapter(profile.backend)
+        for asked, capability, field in ((request.read_only, Capability.READ_ONLY_ROOT,
+                                          "read_only"),
+                                         (request.user is not None, Capability.RUN_AS_USER,
+                                          "user")):
+            if asked and not adapter.supports(capability):
+                raise CapabilityNotSupported(
+                    f"the {profile.backend} backend cannot enforce {field}; remove it from "
+                    f"the profile, or use a backend that `sbx doctor` lists with {capability}")
         if request.services and not adapter.supports(Capability.SERVICES):
             raise CapabilityNotSupported(
                 f"the {profile.backend} backend cannot run services beside a sandbox")

@@ -24,6 +24,7 @@ from pydantic import (
     PlainSerializer,
     PositiveFloat,
     PositiveInt,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -36,6 +37,10 @@ from core.labels import validate_label
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 SECRET_REF = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]*")
+# `user:` as the engine takes it: a uid or a POSIX user name, optionally `:` a gid or group
+_ID_OR_NAME = r"(?:[0-9]{1,10}|[a-z_][a-z0-9_-]{0,31})"
+USER = re.compile(rf"{_ID_OR_NAME}(?::{_ID_OR_NAME})?")
+MAX_ID = 2**32 - 2  # the largest uid or gid Linux gives out (2**32 - 1 means "none")
 SUFFIXES = (".yaml", ".yml")
 
 
@@ -122,6 +127,23 @@ class Profile(_Strict):
     checkpoints: CheckpointPolicy = CheckpointPolicy()
     services: dict[str, Service] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)
+    # hardening of the sandbox itself (not its services); a backend that cannot enforce it
+    # refuses the profile at create
+    read_only: StrictBool = False  # a read-only root filesystem, with a writable /tmp
+    user: str | None = None  # the main process and every exec run as this user
+
+    @field_validator("user", mode="before")
+    @classmethod
+    def _user(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)  # `user: 1000` in YAML
+        if v is None:
+            return v
+        if (not isinstance(v, str) or not USER.fullmatch(v)
+                or any(part.isdigit() and int(part) > MAX_ID for part in v.split(":"))):
+            raise ValueError(f"{v!r} is not a user: give a uid or user name, optionally "
+                             "followed by ':' and a gid or group (1000, 1000:1000, nobody)")
+        return v
 
     @field_validator("name")
     @classmethod

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -123,7 +124,8 @@ def containers_of(docker_api, install: str) -> list[dict]:
 
 
 def remove_test_containers(home: Path) -> None:
-    """Remove, by id, the containers this test's installation made (and only those)."""
+    """Remove, by id, the containers this test's installation made (and only those), then
+    its bridge network (`network: full`), if it made one."""
     install = install_id_of(home)
     if install is None:
         return
@@ -135,6 +137,8 @@ def remove_test_containers(home: Path) -> None:
         api = docker.APIClient(version="auto")
         for info in containers_of(api, install):
             api.remove_container(info["Id"], force=True, v=True)
+        for network in api.networks(filters={"label": [f"sbx.install={install}"]}):
+            api.remove_network(network["Id"])
         api.close()
     except docker.errors.DockerException:
         pass
@@ -205,3 +209,47 @@ class NothingHere:
 
     async def close(self) -> None:
         pass
+
+
+# -- a real terminal ------------------------------------------------------------------------
+
+
+class Tmux:
+    """A tmux server on a socket of its own (the only one the test kills): a session `main`
+    runs a program, `keys` types into it, `screen` reads it as the user sees it."""
+
+    def __init__(self) -> None:
+        self.socket = f"sbx-tui-test-{uuid.uuid4().hex[:10]}"
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+                              capture_output=True, text=True, timeout=20)
+        if check:
+            assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "main")
+
+    def keys(self, *keys: str) -> None:
+        self("send-keys", "-t", "main", *keys)
+
+    def wait(self, predicate, within: float, what: str) -> float:
+        started = time.monotonic()
+        while True:
+            screen = self.screen()
+            if predicate(screen):
+                return time.monotonic() - started
+            if time.monotonic() - started > within:
+                raise AssertionError(f"no {what} within {within}s; the screen:\n{screen}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        self("kill-server", check=False)
+
+
+@pytest.fixture
+def tmux() -> Iterator[Tmux]:
+    server = Tmux()
+    yield server
+    server.kill()

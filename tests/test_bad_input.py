@@ -134,6 +134,40 @@ def test_bad_input_is_refused_with_one_line_and_changes_nothing(name, sbx, docke
     assert snapshot(sbx.home, docker_api) == before
 
 
+# `read_only:` and `user:` (Docker hardening): a bad value is exit 2 naming the field; a
+# backend that cannot enforce them refuses them (exit 4), whoever wrote its adapter
+HARDENING_REFUSED = [
+    (GOOD + "read_only: 'yes'\n", 2, ["read_only: ", "valid boolean"]),
+    (GOOD + "read_only: maybe\n", 2, ["read_only: ", "valid boolean"]),
+    (GOOD + "user: 'root; rm -rf /'\n", 2, ["user: 'root; rm -rf /' is not a user"]),
+    (GOOD + "user: -1\n", 2, ["user: '-1' is not a user"]),
+    (GOOD + "user: ''\n", 2, ["user: '' is not a user"]),
+    (GOOD + "user: a:b:c\n", 2, ["user: 'a:b:c' is not a user"]),
+    (GOOD + "user: 4294967295\n", 2, ["user: '4294967295' is not a user"]),  # past the top uid
+    (GOOD + "user: true\n", 2, ["user: True is not a user"]),
+    (GOOD + "user: [1000]\n", 2, ["user: [1000] is not a user"]),
+    *[(f"backend: {backend}\n{field}: {value}\n", 4,
+       [f"the {backend} backend cannot enforce {field}"])
+      for backend in ("e2b", "modal", "ssh")
+      for field, value in (("read_only", "true"), ("user", "'1000'"))],
+]
+
+
+def test_bad_or_unenforceable_hardening_is_refused_and_changes_nothing(sbx, docker_api,
+                                                                       tmp_path):
+    sbx.create()
+    before = snapshot(sbx.home, docker_api)
+    for index, (body, code, mentions) in enumerate(HARDENING_REFUSED):
+        file = tmp_path / f"hardening-{index}.yaml"
+        file.write_text(body)
+        result = sbx("create", "--profile-file", str(file))
+        assert result.code == code, (body, result.code, result.err)
+        assert len(result.err.strip().splitlines()) == 1, (body, result.err)
+        for mention in mentions:
+            assert mention in result.err, (body, mention, result.err)
+        assert snapshot(sbx.home, docker_api) == before, body
+
+
 def test_validate_names_each_problem_on_its_own_line(sbx, tmp_path):
     (tmp_path / "a.yaml").write_text("backend: nope\n")
     (tmp_path / "b.yaml").write_text("backend: docker\nresources:\n  memory: [1]\n")

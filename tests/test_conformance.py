@@ -190,8 +190,9 @@ import pytest
 
 
 class SloppyAdapter(StubAdapter):
-    # declares pause, which it cannot do; does not declare logs, which it does not refuse
-    capabilities = frozenset({Capability.EXEC, Capability.PAUSE})
+    # declares pause, which it cannot do; does not declare logs, which it does not refuse;
+    # declares run-as-user, and runs everything as root
+    capabilities = frozenset({Capability.EXEC, Capability.PAUSE, Capability.RUN_AS_USER})
 
     async def destroy(self, ref):
         if ref not in self.objects:
@@ -229,6 +230,9 @@ class TestSloppy(AdapterConformance):
 
     def argv_sleep(self, seconds):
         return None
+
+    def argv_uid(self):
+        return ["echo", "0"]  # what `id -u` says in its sandboxes
 '''
 
 
@@ -249,5 +253,6 @@ def test_the_kit_fails_an_adapter_that_breaks_the_contract(tmp_path):
         "test_exec_exit_codes_and_output",         # exit 3 came back as 1
         "test_capability[pause]",                  # declared, not done
         "test_capability[logs]",                   # not declared, not refused
+        "test_capability[run-as-user]",            # declared, the user not applied
     ]), result.stdout[-4000:]
-    assert "10 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]
+    assert "11 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]

@@ -278,3 +278,77 @@ def test_memory_and_pids_limits_are_visible_in_the_cgroup(sbx, small_box, docker
                         "/sys/fs/cgroup/pids/pids.max")
     if pids is not None and pids.isdigit():
         assert int(pids) == 64
+
+
+# -- hardening a profile asks for: read_only, user, network full on sbx's own bridge --------
+
+
+def test_read_only_gives_a_read_only_root_and_a_writable_tmp(sbx, docker_api, tmp_path):
+    path = write_profile(tmp_path, "sealed", "extends: default\nread_only: true\n")
+    box = sbx.create("--profile-file", str(path))
+    for target in ("/probe", "/work/probe", "/etc/passwd"):
+        wrote = sbx("exec", box["id"], "--", "sh", "-c", f"echo x >> {target}")
+        assert wrote.code != 0 and "Read-only file system" in wrote.err, (target, wrote.err)
+    tmp = sbx("exec", box["id"], "--", "sh", "-c", "echo written > /tmp/probe && cat /tmp/probe")
+    assert (tmp.code, tmp.out) == (0, "written\n"), tmp.err
+    host = docker_api.inspect_container(box["backend_ref"])["HostConfig"]
+    assert host["ReadonlyRootfs"] is True and "/tmp" in host["Tmpfs"]
+    assert show(sbx, box["id"])["profile_resolved"]["read_only"] is True
+
+
+def test_without_read_only_the_root_stays_writable(sbx):
+    box = sbx.create()
+    wrote = sbx("exec", box["id"], "--", "sh", "-c", "echo x > /probe && cat /probe")
+    assert (wrote.code, wrote.out) == (0, "x\n"), wrote.err
+
+
+@pytest.mark.parametrize("user, uid, gid", [
+    ("'4242:4243'", "4242", "4243"),
+    ("4242", "4242", "0"),  # a bare uid in YAML; no group: root's group, as Docker does
+    ("nobody", "65534", "65534"),  # a name, from the image's /etc/passwd
+])
+def test_user_runs_the_sandbox_and_its_commands_as_that_user(sbx, docker_api, tmp_path,
+                                                             user, uid, gid):
+    path = write_profile(tmp_path, "unprivileged", f"extends: default\nuser: {user}\n")
+    box = sbx.create("--profile-file", str(path))
+    ids = sbx("exec", box["id"], "--", "sh", "-c",
+              "id -u; id -g; awk '/^Uid:/ {print $2}' /proc/1/status")
+    assert ids.code == 0, ids.err
+    assert ids.out.split() == [uid, gid, uid]  # every exec, and the main process
+    assert docker_api.inspect_container(box["backend_ref"])["Config"]["User"] == user.strip("'")
+
+
+def test_network_full_is_the_installations_own_bridge_without_inter_container_traffic(
+        sbx, docker_api, tmp_path):
+    """Checked through the engine's own record of the network; no traffic is sent."""
+    path = write_profile(tmp_path, "online", "extends: default\nnetwork: {mode: full}\n")
+    boxes = [sbx.create("--profile-file", str(path)) for _ in range(2)]
+    install = install_id_of(sbx.home)
+    name = f"sbx-{install}"
+    network = docker_api.inspect_network(name)
+    assert network["Driver"] == "bridge"
+    assert network["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+    assert network["Labels"]["sbx.install"] == install
+    assert set(network["Containers"]) == {box["backend_ref"] for box in boxes}
+    for box in boxes:
+        info = docker_api.inspect_container(box["backend_ref"])
+        assert info["HostConfig"]["NetworkMode"] == name
+        assert set(info["NetworkSettings"]["Networks"]) == {name}  # not Docker's default bridge
+    mine = docker_api.networks(filters={"label": [f"sbx.install={install}"]})
+    assert [n["Id"] for n in mine] == [network["Id"]]  # one for the installation
+    for box in boxes:
+        assert sbx("destroy", box["id"], "--yes").code == 0
+    assert docker_api.inspect_network(name)["Containers"] == {}  # kept, empty
+
+
+def test_a_network_of_that_name_that_sbx_did_not_make_is_refused(sbx, docker_api, tmp_path):
+    assert sbx("ls").code == 0  # the installation and its id
+    install = install_id_of(sbx.home)
+    # inter-container traffic left on; the label lets teardown remove it
+    docker_api.create_network(f"sbx-{install}", driver="bridge", labels={"sbx.install": install})
+    path = write_profile(tmp_path, "online", "extends: default\nnetwork: {mode: full}\n")
+    result = sbx("create", "--label", f"sbx-test-run={RUN_ID}", "--profile-file", str(path))
+    assert result.code == 1, result.err
+    assert f"docker network rm sbx-{install}" in result.err and "enable_icc=false" in result.err
+    assert len(result.err.strip().splitlines()) == 1, result.err
+    assert containers_of(docker_api, install) == []

@@ -143,6 +143,20 @@ def test_a_backend_refuses_what_it_cannot_enforce_before_anything_is_written(sbx
     assert sbx("ls", "--all", "--json", env=env).json() == []
 
 
+@pytest.mark.parametrize("field, value", [("read_only", "true"), ("user", "'1000'")])
+def test_hardening_a_third_party_backend_knows_nothing_of_is_refused(sbx, plugins, tmp_path,
+                                                                     field, value):
+    """The example adapter was written before `read_only` and `user` existed: it does not
+    declare them, so the core refuses them rather than let them be ignored."""
+    env = with_path(plugins["installed"], SBX_TMPDIR_ROOT=str(tmp_path / "boxes"))
+    profile = write_profile(tmp_path, "hardened", f"{TMPDIR_PROFILE}{field}: {value}\n")
+    result = sbx("create", "--profile-file", str(profile), env=env)
+    assert result.code == 4, result.err
+    assert result.err.startswith(f"sbx: the tmpdir backend cannot enforce {field};"), result.err
+    assert sbx("ls", "--all", "--json", env=env).json() == []
+    assert not (tmp_path / "boxes").exists() or not any((tmp_path / "boxes").iterdir())
+
+
 # -- a broken adapter -----------------------------------------------------------------------
 
 

@@ -1,8 +1,11 @@
-"""A plain (non-editable) `pip install .` gives a working `sbx` with its built-in profiles
-and migrations; the fast paths import no textual, e2b or modal."""
+"""A plain (non-editable) `pip install .` gives a working `sbx`: the dashboard with its
+stylesheet, the built-in profiles, the migrations, and the conformance kit behind the
+`testing` extra; the fast paths import no textual, e2b or modal."""
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -11,45 +14,117 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Not shared with the installed venv: the project itself (the editable install's entries)
+# and pytest, which only the `testing` extra brings.
+NOT_SHARED = ("__editable__", "sandboxer", "pytest", "_pytest", "py.py", "__pycache__")
+SOURCE_ONLY = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                     "__pycache__", ".pytest_cache", ".ruff_cache", ".sbx")
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """A fresh venv with the project installed from its wheel (what `pip install .` builds),
-    not from the work tree.
-    Dependencies come from the test venv through a .pth line, to stay offline and fast."""
+    built from a clean copy of the work tree (setuptools reuses a stale build/ folder).
+    Dependencies come, offline, from the test venv through a .pth line naming a folder of
+    links to its packages, less the project and pytest."""
     base = tmp_path_factory.mktemp("plain-install")
+    shared = base / "dependencies"
+    shared.mkdir()
+    for folder in {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}:
+        for entry in Path(folder).iterdir():
+            if not entry.name.startswith(NOT_SHARED) and not (shared / entry.name).exists():
+                (shared / entry.name).symlink_to(entry)
     venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = Path(subprocess.run(
         [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         check=True, capture_output=True, text=True).stdout.strip())
-    (site / "zz-test-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    (site / "zz-test-deps.pth").write_text(f"{shared}\n")
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=SOURCE_ONLY)
     wheels = base / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(ROOT)], check=True, capture_output=True)
+                    "-w", str(wheels), str(source)], check=True, capture_output=True)
     (wheel,) = wheels.glob("sandboxer-*.whl")
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+                    "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True)
     return venv, site
 
 
+def installed_env(tmp_path) -> dict[str, str]:
+    """The environment of a user of the installed venv, in `tmp_path`: own SBX_HOME and
+    config folder, no cloud credentials."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "E2B_", "MODAL_"))}
+    env.update(SBX_HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    return env
+
+
 def test_plain_install_ships_profiles_and_migrations(installed, tmp_path):
     venv, site = installed
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-    env.update(SBX_HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "cfg"))
-    where = subprocess.run([venv / "bin" / "python", "-c", "import core, profiles; "
-                            "print(core.__file__); print(profiles.__file__)"],
+    env = installed_env(tmp_path)
+    where = subprocess.run([venv / "bin" / "python", "-c", "import core, profiles, sandboxer_tui; "
+                            "print(core.__file__); print(profiles.__file__); "
+                            "print(sandboxer_tui.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert all(line.startswith(str(site)) for line in where.stdout.split())
     listed = subprocess.run([venv / "bin" / "sbx", "profiles", "list", "--json"], cwd=tmp_path,
                             env=env, capture_output=True, text=True)
     assert listed.returncode == 0, listed.stderr
-    assert "default" in [p["name"] for p in json.loads(listed.stdout)]
+    assert {"default", "e2b", "modal"} <= {p["name"] for p in json.loads(listed.stdout)}
     ls = subprocess.run([venv / "bin" / "sbx", "ls", "--json"], cwd=tmp_path, env=env,
                         capture_output=True, text=True)
     assert (ls.returncode, json.loads(ls.stdout)) == (0, [])  # the migrations ran
     assert (tmp_path / "home" / "sbx.db").exists()
+    doctor = subprocess.run([venv / "bin" / "sbx", "doctor", "--json"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True)
+    database = json.loads(doctor.stdout)["database"]
+    from core.migrations import script_head
+
+    assert database["schema"] == database["schema_head"] == script_head(), database
+    assert database["ok"] is True
+
+
+def test_plain_install_opens_the_dashboard(installed, tmux, tmp_path):
+    """Bare `sbx` from the installed venv, on a terminal, outside the work tree: the main
+    screen paints (it needs the stylesheet shipped in the wheel) and `q` quits cleanly."""
+    venv, _ = installed
+    env = installed_env(tmp_path)
+    script = tmp_path / "dashboard.sh"
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()
+                        if k.isidentifier())
+    script.write_text(f"""{exports}
+cd {shlex.quote(str(tmp_path))}
+{shlex.quote(str(venv / "bin" / "sbx"))}
+echo "exit=$?"
+echo DONE
+sleep 60
+""")
+    tmux("new-session", "-d", "-x", "120", "-y", "32", "-s", "main", f"sh {script}")
+    tmux("set", "-g", "escape-time", "0")
+    tmux.wait(lambda s: "0 sandboxes" in s and "docker" in s, 20, "the dashboard's main screen")
+    tmux.keys("q")
+    tmux.wait(lambda s: "DONE" in s, 10, "the app to quit")
+    screen = tmux.screen()
+    assert "exit=0" in screen and "Error" not in screen and "Traceback" not in screen, screen
+
+
+def test_testing_extra_brings_pytest_for_the_conformance_kit(installed, tmp_path):
+    """Without pytest (not a runtime dependency), importing the kit says which extra to
+    install; the wheel declares that extra with pytest in it."""
+    venv, _ = installed
+    env = installed_env(tmp_path)
+    kit = subprocess.run([venv / "bin" / "python", "-c", "import adapters.testing"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert kit.returncode == 1
+    last = kit.stderr.strip().splitlines()[-1]
+    assert last == ("ModuleNotFoundError: the sbx conformance kit (adapters.testing) needs "
+                    "pytest: pip install 'sandboxer[testing]'"), kit.stderr
+    requires = subprocess.run(
+        [venv / "bin" / "python", "-c", "import importlib.metadata as m; "
+         "print('\\n'.join(m.requires('sandboxer')))"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [r for r in requires if 'extra == "testing"' in r] == ['pytest>=8; extra == "testing"']
 
 
 def _imported(args, env):

@@ -193,6 +193,17 @@ class AdapterConformance:
         """Runs for `seconds`; None: the exec timeout is not checked."""
         return ["sleep", f"{seconds:g}"]
 
+    def argv_write(self, path: str) -> list[str]:
+        """Writes a file at `path`; exit 0 only if it could (read-only-root is checked)."""
+        return ["sh", "-c", f"echo probe > {path}"]
+
+    def argv_uid(self) -> list[str]:
+        """Prints the numeric user id it runs as (run-as-user is checked)."""
+        return ["id", "-u"]
+
+    # the user a backend declaring run-as-user is asked to run as (`user:` of a profile)
+    run_as_user: str = "4242"
+
     @pytest.fixture
     def create_request(self) -> Callable[[str, Mapping[str, str]], CreateRequest]:
         return lambda sandbox_id, labels: CreateRequest(sandbox_id=sandbox_id, labels=labels)
@@ -406,6 +417,11 @@ class AdapterConformance:
                 # CreateRequest.services, which the core refuses for a backend without them;
                 # the Docker pods are tested in tests/test_docker_pods.py)
                 return
+            if capability in (Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER):
+                # asked through CreateRequest, which the core refuses for a backend without them
+                if declared:
+                    await self._hardened(kit, capability)
+                return
             obj = await kit.create()
             if declared:
                 await self._exercise(kit, obj, capability)
@@ -440,6 +456,25 @@ class AdapterConformance:
             assert resumed is not None and resumed.running and resumed.status != "paused"
         elif capability == Capability.SNAPSHOT:
             await self._snapshot_restore(kit, obj)
+
+    async def _hardened(self, kit: Kit, capability: Capability) -> None:
+        """A sandbox made with `read_only` / `user` is what was asked (seen through exec)."""
+        adapter = kit.adapter
+        if capability == Capability.READ_ONLY_ROOT:
+            obj = await kit.create(replace(kit.request(), read_only=True))
+            if adapter.supports(Capability.EXEC):
+                root = await adapter.exec(obj.ref, self.argv_write("/sbx-conformance-probe"))
+                assert root.exit_code != 0, "read_only: writing to / must fail"
+                tmp = await adapter.exec(obj.ref, self.argv_write("/tmp/sbx-conformance-probe"))
+                assert tmp.exit_code == 0, f"read_only: /tmp must stay writable ({tmp.stderr!r})"
+        else:
+            obj = await kit.create(replace(kit.request(), user=self.run_as_user))
+            if adapter.supports(Capability.EXEC):
+                uid = (await adapter.exec(obj.ref, self.argv_uid())).stdout.decode().strip()
+                assert uid == self.run_as_user.split(":")[0], (
+                    f"user {self.run_as_user!r}: commands run as uid {uid!r}")
+        got = await adapter.get(obj.ref)
+        assert got is not None and got.running
 
     async def _snapshot_restore(self, kit: Kit, obj: BackendObject) -> None:
         adapter = kit.adapter

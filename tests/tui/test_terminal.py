@@ -7,10 +7,7 @@ its own and is the only one killed."""
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
-import time
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -18,44 +15,6 @@ import pytest
 from core.clock import from_iso
 
 pytestmark = pytest.mark.docker
-
-
-class Tmux:
-    def __init__(self) -> None:
-        self.socket = f"sbx-tui-test-{uuid.uuid4().hex[:10]}"
-
-    def __call__(self, *args: str, check: bool = True) -> str:
-        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
-                              capture_output=True, text=True, timeout=20)
-        if check:
-            assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    def screen(self) -> str:
-        return self("capture-pane", "-p", "-t", "main")
-
-    def keys(self, *keys: str) -> None:
-        self("send-keys", "-t", "main", *keys)
-
-    def wait(self, predicate, within: float, what: str) -> float:
-        started = time.monotonic()
-        while True:
-            screen = self.screen()
-            if predicate(screen):
-                return time.monotonic() - started
-            if time.monotonic() - started > within:
-                raise AssertionError(f"no {what} within {within}s; the screen:\n{screen}")
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        self("kill-server", check=False)
-
-
-@pytest.fixture
-def tmux():
-    server = Tmux()
-    yield server
-    server.kill()
 
 
 def row_line(screen: str, name: str) -> str | None:
