@@ -756,6 +756,8 @@ def in_container(pid: int, container_id: str) -> bool:
 def kill_if_in_container(pid: int, container_id: str) -> bool:
     """SIGKILL `pid` if it is a process of the container. The process is held by a pidfd
     before it is checked, so a pid reused in between is never the one signalled."""
+    if not hasattr(os, "pidfd_open"):  # not Linux: the engine runs in a VM anyway
+        return False
     try:
         handle = os.pidfd_open(pid)
     except OSError:
