@@ -15,17 +15,22 @@ import dataclasses
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import tarfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import docker
 from docker import errors as docker_errors
+from docker.tls import TLSConfig
+from docker.utils import kwargs_from_env
 
 from adapters.base import (
     LABEL_CHECKPOINT,
@@ -75,14 +80,58 @@ START_HINT = (
 )
 
 
+PLAINTEXT_ENV = "SBX_DOCKER_ALLOW_PLAINTEXT"  # =1: an engine over the network without TLS
+NETWORK_SCHEMES = ("tcp://", "http://", "https://")
+EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a kill inside the container finds
+
+
 def engine_url() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def engine_tls(base_url: str) -> TLSConfig | None:
+    """The TLS to speak to `base_url`, from DOCKER_TLS_VERIFY / DOCKER_CERT_PATH as the docker
+    CLI reads them (docker-py's kwargs_from_env). What sbx sends an engine includes secrets,
+    so one over the network is refused (InvalidRequest, exit 2) unless TLS verifies its
+    certificate, or the user accepts less with SBX_DOCKER_ALLOW_PLAINTEXT=1."""
+    if not base_url.startswith(NETWORK_SCHEMES):
+        return None  # a local socket, or ssh:// (encrypted, host keys checked by paramiko)
+    try:
+        tls = kwargs_from_env(environment=dict(os.environ)).get("tls")
+    except docker_errors.TLSParameterError as exc:
+        folder = os.environ.get("DOCKER_CERT_PATH") or "~/.docker"
+        raise InvalidRequest(
+            f"cannot speak TLS to the Docker engine at {base_url}: {_short(exc)} (DOCKER_CERT_PATH "
+            f"{folder} must hold ca.pem, cert.pem and key.pem)") from None
+    if (tls is not None and tls.verify) or os.environ.get(PLAINTEXT_ENV) == "1":
+        return tls
+    how = ("over TLS that does not verify its certificate (DOCKER_TLS_VERIFY is not set)"
+           if tls is not None else "without TLS")
+    raise InvalidRequest(
+        f"refusing the Docker engine at {base_url}: it would be reached {how}, so secrets and "
+        f"commands would cross the network unprotected; set DOCKER_TLS_VERIFY=1 and "
+        f"DOCKER_CERT_PATH (ca.pem, cert.pem, key.pem) as for the docker CLI, or "
+        f"{PLAINTEXT_ENV}=1 to accept it")
+
+
+def _keep_engine_ca(api: docker.APIClient) -> None:
+    """Verify the engine against DOCKER_CERT_PATH's ca.pem, as the docker CLI does: requests
+    otherwise lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE replace a session's own CA (requests
+    issue 3829), and the engine's certificate, from a private CA, fails verification."""
+    merge = api.merge_environment_settings
+
+    def merged(url: str, proxies: Any, stream: Any, verify: Any, cert: Any) -> dict[str, Any]:
+        settings = merge(url, proxies, stream, verify, cert)
+        settings["verify"] = api.verify if verify is None else verify
+        return settings
+
+    api.merge_environment_settings = merged  # type: ignore[method-assign]
 
 
 def _client_key(base_url: str, timeout: float) -> tuple[Any, ...]:
     """What decides a client: the engine, and the environment docker-py reads at creation."""
     return (base_url, timeout, *(os.environ.get(v) for v in (
-        "HOME", "DOCKER_CONFIG", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")))
+        "HOME", "DOCKER_CONFIG", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", PLAINTEXT_ENV)))
 
 
 # Clients made, and pinged, ahead of the command that will use them: key -> (client, when).
@@ -258,13 +307,17 @@ class DockerAdapter(Adapter):
                 self._api, pinged_at = prepared
                 self._pinged = time.monotonic() - pinged_at < PING_FRESH_S
                 return self._api
+            tls = engine_tls(self.base_url)
             try:
                 api = docker.APIClient(base_url=self.base_url, timeout=self.timeout,
+                                       tls=tls or False,
                                        version=docker.constants.MINIMUM_DOCKER_API_VERSION,
                                        # ssh://user@host goes through paramiko, which reads
                                        # ~/.ssh/config and known_hosts. (docker-py's system-ssh
                                        # mode breaks pipes when exec streams close.)
                                        use_ssh_client=False)
+                if tls is not None and tls.verify and tls.ca_cert:
+                    _keep_engine_ca(api)
                 response = api._get(api.base_url + "/_ping")
                 response.raise_for_status()
                 api._version = response.headers.get("Api-Version") or api._version
@@ -493,9 +546,11 @@ class DockerAdapter(Adapter):
                    timeout_s: float | None = None) -> ExecResult:
         started = time.perf_counter()
         exec_id: dict[str, str] = {}
+        mark = uuid.uuid4().hex  # lets a kill inside the container find this exec's processes
 
         def run(api: docker.APIClient) -> tuple[int, bytes, bytes]:
-            exec_id["id"] = api.exec_create(ref, list(argv), stdout=True, stderr=True)["Id"]
+            exec_id["id"] = api.exec_create(ref, list(argv), stdout=True, stderr=True,
+                                            environment={EXEC_MARK: mark})["Id"]
             out, err = api.exec_start(exec_id["id"], demux=True)
             code = api.exec_inspect(exec_id["id"])["ExitCode"]
             return (code if code is not None else -1), out or b"", err or b""
@@ -504,7 +559,7 @@ class DockerAdapter(Adapter):
             job = self._call(run)
             code, out, err = await (asyncio.wait_for(job, timeout_s) if timeout_s else job)
         except TimeoutError:
-            killed = await self._kill_exec(exec_id.get("id"))
+            killed = await self._kill_exec(ref, exec_id.get("id"), mark)
             note = "" if killed else " (the process may still run inside the sandbox)"
             return ExecResult(124, b"", f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
                               time.perf_counter() - started, timed_out=True)
@@ -519,9 +574,11 @@ class DockerAdapter(Adapter):
     async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
                           ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
         started = time.perf_counter()
+        mark = uuid.uuid4().hex  # lets a kill inside the container find this exec's processes
 
         def start(api: docker.APIClient) -> tuple[str, Iterator[tuple[bytes, bytes]]]:
-            exec_id = api.exec_create(ref, list(argv), stdout=True, stderr=True)["Id"]
+            exec_id = api.exec_create(ref, list(argv), stdout=True, stderr=True,
+                                      environment={EXEC_MARK: mark})["Id"]
             return exec_id, api.exec_start(exec_id, stream=True, demux=True)
 
         try:
@@ -541,7 +598,7 @@ class DockerAdapter(Adapter):
                         raise TimeoutError
                     frame = await asyncio.wait_for(anext(chunks, None), left)
                 except TimeoutError:
-                    killed = await self._kill_exec(exec_id)
+                    killed = await self._kill_exec(ref, exec_id, mark)
                     note = "" if killed else " (the process may still run inside the sandbox)"
                     yield "stderr", f"sbx: timed out after {timeout_s:g}s{note}\n".encode()
                     yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
@@ -559,18 +616,44 @@ class DockerAdapter(Adapter):
         yield ExecResult(code if code is not None else -1, b"", b"",
                          time.perf_counter() - started)
 
-    async def _kill_exec(self, exec_id: str | None) -> bool:
-        """Kill a timed-out exec's process; possible only when the engine runs on this host."""
-        if not exec_id or not self.base_url.startswith("unix://"):
+    async def _kill_exec(self, ref: str, exec_id: str | None, mark: str) -> bool:
+        """Kill a timed-out exec. The engine reports its pid as the engine sees it: a pid of
+        this host only when the engine runs here, natively (in a VM, rootless or behind a
+        forwarded socket it names some other process, or none). So that pid is killed only
+        once /proc shows it is a process of this container; otherwise the container kills
+        the exec's processes itself, found by the mark in their environment."""
+        if not exec_id:
             return False
         try:
-            pid = (await self._call(lambda api: api.exec_inspect(exec_id))).get("Pid")
-            if pid:
-                os.kill(pid, signal.SIGKILL)
-                return True
-        except (OSError, AdapterError, docker_errors.APIError):
-            pass
-        return False
+            info = await self._call(lambda api: api.exec_inspect(exec_id))
+        except (AdapterError, docker_errors.APIError):
+            return False
+        if not info.get("Running", True):
+            return True  # it ended on its own meanwhile
+        container = info.get("ContainerID") or ref
+        pid = info.get("Pid")
+        if isinstance(pid, int) and pid > 0 and kill_if_in_container(pid, container):
+            return True
+        return await self._kill_marked(ref, mark)
+
+    async def _kill_marked(self, ref: str, mark: str) -> bool:
+        """`kill -KILL` inside the container, of every process whose environment carries
+        the exec's mark (the exec's process and what it started). Needs a shell, `tr` and
+        `grep` in the image (the base image has them)."""
+        script = ('found=1; for d in /proc/[0-9]*; do '
+                  'if tr "\\0" "\\n" < "$d/environ" 2>/dev/null | grep -qxF "$1=$0"; then '
+                  'kill -KILL "${d#/proc/}" 2>/dev/null && found=0; fi; done; exit $found')
+
+        def kill(api: docker.APIClient) -> bool:
+            killer = api.exec_create(ref, ["sh", "-c", script, mark, EXEC_MARK],
+                                     stdout=True, stderr=True)["Id"]
+            api.exec_start(killer)
+            return api.exec_inspect(killer).get("ExitCode") == 0
+
+        try:
+            return bool(await self._call(kill))
+        except (AdapterError, docker_errors.APIError):
+            return False
 
     async def logs(self, ref: str, follow: bool = False,
                    tail: int | None = None) -> AsyncIterator[bytes]:
@@ -750,6 +833,38 @@ def _remove_quietly(api: docker.APIClient, container_id: str) -> None:
         api.remove_container(container_id, force=True, v=True)
     except docker_errors.DockerException:
         pass
+
+
+def in_container(pid: int, container_id: str) -> bool:
+    """Whether the process `pid` of this host is in the container: its cgroup path names the
+    container's full id (cgroup v1 and v2, docker's cgroupfs and systemd drivers)."""
+    if not re.fullmatch(r"[0-9a-f]{64}", container_id):
+        return False
+    try:
+        cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+    return re.search(rf"(?<![0-9a-f]){container_id}(?![0-9a-f])", cgroups) is not None
+
+
+def kill_if_in_container(pid: int, container_id: str) -> bool:
+    """SIGKILL `pid` if it is a process of the container. The process is held by a pidfd
+    before it is checked, so a pid reused in between is never the one signalled."""
+    if not hasattr(os, "pidfd_open"):  # not Linux: the engine runs in a VM anyway
+        return False
+    try:
+        handle = os.pidfd_open(pid)
+    except OSError:
+        return False  # gone, or not a pid of this host
+    try:
+        if not in_container(pid, container_id):
+            return False
+        signal.pidfd_send_signal(handle, signal.SIGKILL)
+        return True
+    except OSError:  # not ours to kill (EPERM), or it ended since (ESRCH)
+        return False
+    finally:
+        os.close(handle)
 
 
 def _short(exc: BaseException) -> str:

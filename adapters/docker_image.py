@@ -7,11 +7,17 @@ import sys
 import docker
 from docker import errors as docker_errors
 
-from adapters.docker import BASE_IMAGE, build_base_image, engine_url
+from adapters.base import AdapterError
+from adapters.docker import BASE_IMAGE, build_base_image, engine_tls, engine_url
 
 
 def main() -> int:
-    api = docker.APIClient(base_url=engine_url(), version="auto")
+    try:
+        tls = engine_tls(engine_url())  # the same TLS rule as sbx's own client
+    except AdapterError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    api = docker.APIClient(base_url=engine_url(), version="auto", tls=tls or False)
     try:
         api.inspect_image(BASE_IMAGE)
         return 0

@@ -13,7 +13,10 @@ containers. The lease keeps everything destroy and exec need (address, key, clea
 commands), so they work without the profile or the inventory.
 
 SSH is the system OpenSSH client (BatchMode, ConnectTimeout, keep-alives), so the user's own
-ssh config (jump hosts, certificates, agents) applies. One ControlMaster per host, persisting
+ssh config (jump hosts, certificates, agents) applies. Host keys are checked strictly against
+the user's known hosts (~/.ssh/known_hosts of $HOME, the system's /etc/ssh/ssh_known_hosts)
+and sbx's own file; a key pinned in the entry (`host_key:` or a `known_hosts:` file) is the
+only one accepted; first use is trusted only where the entry says `host_key_policy: tofu`. One ControlMaster per host, persisting
 a minute, is shared by every sbx process: a command after the first costs no handshake, and a
 255 from the client is told apart from a command's own exit status 255 by asking the master.
 """
@@ -21,6 +24,8 @@ a minute, is shared by every sbx process: a command after the first costs no han
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import fcntl
 import getpass
@@ -58,7 +63,12 @@ INVENTORY_ENV = "SBX_SSH_INVENTORY"
 LEASES_ENV = "SBX_SSH_LEASES"  # a lease file shared by several SBX_HOMEs on one machine
 OPTIONS = frozenset({"inventory", "match", "setup", "cleanup", "connect_timeout",
                      "command_timeout"})
-ENTRY_FIELDS = frozenset({"name", "host", "port", "user", "key", "known_hosts", "labels"})
+ENTRY_FIELDS = frozenset({"name", "host", "port", "user", "key", "known_hosts", "host_key",
+                          "host_key_policy", "labels"})
+STRICT, TOFU = "strict", "tofu"  # host_key_policy: known keys only / trust on first use
+HOST_KEY_TYPES = frozenset({
+    "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com"})
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 600.0
 CONTROL_PERSIST_S = 60
@@ -86,6 +96,8 @@ class Host:
     user: str = ""
     key: str | None = None
     known_hosts: str | None = None
+    host_key: tuple[str, ...] = ()  # pinned public keys ("ssh-ed25519 AAAA...")
+    host_key_policy: str = STRICT
     labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -117,6 +129,29 @@ def _existing_file(value: Any, folder: Path, where: str, what: str) -> str | Non
     return str(path)
 
 
+def _host_keys(value: Any, where: str) -> tuple[str, ...]:
+    """Public keys as a host's /etc/ssh/ssh_host_*_key.pub or `ssh-keyscan` give them."""
+    if value is None:
+        return ()
+    keys = [value] if isinstance(value, str) else value
+    if not isinstance(keys, list) or not keys:
+        raise BadConfiguration(f"{where}: host_key must be a public key (or a list of them)")
+    found = []
+    for key in keys:
+        parts = key.split() if isinstance(key, str) else []
+        try:
+            blob = base64.b64decode(parts[1], validate=True) if len(parts) >= 2 else b""
+        except (binascii.Error, ValueError):
+            blob = b""
+        kind = parts[0] if parts else ""
+        if kind not in HOST_KEY_TYPES or blob[4:4 + len(kind)] != kind.encode():
+            raise BadConfiguration(
+                f"{where}: host_key {str(key)[:40]!r} is not a public key (expected "
+                "'ssh-ed25519 AAAA...', as in the host's /etc/ssh/ssh_host_ed25519_key.pub)")
+        found.append(f"{kind} {parts[1]}")
+    return tuple(found)
+
+
 def _entry(file: Path, index: int, raw: Any) -> Host:
     where = f"ssh inventory {file}: host #{index}"
     if not isinstance(raw, Mapping):
@@ -142,11 +177,20 @@ def _entry(file: Path, index: int, raw: Any) -> Host:
     for what, value in (("host", host), ("user", user)):
         if value.startswith("-") or any(c.isspace() for c in value):
             raise BadConfiguration(f"{where}: {what} {value!r} is not a valid ssh {what}")
+    policy = raw.get("host_key_policy", STRICT)
+    if policy not in (STRICT, TOFU):
+        raise BadConfiguration(f"{where}: host_key_policy must be {STRICT!r} (known keys only, "
+                               f"the default) or {TOFU!r} (trust the first key seen), not {policy!r}")
+    host_key = _host_keys(raw.get("host_key"), where)
+    known_hosts = _existing_file(raw.get("known_hosts"), file.parent, where, "known_hosts")
+    if policy == TOFU and (host_key or known_hosts):
+        raise BadConfiguration(f"{where}: host_key_policy: tofu trusts the first key seen, but "
+                               "host_key/known_hosts already pin it: keep one of them")
     return Host(
         name=name or (host if port == 22 else f"{host}:{port}"),
         host=host, port=port, user=user,
         key=_existing_file(raw.get("key"), file.parent, where, "key"),
-        known_hosts=_existing_file(raw.get("known_hosts"), file.parent, where, "known_hosts"),
+        known_hosts=known_hosts, host_key=host_key, host_key_policy=policy,
         labels=_text_mapping(raw.get("labels"), where, "labels"),
     )
 
@@ -318,6 +362,7 @@ class LeaseStore:
     @staticmethod
     def _lease(row: sqlite3.Row) -> Lease:
         host = json.loads(row["host_json"])
+        host["host_key"] = tuple(host.get("host_key") or ())
         return Lease(
             ref=row["ref"], sandbox_id=row["sandbox_id"], host=Host(**host),
             labels=json.loads(row["labels_json"]), cleanup=tuple(json.loads(row["cleanup_json"])),
@@ -429,6 +474,30 @@ def _last_line(err: bytes) -> str:
     return lines[-1] if lines else "no message from ssh"
 
 
+class HostKeyRefused(BackendUnavailable):
+    """The host's key is not one sbx may trust (exit 5): nothing ran on the host."""
+
+    @classmethod
+    def of(cls, host: Host, err: bytes) -> HostKeyRefused | None:
+        text = err.decode(errors="replace")
+        if "Host key verification failed" not in text:
+            return None
+        if "HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have" in text:
+            return cls(f"ssh host {host.describe()}: its host key is not the one trusted for it "
+                       "(changed since: a reinstalled host, or someone in between); refused. "
+                       "If the new key is right, remove the old one (ssh-keygen -R) or pin the "
+                       "new one with host_key: in the inventory")
+        return cls(f"ssh host {host.describe()}: its host key is not known (strict checking); "
+                   "add it to ~/.ssh/known_hosts, pin it in the inventory entry (host_key: or "
+                   "known_hosts:), or set host_key_policy: tofu to trust the first key seen")
+
+
+def _ssh_path(path: Path | str) -> str:
+    """A path as an ssh option value: `%` is a token there, and a space splits values."""
+    text = str(path).replace("%", "%%")
+    return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
 class SSHAdapter(Adapter):
     name = "ssh"
     description = "leases on existing hosts over SSH, from an inventory file (attach)"
@@ -459,29 +528,60 @@ class SSHAdapter(Adapter):
         return folder / f"{_digest(host.address)}.{kind}"
 
     @staticmethod
-    def _control_path(host: Host) -> Path:
-        """Short (a socket path has ~100 bytes), private, one per host, key and known hosts."""
+    def _control_path(host: Host, trust: Sequence[str]) -> Path:
+        """Short (a socket path has ~100 bytes), private, one per host, key and host key
+        checking: a connection made under one trust is never reused under another."""
         folder = Path(tempfile.gettempdir()) / f"sbx-ssh-{os.getuid()}"
         folder.mkdir(mode=0o700, exist_ok=True)
         info = folder.stat()
         if info.st_uid != os.getuid() or info.st_mode & 0o077:
             raise BackendUnavailable(f"{folder} must be a private folder of this user (mode 0700)")
-        return folder / _digest(f"{host.address}|{host.key}|{host.known_hosts}")
+        return folder / _digest(f"{host.address}|{host.key}|{' '.join(trust)}")
+
+    def _pinned_file(self, host: Host) -> tuple[Path, str]:
+        """A known-hosts file holding exactly the entry's pinned keys, under an alias of the
+        host's own (so what ~/.ssh/config makes of the name does not matter); (file, alias)."""
+        alias = f"sbx-pinned-{_digest(host.address)}"
+        folder = self.leases.path.parent / "ssh-pinned"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"{_digest(alias + '|' + '|'.join(host.host_key))}.known_hosts"
+        text = "".join(f"{alias} {key}\n" for key in host.host_key)
+        if not path.is_file() or path.read_text() != text:
+            scratch = path.with_name(f".{path.name}.{os.getpid()}")
+            scratch.write_text(text)
+            os.replace(scratch, path)
+        return path, alias
+
+    def _host_key_options(self, host: Host) -> list[str]:
+        """How the host's key is checked. Pinned (host_key:, known_hosts:): those keys only.
+        Otherwise strictly against the user's known hosts ($HOME's ~/.ssh/known_hosts and the
+        system's /etc/ssh/ssh_known_hosts, as ssh reads them) and sbx's own file; with
+        host_key_policy: tofu a host none of them knows is trusted on first use and
+        remembered in sbx's file. A changed key is refused either way."""
+        if host.host_key:
+            pinned, alias = self._pinned_file(host)
+            return ["-o", f"UserKnownHostsFile={_ssh_path(pinned)}",
+                    "-o", "GlobalKnownHostsFile=/dev/null", "-o", f"HostKeyAlias={alias}",
+                    "-o", "StrictHostKeyChecking=yes"]
+        if host.known_hosts:
+            return ["-o", f"UserKnownHostsFile={_ssh_path(host.known_hosts)}",
+                    "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes"]
+        users = [Path.home() / ".ssh" / "known_hosts", Path.home() / ".ssh" / "known_hosts2"]
+        own = self.leases.path.parent / "ssh-known_hosts"
+        files = [own, *users] if host.host_key_policy == TOFU else [*users, own]  # new keys
+        checking = "accept-new" if host.host_key_policy == TOFU else "yes"  # go to the first
+        return ["-o", f"UserKnownHostsFile={' '.join(_ssh_path(f) for f in files)}",
+                "-o", f"StrictHostKeyChecking={checking}"]
 
     def _ssh(self, host: Host, connect_timeout: float) -> list[str]:
         """The client with every option that keeps it from waiting on anything."""
         if shutil.which("ssh") is None:
             raise BackendUnavailable(NO_CLIENT)
-        if host.known_hosts:
-            trust = ["-o", f"UserKnownHostsFile={host.known_hosts}",
-                     "-o", "StrictHostKeyChecking=yes"]
-        else:  # first contact is trusted and remembered; a changed key is refused
-            trust = ["-o", f"UserKnownHostsFile={self.leases.path.parent / 'ssh-known_hosts'}",
-                     "-o", "StrictHostKeyChecking=accept-new"]
+        trust = self._host_key_options(host)
         key = ["-i", host.key, "-o", "IdentitiesOnly=yes"] if host.key else []
         return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={math.ceil(connect_timeout)}",
                 "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-                "-o", "LogLevel=ERROR", "-o", f"ControlPath={self._control_path(host)}",
+                "-o", "LogLevel=ERROR", "-o", f"ControlPath={self._control_path(host, trust)}",
                 *trust, *key, "-p", str(host.port), "-l", host.user]
 
     async def _master_running(self, host: Host, connect_timeout: float) -> bool:
@@ -496,7 +596,7 @@ class SSHAdapter(Adapter):
         async with _file_lock(self._lock_path(host, "connect"), f"connecting to {host.describe()}"):
             if await self._master_running(host, connect_timeout):
                 return  # another process made it while we waited
-            control = self._control_path(host)
+            control = self._control_path(host, self._host_key_options(host))
             with contextlib.suppress(FileNotFoundError):
                 control.unlink()  # a dead master's socket
             result = await _spawn(
@@ -507,8 +607,8 @@ class SSHAdapter(Adapter):
             raise BackendUnavailable(f"ssh host {host.describe()} did not answer within "
                                      f"{connect_timeout:g}s")
         if result[0] != 0:
-            raise BackendUnavailable(f"ssh host {host.describe()} is unreachable: "
-                                     f"{_last_line(result[2])}")
+            raise HostKeyRefused.of(host, result[2]) or BackendUnavailable(
+                f"ssh host {host.describe()} is unreachable: {_last_line(result[2])}")
 
     async def run(self, host: Host, argv: Sequence[str], *, connect_timeout: float,
                   timeout_s: float | None) -> ExecResult:

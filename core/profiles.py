@@ -1,15 +1,24 @@
 """Profiles: the one schema (pydantic), YAML files, the search path and `extends:`.
 
 Search path, later wins by name: built-in `profiles/` -> the user config folder ->
-`./.sbx/profiles` -> `$SBX_PROFILE_PATH` folders -> an explicit file. A profile that
-`extends:` its own name inherits the one of that name further down the path.
-Secrets are references (`env:NAME`) and stay references; the value is read at create time.
+`./.sbx/profiles` (only once trusted, below) -> `$SBX_PROFILE_PATH` folders -> an explicit
+file. A profile that `extends:` its own name inherits the one of that name further down the
+path. Secrets are references (`env:NAME`) and stay references; the value is read at create time.
+
+The working folder's `.sbx/profiles` comes with whatever folder one stands in (a cloned
+repository, say), and a profile there can replace `default` and name any host variable as a
+secret. So it is used only while the user trusts it: `sbx profiles trust` records the folder
+with a digest of its profile files (as direnv's `allow`), and a folder that is not recorded,
+or whose files changed since, is left out with one line on stderr.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -207,19 +216,161 @@ def _builtin_dir() -> Path:
     return Path(str(files("profiles")))
 
 
-def search_path() -> list[Path]:
-    """Folders in increasing precedence."""
+# -- trusting a working folder's profiles ----------------------------------------------------
+
+TRUST_FILE = "trusted-profile-folders.json"  # in the user config folder, mode 0600
+_announced: set[tuple[str, str]] = set()  # (folder, digest) told about in this process
+
+
+def project_folder() -> Path:
+    """The working folder's `.sbx/profiles`."""
+    return Path.cwd() / ".sbx" / "profiles"
+
+
+def trust_file() -> Path:
     from core.settings import user_config_dir
 
-    folders = [_builtin_dir(), user_config_dir() / "profiles", Path.cwd() / ".sbx" / "profiles"]
+    return user_config_dir() / TRUST_FILE
+
+
+def profile_files(folder: Path) -> dict[str, bytes]:
+    """The profile files of a folder (file name -> content), read once: what is digested is
+    what is loaded, so a file changed after the check is never used unchecked."""
+    files: dict[str, bytes] = {}
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return files
+    for path in entries:
+        if path.suffix in SUFFIXES and path.is_file():
+            try:
+                files[path.name] = path.read_bytes()
+            except OSError:
+                continue
+    return files
+
+
+def digest_of(files: dict[str, bytes]) -> str:
+    """One digest of every file's name and content."""
+    sha = hashlib.sha256()
+    for name in sorted(files):
+        data = files[name]
+        sha.update(f"{name}\0{len(data)}\0".encode())
+        sha.update(data)
+    return f"sha256:{sha.hexdigest()}"
+
+
+def _trusted() -> dict[str, str]:
+    """The trusted folders (resolved path -> digest). A trust file another user could have
+    written counts for nothing."""
+    path = trust_file()
+    try:
+        info = path.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return {}
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    folders = data.get("folders") if isinstance(data, dict) else None
+    if not isinstance(folders, dict):
+        return {}
+    return {k: v for k, v in folders.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _write_trusted(folders: dict[str, str]) -> None:
+    path = trust_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump({"folders": dict(sorted(folders.items()))}, out, indent=1)
+        os.replace(scratch, path)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+
+
+def _profiles_folder(folder: Path | None) -> Path:
+    folder = (folder or project_folder()).expanduser()
+    if not folder.is_dir():
+        raise BadInput(f"{folder}: no such folder (give the folder that holds the profiles, "
+                       "by default ./.sbx/profiles)")
+    return folder.resolve()
+
+
+def trust(folder: Path | None = None) -> tuple[Path, list[str], str]:
+    """Trust a folder's profiles as they are now: (the folder, its profile names, digest).
+    BadInput (nothing written) for a folder that is missing or holds no profiles."""
+    folder = _profiles_folder(folder)
+    files = profile_files(folder)
+    if not files:
+        raise BadInput(f"{folder}: holds no profiles (*.yaml, *.yml): nothing to trust")
+    digest = digest_of(files)
+    _write_trusted({**_trusted(), str(folder): digest})
+    return folder, sorted(Path(n).stem for n in files), digest
+
+
+def untrust(folder: Path | None = None) -> tuple[Path, bool]:
+    """Forget a folder's trust: (the folder, whether it was trusted)."""
+    raw = (folder or project_folder()).expanduser()
+    folder = raw.resolve() if raw.exists() else Path(os.path.abspath(raw))
+    trusted = _trusted()
+    if str(folder) not in trusted:
+        return folder, False
+    del trusted[str(folder)]
+    _write_trusted(trusted)
+    return folder, True
+
+
+def trusted_project_files() -> tuple[Path, dict[str, bytes]] | None:
+    """The working folder's profiles when the folder is trusted and unchanged since; else
+    None, with one line on stderr (once per process) when it holds profiles."""
+    folder = project_folder()
+    files = profile_files(folder)
+    if not files:
+        return None
+    resolved = folder.resolve()
+    digest = digest_of(files)
+    recorded = _trusted().get(str(resolved))
+    if recorded == digest:
+        return resolved, files
+    if (str(resolved), digest) not in _announced:
+        _announced.add((str(resolved), digest))
+        why = ("its profiles changed since you trusted them" if recorded
+               else "the folder is not trusted")
+        print(f"sbx: ignoring the profiles in {resolved}: {why}; review them, then run "
+              f"`sbx profiles trust {resolved}` to use them", file=sys.stderr)
+    return None
+
+
+def _search() -> tuple[list[Path], dict[Path, dict[str, bytes]]]:
+    """The folders in increasing precedence, and the content of the trusted working folder's
+    profiles as checked."""
+    from core.settings import user_config_dir
+
+    folders = [_builtin_dir(), user_config_dir() / "profiles"]
+    pinned: dict[Path, dict[str, bytes]] = {}
+    project = trusted_project_files()
+    if project is not None:
+        folders.append(project[0])
+        pinned[project[0]] = project[1]
     extra = os.environ.get("SBX_PROFILE_PATH", "")
     folders += [Path(p).expanduser() for p in extra.split(":") if p]
-    return folders
+    return folders, pinned
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def search_path() -> list[Path]:
+    """Folders in increasing precedence (the working folder's only while trusted)."""
+    return _search()[0]
+
+
+def _read_yaml(path: Path, pinned: dict[Path, dict[str, bytes]] | None = None) -> dict[str, Any]:
+    held = (pinned or {}).get(path.parent, {}).get(path.name)
     try:
-        text = path.read_text()
+        text = held.decode() if held is not None else path.read_text()
+    except UnicodeDecodeError as exc:
+        raise ProfileError([f"{path}: cannot read: {exc}"]) from None
     except OSError as exc:
         raise ProfileError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
     try:
@@ -255,25 +406,41 @@ class ProfileLoader:
     """Resolves names along the search path; one instance per command."""
 
     def __init__(self, folders: list[Path] | None = None) -> None:
-        self.folders = search_path() if folders is None else folders
+        if folders is None:
+            self.folders, self._pinned = _search()
+        else:
+            self.folders, self._pinned = folders, {}
+
+    def _has(self, path: Path) -> bool:
+        held = self._pinned.get(path.parent)
+        return path.name in held if held is not None else path.is_file()
 
     def _find(self, name: str, below: int | None = None) -> tuple[int, Path] | None:
         top = len(self.folders) if below is None else below
         for index in range(top - 1, -1, -1):
             for suffix in SUFFIXES:
                 candidate = self.folders[index] / f"{name}{suffix}"
-                if candidate.is_file():
+                if self._has(candidate):
                     return index, candidate
         return None
 
     def names(self) -> dict[str, Path]:
+        """Every profile name and the file it comes from (the one that wins)."""
         found: dict[str, Path] = {}
         for folder in self.folders:
-            if folder.is_dir():
+            if folder in self._pinned:
+                for file in self._pinned[folder]:
+                    found[Path(file).stem] = folder / file
+            elif folder.is_dir():
                 for path in sorted(folder.iterdir()):
                     if path.suffix in SUFFIXES and path.is_file():
                         found[path.stem] = path
         return dict(sorted(found.items()))
+
+    def source(self, name: str) -> Path | None:
+        """The file the profile `name` is read from, if any."""
+        hit = self._find(name)
+        return hit[1] if hit else None
 
     def _resolve(self, data: dict[str, Any], path: Path, layer: int | None,
                  name: str, stack: tuple[str, ...]) -> dict[str, Any]:
@@ -290,8 +457,8 @@ class ProfileLoader:
         if hit is None or hit[1] == path:
             raise ProfileError([f"{path}: extends: no profile named {parent!r} to inherit from"])
         parent_layer, parent_path = hit
-        base = self._resolve(_read_yaml(parent_path), parent_path, parent_layer, parent,
-                             (*stack, parent))
+        base = self._resolve(_read_yaml(parent_path, self._pinned), parent_path, parent_layer,
+                             parent, (*stack, parent))
         base.pop("name", None)
         return _merge(base, own)
 
@@ -318,7 +485,7 @@ class ProfileLoader:
 
     def load_file(self, path: Path, layer: int | None = None, name: str | None = None) -> Profile:
         """A profile from an explicit file; its `extends:` resolves along the search path."""
-        data = _read_yaml(path)
+        data = _read_yaml(path, self._pinned)
         name = name or str(data.get("name") or path.stem)
         merged = self._resolve(data, path, layer, name, (name,))
         return self._validate(merged, path, name)

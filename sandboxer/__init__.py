@@ -70,6 +70,8 @@ __all__ = [
     "Unavailable",
     "lineage",
     "load_profile",
+    "trust_profiles",
+    "untrust_profiles",
     "verify_evidence",
 ]
 
@@ -80,6 +82,21 @@ def load_profile(path: str | Path) -> Profile:
     from core.profiles import ProfileLoader
 
     return ProfileLoader().load_file(Path(path))
+
+
+def trust_profiles(folder: str | Path | None = None) -> tuple[Path, list[str], str]:
+    """Use the profiles in `folder` (default ./.sbx/profiles) as they are now: (the folder,
+    its profile names, the digest recorded). A change to them leaves them out again."""
+    from core.profiles import trust
+
+    return trust(None if folder is None else Path(folder))
+
+
+def untrust_profiles(folder: str | Path | None = None) -> tuple[Path, bool]:
+    """Stop using the profiles in `folder`: (the folder, whether it was trusted)."""
+    from core.profiles import untrust
+
+    return untrust(None if folder is None else Path(folder))
 
 
 def verify_evidence(bundle: Mapping[str, Any]) -> list[str]:

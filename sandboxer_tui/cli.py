@@ -213,7 +213,7 @@ def doctor_command(as_json: bool) -> None:
 
 @cli.group("profiles")
 def profiles_group() -> None:
-    """List, show and validate profiles."""
+    """List, show, validate profiles; trust a working folder's."""
 
 
 @profiles_group.command("list")
@@ -227,8 +227,8 @@ def profiles_list(as_json: bool) -> None:
         emit_json(rows)
     else:
         click.echo(table(
-            [(r["name"], r["backend"] or "INVALID", r.get("error") or r["description"])
-             for r in rows], ["NAME", "BACKEND", "DESCRIPTION"]))
+            [(r["name"], r["backend"] or "INVALID", r.get("error") or r["description"],
+              r["source"]) for r in rows], ["NAME", "BACKEND", "DESCRIPTION", "SOURCE"]))
 
 
 @profiles_group.command("show")
@@ -243,10 +243,36 @@ def profiles_show(name: str, as_json: bool) -> None:
 
     with client() as sbx:
         data = dump(sbx.profile(name))
+        source = next(i.source for i in sbx.profiles() if i.name == name)
     if as_json:
-        emit_json(data)
+        emit_json({**data, "source": source})
     else:
+        click.echo(f"# source: {source}")
         click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@profiles_group.command("trust")
+@click.argument("folder", required=False, type=click.Path(file_okay=False))
+@command
+def profiles_trust(folder: str | None) -> None:
+    """Use the profiles in FOLDER (default ./.sbx/profiles) as they are now; a change to
+    them leaves them out again until trusted anew."""
+    from sandboxer import trust_profiles
+
+    where, names, digest = trust_profiles(folder)
+    click.echo(f"trusted {where}: {', '.join(names)} ({digest[:19]}...); "
+               "used until a file there changes")
+
+
+@profiles_group.command("untrust")
+@click.argument("folder", required=False, type=click.Path(file_okay=False))
+@command
+def profiles_untrust(folder: str | None) -> None:
+    """Stop using the profiles in FOLDER (default ./.sbx/profiles)."""
+    from sandboxer import untrust_profiles
+
+    where, was = untrust_profiles(folder)
+    click.echo(f"untrusted {where}" if was else f"{where} was not trusted")
 
 
 @profiles_group.command("validate")

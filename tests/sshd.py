@@ -21,7 +21,9 @@ What an SSHServer gives a test:
 - `client_home`: a folder with `.ssh/config`, `.ssh/id_ed25519` and `.ssh/known_hosts`, for
   libraries that do honour $HOME (paramiko);
 - `ssh_argv(port)`: the full `ssh ... user@127.0.0.1` prefix with explicit options;
-- `inventory_entry(name, port, labels)`: one host of an ssh backend inventory.
+- `inventory_entry(name, port, labels)`: one host of an ssh backend inventory (its host key
+  pinned by `known_hosts:`), `host_public_key` (for `host_key:`);
+- `restart_with_new_host_key()`: the same ports, another host key (a "changed" host).
 """
 
 from __future__ import annotations
@@ -116,6 +118,26 @@ class SSHServer:
                     pids.append(int(entry.name))
         return pids
 
+    def restart_with_new_host_key(self) -> None:
+        """The same server on the same ports with a host key of its own: to a client, the
+        host's key changed (a reinstalled machine, or someone in between)."""
+        self.stop()
+        host_key = self.folder / "ssh_host_ed25519_key"
+        for path in (host_key, host_key.with_suffix(".pub")):
+            path.unlink()
+        _keygen(host_key, "sbx-test-host-new")
+        with self.log.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+        _wait_until_up(self)
+
+    @property
+    def host_public_key(self) -> str:
+        """The server's host key as an inventory's `host_key:` pins it ("ssh-ed25519 AAAA...")."""
+        kind, blob = (self.folder / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        return f"{kind} {blob}"
+
     def stop(self) -> None:
         """Kill the server and its connections: clients see the hosts go away."""
         if self.process.poll() is not None:
@@ -188,13 +210,18 @@ def start_sshd(folder: Path, ports: int = 1) -> SSHServer:
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
                                    stdout=log_file, stderr=log_file)
     server = SSHServer(folder, numbers, user, key, known_hosts, client_home, process, log=log)
-    deadline = time.monotonic() + 10
-    while not all(_answers(p) for p in numbers):
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"sshd did not start on {numbers}: {log.read_text()[-2000:]}")
-        time.sleep(0.02)
+    _wait_until_up(server)
     return server
+
+
+def _wait_until_up(server: SSHServer) -> None:
+    deadline = time.monotonic() + 10
+    while not all(_answers(p) for p in server.ports):
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"sshd did not start on {server.ports}: "
+                               f"{server.log.read_text()[-2000:]}")
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,15 @@ those containers, by id, at teardown.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import subprocess
 import time
 import uuid
 from pathlib import Path
 
+import certifi
 import docker
 import pytest
 from conftest import (
@@ -24,6 +27,9 @@ from conftest import (
     table_rows,
     write_profile,
 )
+from docker_proxy import EngineProxy
+
+from adapters.docker import DockerAdapter
 
 pytestmark = pytest.mark.docker
 
@@ -102,17 +108,55 @@ def test_exec_passes_stdout_stderr_and_exit_code_through(sbx):
     assert (ok.code, ok.out) == (0, "fine\n")
 
 
+def processes_in(sbx, sandbox_id: str) -> list[str]:
+    """The command lines of the sandbox's processes (busybox `ps`), the `ps` itself left out."""
+    listed = sbx("exec", sandbox_id, "--", "ps", "-o", "args")
+    assert listed.code == 0, listed.err
+    return [line.strip() for line in listed.out.splitlines()[1:] if line.strip() != "ps -o args"]
+
+
 def test_exec_timeout_kills_the_command_with_124(sbx):
     box = sbx.create()
     started = time.monotonic()
-    result = sbx("exec", box["id"], "--timeout", "1s", "--", "sleep", "30", timeout=60)
+    result = sbx("exec", box["id"], "--timeout", "1s", "--", "sleep", "97", timeout=60)
     elapsed = time.monotonic() - started
     assert result.code == 124
+    assert "may still run" not in result.err, result.err
     assert elapsed < 15, f"exec --timeout 1s took {elapsed:.1f}s"
+    assert "sleep 97" not in processes_in(sbx, box["id"])  # the command is gone
 
     # The sandbox is still usable afterwards.
     after = sbx("exec", box["id"], "--", "sh", "-c", "echo alive")
     assert (after.code, after.out) == (0, "alive\n")
+
+
+def test_exec_timeout_never_kills_a_host_process_the_engine_names(sbx):
+    """An engine in a VM, rootless or behind a forwarded socket reports pids of its own pid
+    namespace: here the engine names a process of this host that is not in the container
+    (the test's own `sleep`). It lives on, and the command still ends, killed inside the
+    container through the engine."""
+    box = sbx.create()
+    bystander = subprocess.Popen(["sleep", "300"])
+    adapter = DockerAdapter()
+    api = adapter._client()
+    real_inspect = api.exec_inspect
+    api.exec_inspect = lambda exec_id: {**real_inspect(exec_id), "Pid": bystander.pid}
+
+    async def timed_out():
+        try:
+            return await adapter.exec(box["backend_ref"], ["sleep", "97"], timeout_s=1)
+        finally:
+            await adapter.close()
+
+    try:
+        result = asyncio.run(timed_out())
+        assert result.exit_code == 124 and result.timed_out
+        assert bystander.poll() is None, "sbx killed a process that is not the sandbox's"
+        assert b"may still run" not in result.stderr, result.stderr
+        assert "sleep 97" not in processes_in(sbx, box["id"])
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 def test_exec_is_recorded_as_an_event_with_digests_not_output(sbx):
@@ -352,3 +396,82 @@ def test_a_network_of_that_name_that_sbx_did_not_make_is_refused(sbx, docker_api
     assert f"docker network rm sbx-{install}" in result.err and "enable_icc=false" in result.err
     assert len(result.err.strip().splitlines()) == 1, result.err
     assert containers_of(docker_api, install) == []
+
+
+# -- engines over TCP -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_engine(tmp_path):
+    """The local engine behind TLS on 127.0.0.1, with a CA, server and client certificates
+    made for this test; it requires the client's certificate."""
+    proxy = EngineProxy(tmp_path / "tls-engine", tls=True)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def plain_engine(tmp_path):
+    """The local engine behind a clear-text TCP port of 127.0.0.1."""
+    proxy = EngineProxy(tmp_path / "plain-engine", tls=False)
+    yield proxy
+    proxy.close()
+
+
+def test_a_tcp_engine_is_reached_over_tls_from_docker_tls_verify_and_cert_path(
+        sbx, docker_api, tls_engine):
+    # DOCKER_HOST=tcp://..., DOCKER_TLS_VERIFY=1, DOCKER_CERT_PATH; a CA bundle for other
+    # programs (as many shells set) does not replace the engine's own CA
+    env = {**tls_engine.env(), "REQUESTS_CA_BUNDLE": certifi.where()}
+    box = sbx.create(env=env)
+    assert box["state"] == "running"
+    served = tls_engine.served
+    assert served > 0  # the create went through the TLS proxy, with the client certificate
+    assert docker_api.inspect_container(box["backend_ref"])["State"]["Running"]
+    ran = sbx("exec", box["id"], "--", "echo", "over tls", env=env)
+    assert (ran.code, ran.out) == (0, "over tls\n"), ran.err
+    # the engine's identity is asked over TCP too (no socket file to remember it by), and
+    # it is the same engine: reconcile through it sees the sandbox, not a lost one
+    assert sbx("reconcile", "--json", env=env).code == 0
+    assert show(sbx, box["id"])["state"] == "running"
+    gone = sbx("destroy", box["id"], "--yes", env=env)
+    assert gone.code == 0, gone.err
+    assert tls_engine.served > served
+    assert containers_of(docker_api, install_id_of(sbx.home)) == []
+
+
+def test_a_tcp_engine_with_missing_certificates_is_refused_naming_the_folder(
+        sbx, docker_api, tls_engine, tmp_path):
+    empty = tmp_path / "no-certs"
+    empty.mkdir()
+    result = sbx("create", env={**tls_engine.env(), "DOCKER_CERT_PATH": str(empty)})
+    assert result.code == 2, result.err
+    assert str(empty) in result.err and "ca.pem" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert table_rows(sbx.home, "sandboxes") == [] and table_rows(sbx.home, "events") == []
+    assert tls_engine.served == 0
+
+
+def test_a_tcp_engine_without_tls_is_refused_unless_the_user_accepts_it(
+        sbx, docker_api, plain_engine, tls_engine):
+    refused = sbx("create", "--label", f"sbx-test-run={RUN_ID}", env=plain_engine.env())
+    assert refused.code == 2, refused.err
+    [line] = refused.err.strip().splitlines()
+    assert plain_engine.url in line and "without TLS" in line
+    assert "DOCKER_TLS_VERIFY" in line and "SBX_DOCKER_ALLOW_PLAINTEXT=1" in line
+    assert plain_engine.served == 0  # not a byte was sent
+    assert table_rows(sbx.home, "sandboxes") == [] and table_rows(sbx.home, "events") == []
+    install = install_id_of(sbx.home)
+    assert install is None or containers_of(docker_api, install) == []
+
+    # TLS that does not check the engine's certificate (DOCKER_CERT_PATH alone) is no better
+    unverified = {"DOCKER_HOST": tls_engine.url, "DOCKER_CERT_PATH": str(tls_engine.cert_path)}
+    half = sbx("create", env=unverified)
+    assert half.code == 2 and "does not verify" in half.err, half.err
+    assert tls_engine.served == 0
+
+    accepted = {**plain_engine.env(), "SBX_DOCKER_ALLOW_PLAINTEXT": "1"}
+    box = sbx.create(env=accepted)
+    assert box["state"] == "running" and plain_engine.served > 0
+    assert sbx("destroy", box["id"], "--yes", env=accepted).code == 0
+    assert containers_of(docker_api, install_id_of(sbx.home)) == []

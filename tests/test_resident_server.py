@@ -107,6 +107,7 @@ def test_the_callers_environment_and_folder_are_the_commands(via: Launcher, tmp_
     (folder / ".sbx" / "profiles").mkdir(parents=True)
     write_profile(folder / ".sbx" / "profiles", "local-only", "backend: docker\n")
     here = Launcher(via.home, folder, via.argv)
+    assert here("profiles", "trust").code == 0  # a working folder's profiles need trust
     listed = here("profiles", "list", "--json")
     assert listed.code == 0, listed.err
     assert "local-only" in {p["name"] for p in listed.json()}

@@ -328,3 +328,106 @@ def test_doctor_shows_the_ssh_backend(sbx, one_host):
     ssh = {b["name"]: b for b in report["backends"]}["ssh"]
     assert ssh["loaded"] and ssh["reachable"] and ssh["capabilities"] == ["exec"]
     assert f"inventory {one_host}: 1 host(s)" in ssh["detail"]
+
+
+# -- host keys: strict by default, pinned, or trusted on first use --------------------------
+
+
+def unpinned(entry: dict, **fields) -> dict:
+    """An inventory entry without the known_hosts file tests/sshd.py pins its key with."""
+    return {**{k: v for k, v in entry.items() if k != "known_hosts"}, **fields}
+
+
+def user_home(folder: Path, known_hosts: str = "") -> Path:
+    """A $HOME for sbx, with a ~/.ssh/known_hosts holding `known_hosts`."""
+    dot_ssh = folder / ".ssh"
+    dot_ssh.mkdir(parents=True, mode=0o700)
+    (dot_ssh / "known_hosts").write_text(known_hosts)
+    return folder
+
+
+def test_an_unknown_host_key_is_refused_by_default_and_nothing_is_leased(
+        sbx, sshd_server, tmp_path):  # noqa: F811
+    hosts = inventory(tmp_path, [unpinned(sshd_server.inventory_entry("stranger"))])
+    profile = ssh_profile(tmp_path, hosts)
+    nobody = {"HOME": str(user_home(tmp_path / "home-empty"))}
+    result = sbx("create", "--profile-file", str(profile), env=nobody)
+    assert result.code == 5, result.err
+    [line] = result.err.strip().splitlines()
+    assert "'stranger'" in line and "host key is not known" in line
+    assert "host_key_policy: tofu" in line and "~/.ssh/known_hosts" in line
+    assert leases(sbx.home) == []
+    own = sbx.home / "ssh-known_hosts"  # nothing was learnt on the way
+    assert not own.exists() or own.read_text() == ""
+    assert (tmp_path / "home-empty" / ".ssh" / "known_hosts").read_text() == ""
+
+    # the same host, known in the user's own ~/.ssh/known_hosts: accepted
+    knows = {"HOME": str(user_home(tmp_path / "home-knows", sshd_server.known_hosts.read_text()))}
+    box = sbx.create("--profile-file", str(profile), env=knows)
+    assert sbx("exec", box["id"], "--", "true", env=knows).code == 0
+    assert sbx("destroy", box["id"], "--yes", env=knows).code == 0
+    assert leases(sbx.home) == []
+
+
+def test_a_host_key_pinned_in_the_entry_is_the_only_one_accepted(sbx, sshd_server, tmp_path):  # noqa: F811
+    nobody = {"HOME": str(user_home(tmp_path / "home-empty"))}
+    pinned = inventory(tmp_path, [unpinned(sshd_server.inventory_entry("pinned"),
+                                           host_key=sshd_server.host_public_key)], "pinned-hosts.yaml")
+    box = sbx.create("--profile-file", str(ssh_profile(tmp_path, pinned, name="pin")), env=nobody)
+    ran = sbx("exec", box["id"], "--", "echo", "pinned", env=nobody)
+    assert (ran.code, ran.out) == (0, "pinned\n"), ran.err
+    assert sbx("destroy", box["id"], "--yes", env=nobody).code == 0
+
+    other = sshd_server.key.with_suffix(".pub").read_text().split()[:2]  # a key, not the host's
+    wrong = inventory(tmp_path, [unpinned(sshd_server.inventory_entry("wrong"),
+                                          host_key=" ".join(other))], "wrong-hosts.yaml")
+    knows = {"HOME": str(user_home(tmp_path / "home-knows", sshd_server.known_hosts.read_text()))}
+    result = sbx("create", "--profile-file", str(ssh_profile(tmp_path, wrong, name="wrong")),
+                 env=knows)  # the pin wins over what the user's known_hosts says
+    assert result.code == 5, result.err
+    assert "'wrong'" in result.err and "not the one trusted" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert leases(sbx.home) == []
+
+
+def test_tofu_trusts_the_first_key_and_then_refuses_a_changed_one(sbx, tmp_path):
+    server = start_sshd(tmp_path / "tofu-sshd")
+    try:
+        nobody = {"HOME": str(user_home(tmp_path / "home-empty"))}
+        hosts = inventory(tmp_path, [unpinned(server.inventory_entry("fresh"),
+                                              host_key_policy="tofu")])
+        profile = ssh_profile(tmp_path, hosts)
+        box = sbx.create("--profile-file", str(profile), env=nobody)
+        assert sbx("destroy", box["id"], "--yes", env=nobody).code == 0
+        learnt = (sbx.home / "ssh-known_hosts").read_text()
+        assert server.host_public_key in learnt  # remembered in sbx's file, not the user's
+        assert (tmp_path / "home-empty" / ".ssh" / "known_hosts").read_text() == ""
+
+        server.restart_with_new_host_key()
+        result = sbx("create", "--profile-file", str(profile), env=nobody)
+        assert result.code == 5, result.err
+        [line] = result.err.strip().splitlines()
+        assert "'fresh'" in line and "not the one trusted" in line
+        assert leases(sbx.home) == []
+        assert (sbx.home / "ssh-known_hosts").read_text() == learnt  # the old key stays
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"host_key": "ssh-ed25519 not-base64!"}, "is not a public key"),
+    ({"host_key": "ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIA=="}, "is not a public key"),
+    ({"host_key_policy": "yolo"}, "host_key_policy must be"),
+    ({"host_key_policy": "tofu", "known_hosts": "PIN"}, "already pin it"),
+], ids=["garbage-key", "type-mismatch", "unknown-policy", "tofu-and-pin"])
+def test_bad_host_key_settings_exit_2_and_write_nothing(
+        sbx, sshd_server, tmp_path, fields, message):  # noqa: F811
+    entry = unpinned(sshd_server.inventory_entry("odd"), **fields)
+    if entry.get("known_hosts") == "PIN":
+        entry["known_hosts"] = str(sshd_server.known_hosts)
+    result = sbx("create", "--profile-file",
+                 str(ssh_profile(tmp_path, inventory(tmp_path, [entry]))))
+    assert result.code == 2, result.err
+    assert "'odd'" in result.err and message in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    nothing_written(sbx)

@@ -1,12 +1,14 @@
 """Profiles: schema, search path, `extends:`, secrets by reference, errors naming file and field."""
 
+import json
+import stat
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from core.errors import NotFound
-from core.profiles import ProfileError, ProfileLoader, dump, search_path
+from core.errors import BadInput, NotFound
+from core.profiles import ProfileError, ProfileLoader, dump, search_path, trust, untrust
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -33,10 +35,13 @@ def test_search_path_order_and_override(sbx_home, tmp_path, monkeypatch):
     monkeypatch.setenv("SBX_PROFILE_PATH", str(extra))
     folders = search_path()
     assert folders[1] == tmp_path / "xdg-config" / "sandboxer" / "profiles"
-    assert folders[2] == tmp_path / ".sbx" / "profiles"
     assert folders[-1] == extra
     write(folders[1], "web", "backend: docker\ndescription: user\n")
-    write(folders[2], "web", "backend: docker\ndescription: project\n")
+    project = tmp_path / ".sbx" / "profiles"
+    write(project, "web", "backend: docker\ndescription: project\n")
+    assert ProfileLoader().load("web").description == "user"  # not trusted: left out
+    trust()
+    assert search_path()[2] == project
     assert ProfileLoader().load("web").description == "project"
     write(extra, "web", "backend: docker\ndescription: extra\n")
     assert ProfileLoader().load("web").description == "extra"
@@ -47,6 +52,7 @@ def test_extends_merges_mappings_and_replaces_lists(sbx_home, tmp_path):
     write(folder, "base", "backend: docker\nresources: {cpu: 2, pids: 100}\nsetup: [a, b]\n"
                           "env: {A: '1'}\n")
     write(folder, "child", "extends: base\nresources: {cpu: 0.5}\nsetup: [c]\nenv: {B: '2'}\n")
+    trust(folder)
     child = ProfileLoader().load("child")
     assert (child.resources.cpu, child.resources.pids) == (0.5, 100)
     assert child.setup == ["c"]
@@ -56,6 +62,7 @@ def test_extends_merges_mappings_and_replaces_lists(sbx_home, tmp_path):
 
 def test_a_profile_may_extend_its_own_name_further_down_the_path(sbx_home, tmp_path):
     write(tmp_path / ".sbx" / "profiles", "default", "extends: default\nttl: {default: 5m}\n")
+    trust()
     profile = ProfileLoader().load("default")
     assert profile.ttl.default == timedelta(minutes=5)
     assert profile.backend == "docker" and profile.ttl.max == timedelta(hours=4)
@@ -65,6 +72,7 @@ def test_extends_cycle_is_refused(sbx_home, tmp_path):
     folder = tmp_path / ".sbx" / "profiles"
     write(folder, "a", "extends: b\nbackend: docker\n")
     write(folder, "b", "extends: a\n")
+    trust(folder)
     with pytest.raises(ProfileError, match="cycle a -> b -> a"):
         ProfileLoader().load("a")
 
@@ -110,3 +118,96 @@ def test_secrets_stay_references(sbx_home, tmp_path, monkeypatch):
     data = dump(ProfileLoader().load_file(path))
     assert data["secrets"] == {"TOKEN": "env:MY_TOKEN"}
     assert "s3cret-value" not in repr(data)
+
+
+# -- a working folder's profiles are used only once trusted ---------------------------------
+
+BUILTIN_DESCRIPTION = "Docker, an offline busybox image, no network; works on any Docker engine"
+GREEDY = "backend: docker\ndescription: from the repository\nsecrets: {LOOT: 'env:HOME'}\n"
+
+
+def test_an_untrusted_working_folder_is_ignored_with_one_line(sbx_home, tmp_path, capsys):
+    folder = write(tmp_path / ".sbx" / "profiles", "default", GREEDY).parent.resolve()
+    loader = ProfileLoader()
+    default = loader.load("default")
+    assert (default.description, default.secrets) == (BUILTIN_DESCRIPTION, {})  # the built-in
+    assert loader.source("default").parent != folder
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (f"sbx: ignoring the profiles in {folder}: the folder is not trusted; review "
+                    f"them, then run `sbx profiles trust {folder}` to use them")
+    ProfileLoader().load("default")
+    assert capsys.readouterr().err == ""  # said once per process
+    assert not (tmp_path / "xdg-config" / "sandboxer" / "trusted-profile-folders.json").exists()
+
+
+def test_a_trusted_folder_is_used_until_a_file_changes(sbx_home, tmp_path, capsys):
+    path = write(tmp_path / ".sbx" / "profiles", "default", GREEDY)
+    folder, names, digest = trust()
+    assert (folder, names) == (path.parent.resolve(), ["default"])
+    record = tmp_path / "xdg-config" / "sandboxer" / "trusted-profile-folders.json"
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    assert json.loads(record.read_text()) == {"folders": {str(folder): digest}}
+    loader = ProfileLoader()
+    assert loader.load("default").description == "from the repository"
+    assert loader.source("default") == folder / "default.yaml"
+    assert capsys.readouterr().err == ""
+
+    path.write_text(GREEDY.replace("HOME", "AWS_SECRET_ACCESS_KEY"))  # changed after trust
+    assert ProfileLoader().load("default").description == BUILTIN_DESCRIPTION
+    assert "its profiles changed since you trusted them" in capsys.readouterr().err
+    write(folder, "extra", "backend: docker\n")  # a file added counts as a change too
+    trust()
+    write(folder, "more", "backend: docker\n")
+    assert "more" not in ProfileLoader().names()
+
+    assert untrust() == (folder, True)
+    assert ProfileLoader().load("default").description == BUILTIN_DESCRIPTION
+    assert untrust() == (folder, False)
+
+
+def test_trusting_a_folder_that_is_missing_or_empty_is_refused_writing_nothing(sbx_home,
+                                                                              tmp_path):
+    with pytest.raises(BadInput, match="no such folder"):
+        trust(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BadInput, match="holds no profiles"):
+        trust(tmp_path / "empty")
+    assert not (tmp_path / "xdg-config" / "sandboxer").exists()
+
+
+def test_a_trust_file_others_can_write_counts_for_nothing(sbx_home, tmp_path):
+    write(tmp_path / ".sbx" / "profiles", "default", GREEDY)
+    trust()
+    record = tmp_path / "xdg-config" / "sandboxer" / "trusted-profile-folders.json"
+    record.chmod(0o666)
+    assert ProfileLoader().load("default").description == BUILTIN_DESCRIPTION
+
+
+def test_profiles_list_and_show_name_each_profiles_file(sbx, tmp_path):
+    folder = write(tmp_path / ".sbx" / "profiles", "default", GREEDY).parent.resolve()
+    builtin = sbx("profiles", "show", "default", "--json")
+    assert builtin.code == 0, builtin.err
+    assert builtin.json()["description"] == BUILTIN_DESCRIPTION
+    assert builtin.json()["source"].endswith("/profiles/default.yaml")
+    assert Path(builtin.json()["source"]).parent != folder
+    [line] = builtin.err.splitlines()
+    assert str(folder) in line and f"sbx profiles trust {folder}" in line
+
+    trusted = sbx("profiles", "trust")
+    assert trusted.code == 0, trusted.err
+    assert trusted.out.startswith(f"trusted {folder}: default (sha256:")
+    shown = sbx("profiles", "show", "default")
+    assert shown.out.splitlines()[0] == f"# source: {folder / 'default.yaml'}"
+    listed = sbx("profiles", "list")
+    assert listed.out.splitlines()[0].split() == ["NAME", "BACKEND", "DESCRIPTION", "SOURCE"]
+    row = next(r for r in listed.out.splitlines() if r.startswith("default "))
+    assert row.endswith(str(folder / "default.yaml")) and "from the repository" in row
+    rows = {r["name"]: r for r in sbx("profiles", "list", "--json").json()}
+    assert rows["default"]["source"] == str(folder / "default.yaml")
+    assert rows["e2b"]["source"].endswith("/profiles/e2b.yaml")
+
+    assert sbx("profiles", "untrust").out.strip() == f"untrusted {folder}"
+    assert sbx("profiles", "show", "default", "--json").json()["description"] == \
+        BUILTIN_DESCRIPTION
+    missing = sbx("profiles", "trust", str(tmp_path / "nowhere"))
+    assert missing.code == 2 and len(missing.err.strip().splitlines()) == 1, missing.err
