@@ -35,6 +35,7 @@ from pydantic import (
     PositiveInt,
     StrictBool,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -63,7 +64,9 @@ def _duration(value: Any) -> timedelta:
 
 
 Duration = Annotated[
-    timedelta, BeforeValidator(_duration), PlainSerializer(format_duration, return_type=str)
+    timedelta, BeforeValidator(_duration), PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": "^([0-9]+[dhms])+$",
+                    "description": "a duration: 90s, 15m, 2h, 1d, 1h30m"}),
 ]
 Size = Annotated[ByteSize, PlainSerializer(int, return_type=int)]
 
@@ -498,6 +501,26 @@ class ProfileLoader:
         name = str(data.get("name") or "inline")
         merged = self._resolve(dict(data), Path(where), None, name, (name,))
         return self._validate(merged, Path(where), name)
+
+
+def json_schema() -> dict[str, Any]:
+    """The profile file's JSON Schema (`sbx profiles schema`, docs/profile.schema.json):
+    what editors and CI check a profile against before sbx reads it."""
+    from pydantic.json_schema import GenerateJsonSchema
+
+    class Schema(GenerateJsonSchema):
+        def encode_default(self, dft: Any) -> Any:
+            if isinstance(dft, timedelta):  # as a profile writes it, not ISO 8601
+                return format_duration(dft)
+            return super().encode_default(dft)
+
+    schema = Profile.model_json_schema(schema_generator=Schema)
+    schema["properties"]["name"]["description"] = (
+        "the profile's name (default: the file's name without .yaml)")
+    schema["required"] = [r for r in schema.get("required", []) if r != "name"]
+    schema["properties"]["extends"] = {
+        "type": "string", "description": "a profile to inherit (mappings merge, lists replace)"}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 
 
 def dump(profile: Profile) -> dict[str, Any]:

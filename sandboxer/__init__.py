@@ -70,6 +70,7 @@ __all__ = [
     "Unavailable",
     "lineage",
     "load_profile",
+    "profile_schema",
     "trust_profiles",
     "untrust_profiles",
     "verify_evidence",
@@ -82,6 +83,13 @@ def load_profile(path: str | Path) -> Profile:
     from core.profiles import ProfileLoader
 
     return ProfileLoader().load_file(Path(path))
+
+
+def profile_schema() -> dict[str, Any]:
+    """The JSON Schema of a profile file (docs/profile.schema.json)."""
+    from core.profiles import json_schema
+
+    return json_schema()
 
 
 def trust_profiles(folder: str | Path | None = None) -> tuple[Path, list[str], str]:

@@ -251,6 +251,15 @@ def profiles_show(name: str, as_json: bool) -> None:
         click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
 
 
+@profiles_group.command("schema")
+@command
+def profiles_schema() -> None:
+    """The JSON Schema a profile file follows (for editors and CI checks)."""
+    from sandboxer import profile_schema
+
+    click.echo(json.dumps(profile_schema(), indent=2))
+
+
 @profiles_group.command("trust")
 @click.argument("folder", required=False, type=click.Path(file_okay=False))
 @command

@@ -211,3 +211,34 @@ def test_profiles_list_and_show_name_each_profiles_file(sbx, tmp_path):
         BUILTIN_DESCRIPTION
     missing = sbx("profiles", "trust", str(tmp_path / "nowhere"))
     assert missing.code == 2 and len(missing.err.strip().splitlines()) == 1, missing.err
+
+
+def test_the_committed_json_schema_is_the_one_sbx_prints():
+    """docs/profile.schema.json is `sbx profiles schema`; a change to the profile model
+    that is not committed there fails here (regenerate: sbx profiles schema > docs/...)."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    printed = subprocess.run([sys.executable, "-m", "sandboxer_tui.cli", "profiles", "schema"],
+                             capture_output=True, text=True, check=True).stdout
+    committed = (root / "docs" / "profile.schema.json").read_text()
+    assert json.loads(printed) == json.loads(committed), (
+        "docs/profile.schema.json is stale: run `sbx profiles schema > docs/profile.schema.json`")
+
+
+def test_the_json_schema_accepts_the_built_in_profiles_and_refuses_a_bad_one():
+    import jsonschema
+    import yaml
+
+    from core.profiles import json_schema
+
+    schema = json_schema()
+    root = Path(__file__).resolve().parents[2]
+    for path in (root / "profiles").glob("*.yaml"):
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"backend": "docker", "ttl": {"default": "soon"}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"backend": "docker", "unknown_field": 1}, schema)
