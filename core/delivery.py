@@ -148,7 +148,7 @@ class JsonlSink:
         self.name = "jsonl"
         self.path, self.max_bytes, self.backups = path, max_bytes, backups
 
-    def send(self, batch: Sequence[bytes]) -> int:
+    def send(self, batch: Sequence[bytes], ids: Sequence[str] | None = None) -> int:
         try:
             self._rotate_if_full()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -197,18 +197,19 @@ class WebhookSink:
             self._conn = kind(self._host, self._port, timeout=self.timeout_s)
         return self._conn
 
-    def send(self, batch: Sequence[bytes]) -> int:
+    def send(self, batch: Sequence[bytes], ids: Sequence[str] | None = None) -> int:
         """Send in order; returns how many were accepted before the first refusal (raised
-        when none was)."""
+        when none was). `ids` are the documents' ids (read from each body when not given)."""
         from standardwebhooks import Webhook  # only where a webhook is configured
 
         secret = os.environ.get("SBX_WEBHOOK_SECRET", "")
         signer = Webhook(signing_key(secret))
         for done, body in enumerate(batch):
+            webhook_id = ids[done] if ids is not None else json.loads(body)["id"]
             try:
                 conn = self._connection()
                 conn.request("POST", self._path, body=body,
-                             headers=self._headers(signer, body, secret))
+                             headers=self._headers(signer, webhook_id, body, secret))
                 response = conn.getresponse()
                 response.read()
                 if not 200 <= response.status < 300:
@@ -226,8 +227,7 @@ class WebhookSink:
             failpoint("deliver.after-send")
         return len(batch)
 
-    def _headers(self, signer, body: bytes, secret: str) -> dict[str, str]:
-        webhook_id = json.loads(body)["id"]
+    def _headers(self, signer, webhook_id: str, body: bytes, secret: str) -> dict[str, str]:
         now = self.clock.now()
         headers = {"Content-Type": CONTENT_TYPE, "webhook-id": webhook_id,
                    "webhook-timestamp": str(int(now.timestamp())),
@@ -392,7 +392,7 @@ class Deliverer:
                     return report
                 bodies = [encode(cloudevent(r, self.install_id)) for r in rows]
                 try:
-                    accepted = sink.send(bodies)
+                    accepted = sink.send(bodies, [r["hash"] for r in rows])
                 except SinkRefused as exc:
                     accepted, error = 0, str(exc)
                 else:
@@ -465,7 +465,7 @@ class Deliverer:
                     parked = conn.execute(query.order_by(DELIVERIES.c.event_id)).mappings().all()
                 for row in parked:
                     try:
-                        sink.send([encode(cloudevent(row, self.install_id))])
+                        sink.send([encode(cloudevent(row, self.install_id))], [row["hash"]])
                         error = None
                     except SinkRefused as exc:
                         error = str(exc)
