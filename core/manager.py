@@ -501,6 +501,8 @@ class Manager:
             validate_name(name)
         all_labels = {**profile.labels, **validate_labels(labels or {})}
         env = {**profile.env, **self._read_secrets(profile.secrets)}
+        if profile.setup and not restore_from:
+            settings.mask_patterns()  # the setup's exec events need them: refused before
         now = self.clock.now()
         sandbox_id = new_sandbox_id()
         deadline, hard_deadline = now + ttl, now + profile.ttl.max
@@ -901,6 +903,7 @@ class Manager:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
         row = self.resolve(ref)
         self._usable(row, Capability.EXEC, "exec")
+        recorded = self._masked_argv(row, argv)  # a bad mask pattern stops it before it runs
         adapter = await self.adapter_for(row)
         self.touch(row["id"], event=False)  # a long command is activity from its start
         result = await adapter.exec(row["backend_ref"], list(argv),
@@ -909,7 +912,7 @@ class Manager:
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == row["id"])
                          .values(last_activity_at=self._now()))
             self._event(conn, row["id"], "sandbox.exec", payload={
-                "argv": list(argv),
+                "argv": recorded,
                 "exit_code": result.exit_code,
                 "timed_out": result.timed_out,
                 "duration_s": round(result.duration_s, 3),
@@ -917,6 +920,15 @@ class Manager:
                 "stderr": _digest(result.stderr),
             })
         return result
+
+    @staticmethod
+    def _masked_argv(row: Mapping[str, Any], argv: Sequence[str]) -> list[str]:
+        """argv as the event log keeps it: the values of the sandbox's own secrets (read now
+        from where its profile's references point; a variable no longer set is not known)
+        and the matches of the settings' `[events] mask` patterns become `***`."""
+        refs = json.loads(row["profile_json"] or "{}").get("secrets") or {}
+        values = [os.environ.get(ref.removeprefix("env:"), "") for ref in refs.values()]
+        return eventlog.mask_argv(argv, values, settings.mask_patterns())
 
     async def metrics(self, ref: str, *, follow: bool = False) -> AsyncIterator[dict[str, Any]]:
         """Live samples from the backend, stored at a bounded rate for history. Without
