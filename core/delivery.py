@@ -297,7 +297,8 @@ def load_settings(clock: Clock | None = None) -> DeliverySettings:
     allow_variable = os.environ.get(ALLOW_HTTP_VARIABLE, "")
     if allow_variable not in ("", "0", "1"):
         raise BadInput(f"{ALLOW_HTTP_VARIABLE}: {allow_variable!r} is not 0 or 1")
-    allow_plain_http = allow_plain_http or allow_variable == "1"
+    if allow_variable:  # the variable, when set, overrides the file (as SBX_WEBHOOK_URL does)
+        allow_plain_http = allow_variable == "1"
     url = os.environ.get("SBX_WEBHOOK_URL") or hook_conf.get("url")
     where = "SBX_WEBHOOK_URL" if os.environ.get("SBX_WEBHOOK_URL") else f"{path}: sinks.webhook.url"
     if url:

@@ -6,8 +6,12 @@ import getpass
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adapters.base import APP_NAME, state_folder
+
+if TYPE_CHECKING:
+    import re
 
 
 def sbx_home() -> Path:
@@ -131,7 +135,7 @@ def metrics_retention():
     return _duration_env("SBX_METRICS_RETENTION", "7d")
 
 
-def mask_patterns() -> list:
+def mask_patterns() -> list[re.Pattern[str]]:
     """`[events] mask` of the settings file: regular expressions whose matches in an exec's
     argv are masked before the event is written. BadInput naming a pattern that does not
     compile, or that matches the empty text (it would mask between every character)."""

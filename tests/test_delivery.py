@@ -585,6 +585,10 @@ BAD_CASES = {
     "allow-http-variable-word": ({"SBX_WEBHOOK_URL": "http://0.0.0.0:@PORT/hook",
                                   "SBX_WEBHOOK_ALLOW_HTTP": "yes"}, None, ["events", "deliver"],
                                  ["SBX_WEBHOOK_ALLOW_HTTP", "'yes'"]),
+    "allow-http-variable-0-overrides-settings": (
+        {"SBX_WEBHOOK_ALLOW_HTTP": "0"},
+        '[sinks.webhook]\nurl = "http://0.0.0.0:@PORT/hook"\nallow_plain_http = true\n',
+        ["events", "deliver"], ["settings.toml", "not loopback"]),
     "settings-allow-plain-http-word": (
         {}, '[sinks.webhook]\nurl = "http://0.0.0.0:@PORT/hook"\nallow_plain_http = "yes"\n',
         ["events", "deliver"], ["settings.toml", "sinks.webhook.allow_plain_http", "'yes'"]),
