@@ -7,12 +7,16 @@ at least once and in order; a restart resumes at the cursor; two deliverers neve
 same event on purpose. An event a sink keeps refusing is retried with backoff, then parked
 (`sbx events --undelivered`), and the ones after it go on; `sbx events redeliver` retries it.
 
-Every event goes out as a CloudEvents 1.0 structured JSON document. Webhook bodies are
-signed with HMAC-SHA256 under `$SBX_WEBHOOK_SECRET`, read when sending and kept nowhere.
+Every event goes out as a CloudEvents 1.0 structured JSON document. Webhook deliveries are
+signed the Standard Webhooks way (`webhook-id`, `webhook-timestamp`, `webhook-signature`),
+so any hub verifies them with a `standardwebhooks` library and rejects replays by their
+timestamp. The key comes from `$SBX_WEBHOOK_SECRET`, read when sending and kept nowhere.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import http.client
@@ -38,9 +42,12 @@ from core.models import Delivery, Event, SinkCursor
 EVENTS = Event.__table__
 CURSORS = SinkCursor.__table__
 DELIVERIES = Delivery.__table__
-SIGNATURE_HEADER = "X-Sbx-Signature"  # "sha256=" + hex HMAC-SHA256 of the body
+LEGACY_SIGNATURE_HEADER = "X-Sbx-Signature"  # "sha256=" + hex HMAC of the body; opt-in
 CONTENT_TYPE = "application/cloudevents+json"
 BATCH = 500
+SECRET_PREFIX = "whsec_"
+MIN_SECRET_BYTES = 24  # the Standard Webhooks minimum
+ALLOW_HTTP_VARIABLE = "SBX_WEBHOOK_ALLOW_HTTP"
 
 
 class SinkRefused(Exception):
@@ -76,8 +83,59 @@ def encode(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def sign(body: bytes, secret: str) -> str:
+def signing_key(secret: str) -> bytes:
+    """The HMAC key `SBX_WEBHOOK_SECRET` stands for: `whsec_` + base64 is decoded, as every
+    Standard Webhooks library does; any other text is its UTF-8 bytes (hubs then verify with
+    `Webhook(secret.encode())`). BadInput (never showing the secret) when it is too short."""
+    if secret.startswith(SECRET_PREFIX):
+        encoded = secret[len(SECRET_PREFIX):]
+        try:
+            key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise BadInput("SBX_WEBHOOK_SECRET: what follows whsec_ is not base64") from None
+    else:
+        key = secret.encode()
+    if len(key) < MIN_SECRET_BYTES:
+        raise BadInput(f"SBX_WEBHOOK_SECRET: the key is {len(key)} bytes, at least "
+                       f"{MIN_SECRET_BYTES} are needed (make one with: "
+                       'echo "whsec_$(openssl rand -base64 32)")')
+    return key
+
+
+def legacy_signature(body: bytes, secret: str) -> str:
+    """The old `X-Sbx-Signature` (HMAC of the body alone, under the variable's text): no
+    timestamp, so a hub cannot tell a replay; sent only when `legacy_signature = true`."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def check_url(url: str, where: str, allow_plain_http: bool) -> None:
+    """`https://` anywhere; `http://` only to loopback (127.0.0.0/8, ::1, localhost)
+    unless the user opted in. BadInput naming the problem."""
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not a number in range)
+    except ValueError:
+        raise BadInput(f"{where}: {url!r} has an invalid port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadInput(f"{where}: {url!r} is not an http(s) URL")
+    if parts.scheme == "http" and not allow_plain_http and not is_loopback(parts.hostname):
+        raise BadInput(
+            f"{where}: {url!r} is plain http to {parts.hostname}, which is not loopback: use "
+            f"https://, or opt in with allow_plain_http = true in [sinks.webhook] "
+            f"(or {ALLOW_HTTP_VARIABLE}=1)")
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return (mapped or address).is_loopback
 
 
 # -- sinks ---------------------------------------------------------------------------------
@@ -90,7 +148,7 @@ class JsonlSink:
         self.name = "jsonl"
         self.path, self.max_bytes, self.backups = path, max_bytes, backups
 
-    def send(self, batch: Sequence[bytes]) -> int:
+    def send(self, batch: Sequence[bytes], ids: Sequence[str] | None = None) -> int:
         try:
             self._rotate_if_full()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -117,11 +175,16 @@ class JsonlSink:
 
 
 class WebhookSink:
-    """POSTs each document to the hub over one kept-alive connection."""
+    """POSTs each document to the hub over one kept-alive connection, signed the Standard
+    Webhooks way. `webhook-id` is the event's chain hash (the CloudEvent's id), the same on
+    every retry, so a hub de-duplicates; `webhook-timestamp` is the time of this attempt."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 5.0, *, clock: Clock | None = None,
+                 legacy_signature: bool = False) -> None:
         self.name = "webhook"
         self.url, self.timeout_s = url, timeout_s
+        self.clock = clock or Clock()
+        self.legacy_signature = legacy_signature
         parts = urlsplit(url)
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port
@@ -134,15 +197,19 @@ class WebhookSink:
             self._conn = kind(self._host, self._port, timeout=self.timeout_s)
         return self._conn
 
-    def send(self, batch: Sequence[bytes]) -> int:
+    def send(self, batch: Sequence[bytes], ids: Sequence[str] | None = None) -> int:
         """Send in order; returns how many were accepted before the first refusal (raised
-        when none was)."""
+        when none was). `ids` are the documents' ids (read from each body when not given)."""
+        from standardwebhooks import Webhook  # only where a webhook is configured
+
         secret = os.environ.get("SBX_WEBHOOK_SECRET", "")
+        signer = Webhook(signing_key(secret))
         for done, body in enumerate(batch):
+            webhook_id = ids[done] if ids is not None else json.loads(body)["id"]
             try:
                 conn = self._connection()
-                conn.request("POST", self._path, body=body, headers={
-                    "Content-Type": CONTENT_TYPE, SIGNATURE_HEADER: sign(body, secret)})
+                conn.request("POST", self._path, body=body,
+                             headers=self._headers(signer, webhook_id, body, secret))
                 response = conn.getresponse()
                 response.read()
                 if not 200 <= response.status < 300:
@@ -160,6 +227,15 @@ class WebhookSink:
             failpoint("deliver.after-send")
         return len(batch)
 
+    def _headers(self, signer, webhook_id: str, body: bytes, secret: str) -> dict[str, str]:
+        now = self.clock.now()
+        headers = {"Content-Type": CONTENT_TYPE, "webhook-id": webhook_id,
+                   "webhook-timestamp": str(int(now.timestamp())),
+                   "webhook-signature": signer.sign(webhook_id, now, body.decode())}
+        if self.legacy_signature:
+            headers[LEGACY_SIGNATURE_HEADER] = legacy_signature(body, secret)
+        return headers
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -176,7 +252,7 @@ class DeliverySettings:
     backoff_s: float = 2.0  # doubles with each attempt, at most 5 minutes
 
 
-def load_settings() -> DeliverySettings:
+def load_settings(clock: Clock | None = None) -> DeliverySettings:
     """The sinks from the settings file, overridden by `SBX_WEBHOOK_URL`. A bad setting is
     BadInput naming the file (or variable) and the field."""
     path = settings.settings_file()
@@ -201,6 +277,12 @@ def load_settings() -> DeliverySettings:
             raise BadInput(f"{path}: {where}.{key}: must be at least {least}")
         return value
 
+    def boolean(conf: dict[str, Any], key: str, where: str) -> bool:
+        value = conf.get(key, False)
+        if not isinstance(value, bool):
+            raise BadInput(f"{path}: {where}.{key}: {value!r} is not true or false")
+        return value
+
     sinks: list[Any] = []
     if jsonl_conf.get("enabled", True):
         sinks.append(JsonlSink(
@@ -210,15 +292,21 @@ def load_settings() -> DeliverySettings:
     timeout_s = number(hook_conf, "timeout_s", 5.0, float, "sinks.webhook", 0.1)
     max_attempts = number(hook_conf, "max_attempts", 8, int, "sinks.webhook", 1)
     backoff_s = number(hook_conf, "backoff_s", 2.0, float, "sinks.webhook", 0)
+    allow_plain_http = boolean(hook_conf, "allow_plain_http", "sinks.webhook")
+    legacy = boolean(hook_conf, "legacy_signature", "sinks.webhook")
+    allow_variable = os.environ.get(ALLOW_HTTP_VARIABLE, "")
+    if allow_variable not in ("", "0", "1"):
+        raise BadInput(f"{ALLOW_HTTP_VARIABLE}: {allow_variable!r} is not 0 or 1")
+    if allow_variable:  # the variable, when set, overrides the file (as SBX_WEBHOOK_URL does)
+        allow_plain_http = allow_variable == "1"
     url = os.environ.get("SBX_WEBHOOK_URL") or hook_conf.get("url")
     where = "SBX_WEBHOOK_URL" if os.environ.get("SBX_WEBHOOK_URL") else f"{path}: sinks.webhook.url"
     if url:
-        parts = urlsplit(str(url))
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise BadInput(f"{where}: {url!r} is not an http(s) URL")
+        check_url(str(url), where, allow_plain_http)
         if not os.environ.get("SBX_WEBHOOK_SECRET"):
             raise BadInput("the webhook needs a signing secret: set SBX_WEBHOOK_SECRET")
-        sinks.append(WebhookSink(str(url), timeout_s))
+        signing_key(os.environ["SBX_WEBHOOK_SECRET"])
+        sinks.append(WebhookSink(str(url), timeout_s, clock=clock, legacy_signature=legacy))
     return DeliverySettings(sinks, max_attempts, backoff_s)
 
 
@@ -305,7 +393,7 @@ class Deliverer:
                     return report
                 bodies = [encode(cloudevent(r, self.install_id)) for r in rows]
                 try:
-                    accepted = sink.send(bodies)
+                    accepted = sink.send(bodies, [r["hash"] for r in rows])
                 except SinkRefused as exc:
                     accepted, error = 0, str(exc)
                 else:
@@ -378,7 +466,7 @@ class Deliverer:
                     parked = conn.execute(query.order_by(DELIVERIES.c.event_id)).mappings().all()
                 for row in parked:
                     try:
-                        sink.send([encode(cloudevent(row, self.install_id))])
+                        sink.send([encode(cloudevent(row, self.install_id))], [row["hash"]])
                         error = None
                     except SinkRefused as exc:
                         error = str(exc)
@@ -402,8 +490,9 @@ def default_deliverer(db: Database | None = None) -> Deliverer:
 
     from core.clock import clock_from_env
 
+    clock = clock_from_env()
     return Deliverer(
-        db or Database(settings.database_url()), load_settings(), clock_from_env(),
+        db or Database(settings.database_url()), load_settings(clock), clock,
         install_id=settings.install_id(),
         owner=f"{socket.gethostname()}:{os.getpid()}:{_secrets.token_hex(4)}",
         lease_ttl=settings.lease_ttl())

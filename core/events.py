@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +19,27 @@ from core.models import Event
 
 GENESIS = "0" * 64
 EVENTS = Event.__table__
+MASK = "***"
 
 
 def canonical(data: Mapping[str, Any]) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def mask_argv(argv: Sequence[str], values: Iterable[str],
+              patterns: Iterable[re.Pattern[str]] = ()) -> list[str]:
+    """`argv` with every occurrence of these secret values, then every match of these
+    patterns, replaced by `***`, inside any element. The longest value first, so one that
+    contains another is masked whole; empty values are skipped (they occur everywhere)."""
+    known = sorted({v for v in values if v}, key=len, reverse=True)
+    rules = [re.compile("|".join(map(re.escape, known)))] if known else []
+    rules += list(patterns)
+    masked = []
+    for arg in argv:
+        for rule in rules:
+            arg = rule.sub(MASK, arg)
+        masked.append(arg)
+    return masked
 
 
 def event_hash(row: Mapping[str, Any]) -> str:

@@ -487,6 +487,8 @@ class Manager:
             validate_name(name)
         all_labels = {**profile.labels, **validate_labels(labels or {})}
         env = {**profile.env, **self._read_secrets(profile.secrets)}
+        if profile.setup and not restore_from:
+            settings.mask_patterns()  # the setup's exec events need them: refused before
         now = self.clock.now()
         sandbox_id = new_sandbox_id()
         deadline, hard_deadline = now + ttl, now + profile.ttl.max
@@ -898,11 +900,12 @@ class Manager:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
         row = self.resolve(ref)
         self._usable(row, Capability.EXEC, "exec")
+        recorded = self._masked_argv(row, argv)  # a bad mask pattern stops it before it runs
         adapter = await self.adapter_for(row)
         self.touch(row["id"], event=False)  # a long command is activity from its start
         result = await adapter.exec(row["backend_ref"], list(argv),
                                     timeout.total_seconds() if timeout else None)
-        self._record_exec(row["id"], argv, result, _digest(result.stdout),
+        self._record_exec(row["id"], recorded, result, _digest(result.stdout),
                           _digest(result.stderr))
         return result
 
@@ -915,6 +918,7 @@ class Manager:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
         row = self.resolve(ref)
         self._usable(row, Capability.EXEC, "exec")
+        recorded = self._masked_argv(row, argv)  # a bad mask pattern stops it before it runs
         adapter = await self.adapter_for(row)
         self.touch(row["id"], event=False)
         digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
@@ -922,7 +926,7 @@ class Manager:
         async for item in adapter.exec_stream(row["backend_ref"], list(argv),
                                               timeout.total_seconds() if timeout else None):
             if isinstance(item, ExecResult):
-                self._record_exec(row["id"], argv, item, *(
+                self._record_exec(row["id"], recorded, item, *(
                     {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
                     for s in ("stdout", "stderr")))
                 yield "exit", {"exit_code": item.exit_code, "duration": item.duration_s,
@@ -933,19 +937,29 @@ class Manager:
             sizes[stream] += len(data)
             yield stream, data
 
-    def _record_exec(self, sandbox_id: str, argv: Sequence[str], result: ExecResult,
+    def _record_exec(self, sandbox_id: str, recorded: Sequence[str], result: ExecResult,
                      stdout: Mapping[str, Any], stderr: Mapping[str, Any]) -> None:
+        """The exec's event; `recorded` is the argv as the log keeps it (masked)."""
         with self.db.write() as conn:
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
                          .values(last_activity_at=self._now()))
             self._event(conn, sandbox_id, "sandbox.exec", payload={
-                "argv": list(argv),
+                "argv": list(recorded),
                 "exit_code": result.exit_code,
                 "timed_out": result.timed_out,
                 "duration_s": round(result.duration_s, 3),
                 "stdout": stdout,
                 "stderr": stderr,
             })
+
+    @staticmethod
+    def _masked_argv(row: Mapping[str, Any], argv: Sequence[str]) -> list[str]:
+        """argv as the event log keeps it: the values of the sandbox's own secrets (read now
+        from where its profile's references point; a variable no longer set is not known)
+        and the matches of the settings' `[events] mask` patterns become `***`."""
+        refs = json.loads(row["profile_json"] or "{}").get("secrets") or {}
+        values = [os.environ.get(ref.removeprefix("env:"), "") for ref in refs.values()]
+        return eventlog.mask_argv(argv, values, settings.mask_patterns())
 
     async def metrics(self, ref: str, *, follow: bool = False) -> AsyncIterator[dict[str, Any]]:
         """Live samples from the backend, stored at a bounded rate for history. Without

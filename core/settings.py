@@ -6,8 +6,12 @@ import getpass
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adapters.base import APP_NAME, state_folder
+
+if TYPE_CHECKING:
+    import re
 
 
 def sbx_home() -> Path:
@@ -129,3 +133,30 @@ def metrics_every():
 def metrics_retention():
     """Stored samples older than this are dropped (`SBX_METRICS_RETENTION`)."""
     return _duration_env("SBX_METRICS_RETENTION", "7d")
+
+
+def mask_patterns() -> list[re.Pattern[str]]:
+    """`[events] mask` of the settings file: regular expressions whose matches in an exec's
+    argv are masked before the event is written. BadInput naming a pattern that does not
+    compile, or that matches the empty text (it would mask between every character)."""
+    import re
+
+    from core.errors import BadInput
+
+    section = read_settings_file().get("events", {})
+    if not isinstance(section, dict):
+        raise BadInput(f"{settings_file()}: events: must be a table")
+    raw = section.get("mask", [])
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
+        raise BadInput(f"{settings_file()}: events.mask: must be a list of regular expressions")
+    patterns = []
+    for text in raw:
+        try:
+            pattern = re.compile(text)
+        except re.error as exc:
+            raise BadInput(f"{settings_file()}: events.mask: {text!r} is not a valid regular "
+                           f"expression ({exc})") from None
+        if pattern.search(""):
+            raise BadInput(f"{settings_file()}: events.mask: {text!r} matches the empty text")
+        patterns.append(pattern)
+    return patterns

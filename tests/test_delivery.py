@@ -2,7 +2,9 @@
 
 A real HTTP receiver listens on 127.0.0.1 (a ThreadingHTTPServer in a thread, port 0); it
 records every POST (body, headers, the status it answered), can be told to answer 500 (all,
-or only some event ids), and can be shut down and started again on the same port. The real
+or only some event ids), and can be shut down and started again on the same port. Given the
+secret, it verifies each delivery as a hub would, with the `standardwebhooks` library, and
+answers 401 to one that does not verify. The real
 `sbx` runs in subprocesses (the `sbx` fixture: its own SBX_HOME and config folder, so the
 settings file is <tmp>/xdg-config/sandboxer/settings.toml). Sandboxes are real Docker ones,
 except where many events are needed and no sandbox is: those are seeded in this process by a
@@ -12,8 +14,8 @@ Manager on the `stub` backend (a test double) over the same SBX_HOME.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import base64
+import http.client
 import json
 import re
 import secrets
@@ -23,12 +25,22 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import RUN_ID, SBX, Result, install_id_of, one_json, table_rows, write_profile
+from conftest import (
+    RUN_ID,
+    SBX,
+    Result,
+    install_id_of,
+    one_json,
+    query,
+    table_rows,
+    write_profile,
+)
+from standardwebhooks import Webhook, WebhookVerificationError
 
 pytestmark = pytest.mark.docker
 
@@ -60,6 +72,7 @@ class Receiver:
         self.status = 200  # what to answer
         self.refuse_ids: set[str] = set()  # CloudEvent ids answered 500 whatever `status` says
         self.delay = 0.0  # seconds to wait before answering
+        self.secret: str | None = None  # when set, every POST is verified with it
         self.port = 0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -83,11 +96,19 @@ class Receiver:
                     event_id = None
                 if receiver.delay:
                     time.sleep(receiver.delay)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                rejected = None
+                if receiver.secret is not None:
+                    try:
+                        hub_webhook(receiver.secret).verify(body, headers)
+                    except WebhookVerificationError as exc:
+                        rejected = str(exc)
                 with receiver.lock:
-                    status = 500 if event_id in receiver.refuse_ids else receiver.status
+                    status = 401 if rejected else \
+                        500 if event_id in receiver.refuse_ids else receiver.status
                     receiver.requests.append({
                         "body": body, "status": status, "path": self.path,
-                        "headers": {k.lower(): v for k, v in self.headers.items()}})
+                        "headers": headers, "rejected": rejected})
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -121,6 +142,17 @@ class Receiver:
     def ids(self, accepted_only: bool = True) -> list[str]:
         return [d["id"] for d in self.docs(accepted_only)]
 
+    def replay(self, body: bytes, headers: dict[str, str]) -> int:
+        """POST a captured delivery again, as an attacker who recorded it would; the status."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("POST", "/hook", body=body, headers=headers)
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        finally:
+            conn.close()
+
 
 @pytest.fixture
 def receiver():
@@ -135,6 +167,16 @@ def receiver():
 
 def new_secret(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(16)}"
+
+
+def new_hook_secret(size: int = 32) -> str:
+    """A Standard Webhooks secret: whsec_ and the base64 of `size` random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(size)).decode()
+
+
+def hub_webhook(secret: str) -> Webhook:
+    """What a hub verifies with: the whsec_ text as it is; a plain secret as its bytes."""
+    return Webhook(secret if secret.startswith("whsec_") else secret.encode())
 
 
 def settings_path(sbx) -> Path:
@@ -183,9 +225,14 @@ def jsonl_lines(home: Path) -> list[bytes]:
 
 
 def check_signature(request: dict, secret: str) -> None:
-    want = "sha256=" + hmac.new(secret.encode(), request["body"], hashlib.sha256).hexdigest()
-    got = request["headers"].get("x-sbx-signature", "")
-    assert hmac.compare_digest(got, want), f"bad signature {got!r} for {request['body'][:80]!r}"
+    """The delivery verifies with the standardwebhooks library, its webhook-id is the
+    CloudEvent's id (the event's chain hash), and the old unstamped header is gone."""
+    try:
+        hub_webhook(secret).verify(request["body"], request["headers"])
+    except WebhookVerificationError as exc:
+        raise AssertionError(f"{exc} for {request['body'][:80]!r}") from None
+    assert request["headers"]["webhook-id"] == json.loads(request["body"])["id"]
+    assert "x-sbx-signature" not in request["headers"]
 
 
 def check_cloudevent(doc: dict, event: dict, install: str) -> None:
@@ -268,7 +315,8 @@ def wait_for(predicate, timeout: float, every: float = 0.05) -> bool:
 
 
 def test_every_transition_arrives_as_a_signed_cloudevent_in_order(sbx, sbx_home, receiver):
-    secret = new_secret("hook")
+    secret = new_hook_secret()
+    receiver.secret = secret  # the receiver verifies every delivery
     env = {"SBX_WEBHOOK_URL": receiver.url, "SBX_WEBHOOK_SECRET": secret}
     box = sbx.create()
     assert sbx("exec", box["id"], "--", "echo", "hi").code == 0
@@ -311,7 +359,8 @@ def test_every_transition_arrives_as_a_signed_cloudevent_in_order(sbx, sbx_home,
 
 
 def test_sink_outage_500_then_down_then_back_loses_nothing(sbx, receiver):
-    secret = new_secret("hook")
+    secret = new_hook_secret()
+    receiver.secret = secret  # the receiver verifies every delivery
     webhook_settings(sbx, receiver, max_attempts=1000, backoff_s=0, timeout_s=2)
     env = {"SBX_WEBHOOK_SECRET": secret}
     box = sbx.create()
@@ -358,7 +407,8 @@ def test_sink_outage_500_then_down_then_back_loses_nothing(sbx, receiver):
 
 
 def test_refused_event_is_parked_later_ones_flow_and_redeliver_sends_it(sbx, receiver):
-    secret = new_secret("hook")
+    secret = new_hook_secret()
+    receiver.secret = secret  # the receiver verifies every delivery
     webhook_settings(sbx, receiver, max_attempts=2, backoff_s=0)
     env = {"SBX_WEBHOOK_SECRET": secret}
     box = sbx.create()
@@ -422,7 +472,8 @@ def test_refused_event_is_parked_later_ones_flow_and_redeliver_sends_it(sbx, rec
 
 
 def test_deliverer_killed_after_a_send_is_resumed_by_the_next(sbx, receiver):
-    secret = new_secret("hook")
+    secret = new_hook_secret()
+    receiver.secret = secret  # the receiver verifies every delivery
     webhook_settings(sbx, receiver)
     env = {"SBX_WEBHOOK_SECRET": secret}
     box = sbx.create()
@@ -444,7 +495,11 @@ def test_deliverer_killed_after_a_send_is_resumed_by_the_next(sbx, receiver):
     assert reports["webhook"]["busy"] and reports["webhook"]["delivered"] == 0
     assert receiver.ids() == hashes[:1]
 
-    time.sleep(max(0.0, started + 10.3 - time.monotonic()))  # the dead one's lease lapses
+    # the dead one's lease lapses (at the time it recorded: its start is slow on a busy host)
+    (lease,) = query(sbx.home, "SELECT lease_expires_at FROM sink_cursors WHERE sink = ?",
+                     "webhook")
+    expires = datetime.fromisoformat(lease["lease_expires_at"][:-1]).replace(tzinfo=UTC)
+    time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds() + 0.3))
     result, reports = deliver(sbx, env)
     assert result.code == 0, result.err
     assert not reports["webhook"]["busy"]
@@ -471,7 +526,8 @@ def test_concurrent_deliverers_send_each_event_exactly_once(sbx, tmp_path, recei
     seed_stub_events(tmp_path, 34)  # 204 events
     hashes = [e["hash"] for e in all_events(sbx)]
     assert len(hashes) == 204
-    secret = new_secret("hook")
+    secret = new_hook_secret()
+    receiver.secret = secret  # the receiver verifies every delivery
     env = {"SBX_WEBHOOK_URL": receiver.url, "SBX_WEBHOOK_SECRET": secret}
     receiver.delay = 0.002  # the delivery lasts long enough for the others to collide with it
 
@@ -525,13 +581,56 @@ BAD_CASES = {
                                      ["settings.toml", "webhook"]),
     "reap-every-url-not-http": ({"SBX_WEBHOOK_URL": "ftp://x"}, None,
                                 ["reap", "--every", "1s"], ["SBX_WEBHOOK_URL", "ftp://x"]),
+    # plain http to an address that is not loopback by its name (0.0.0.0 reaches this
+    # receiver on Linux, so without the rule the events would arrive)
+    "url-plain-http-not-loopback": ({"SBX_WEBHOOK_URL": "http://0.0.0.0:@PORT/hook"}, None,
+                                    ["events", "deliver"],
+                                    ["SBX_WEBHOOK_URL", "http://0.0.0.0:", "not loopback",
+                                     "allow_plain_http", "SBX_WEBHOOK_ALLOW_HTTP=1"]),
+    "url-plain-http-not-loopback-json": ({"SBX_WEBHOOK_URL": "http://0.0.0.0:@PORT/hook"},
+                                         None, ["events", "deliver", "--json"],
+                                         ["SBX_WEBHOOK_URL", "not loopback"]),
+    "settings-url-plain-http-not-loopback": (
+        {}, '[sinks.webhook]\nurl = "http://0.0.0.0:@PORT/hook"\n', ["events", "deliver"],
+        ["settings.toml", "sinks.webhook.url", "http://0.0.0.0:", "not loopback"]),
+    "reap-every-url-plain-http": ({"SBX_WEBHOOK_URL": "http://0.0.0.0:@PORT/hook"}, None,
+                                  ["reap", "--every", "1s"], ["SBX_WEBHOOK_URL", "not loopback"]),
+    "allow-http-variable-word": ({"SBX_WEBHOOK_URL": "http://0.0.0.0:@PORT/hook",
+                                  "SBX_WEBHOOK_ALLOW_HTTP": "yes"}, None, ["events", "deliver"],
+                                 ["SBX_WEBHOOK_ALLOW_HTTP", "'yes'"]),
+    "allow-http-variable-0-overrides-settings": (
+        {"SBX_WEBHOOK_ALLOW_HTTP": "0"},
+        '[sinks.webhook]\nurl = "http://0.0.0.0:@PORT/hook"\nallow_plain_http = true\n',
+        ["events", "deliver"], ["settings.toml", "not loopback"]),
+    "settings-allow-plain-http-word": (
+        {}, '[sinks.webhook]\nurl = "http://0.0.0.0:@PORT/hook"\nallow_plain_http = "yes"\n',
+        ["events", "deliver"], ["settings.toml", "sinks.webhook.allow_plain_http", "'yes'"]),
+    "settings-legacy-signature-word": (
+        {}, '[sinks.webhook]\nurl = "@URL"\nlegacy_signature = 1\n', ["events", "deliver"],
+        ["settings.toml", "sinks.webhook.legacy_signature"]),
+    "url-bad-port": ({"SBX_WEBHOOK_URL": "http://127.0.0.1:99999/hook"}, None,
+                     ["events", "deliver"], ["SBX_WEBHOOK_URL", "invalid port"]),
+    # secrets whose key is shorter than 24 bytes, or not what they claim to be
+    "secret-whsec-23-bytes": ({"SBX_WEBHOOK_URL": "@URL",
+                               "SBX_WEBHOOK_SECRET": "whsec_" + base64.b64encode(b"k" * 23).decode()},
+                              None, ["events", "deliver"],
+                              ["SBX_WEBHOOK_SECRET", "23 bytes", "at least 24"]),
+    "secret-plain-23-bytes": ({"SBX_WEBHOOK_URL": "@URL",
+                               "SBX_WEBHOOK_SECRET": "twenty-three-bytes-long"}, None,
+                              ["events", "deliver"], ["SBX_WEBHOOK_SECRET", "23 bytes"]),
+    "secret-whsec-not-base64": ({"SBX_WEBHOOK_URL": "@URL",
+                                 "SBX_WEBHOOK_SECRET": "whsec_" + "not base64!" * 4}, None,
+                                ["events", "deliver"], ["SBX_WEBHOOK_SECRET", "base64"]),
+    "reap-every-secret-short": ({"SBX_WEBHOOK_URL": "@URL", "SBX_WEBHOOK_SECRET": "short"},
+                                None, ["reap", "--every", "1s"], ["SBX_WEBHOOK_SECRET", "5 bytes"]),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_CASES), ids=list(BAD_CASES))
 def test_bad_delivery_input_exits_2_and_changes_nothing(sbx, sbx_home, tmp_path, receiver, case):
     extra_env, settings_text, argv, words = BAD_CASES[case]
-    secret = new_secret("hook")
+    secret = new_hook_secret()
+    receiver.secret = secret  # the receiver verifies every delivery
     good = {"SBX_WEBHOOK_URL": receiver.url, "SBX_WEBHOOK_SECRET": secret}
     seed_stub_events(tmp_path, 1)
     result, reports = deliver(sbx, good)  # the cursors exist and have moved
@@ -547,10 +646,14 @@ def test_bad_delivery_input_exits_2_and_changes_nothing(sbx, sbx_home, tmp_path,
     before = state()
     assert [c[1] for c in before["cursors"]] == [6, 6]
     env = {"SBX_WEBHOOK_SECRET": secret}
-    env.update({k: v.replace("@URL", receiver.url) for k, v in extra_env.items() if v is not None})
+
+    def place(text: str) -> str:
+        return text.replace("@URL", receiver.url).replace("@PORT", str(receiver.port))
+
+    env.update({k: place(v) for k, v in extra_env.items() if v is not None})
     env = {k: v for k, v in env.items() if extra_env.get(k, "") is not None}  # None: unset
     if settings_text is not None:
-        write_settings(sbx, settings_text.replace("@URL", receiver.url))
+        write_settings(sbx, place(settings_text))
     result = sbx(*argv, env=env, timeout=30)
     assert result.code == 2, (result.code, result.out, result.err)
     if "--json" in argv:
@@ -564,6 +667,8 @@ def test_bad_delivery_input_exits_2_and_changes_nothing(sbx, sbx_home, tmp_path,
     for word in words:
         assert word in message, (word, message)
     assert secret not in result.out + result.err
+    given = extra_env.get("SBX_WEBHOOK_SECRET")
+    assert not given or given not in result.out + result.err
     assert state() == before
 
 
@@ -573,7 +678,8 @@ def test_bad_delivery_input_exits_2_and_changes_nothing(sbx, sbx_home, tmp_path,
 def test_secrets_never_reach_the_database_the_log_or_the_sinks(sbx, sbx_home, tmp_path,
                                                                receiver):
     value = new_secret("sbx-test-secret")
-    hook_secret = new_secret("hook-secret")
+    hook_secret = new_secret("hook-secret")  # plain text: the key is its bytes
+    receiver.secret = hook_secret
     env = {"SBX_TEST_SECRET_VALUE": value, "SBX_WEBHOOK_URL": receiver.url,
            "SBX_WEBHOOK_SECRET": hook_secret}
     profile = write_profile(tmp_path, "secretive",
@@ -619,7 +725,8 @@ def test_secrets_never_reach_the_database_the_log_or_the_sinks(sbx, sbx_home, tm
 
 
 def test_reap_every_delivers_new_events_within_seconds(sbx, receiver):
-    secret = new_secret("hook")
+    secret = new_hook_secret()
+    receiver.secret = secret  # the receiver verifies every delivery
     env = {"SBX_WEBHOOK_URL": receiver.url, "SBX_WEBHOOK_SECRET": secret}
     box = sbx.create()
     reaper = popen(sbx, "reap", "--every", "1s", env=env)
@@ -651,3 +758,106 @@ def test_reap_every_delivers_new_events_within_seconds(sbx, receiver):
     result, reports = deliver(sbx, env)
     assert result.code == 0 and reports["webhook"]["delivered"] == 0, result.out
     assert receiver.ids(accepted_only=False) == hashes
+
+
+# -- 9. Standard Webhooks: any hub verifies; the id holds across retries; replays fail -------
+
+
+def test_deliveries_verify_with_standardwebhooks_and_old_ones_are_rejected(sbx, tmp_path,
+                                                                           receiver):
+    secret = new_hook_secret()
+    receiver.secret = secret
+    webhook_settings(sbx, receiver, backoff_s=0)
+    env = {"SBX_WEBHOOK_SECRET": secret}
+    seed_stub_events(tmp_path, 1)
+    events = all_events(sbx)
+    install = install_id_of(sbx.home)
+    receiver.refuse_ids = {events[0]["hash"]}  # the first attempt fails: a retry follows
+    result, _ = deliver(sbx, env)
+    assert result.code == 1
+    receiver.refuse_ids = set()
+    result, reports = deliver(sbx, env)
+    assert result.code == 0 and reports["webhook"]["delivered"] == 6, result.err
+
+    requests = receiver.snapshot()
+    assert [r["status"] for r in requests] == [500] + [200] * 6
+    assert [r["rejected"] for r in requests] == [None] * 7  # every one verified
+    first, retry = requests[0], requests[1]
+    assert first["headers"]["webhook-id"] == retry["headers"]["webhook-id"] == events[0]["hash"]
+    assert first["body"] == retry["body"]  # a hub de-duplicates the retry by its id
+    for request, event in zip(requests[1:], events, strict=True):
+        check_signature(request, secret)
+        assert request["headers"]["webhook-id"] == event["hash"]
+        assert request["headers"]["content-type"] == CONTENT_TYPE
+        check_cloudevent(json.loads(request["body"]), event, install)
+        assert request["headers"]["webhook-signature"].startswith("v1,")
+        assert abs(int(request["headers"]["webhook-timestamp"]) - time.time()) < 120
+
+    # a delivery signed ten minutes ago: what a hub sees when someone replays a recording
+    seed_stub_events(tmp_path, 1)
+    result, reports = deliver(sbx, {**env, "SBX_CLOCK_OFFSET": "-10m"})
+    assert result.code == 1 and "401" in reports["webhook"]["error"]
+    old = receiver.snapshot()[-1]
+    assert old["status"] == 401 and old["rejected"] == "Message timestamp too old"
+    stamp = int(old["headers"]["webhook-timestamp"])
+    assert 540 < time.time() - stamp < 720
+    genuine = Webhook(secret).sign(old["headers"]["webhook-id"],
+                                   datetime.fromtimestamp(stamp, UTC), old["body"].decode())
+    assert old["headers"]["webhook-signature"] == genuine  # signed right, refused for its age
+    assert receiver.replay(old["body"], old["headers"]) == 401  # replayed as recorded
+    assert receiver.snapshot()[-1]["rejected"] == "Message timestamp too old"
+    fresh = {**old["headers"], "webhook-timestamp": str(int(time.time()))}
+    assert receiver.replay(old["body"], fresh) == 401  # a new stamp breaks the signature
+    assert receiver.snapshot()[-1]["rejected"] == "No matching signature found"
+
+    before = len(receiver.snapshot())
+    result, reports = deliver(sbx, env)  # now: the same event, the same id, accepted
+    assert result.code == 0 and reports["webhook"]["delivered"] == 6, result.err
+    later = receiver.snapshot()[before:]
+    assert later[0]["headers"]["webhook-id"] == old["headers"]["webhook-id"]
+    assert [r["status"] for r in later] == [200] * 6
+    assert receiver.ids() == [e["hash"] for e in all_events(sbx)]
+
+
+def test_legacy_signature_header_is_sent_only_when_asked(sbx, tmp_path, receiver):
+    import hashlib
+    import hmac
+
+    secret = new_hook_secret()
+    receiver.secret = secret
+    env = {"SBX_WEBHOOK_SECRET": secret}
+    seed_stub_events(tmp_path, 1)
+    write_settings(sbx, f'[sinks.webhook]\nurl = "{receiver.url}"\nlegacy_signature = true\n')
+    result, reports = deliver(sbx, env)
+    assert result.code == 0 and reports["webhook"]["delivered"] == 6, result.err
+    for request in receiver.snapshot():
+        hub_webhook(secret).verify(request["body"], request["headers"])
+        want = "sha256=" + hmac.new(secret.encode(), request["body"], hashlib.sha256).hexdigest()
+        assert request["headers"]["x-sbx-signature"] == want
+
+
+# -- 10. plain http: loopback only, unless the user opts in ---------------------------------
+
+
+def test_plain_http_goes_to_loopback_and_elsewhere_only_when_opted_in(sbx, tmp_path, receiver):
+    secret = new_hook_secret()
+    receiver.secret = secret
+    env = {"SBX_WEBHOOK_SECRET": secret}
+    seed_stub_events(tmp_path, 1)
+    result, reports = deliver(sbx, {**env, "SBX_WEBHOOK_URL":
+                                    f"http://localhost:{receiver.port}/hook"})
+    assert result.code == 0 and reports["webhook"]["delivered"] == 6, result.err
+
+    # 0.0.0.0 is not loopback by name: refused (BAD_CASES), then accepted when opted in
+    elsewhere = f"http://0.0.0.0:{receiver.port}/hook"
+    seed_stub_events(tmp_path, 1)
+    result, reports = deliver(sbx, {**env, "SBX_WEBHOOK_URL": elsewhere,
+                                    "SBX_WEBHOOK_ALLOW_HTTP": "1"})
+    assert result.code == 0 and reports["webhook"]["delivered"] == 6, result.err
+    seed_stub_events(tmp_path, 1)
+    write_settings(sbx, f'[sinks.webhook]\nurl = "{elsewhere}"\nallow_plain_http = true\n')
+    result, reports = deliver(sbx, env)
+    assert result.code == 0 and reports["webhook"]["delivered"] == 6, result.err
+    assert receiver.ids() == [e["hash"] for e in all_events(sbx)]
+    for request in receiver.snapshot():
+        check_signature(request, secret)
