@@ -11,8 +11,6 @@ reference. Everything not in `__all__` is private and may change.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.catalog import EventType, Reason
@@ -38,6 +36,13 @@ from sandboxer._records import (
     lineage,
 )
 from sandboxer._sync import Checkpoint, Sandbox, Sandboxer, SyncIterator
+from sandboxer._tools import (
+    load_profile,
+    profile_schema,
+    trust_profiles,
+    untrust_profiles,
+    verify_evidence,
+)
 
 if TYPE_CHECKING:
     from core.profiles import Profile
@@ -75,44 +80,6 @@ __all__ = [
     "untrust_profiles",
     "verify_evidence",
 ]
-
-
-def load_profile(path: str | Path) -> Profile:
-    """A profile file, resolved (its `extends:` along the search path); BadInput naming the
-    file, the field and the reason when it cannot be used (`.problems` lists them all)."""
-    from core.profiles import ProfileLoader
-
-    return ProfileLoader().load_file(Path(path))
-
-
-def profile_schema() -> dict[str, Any]:
-    """The JSON Schema of a profile file (docs/profile.schema.json)."""
-    from core.profiles import json_schema
-
-    return json_schema()
-
-
-def trust_profiles(folder: str | Path | None = None) -> tuple[Path, list[str], str]:
-    """Use the profiles in `folder` (default ./.sbx/profiles) as they are now: (the folder,
-    its profile names, the digest recorded). A change to them leaves them out again."""
-    from core.profiles import trust
-
-    return trust(None if folder is None else Path(folder))
-
-
-def untrust_profiles(folder: str | Path | None = None) -> tuple[Path, bool]:
-    """Stop using the profiles in `folder`: (the folder, whether it was trusted)."""
-    from core.profiles import untrust
-
-    return untrust(None if folder is None else Path(folder))
-
-
-def verify_evidence(bundle: Mapping[str, Any]) -> list[str]:
-    """Check an evidence bundle offline: the problems found, each naming the altered part or
-    event; empty when intact."""
-    from core.evidence import verify
-
-    return verify(bundle)
 
 
 def __getattr__(name: str) -> Any:
