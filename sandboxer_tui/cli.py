@@ -842,9 +842,13 @@ def snapshot_command(sandbox_id: str, name: str | None, as_json: bool) -> None:
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="A label (repeatable).")
 @click.option("--owner", metavar="WHO")
 @click.option("--task", metavar="WHAT")
+@click.option("--profile", "profile_name", metavar="NAME",
+              help="A profile of this host to run under (an import's default: the local "
+                   "profile of the name it records).")
 @JSON_OPTION
 @command
-def restore_command(checkpoint_id, ttl, name, labels, owner, task, as_json) -> None:
+def restore_command(checkpoint_id, ttl, name, labels, owner, task, profile_name,
+                    as_json) -> None:
     """A new sandbox from a checkpoint (many may come from one: a fork)."""
     from core.durations import parse_duration
     from core.labels import parse_labels
@@ -855,7 +859,8 @@ def restore_command(checkpoint_id, ttl, name, labels, owner, task, as_json) -> N
 
     async def go(mgr):
         row = await _checkpoints(mgr).restore(checkpoint_id, ttl=ttl_delta, name=name,
-                                              labels=parsed, owner=owner, task=task)
+                                              labels=parsed, owner=owner, task=task,
+                                              profile_name=profile_name)
         return sandbox_view(row, now_iso(mgr))
 
     view = run(go)
@@ -875,7 +880,8 @@ def _tree_lines(nodes: list[Mapping[str, Any]], depth: int = 0) -> list[str]:
     for node in nodes:
         label = f" {node['name']}" if node["name"] else ""
         lines.append(f"{'   ' * depth}{'└─ ' if depth else ''}{node['id']}{label}  "
-                     f"from {node['sandbox_id']}  {node['created_at']}  {node['state']}")
+                     f"from {node['sandbox_id'] or 'an import'}  {node['created_at']}  "
+                     f"{node['state']}")
         lines += _tree_lines(node["children"], depth + 1)
     return lines
 
@@ -953,11 +959,13 @@ def checkpoint_export(checkpoint_id: str, output: str) -> None:
 
 @checkpoint_group.command("import")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--name", metavar="NAME", help="Its name here (default: the archive's; a name "
+                                             "already used here is refused).")
 @JSON_OPTION
 @command
-def checkpoint_import(file: str, as_json: bool) -> None:
+def checkpoint_import(file: str, name: str | None, as_json: bool) -> None:
     """Bring in a checkpoint archive made by `sbx checkpoint export`."""
-    row = run(lambda mgr: _checkpoints(mgr).import_(file))
+    row = run(lambda mgr: _checkpoints(mgr).import_(file, name))
     if as_json:
         emit_json(_checkpoint_view(row))
     else:
