@@ -2,8 +2,8 @@
 
 `tarfile` believes headers: it reads a pax or GNU long-name header of any declared size into
 memory, and a gzip stream inflates far past its file's size. `BoundedTar` reads a tar stream
-once, in order, and hands its reader no more bytes than the caller has accepted so far (a
-small allowance for headers, plus the data of each member it accepted), so an archive is
+once, in order, and hands its reader no more bytes than the caller has accepted so far
+(the data of each member it accepted, and room for one header after it), so an archive is
 refused as soon as it passes a cap: before its content is held in memory or written anywhere.
 Shared by the core (checkpoint archives) and the Docker adapter (the image inside them).
 """
@@ -17,8 +17,9 @@ import tarfile
 from collections.abc import Iterator
 from typing import BinaryIO
 
-# Room for the header (with its pax records) that comes before each member: a tar holding
-# plain names needs 1.5 KiB a member; a long-name or pax bomb meets the bound instead.
+# Room for the header (with its pax records) before each member, counted from the end of the
+# member before: plain names need 1.5 KiB, and tarfile reads 10 KiB ahead; a long-name or
+# pax bomb meets the bound instead.
 HEADER_ROOM = 64 * 1024
 BLOCK = tarfile.BLOCKSIZE
 
@@ -43,7 +44,8 @@ class _BoundedStream(io.RawIOBase):
         room = self.allowed - self.given
         if room <= 0:
             if self._raw.read(1):
-                raise TooLarge("the archive holds more than its headers declare")
+                raise TooLarge(f"a tar header (with its pax records) is longer than "
+                               f"{HEADER_ROOM // 1024} KiB")
             return 0
         data = self._raw.read(min(len(buffer), room))
         buffer[:len(data)] = data
@@ -78,7 +80,10 @@ class BoundedTar:
             self._tar.members.clear()  # a long archive's headers are not kept
 
     def accept(self, member: tarfile.TarInfo) -> None:
-        self._stream.allowed += _blocks(member.size) + HEADER_ROOM
+        """Its data may be read, and the next header given HEADER_ROOM after it (room not
+        used by one header is not carried over to the next)."""
+        end = member.offset_data + _blocks(member.size) + HEADER_ROOM
+        self._stream.allowed = max(self._stream.allowed, end)
 
     def read(self, member: tarfile.TarInfo) -> bytes:
         self.accept(member)
