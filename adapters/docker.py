@@ -566,29 +566,38 @@ class DockerAdapter(Adapter):
         _check_saved_image(path, name)
 
         def load(api: docker.APIClient) -> str:
-            tags_before = {tag: info["Id"] for info in api.images()
+            images_before = api.images()
+            tags_before = {tag: info["Id"] for info in images_before
                            for tag in info.get("RepoTags") or []}
-            with open(path, "rb") as data:
-                for _ in api.load_image(data):
-                    pass
-            # The check above should leave nothing to find here; if an engine names images
-            # in a way it does not know, the tags it moved go back before we refuse.
-            info = api.inspect_image(name)
-            moved = [t for t in info.get("RepoTags") or [] if t != name]
-            for tag in moved:
+
+            def put_back(tag: str) -> None:
                 repository, _, version = tag.rpartition(":")
                 if tag in tags_before:
                     api.tag(tags_before[tag], repository, version, force=True)
                 else:
-                    api.remove_image(tag, noprune=True)
+                    api.remove_image(tag, force=tag == name, noprune=tag != name)
+
+            with open(path, "rb") as data:
+                for _ in api.load_image(data):
+                    pass
+            # The check above should leave nothing to find here; if an engine names images
+            # in a way it does not know, every tag the load moved goes back before we refuse.
+            info = api.inspect_image(name)
+            moved = [t for t in info.get("RepoTags") or [] if t != name]
             labels = info["Config"].get("Labels") or {}
             problem = (f"it also names {', '.join(moved)}" if moved else
+                       f"this engine already holds another image as {name}"
+                       if tags_before.get(name, info["Id"]) != info["Id"] else
                        f"the image in the archive is not checkpoint {checkpoint_id}"
                        if labels.get(LABEL_CHECKPOINT) != checkpoint_id else
                        "the image claims to be a service of a pod (sbx.pod, sbx.service)"
                        if labels.get(LABEL_POD) or labels.get(LABEL_SERVICE) else None)
             if problem:
-                api.remove_image(name, force=True)
+                for tag in (*moved, name):
+                    put_back(tag)
+                if info["Id"] not in {i["Id"] for i in images_before}:  # brought by this load
+                    with contextlib.suppress(docker_errors.APIError):
+                        api.remove_image(info["Id"])
                 raise ArtifactRefused(f"the artifact is refused: {problem}")
             return name
 

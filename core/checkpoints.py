@@ -434,7 +434,11 @@ class Checkpoints:
                     "origin_sandbox_id": claims.sandbox_id, "exported_at": row["exported_at"]})
         except BaseException:
             with contextlib.suppress(Exception):
-                await adapter.delete_artifact(artifact_ref)
+                with self.db.read() as conn:  # an import of the same id that won keeps it
+                    held = conn.execute(sa.select(CHECKPOINTS.c.id).where(
+                        CHECKPOINTS.c.id == claims.id)).first()
+                if not held:
+                    await adapter.delete_artifact(artifact_ref)
             raise
         return self.resolve(row["id"])
 

@@ -1093,3 +1093,36 @@ def test_a_load_that_moves_another_tag_is_undone_and_refused(
         asyncio.run(load())
     assert docker_api.inspect_image(victim_tag)["Id"] == victim_id
     assert not tag_exists(docker_api, tag)
+
+
+def test_import_never_moves_a_checkpoint_tag_another_installation_holds(
+        sbx, docker_api, made, tmp_path):
+    """Two installations on one engine: an archive naming the other's checkpoint id, with an
+    image of its own labelled as that checkpoint, must not take over its tag."""
+    ckpt, manifest, _ = _exported(sbx, tmp_path)
+    tag = f"{REPOSITORY}:{ckpt['id']}"
+    held = docker_api.inspect_image(tag)["Id"]
+    box = sbx.create()
+    sh(sbx, box["id"], "echo forged > /work/file")
+    forged_id = docker_api.commit(box["backend_ref"], repository="sbx-test-forged", tag=RUN_ID,
+                                  changes=[f'LABEL "sbx.checkpoint"="{ckpt["id"]}"'])["Id"]
+    made.image_ids.append(forged_id)
+    saved = b"".join(docker_api.get_image(f"sbx-test-forged:{RUN_ID}"))
+    docker_api.remove_image(f"sbx-test-forged:{RUN_ID}")
+    with tarfile.open(fileobj=io.BytesIO(saved)) as inner:
+        entries = json.loads(inner.extractfile("manifest.json").read())
+    entries[0]["RepoTags"] = [tag]
+    hex_id = forged_id.removeprefix("sha256:")
+    image = _rewritten_image(saved, {
+        "manifest.json": json.dumps(entries).encode(),
+        "repositories": json.dumps({REPOSITORY: {ckpt["id"]: hex_id}}).encode()}, [])
+    path = _with_manifest(tmp_path / "takeover.tgz", manifest, image)
+
+    other = made.runner(sbx, "home-j")
+    result = other("checkpoint", "import", str(path))
+    assert result.code == 2, result
+    assert tag in one_line(result)
+    assert docker_api.inspect_image(tag)["Id"] == held
+    assert table_rows(other.home, "checkpoints") == []
+    fork = restore(sbx, ckpt["id"])  # the other installation's checkpoint is still its own
+    assert docker_sh(docker_api, fork["backend_ref"], "cat /work/file 2>&1 || true") != "forged\n"
