@@ -32,6 +32,7 @@ from docker import errors as docker_errors
 from docker.tls import TLSConfig
 from docker.utils import kwargs_from_env
 
+from adapters.archives import BoundedTar, TooLarge, member_path
 from adapters.base import (
     LABEL_CHECKPOINT,
     LABEL_INSTALL,
@@ -741,13 +742,39 @@ class DockerAdapter(Adapter):
         _check_saved_image(path, name)
 
         def load(api: docker.APIClient) -> str:
+            images_before = api.images()
+            tags_before = {tag: info["Id"] for info in images_before
+                           for tag in info.get("RepoTags") or []}
+
+            def put_back(tag: str) -> None:
+                repository, _, version = tag.rpartition(":")
+                if tag in tags_before:
+                    api.tag(tags_before[tag], repository, version, force=True)
+                else:
+                    api.remove_image(tag, force=tag == name, noprune=tag != name)
+
             with open(path, "rb") as data:
                 for _ in api.load_image(data):
                     pass
-            labels = api.inspect_image(name)["Config"].get("Labels") or {}
-            if labels.get(LABEL_CHECKPOINT) != checkpoint_id:
-                api.remove_image(name, force=True)
-                raise ArtifactRefused(f"the image in the archive is not checkpoint {checkpoint_id}")
+            # The check above should leave nothing to find here; if an engine names images
+            # in a way it does not know, every tag the load moved goes back before we refuse.
+            info = api.inspect_image(name)
+            moved = [t for t in info.get("RepoTags") or [] if t != name]
+            labels = info["Config"].get("Labels") or {}
+            problem = (f"it also names {', '.join(moved)}" if moved else
+                       f"this engine already holds another image as {name}"
+                       if tags_before.get(name, info["Id"]) != info["Id"] else
+                       f"the image in the archive is not checkpoint {checkpoint_id}"
+                       if labels.get(LABEL_CHECKPOINT) != checkpoint_id else
+                       "the image claims to be a service of a pod (sbx.pod, sbx.service)"
+                       if labels.get(LABEL_POD) or labels.get(LABEL_SERVICE) else None)
+            if problem:
+                for tag in (*moved, name):
+                    put_back(tag)
+                if info["Id"] not in {i["Id"] for i in images_before}:  # brought by this load
+                    with contextlib.suppress(docker_errors.APIError):
+                        api.remove_image(info["Id"])
+                raise ArtifactRefused(f"the artifact is refused: {problem}")
             return name
 
         try:
@@ -772,18 +799,93 @@ class DockerAdapter(Adapter):
             self._api = None
 
 
+# What `docker load` reads names from: only these, at the top of the archive. Each must be a
+# plain file of at most SAVED_IMAGE_JSON_MAX, and name `name` alone.
+NAMING_MEMBERS = ("manifest.json", "repositories", "index.json", "oci-layout")
+SAVED_IMAGE_JSON_MAX = 1024 * 1024
+SAVED_IMAGE_MAX_MEMBERS = 100_000  # `docker save` writes 4 a layer, and 127 layers at most
+
+
 def _check_saved_image(path: str, name: str) -> None:
-    """A `docker save` archive holding exactly one image, tagged `name` and nothing else:
-    loading anything more could retag or replace images sbx does not own."""
+    """A `docker save` archive holding exactly one image, tagged `name` and nothing else, in
+    every file the engine reads names from (manifest.json; repositories and index.json, which
+    other engines and versions honour): loading anything more could retag images sbx does not
+    own. Read within bounds, as a file from outside is."""
+    found: dict[str, Any] = {}
+    links: set[str] = set()
     try:
-        with tarfile.open(path) as tar:
-            manifest = json.load(tar.extractfile("manifest.json"))
-    except (tarfile.TarError, KeyError, OSError, TypeError, json.JSONDecodeError) as exc:
+        with open(path, "rb") as raw:
+            tar = BoundedTar(raw, max_members=SAVED_IMAGE_MAX_MEMBERS)
+            for member in tar:
+                where = member_path(member)
+                parents = {"/".join(where.split("/")[:i]) for i in range(1, where.count("/") + 1)}
+                if parents & links:  # written through a link: could land anywhere
+                    raise ArtifactRefused(f"the artifact is refused: {member.name!r} is "
+                                          "inside a link")
+                if member.issym() or member.islnk():
+                    links.add(where)
+                if where not in NAMING_MEMBERS:
+                    tar.accept(member)
+                    continue
+                if where in found or not member.isfile() or member.size > SAVED_IMAGE_JSON_MAX:
+                    raise ArtifactRefused(f"the artifact is refused: {member.name!r} must be "
+                                          f"one plain file of at most {SAVED_IMAGE_JSON_MAX} "
+                                          "bytes")
+                found[where] = json.loads(tar.read(member))
+            tar.close()
+    except ArtifactRefused:
+        raise
+    except TooLarge as exc:
+        raise ArtifactRefused(f"the artifact is refused: {exc}") from None
+    except (tarfile.TarError, OSError, ValueError) as exc:
         raise ArtifactRefused(f"the artifact is not a docker image archive: {exc}") from None
-    tags = [t for entry in manifest for t in (entry.get("RepoTags") or [])]
-    if len(manifest) != 1 or tags != [name]:
+    if "manifest.json" not in found:
+        raise ArtifactRefused("the artifact is not a docker image archive: no manifest.json")
+    tagged, named = _names_in_saved_image(found)
+    if tagged != [name] or any(other != name for other in named):
+        listed = sorted(set(tagged + named) - {name}) or ["an untagged image"]
         raise ArtifactRefused(f"the artifact must hold exactly the image {name}, "
-                              f"not {', '.join(tags) or 'an untagged image'}")
+                              f"not {', '.join(listed)}")
+
+
+def _names_in_saved_image(found: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The tags manifest.json gives its image, and every name repositories and index.json
+    give, each as `repository:tag` (`docker.io/` dropped); a file of the wrong shape, or
+    more than one image, names "?"."""
+
+    def short(ref: Any) -> str:
+        return str(ref).removeprefix("docker.io/").removeprefix("library/")
+
+    manifest = found["manifest.json"]
+    if not isinstance(manifest, list) or len(manifest) != 1 or not isinstance(manifest[0], dict):
+        return ["?"], []
+    tagged = [short(t) for t in manifest[0].get("RepoTags") or []]
+    named: list[str] = []
+    repositories = found.get("repositories", {})
+    if not isinstance(repositories, dict):
+        return tagged, ["?"]
+    for repository, tags in repositories.items():
+        if not isinstance(tags, dict):
+            return tagged, ["?"]
+        named += [f"{short(repository)}:{tag}" for tag in tags]
+    index = found.get("index.json", {})
+    entries = (index.get("manifests") or []) if isinstance(index, dict) else None
+    if not isinstance(entries, list) or len(entries) > 1:
+        return tagged, ["?"]
+    for entry in entries:
+        notes = (entry.get("annotations") or {}) if isinstance(entry, dict) else None
+        if not isinstance(notes, dict):
+            return tagged, ["?"]
+        if "io.containerd.image.name" in notes:
+            named.append(short(notes["io.containerd.image.name"]))
+        ref = notes.get("org.opencontainers.image.ref.name")
+        if ref is not None:  # a tag of our repository, or a whole name
+            ref = str(ref)
+            named.append(short(ref if "/" in ref or ":" in ref
+                               else f"{CHECKPOINT_REPOSITORY}:{ref}"))
+    if "oci-layout" in found and not isinstance(found["oci-layout"], dict):
+        return tagged, ["?"]
+    return tagged, named
 
 
 def sample_from_stats(stats: Mapping[str, Any]) -> MetricSample:

@@ -10,19 +10,31 @@ installation that no row claims, so no row lacks an artifact and no artifact lac
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import tarfile
 import tempfile
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import sqlalchemy as sa
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    NonNegativeInt,
+    StringConstraints,
+    ValidationError,
+)
 from ulid import ULID
 
+from adapters.archives import BoundedTar, TooLarge, format_size
 from adapters.base import LABEL_CHECKPOINT, LABEL_ID, LABEL_INSTALL, Capability
+from core import settings
 from core.clock import from_iso, to_iso
 from core.errors import BadInput, Conflict
 from core.failpoints import failpoint
@@ -31,11 +43,99 @@ from core.states import ACTIVE, leased
 
 if TYPE_CHECKING:
     from core.manager import Manager
+    from core.profiles import Profile, ProfileLoader
 
 CHECKPOINTS = Checkpoint.__table__
 PREFIX = "ckpt-"
 ARCHIVE_FORMAT = "sandboxer-checkpoint/1"
-ARCHIVE_MEMBERS = {"manifest.json", "artifact.tar"}
+ARCHIVE_MEMBERS = ("manifest.json", "artifact.tar")  # in this order, nothing else
+NAME_MAX = 128
+
+
+def _time(text: str) -> str:
+    from_iso(text)  # what to_iso writes, only
+    return text
+
+
+def _json_object(text: str) -> str:
+    if not isinstance(json.loads(text), dict):
+        raise ValueError("must be a JSON object")
+    return text
+
+
+def _known_backend(name: str) -> str:
+    from adapters import registry
+
+    if not registry.is_registered(name):
+        raise ValueError(f"unknown backend {name!r} (known: {', '.join(registry.names())})")
+    return name
+
+
+Short = Annotated[str, StringConstraints(min_length=1, max_length=40)]
+Time = Annotated[str, AfterValidator(_time)]
+
+
+class ArchivedCheckpoint(BaseModel):
+    """The checkpoint as an archive describes it. All of it is the archive's claim: the
+    import keeps the profile as a record and the sandbox, parent and installation as
+    origin_*; none of it becomes a local link, a profile to run or a time to sort by."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)  # later versions may say more
+
+    id: Annotated[str, StringConstraints(pattern=r"^ckpt-[0-9a-z]{26}$")]
+    kind: Literal["filesystem"]
+    backend: Annotated[str, AfterValidator(_known_backend)]
+    profile: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+    profile_json: Annotated[str, AfterValidator(_json_object)]
+    created_at: Time
+    sandbox_id: Short | None = None
+    parent_id: Short | None = None
+    install_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    name: Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX)] | None = None
+    size_bytes: NonNegativeInt | None = None
+
+
+class ArchiveManifest(BaseModel):
+    """`manifest.json` of a checkpoint archive (`sbx checkpoint export`)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    format: Literal["sandboxer-checkpoint/1"]
+    checkpoint: ArchivedCheckpoint
+    exported_at: Time | None = None  # archives written before it was recorded have none
+
+
+def is_imported(ckpt: Mapping[str, Any]) -> bool:
+    """Brought in by `sbx checkpoint import` (its profile is the other host's record)."""
+    return ckpt.get("exported_at") is not None
+
+
+def restore_profile(ckpt: Mapping[str, Any], profile_name: str | None = None,
+                    loader: ProfileLoader | None = None) -> Profile:
+    """The profile a restore of `ckpt` runs under: the one rule for every front end.
+
+    `profile_name` names a profile of this host. Without it, a checkpoint made here runs
+    under the resolved profile it was taken under (this host's own record), and an imported
+    one under this host's profile of the name it records: the profile embedded in an archive
+    was written by someone else and never supplies secrets, network, limits, TTL, command or
+    setup. No such profile here: BadInput naming --profile."""
+    from core.profiles import Profile, ProfileLoader
+
+    loader = loader or ProfileLoader()
+    if profile_name is None and not is_imported(ckpt):
+        return Profile.model_validate(json.loads(ckpt["profile_json"]))
+    name = profile_name or ckpt["profile"]
+    if name not in loader.names():
+        if profile_name is not None:
+            raise BadInput(f"--profile: no profile named {name!r} "
+                           f"(known: {', '.join(loader.names()) or 'none'})")
+        raise BadInput(f"checkpoint {ckpt['id']} was imported and this host has no profile "
+                       f"named {name!r}: choose one of yours with --profile NAME")
+    profile = loader.load(name)
+    if profile.backend != ckpt["backend"]:
+        raise BadInput(f"--profile: profile {name!r} runs on {profile.backend}; checkpoint "
+                       f"{ckpt['id']} is a {ckpt['backend']} checkpoint")
+    return profile
 
 
 def checkpoint_view(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,15 +246,14 @@ class Checkpoints:
 
     async def restore(self, ref: str, *, ttl: timedelta | None = None, name: str | None = None,
                       labels: Mapping[str, str] | None = None, owner: str | None = None,
-                      task: str | None = None) -> dict[str, Any]:
-        """A new sandbox from a checkpoint, with the profile the checkpoint was taken under.
+                      task: str | None = None, profile_name: str | None = None
+                      ) -> dict[str, Any]:
+        """A new sandbox from a checkpoint, under the profile `restore_profile` chooses.
         Any number may be restored from one checkpoint (a fork)."""
-        from core.profiles import Profile
-
         ckpt = self.resolve(ref)
         if ckpt["state"] != "ready":
             raise Conflict(f"checkpoint {ckpt['id']} is {ckpt['state']}: cannot restore")
-        profile = Profile.model_validate(json.loads(ckpt["profile_json"]))
+        profile = restore_profile(ckpt, profile_name)
         return await self.mgr.create(profile, ttl=ttl, name=name, labels=labels, owner=owner,
                                      task=task, restore_from=ckpt)
 
@@ -187,7 +286,7 @@ class Checkpoints:
             if row["state"] == "ready" and row["expires_at"] and row["expires_at"] <= now:
                 await self.remove(row["id"], reason="ttl")
                 removed.append(row["id"])
-        for sandbox_id in {r["sandbox_id"] for r in rows}:
+        for sandbox_id in {r["sandbox_id"] for r in rows if r["sandbox_id"]}:  # not imports
             keep = next(((json.loads(r["profile_json"]).get("checkpoints") or {}).get("keep")
                          for r in rows if r["sandbox_id"] == sandbox_id), None)
             if keep:
@@ -247,8 +346,18 @@ class Checkpoints:
         ckpt = self.resolve(ref)
         if ckpt["state"] != "ready":
             raise Conflict(f"checkpoint {ckpt['id']} is {ckpt['state']}: cannot export")
-        manifest = {"format": ARCHIVE_FORMAT,
-                    "checkpoint": {k: v for k, v in ckpt.items() if k != "backend_ref"}}
+        claims = {k: ckpt[k] for k in ("id", "name", "kind", "state", "backend", "profile",
+                                       "profile_json", "size_bytes", "created_at",
+                                       "expires_at")}
+        if is_imported(ckpt):  # passed on as the claims they came with
+            claims.update(sandbox_id=ckpt["origin_sandbox_id"],
+                          parent_id=ckpt["origin_parent_id"],
+                          install_id=ckpt["origin_install_id"])
+        else:
+            claims.update(sandbox_id=ckpt["sandbox_id"], parent_id=ckpt["parent_id"],
+                          install_id=ckpt["install_id"])
+        manifest = {"format": ARCHIVE_FORMAT, "exported_at": to_iso(self.mgr.clock.now()),
+                    "checkpoint": claims}
         with tempfile.TemporaryDirectory() as tmp:
             artifact = Path(tmp) / "artifact.tar"
             await self.mgr.adapter(ckpt["backend"]).export_artifact(ckpt["backend_ref"],
@@ -256,59 +365,156 @@ class Checkpoints:
             (Path(tmp) / "manifest.json").write_text(json.dumps(manifest, indent=1))
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w:gz") as tar:
-                tar.add(Path(tmp) / "manifest.json", arcname="manifest.json")
-                tar.add(artifact, arcname="artifact.tar")
+                for member in ARCHIVE_MEMBERS:
+                    tar.add(Path(tmp) / member, arcname=member)
         return ckpt
 
-    async def import_(self, path: str) -> dict[str, Any]:
-        """Bring a checkpoint archive in. One that is not ours, or whose paths leave its
-        folder, is refused (exit 2) before anything is written or loaded."""
-        manifest, members = _read_archive(path)
-        ckpt = manifest["checkpoint"]
-        with self.db.read() as conn:
-            if conn.execute(sa.select(CHECKPOINTS.c.id)
-                            .where(CHECKPOINTS.c.id == ckpt["id"])).first():
-                raise Conflict(f"checkpoint {ckpt['id']} is already here")
-        adapter = self.mgr.adapter(ckpt["backend"])
-        if not adapter.supports(Capability.SNAPSHOT):
-            raise Conflict(f"the {ckpt['backend']} backend cannot import checkpoints")
-        with tempfile.TemporaryDirectory() as tmp, tarfile.open(path, "r:gz") as tar:
-            tar.extract(members["artifact.tar"], tmp, filter="data")
-            artifact_ref = await adapter.import_artifact(str(Path(tmp) / "artifact.tar"),
-                                                         ckpt["id"])
-        row = {k: ckpt.get(k) for k in ("id", "sandbox_id", "parent_id", "name", "kind",
-                                        "backend", "profile", "profile_json", "size_bytes",
-                                        "created_at", "expires_at")}
-        row.update(state="ready", backend_ref=artifact_ref, install_id=self.mgr.install_id)
-        with self.db.write() as conn:
-            conn.execute(CHECKPOINTS.insert().values(**row))
-            self.mgr._event(conn, row["sandbox_id"], "checkpoint.imported",
-                            payload={"checkpoint": row["id"], "from": path})
+    async def import_(self, path: str, name: str | None = None) -> dict[str, Any]:
+        """Bring a checkpoint archive in, under `name` if given (else the archive's).
+
+        The archive is read once, in order, within caps: its manifest is checked against
+        the schema, and its id and name against this host's checkpoints (a name already
+        here is refused: it would shadow a local checkpoint), before its artifact is
+        written to a temporary file; anything past a cap, or not part of a checkpoint
+        archive, is refused (exit 2) before it is written or loaded. The import is a
+        checkpoint of its own: its time is now, and it joins no local sandbox's lineage,
+        events or evidence."""
+        if name is not None:
+            name = _checkpoint_name(name, "--name")
+        max_manifest, max_artifact = settings.import_max_manifest(), settings.import_max_artifact()
+        with _archive_members(path) as (members, tar):
+            manifest = _read_manifest(path, members, tar, max_manifest)
+            claims = manifest.checkpoint
+            chosen = name if name is not None else claims.name
+            self._refuse_taken(claims.id, chosen)
+            adapter = self.mgr.adapter(claims.backend)
+            if not adapter.supports(Capability.SNAPSHOT):
+                raise Conflict(f"the {claims.backend} backend cannot import checkpoints")
+            await adapter.ensure_available()
+            member = _next_member(path, members, "artifact.tar")
+            if member.size > max_artifact:
+                raise BadInput(f"{path}: refused: artifact.tar is {format_size(member.size)}, "
+                               f"more than the cap of {format_size(max_artifact)} "
+                               "(SBX_IMPORT_MAX_ARTIFACT)")
+            with tempfile.TemporaryDirectory() as tmp:
+                artifact = Path(tmp) / "artifact.tar"
+                with open(artifact, "xb") as out:
+                    _reading(path, lambda: tar.copy(member, out))
+                extra = _reading(path, lambda: next(members, None))
+                if extra is not None:
+                    raise _not_ours(path, extra.name)
+                artifact_ref = await adapter.import_artifact(str(artifact), claims.id)
+        row = {
+            "id": claims.id, "sandbox_id": None, "parent_id": None, "name": chosen,
+            "kind": claims.kind, "state": "ready", "backend": claims.backend,
+            "backend_ref": artifact_ref, "install_id": self.mgr.install_id,
+            "profile": claims.profile, "profile_json": claims.profile_json,
+            "size_bytes": claims.size_bytes, "created_at": to_iso(self.mgr.clock.now()),
+            "expires_at": None, "origin_sandbox_id": claims.sandbox_id,
+            "origin_parent_id": claims.parent_id, "origin_install_id": claims.install_id,
+            "exported_at": manifest.exported_at or claims.created_at,
+        }
+        try:
+            with self.db.write() as conn:
+                self._refuse_taken(claims.id, chosen, conn)  # again: another import may have won
+                conn.execute(CHECKPOINTS.insert().values(**row))
+                self.mgr._event(conn, None, "checkpoint.imported", payload={
+                    "checkpoint": row["id"], "name": chosen, "from": path,
+                    "origin_sandbox_id": claims.sandbox_id, "exported_at": row["exported_at"]})
+        except BaseException:
+            with contextlib.suppress(Exception):
+                with self.db.read() as conn:  # an import of the same id that won keeps it
+                    held = conn.execute(sa.select(CHECKPOINTS.c.id).where(
+                        CHECKPOINTS.c.id == claims.id)).first()
+                if not held:
+                    await adapter.delete_artifact(artifact_ref)
+            raise
         return self.resolve(row["id"])
 
+    def _refuse_taken(self, ckpt_id: str, name: str | None, conn: Any = None) -> None:
+        """Conflict when the id is here, or the name is: an import under a name already
+        used would shadow that checkpoint for `sbx restore NAME`."""
+        if conn is None:
+            with self.db.read() as read:
+                return self._refuse_taken(ckpt_id, name, read)
+        if conn.execute(sa.select(CHECKPOINTS.c.id).where(CHECKPOINTS.c.id == ckpt_id)).first():
+            raise Conflict(f"checkpoint {ckpt_id} is already here")
+        if name is not None:
+            holder = conn.execute(sa.select(CHECKPOINTS.c.id).where(
+                CHECKPOINTS.c.name == name)).first()
+            if holder:
+                raise Conflict(f"checkpoint name {name!r} is taken by {holder[0]} here: "
+                               "import it under another with --name NAME")
+        return None
 
-def _read_archive(path: str) -> tuple[dict[str, Any], dict[str, tarfile.TarInfo]]:
+
+def _checkpoint_name(text: str, what: str) -> str:
+    if not text.strip() or len(text) > NAME_MAX or not text.isprintable():
+        raise BadInput(f"{what}: bad checkpoint name {text!r}: 1 to {NAME_MAX} printable "
+                       "characters")
+    return text
+
+
+def _not_ours(path: str, name: str) -> BadInput:
+    return BadInput(f"{path}: refused: member {name!r} is not part of a sandboxer checkpoint "
+                    f"(it holds {' then '.join(ARCHIVE_MEMBERS)}; paths stay inside it)")
+
+
+def _reading(path: str, step: Any) -> Any:
+    """One step of reading the archive, its failures as one line (exit 2)."""
     try:
-        with tarfile.open(path, "r:gz") as tar:
-            members = tar.getmembers()
-            for member in members:
-                name = member.name
-                if name.startswith("/") or ".." in Path(name).parts or not (
-                        member.isfile() and name in ARCHIVE_MEMBERS):
-                    raise BadInput(f"{path}: refused: member {name!r} is not part of a "
-                                   "sandboxer checkpoint (paths must stay inside the archive)")
-            by_name = {m.name: m for m in members}
-            if set(by_name) != ARCHIVE_MEMBERS:
-                raise BadInput(f"{path}: not a sandboxer checkpoint archive "
-                               f"(needs {', '.join(sorted(ARCHIVE_MEMBERS))})")
-            manifest = json.load(tar.extractfile(by_name["manifest.json"]))
-    except (tarfile.TarError, OSError, json.JSONDecodeError) as exc:
+        return step()
+    except TooLarge as exc:
+        raise BadInput(f"{path}: refused: {exc}") from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise BadInput(f"{path}: not a sandboxer checkpoint archive: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT or \
-            not isinstance(manifest.get("checkpoint"), dict) or \
-            not str(manifest["checkpoint"].get("id", "")).startswith(PREFIX):
+
+
+@contextlib.contextmanager
+def _archive_members(path: str) -> Iterator[tuple[Iterator[tarfile.TarInfo], BoundedTar]]:
+    """The archive's members as its gzip stream is read, one header at a time."""
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with raw, gzip.GzipFile(fileobj=raw) as stream:
+        tar = _reading(path, lambda: BoundedTar(stream, max_members=len(ARCHIVE_MEMBERS) + 1))
+        try:
+            yield iter(tar), tar
+        finally:
+            tar.close()
+
+
+def _next_member(path: str, members: Iterator[tarfile.TarInfo], expected: str) -> tarfile.TarInfo:
+    member = _reading(path, lambda: next(members, None))
+    if member is None:
+        raise BadInput(f"{path}: not a sandboxer checkpoint archive "
+                       f"(needs {' then '.join(ARCHIVE_MEMBERS)})")
+    if member.name != expected or not member.isfile():
+        raise _not_ours(path, member.name)
+    return member
+
+
+def _read_manifest(path: str, members: Iterator[tarfile.TarInfo], tar: BoundedTar,
+                   cap: int) -> ArchiveManifest:
+    member = _next_member(path, members, "manifest.json")
+    if member.size > cap:
+        raise BadInput(f"{path}: refused: manifest.json is {format_size(member.size)}, more "
+                       f"than the cap of {format_size(cap)} (SBX_IMPORT_MAX_MANIFEST)")
+    data = _reading(path, lambda: tar.read(member))
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise BadInput(f"{path}: manifest.json is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != ARCHIVE_FORMAT:
         raise BadInput(f"{path}: not a {ARCHIVE_FORMAT} archive")
-    return manifest, by_name
+    try:
+        return ArchiveManifest.model_validate(doc)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise BadInput(f"{path}: manifest.json: {where}: "
+                       f"{error['msg'].removeprefix('Value error, ')}") from None
 
 
 def _duration(text: str) -> timedelta:

@@ -48,7 +48,8 @@ class Checkpoint(SQLModel, table=True):
     __tablename__ = "checkpoints"
 
     id: str = Field(primary_key=True, max_length=40)
-    sandbox_id: str = Field(index=True, max_length=40)
+    # the local sandbox it was taken from; None for an import, whose claims are origin_*
+    sandbox_id: str | None = Field(default=None, index=True, max_length=40)
     parent_id: str | None = Field(default=None, max_length=40)  # restored from: lineage
     name: str | None = Field(default=None, max_length=128)
     kind: str = Field(max_length=16)  # filesystem | memory
@@ -61,6 +62,11 @@ class Checkpoint(SQLModel, table=True):
     size_bytes: int | None = Field(default=None, sa_type=BigInteger)
     created_at: str = Field(max_length=TIME)
     expires_at: str | None = Field(default=None, max_length=TIME)
+    # An import's archive says these; they are a record, never links to local rows.
+    origin_sandbox_id: str | None = Field(default=None, max_length=40)
+    origin_parent_id: str | None = Field(default=None, max_length=40)
+    origin_install_id: str | None = Field(default=None, max_length=64)
+    exported_at: str | None = Field(default=None, max_length=TIME)  # set only on an import
 
 
 class Event(SQLModel, table=True):

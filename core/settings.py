@@ -160,3 +160,29 @@ def mask_patterns() -> list[re.Pattern[str]]:
             raise BadInput(f"{settings_file()}: events.mask: {text!r} matches the empty text")
         patterns.append(pattern)
     return patterns
+
+
+def _size_env(name: str, default: str) -> int:
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    raw = os.environ.get(name) or default
+    try:
+        size = int(TypeAdapter(ByteSize).validate_python(raw.strip()))
+    except ValidationError:
+        size = 0
+    if size <= 0:
+        from core.errors import BadInput
+
+        raise BadInput(f"{name}: bad size {raw!r}: use bytes or a unit, e.g. 512MiB or 8GiB")
+    return size
+
+
+def import_max_manifest() -> int:
+    """The largest manifest a checkpoint archive may hold (`SBX_IMPORT_MAX_MANIFEST`, 1MiB)."""
+    return _size_env("SBX_IMPORT_MAX_MANIFEST", "1MiB")
+
+
+def import_max_artifact() -> int:
+    """The largest artifact (image archive) a checkpoint archive may hold
+    (`SBX_IMPORT_MAX_ARTIFACT`, 8GiB)."""
+    return _size_env("SBX_IMPORT_MAX_ARTIFACT", "8GiB")

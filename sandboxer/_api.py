@@ -404,9 +404,11 @@ class AsyncCheckpoint(CheckpointRecord):
     async def restore(self, *, ttl: Duration | None = None, name: str | None = None,
                       labels: Mapping[str, str] | None = None, owner: str | None = None,
                       task: str | None = None,
-                      profile: str | Profile | None = None) -> AsyncSandbox:
-        """A new sandbox from this checkpoint, under the profile it was taken with (for an
-        imported checkpoint, a profile of this host: `profile`, else the one of its name)."""
+                      profile: str | None = None) -> AsyncSandbox:
+        """A new sandbox from this checkpoint, under the profile it was taken with, or the
+        profile of this host named `profile`. An imported checkpoint always runs under a
+        profile of this host (`profile`, else the one of the name it records): the profile
+        inside an archive never supplies secrets, network, limits, TTL or command."""
         view = await self._t.restore(self.id, ttl=_duration(ttl, "ttl"), name=name,
                                      labels=dict(labels) if labels else None, owner=owner,
                                      task=task, profile=profile)

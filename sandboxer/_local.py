@@ -461,14 +461,13 @@ class LocalTransport:
 
     async def restore(self, ref: str, *, ttl: timedelta | None, name: str | None,
                       labels: Mapping[str, str] | None, owner: str | None, task: str | None,
-                      profile: str | Profile | None) -> dict[str, Any]:
+                      profile: str | None) -> dict[str, Any]:
         async def go(mgr: Manager):
             from core.checkpoints import Checkpoints
             from core.views import sandbox_view
 
-            kwargs = {} if profile is None else {"profile": _load_profile(profile)}
             row = await Checkpoints(mgr).restore(ref, ttl=ttl, name=name, labels=labels,
-                                                 owner=owner, task=task, **kwargs)
+                                                 owner=owner, task=task, profile_name=profile)
             return sandbox_view(row, mgr.now_iso())
 
         return await self.call(go)
@@ -501,8 +500,7 @@ class LocalTransport:
         async def go(mgr: Manager):
             from core.checkpoints import Checkpoints, checkpoint_view
 
-            kwargs = {} if name is None else {"name": name}
-            return checkpoint_view(await Checkpoints(mgr).import_(path, **kwargs))
+            return checkpoint_view(await Checkpoints(mgr).import_(path, name))
 
         return await self.call(go)
 

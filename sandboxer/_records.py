@@ -98,9 +98,9 @@ class SandboxRecord:
 
 
 class CheckpointRecord:
-    """A checkpoint's fields. `sandbox` is the id of the sandbox it was taken from (for an
-    imported one, that sandbox lives elsewhere); `parent` the checkpoint that sandbox was
-    restored from, if any."""
+    """A checkpoint's fields. `sandbox` is the id of the sandbox it was taken from and
+    `parent` the checkpoint that sandbox was restored from, if any. An imported checkpoint
+    has neither here: `origin_sandbox` is what its archive claims (a sandbox elsewhere)."""
 
     __slots__ = ("_view",)
 
@@ -123,6 +123,7 @@ class CheckpointRecord:
     backend = property(lambda self: self._view["backend"])
     profile = property(lambda self: self._view["profile"])
     size_bytes = property(lambda self: self._view.get("size_bytes"))
+    origin_sandbox = property(lambda self: self._view.get("origin_sandbox_id"))
     created_at = property(lambda self: _time(self._view["created_at"]))
     expires_at = property(lambda self: _time(self._view.get("expires_at")))
 

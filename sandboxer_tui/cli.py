@@ -804,9 +804,13 @@ def snapshot_command(sandbox_id: str, name: str | None, as_json: bool) -> None:
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="A label (repeatable).")
 @click.option("--owner", metavar="WHO")
 @click.option("--task", metavar="WHAT")
+@click.option("--profile", "profile_name", metavar="NAME",
+              help="A profile of this host to run under (an import's default: the local "
+                   "profile of the name it records).")
 @JSON_OPTION
 @command
-def restore_command(checkpoint_id, ttl, name, labels, owner, task, as_json) -> None:
+def restore_command(checkpoint_id, ttl, name, labels, owner, task, profile_name,
+                    as_json) -> None:
     """A new sandbox from a checkpoint (many may come from one: a fork)."""
     from core.durations import parse_duration
     from core.labels import parse_labels
@@ -815,7 +819,8 @@ def restore_command(checkpoint_id, ttl, name, labels, owner, task, as_json) -> N
     parsed = parse_labels(labels)
     with client() as sbx:
         view = sbx.checkpoint(checkpoint_id).restore(ttl=ttl_delta, name=name, labels=parsed,
-                                                     owner=owner, task=task).to_dict()
+                                                     owner=owner, task=task,
+                                                     profile=profile_name).to_dict()
     if as_json:
         emit_json(view)
     else:
@@ -832,7 +837,8 @@ def _tree_lines(nodes: list[Mapping[str, Any]], depth: int = 0) -> list[str]:
     for node in nodes:
         label = f" {node['name']}" if node["name"] else ""
         lines.append(f"{'   ' * depth}{'└─ ' if depth else ''}{node['id']}{label}  "
-                     f"from {node['sandbox_id']}  {node['created_at']}  {node['state']}")
+                     f"from {node['sandbox_id'] or 'an import'}  {node['created_at']}  "
+                     f"{node['state']}")
         lines += _tree_lines(node["children"], depth + 1)
     return lines
 
@@ -911,12 +917,14 @@ def checkpoint_export(checkpoint_id: str, output: str) -> None:
 
 @checkpoint_group.command("import")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--name", metavar="NAME", help="Its name here (default: the archive's; a name "
+                                             "already used here is refused).")
 @JSON_OPTION
 @command
-def checkpoint_import(file: str, as_json: bool) -> None:
+def checkpoint_import(file: str, name: str | None, as_json: bool) -> None:
     """Bring in a checkpoint archive made by `sbx checkpoint export`."""
     with client() as sbx:
-        view = sbx.import_checkpoint(file).to_dict()
+        view = sbx.import_checkpoint(file, name=name).to_dict()
     if as_json:
         emit_json(view)
     else:

@@ -10,12 +10,19 @@ what this test made is removed: every installation id is the test's own.
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import io
 import json
+import os
+import resource
+import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import docker
@@ -26,9 +33,12 @@ from conftest import (
     SBX,
     Result,
     SbxRunner,
+    containers_of,
+    events_of,
     install_id_of,
     query,
     remove_test_containers,
+    show,
     table_rows,
     write_profile,
 )
@@ -50,6 +60,7 @@ class Made:
         self.api = api
         self.homes = [home]
         self.tags: list[str] = []
+        self.image_ids: list[str] = []  # images the test made itself, removed by id
 
     def runner(self, sbx: SbxRunner, name: str) -> SbxRunner:
         """Another installation (its own SBX_HOME) on the same engine, cleaned up likewise."""
@@ -80,6 +91,8 @@ class Made:
             remove_test_containers(home)
         for tag in self.tags:
             self._remove(tag)
+        for image_id in self.image_ids:
+            self._remove(image_id)
         for _ in range(2):  # children first (newest first); a second pass for their parents
             for info in self._images():
                 tags = [t for t in info.get("RepoTags") or [] if t != "<none>:<none>"]
@@ -647,3 +660,469 @@ def test_memory_checkpoints_are_not_offered_here_and_every_checkpoint_is_filesys
     assert {r["kind"] for r in checkpoint_rows(sbx.home)} == {"filesystem"}
     created = [e for e in events(sbx.home, box["id"]) if e["type"] == "checkpoint.created"]
     assert [e["payload"]["kind"] for e in created] == ["filesystem"]
+
+
+# -- 10. an imported checkpoint is input from outside ---------------------------------------
+#
+# Each archive below is a real export whose manifest (or image archive) was then rewritten,
+# as anyone handing over an archive can: sbx must take nothing from it on trust.
+
+
+def _exported(sbx: SbxRunner, tmp_path: Path, *snapshot_args: str) -> tuple[dict, dict, bytes]:
+    """A checkpoint of a new sandbox of `sbx`, exported: the checkpoint, its archive's
+    manifest and the image archive inside it."""
+    box = sbx.create()
+    ckpt = snapshot(sbx, box["id"], *snapshot_args)
+    path = tmp_path / f"{ckpt['id']}.tar.gz"
+    ok(sbx("checkpoint", "export", ckpt["id"], "-o", str(path)))
+    with tarfile.open(path, "r:gz") as tar:
+        return (ckpt, json.loads(tar.extractfile("manifest.json").read()),
+                tar.extractfile("artifact.tar").read())
+
+
+def _with_manifest(path: Path, manifest: dict, artifact: bytes) -> Path:
+    return _archive(path, [("manifest.json", json.dumps(manifest).encode()),
+                           ("artifact.tar", artifact)])
+
+
+def _utc(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# What an archive's author would like a restore to run: every field a profile of this host
+# must decide instead.
+FOREIGN_PROFILE = {
+    "backend": "docker", "image": "sandboxer/base:busybox",
+    "command": ["sh", "-c", "echo owned; trap 'exit 0' TERM; while :; do sleep 1; done"],
+    "resources": {"cpu": 2, "memory": None, "pids": None},
+    "network": {"mode": "full"},
+    "secrets": {"X": "env:SOME_HOST_VAR"},
+    "ttl": {"default": "3650d", "max": "36500d"},
+}
+
+
+def test_restore_of_an_import_runs_under_a_profile_of_this_host(sbx, docker_api, made, tmp_path):
+    first, manifest_a, artifact_a = _exported(sbx, tmp_path)
+    second, manifest_b, artifact_b = _exported(sbx, tmp_path)
+    elsewhere = f"elsewhere-{RUN_ID}"  # a profile only the archive's author has
+    for manifest, profile_name in ((manifest_a, "default"), (manifest_b, elsewhere)):
+        manifest["checkpoint"]["profile"] = profile_name
+        manifest["checkpoint"]["profile_json"] = json.dumps({**FOREIGN_PROFILE,
+                                                             "name": profile_name})
+    other = made.runner(sbx, "home-e")
+    secret = f"host-secret-{RUN_ID}"
+    host = {"SOME_HOST_VAR": secret}
+    for manifest, artifact in ((manifest_a, artifact_a), (manifest_b, artifact_b)):
+        path = _with_manifest(tmp_path / f"{manifest['checkpoint']['id']}.tgz", manifest,
+                              artifact)
+        ok(other("checkpoint", "import", str(path), env=host))
+    recorded = query(other.home, "SELECT profile_json FROM checkpoints WHERE id = ?",
+                     first["id"])[0]["profile_json"]
+    assert json.loads(recorded)["network"] == {"mode": "full"}, "kept, as a record"
+
+    def runs_under_local_default(view: dict) -> None:
+        info = docker_api.inspect_container(view["backend_ref"])
+        limits = info["HostConfig"]
+        assert limits["NetworkMode"] == "none", limits["NetworkMode"]
+        assert (limits["Memory"], limits["PidsLimit"], limits["NanoCpus"]) == (
+            512 * 1024**2, 256, 10**9)
+        env = info["Config"]["Env"] or []
+        assert not [e for e in env if e.startswith("X=") or secret in e], env
+        assert "owned" not in json.dumps(info["Config"]["Cmd"]), info["Config"]["Cmd"]
+        assert _utc(view["hard_deadline"]) - _utc(view["created_at"]) == timedelta(hours=4)
+        assert _utc(view["deadline"]) - _utc(view["created_at"]) == timedelta(minutes=30)
+        assert show(other, view["id"])["profile"] == "default"
+
+    def restore_in_other(*args: str) -> Result:
+        return other("restore", *args, "--label", RUN_LABEL, "--json", env=host)
+
+    # the recorded name is a profile here: that one, not the archive's
+    runs_under_local_default(ok(restore_in_other(first["id"])).json())
+    too_long = restore_in_other(first["id"], "--ttl", "100d")
+    assert too_long.code == 2 and "4h" in too_long.json()["error"]["message"], too_long
+
+    # a recorded name this host does not have: the user chooses
+    def state() -> tuple:
+        return (table_rows(other.home, "sandboxes"), table_rows(other.home, "events"),
+                sorted(c["Id"] for c in containers_of(docker_api, install_id_of(other.home))))
+
+    before = state()
+    for args in ((second["id"],), (second["id"], "--profile", f"nope-{RUN_ID}")):
+        refused = other("restore", *args, "--label", RUN_LABEL, env=host)
+        assert refused.code == 2, (args, refused)
+        assert "--profile" in one_line(refused), refused
+        assert state() == before, args
+    runs_under_local_default(ok(restore_in_other(second["id"], "--profile", "default")).json())
+
+
+def test_an_import_keeps_its_own_time_and_name_and_joins_no_local_lineage(
+        sbx, docker_api, made, tmp_path):
+    travelled, manifest, artifact = _exported(sbx, tmp_path, "--name", "travel")
+    ok(sbx("checkpoint", "rm", travelled["id"]))  # so an import that loaded it would show
+    other = made.runner(sbx, "home-f")
+    box = other.create()
+    local = snapshot(other, box["id"], "--name", "travel")
+    fork = restore(other, local["id"])
+    grandchild = snapshot(other, fork["id"])
+    # the archive claims to be the newest checkpoint of a local sandbox, child of a local one,
+    # taken under a profile that keeps only the newest checkpoint of its sandbox
+    keep_one = {**json.loads(manifest["checkpoint"]["profile_json"]), "checkpoints": {"keep": 1}}
+    manifest["checkpoint"].update(created_at="2999-12-31T23:59:59.000000Z",
+                                  sandbox_id=box["id"], parent_id=local["id"],
+                                  install_id=install_id_of(other.home),
+                                  profile_json=json.dumps(keep_one))
+    path = _with_manifest(tmp_path / "forged.tgz", manifest, artifact)
+
+    def state() -> tuple:
+        return (table_rows(other.home, "checkpoints"), table_rows(other.home, "events"),
+                table_rows(other.home, "sandboxes"))
+
+    before = state()
+    shadowing = other("checkpoint", "import", str(path))
+    assert shadowing.code == 4, shadowing
+    assert "--name" in one_line(shadowing)
+    taken = other("checkpoint", "import", str(path), "--name", "travel", "--json")
+    assert taken.code == 4 and taken.json()["error"]["code"] == 4, taken
+    assert state() == before
+    assert not tag_exists(docker_api, f"{REPOSITORY}:{travelled['id']}")
+
+    started = _now_iso()
+    imported = ok(other("checkpoint", "import", str(path), "--name", "travel-from-a",
+                        "--json")).json()
+    assert started <= imported["created_at"] <= _now_iso()
+    assert imported["exported_at"] == manifest["exported_at"]
+    assert (imported["name"], imported["sandbox_id"], imported["parent_id"]) == (
+        "travel-from-a", None, None)
+    assert (imported["origin_sandbox_id"], imported["origin_parent_id"]) == (
+        box["id"], local["id"]), "the archive's claims, kept as such"
+
+    # `sbx restore travel` still means the local checkpoint
+    again = restore(other, "travel")
+    creating = [e for e in events(other.home, again["id"]) if e["type"] == "sandbox.creating"]
+    assert creating[0]["payload"]["restored_from"] == local["id"]
+
+    # the local sandboxes' lineage, events and evidence hold nothing of the import
+    listed = ok(other("checkpoints", box["id"], "--json")).json()
+    assert [c["id"] for c in listed] == [local["id"]]
+    roots = {n["id"]: n for n in ok(other("checkpoints", "--tree", "--json")).json()}
+    assert set(roots) == {local["id"], imported["id"]}
+    assert [c["id"] for c in roots[local["id"]]["children"]] == [grandchild["id"]]
+    assert roots[local["id"]]["children"][0]["children"] == []
+    assert roots[imported["id"]]["children"] == []
+    human = ok(other("checkpoints", "--tree")).out
+    assert f"{imported['id']} travel-from-a  from an import " in human, human
+    for sandbox in (box, fork, again):
+        assert imported["id"] not in json.dumps(events_of(other, sandbox["id"]))
+        bundle = tmp_path / f"evidence-{sandbox['id']}.json"
+        ok(other("evidence", sandbox["id"], "--output", str(bundle)))
+        assert imported["id"] not in bundle.read_text(), sandbox["id"]
+    owners = query(other.home, "SELECT sandbox_id FROM events WHERE type = 'checkpoint.imported'")
+    assert owners == [{"sandbox_id": None}]
+    # nor does its profile's retention reach them
+    assert ok(other("checkpoints", "prune", "--json")).json() == {"removed": []}
+    assert {r["id"] for r in checkpoint_rows(other.home)} == {
+        local["id"], grandchild["id"], imported["id"]}
+
+
+def test_import_checks_the_manifest_against_its_schema(sbx, docker_api, made, tmp_path):
+    ckpt, manifest, artifact = _exported(sbx, tmp_path)
+    ok(sbx("checkpoint", "rm", ckpt["id"]))
+
+    def changed(**fields) -> dict:
+        doc = json.loads(json.dumps(manifest))
+        for key, value in fields.items():
+            if value is None:
+                del doc["checkpoint"][key]
+            else:
+                doc["checkpoint"][key] = value
+        return doc
+
+    no_checkpoint = {k: v for k, v in manifest.items() if k != "checkpoint"}
+    cases = {
+        "checkpoint.backend": changed(backend=None),
+        "checkpoint.profile_json": changed(profile_json=None),
+        "checkpoint.kind": changed(kind="memory"),
+        "checkpoint.id": changed(id=42),
+        "checkpoint.profile": changed(profile="../../../tmp/evil"),
+        "checkpoint.created_at": changed(created_at="yesterday"),
+        "checkpoint.name": changed(name="n" * 200),
+        "checkpoint.size_bytes": changed(size_bytes=-1),
+        "checkpoint": no_checkpoint,
+        "exported_at": {**manifest, "exported_at": "soon"},
+    }
+    other = made.runner(sbx, "home-g")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    for field, doc in cases.items():
+        path = _with_manifest(tmp_path / "schema.tgz", doc, artifact)
+        result = other("checkpoint", "import", str(path), env={"TMPDIR": str(scratch)})
+        assert result.code == 2, (field, result)
+        assert f"manifest.json: {field}: " in one_line(result), (field, result.err)
+        assert table_rows(other.home, "checkpoints") == [], field
+        assert table_rows(other.home, "events") == [], field
+        assert list(scratch.iterdir()) == [], field
+        assert not tag_exists(docker_api, f"{REPOSITORY}:{ckpt['id']}"), field
+
+
+class _Filler(io.RawIOBase):
+    """`size` bytes of one value, made as they are read (never held whole)."""
+
+    def __init__(self, size: int, byte: bytes = b"\0") -> None:
+        self.left, self.byte = size, byte
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        count = min(len(buffer), self.left)
+        buffer[:count] = self.byte * count
+        self.left -= count
+        return count
+
+
+def _bomb(path: Path, members: list[tuple[str, int, bytes] | tuple[str, bytes]],
+          pax_bomb: int = 0) -> Path:
+    """A tar.gz whose members are declared (name, size, filler byte) or given (name, data);
+    with `pax_bomb`, a pax header of that size comes first."""
+    with gzip.open(path, "wb") as raw:
+        if pax_bomb:
+            header = tarfile.TarInfo("././@PaxHeader")
+            header.type, header.size = tarfile.XHDTYPE, pax_bomb
+            raw.write(header.tobuf(format=tarfile.USTAR_FORMAT))
+            shutil.copyfileobj(_Filler(pax_bomb, b"a"), raw, 1024 * 1024)
+            raw.write(b"\0" * (-pax_bomb % tarfile.BLOCKSIZE))
+        with tarfile.open(fileobj=raw, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+            for member in members:
+                info = tarfile.TarInfo(member[0])
+                if len(member) == 3:
+                    info.size = member[1]
+                    tar.addfile(info, _Filler(member[1], member[2]))
+                else:
+                    info.size = len(member[1])
+                    tar.addfile(info, io.BytesIO(member[1]))
+    return path
+
+
+def _run_bounded(runner: SbxRunner, *args: str, env: dict[str, str],
+                 max_file: int) -> tuple[Result, int]:
+    """Run `sbx` unable to write any file past `max_file` bytes (RLIMIT_FSIZE: a longer write
+    fails); its result and its peak resident memory in MiB."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file, max_file))
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([*SBX, *args], cwd=runner.cwd, env=runner.env(env),
+                                stdout=out, stderr=err, preexec_fn=limit)
+        deadline = time.monotonic() + 120
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return (Result(proc.returncode, out.read().decode(), err.read().decode()),
+                usage.ru_maxrss // 1024)
+
+
+def _files(folder: Path) -> dict[str, int]:
+    """The folder's files and their sizes; SQLite's -wal and -shm aside (this test's own
+    read-only queries leave them; the tables are compared instead)."""
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*")
+            if p.is_file() and not p.name.endswith(("-wal", "-shm"))}
+
+
+def test_import_caps_are_read_from_the_headers_before_anything_is_written(
+        sbx, docker_api, made, tmp_path):
+    ckpt, manifest, artifact = _exported(sbx, tmp_path)
+    ok(sbx("checkpoint", "rm", ckpt["id"]))
+    real_manifest = json.dumps(manifest).encode()
+    bombs = tmp_path / "bombs"
+    bombs.mkdir()
+    cases = {
+        # a 64 MiB artifact (in a 64 KiB archive), over a cap lowered to 16 MiB
+        "artifact": (_bomb(bombs / "artifact.tgz", [("manifest.json", real_manifest),
+                                                    ("artifact.tar", 64 * 1024**2, b"\0")]),
+                     {"SBX_IMPORT_MAX_ARTIFACT": "16MiB"}, "SBX_IMPORT_MAX_ARTIFACT"),
+        # a 300 MiB manifest (spaces before the JSON) over the default cap of 1 MiB
+        "manifest": (_bomb(bombs / "manifest.tgz", [("manifest.json", 300 * 1024**2, b" "),
+                                                    ("artifact.tar", artifact)]),
+                     {}, "SBX_IMPORT_MAX_MANIFEST"),
+        # a 300 MiB pax header before any member
+        "pax": (_bomb(bombs / "pax.tgz", [("manifest.json", real_manifest),
+                                          ("artifact.tar", artifact)],
+                      pax_bomb=300 * 1024**2), {}, "header"),
+    }
+    for path, _, _ in cases.values():
+        assert path.stat().st_size < 2 * 1024**2, path
+    other = made.runner(sbx, "home-h")
+    ok(other("checkpoints"))  # the home and its database exist before
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    home_before = _files(other.home)
+    for case, (path, env, named) in cases.items():
+        result, peak_mib = _run_bounded(other, "checkpoint", "import", str(path),
+                                        env={"TMPDIR": str(scratch), **env},
+                                        max_file=8 * 1024**2)
+        assert result.code == 2, (case, result)
+        assert named in one_line(result), (case, result.err)
+        assert peak_mib < 150, (case, peak_mib)
+        assert list(scratch.iterdir()) == [], case
+        assert _files(other.home) == home_before, case
+        assert table_rows(other.home, "checkpoints") == [], case
+        assert not tag_exists(docker_api, f"{REPOSITORY}:{ckpt['id']}"), case
+        assert docker_api.images(filters={"label": [f"sbx.checkpoint={ckpt['id']}"]}) == [], case
+    bad_cap = other("checkpoint", "import", str(cases["artifact"][0]),
+                    env={"SBX_IMPORT_MAX_ARTIFACT": "lots"})
+    assert bad_cap.code == 2 and "SBX_IMPORT_MAX_ARTIFACT" in one_line(bad_cap), bad_cap
+
+
+def _rewritten_image(artifact: bytes, replace: dict[str, bytes],
+                     add: list[tuple[str, bytes] | tuple[str, bytes, str]]) -> bytes:
+    """The `docker save` archive `artifact` with members' contents replaced and members added
+    (a third element makes a symlink to it)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(artifact)) as src, \
+            tarfile.open(fileobj=out, mode="w") as dst:
+        for member in src.getmembers():
+            if member.name in replace:
+                data = replace[member.name]
+                member.size = len(data)
+                dst.addfile(member, io.BytesIO(data))
+            else:
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+        for extra in add:
+            info = tarfile.TarInfo(extra[0])
+            if len(extra) == 3:
+                info.type, info.linkname = tarfile.SYMTYPE, extra[2]
+                dst.addfile(info)
+            else:
+                info.size = len(extra[1])
+                dst.addfile(info, io.BytesIO(extra[1]))
+    return out.getvalue()
+
+
+@pytest.fixture
+def victim(sbx, docker_api, made) -> tuple[str, str]:
+    """An image of this test's own, tagged `sbx-test-victim:<run id>`: (tag, image id)."""
+    box = sbx.create()
+    image_id = docker_api.commit(box["backend_ref"], repository="sbx-test-victim",
+                                 tag=RUN_ID)["Id"]
+    made.image_ids.append(image_id)
+    return f"sbx-test-victim:{RUN_ID}", image_id
+
+
+def test_import_refuses_an_image_archive_that_names_another_tag(
+        sbx, docker_api, made, tmp_path, victim):
+    victim_tag, victim_id = victim
+    ckpt, manifest, artifact = _exported(sbx, tmp_path)
+    tag = f"{REPOSITORY}:{ckpt['id']}"
+    image_hex = docker_api.inspect_image(tag)["Id"].removeprefix("sha256:")
+    ok(sbx("checkpoint", "rm", ckpt["id"]))
+    assert not tag_exists(docker_api, tag)
+    with tarfile.open(fileobj=io.BytesIO(artifact)) as inner:
+        assert "repositories" in inner.getnames(), "this engine's `docker save` writes one"
+    naming_victim = json.dumps({"sbx-test-victim": {RUN_ID: image_hex},
+                                REPOSITORY: {ckpt["id"]: image_hex}}).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": f"sha256:{image_hex}", "size": 2, "annotations": {
+            "io.containerd.image.name": f"docker.io/library/{victim_tag}",
+            "org.opencontainers.image.ref.name": RUN_ID}}]}).encode()
+    layout = b'{"imageLayoutVersion": "1.0.0"}'
+    cases = {
+        "repositories": _rewritten_image(artifact, {"repositories": naming_victim}, []),
+        "index.json": _rewritten_image(artifact, {}, [("oci-layout", layout),
+                                                      ("index.json", index)]),
+        "through a link": _rewritten_image(artifact, {}, [("d", b"", "."),
+                                                          ("d/repositories", naming_victim)]),
+        "twice": _rewritten_image(artifact, {}, [("./repositories", naming_victim)]),
+    }
+    other = made.runner(sbx, "home-i")
+    for case, image in cases.items():
+        path = _with_manifest(tmp_path / "named.tgz", manifest, image)
+        result = other("checkpoint", "import", str(path))
+        assert result.code == 2, (case, result)
+        one_line(result)
+        assert docker_api.inspect_image(victim_tag)["Id"] == victim_id, case
+        assert not tag_exists(docker_api, tag), case
+        assert table_rows(other.home, "checkpoints") == [], case
+    # the archive as exported still comes in
+    path = _with_manifest(tmp_path / "plain.tgz", manifest, artifact)
+    ok(other("checkpoint", "import", str(path)))
+    assert docker_api.inspect_image(victim_tag)["Id"] == victim_id
+
+
+def test_a_load_that_moves_another_tag_is_undone_and_refused(
+        sbx, docker_api, made, tmp_path, victim, monkeypatch):
+    """Should an engine take a name from somewhere the archive check does not look, the
+    Docker adapter puts back every tag the load moved and refuses the artifact."""
+    from adapters import docker as docker_adapter
+    from adapters.base import ArtifactRefused
+
+    victim_tag, victim_id = victim
+    ckpt, _, artifact = _exported(sbx, tmp_path)
+    tag = f"{REPOSITORY}:{ckpt['id']}"
+    with tarfile.open(fileobj=io.BytesIO(artifact)) as inner:
+        saved = json.loads(inner.extractfile("manifest.json").read())
+    saved[0]["RepoTags"] = [tag, victim_tag]
+    image = tmp_path / "image.tar"
+    image.write_bytes(_rewritten_image(artifact, {"manifest.json": json.dumps(saved).encode()},
+                                       []))
+    ok(sbx("checkpoint", "rm", ckpt["id"]))
+    monkeypatch.setattr(docker_adapter, "_check_saved_image", lambda path, name: None)
+
+    async def load() -> str:
+        adapter = docker_adapter.DockerAdapter()
+        try:
+            return await adapter.import_artifact(str(image), ckpt["id"])
+        finally:
+            await adapter.close()
+
+    with pytest.raises(ArtifactRefused, match=victim_tag):
+        asyncio.run(load())
+    assert docker_api.inspect_image(victim_tag)["Id"] == victim_id
+    assert not tag_exists(docker_api, tag)
+
+
+def test_import_never_moves_a_checkpoint_tag_another_installation_holds(
+        sbx, docker_api, made, tmp_path):
+    """Two installations on one engine: an archive naming the other's checkpoint id, with an
+    image of its own labelled as that checkpoint, must not take over its tag."""
+    ckpt, manifest, _ = _exported(sbx, tmp_path)
+    tag = f"{REPOSITORY}:{ckpt['id']}"
+    held = docker_api.inspect_image(tag)["Id"]
+    box = sbx.create()
+    sh(sbx, box["id"], "echo forged > /work/file")
+    forged_id = docker_api.commit(box["backend_ref"], repository="sbx-test-forged", tag=RUN_ID,
+                                  changes=[f'LABEL "sbx.checkpoint"="{ckpt["id"]}"'])["Id"]
+    made.image_ids.append(forged_id)
+    saved = b"".join(docker_api.get_image(f"sbx-test-forged:{RUN_ID}"))
+    docker_api.remove_image(f"sbx-test-forged:{RUN_ID}")
+    with tarfile.open(fileobj=io.BytesIO(saved)) as inner:
+        entries = json.loads(inner.extractfile("manifest.json").read())
+    entries[0]["RepoTags"] = [tag]
+    hex_id = forged_id.removeprefix("sha256:")
+    image = _rewritten_image(saved, {
+        "manifest.json": json.dumps(entries).encode(),
+        "repositories": json.dumps({REPOSITORY: {ckpt["id"]: hex_id}}).encode()}, [])
+    path = _with_manifest(tmp_path / "takeover.tgz", manifest, image)
+
+    other = made.runner(sbx, "home-j")
+    result = other("checkpoint", "import", str(path))
+    assert result.code == 2, result
+    assert tag in one_line(result)
+    assert docker_api.inspect_image(tag)["Id"] == held
+    assert table_rows(other.home, "checkpoints") == []
+    fork = restore(sbx, ckpt["id"])  # the other installation's checkpoint is still its own
+    assert docker_sh(docker_api, fork["backend_ref"], "cat /work/file 2>&1 || true") != "forged\n"

@@ -311,7 +311,7 @@ class DetailPanel(Vertical):
             label = Text(node["id"], style="bold" if node["sandbox_id"] == sandbox_id else "")
             if node.get("name"):
                 label.append(f" {node['name']}")
-            label.append(f"  of {node['sandbox_id']}  {node['created_at'][:19].replace('T', ' ')}"
+            label.append(f"  of {node['sandbox_id'] or 'an import'}  {node['created_at'][:19].replace('T', ' ')}"
                          f"  {human_bytes(node.get('size_bytes'))}  {node['state']}", style="dim")
             branch = parent.add(label, data=node["id"], expand=True)
             for child in node["children"]:
