@@ -766,6 +766,8 @@ def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, 
     running = query_status(folder)
     if running and "pid" in running:
         return running, False
+    if os.path.islink(folder / PID_FILE):  # the server would refuse it: say so here, at once
+        os.close(open_state_file(folder / PID_FILE, os.O_RDONLY))
     log = folder / LOG_FILE
     with os.fdopen(open_state_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
         os.fchmod(out.fileno(), 0o600)

@@ -682,15 +682,16 @@ def test_bad_requests_are_declined_and_the_server_serves_the_next(via: Launcher)
     assert (after["pid"], after["served"]) == (status["pid"], status["served"] + 1)
 
 
-def test_a_link_planted_at_the_servers_log_is_refused_not_followed(sbx: SbxRunner,
-                                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["server.log", "server.pid"])
+def test_a_link_planted_at_the_servers_files_is_refused_not_followed(
+        sbx: SbxRunner, tmp_path: Path, name: str) -> None:
     sbx.home.mkdir(mode=0o700)
     victim = tmp_path / "victim"
-    log = sbx.home / "server.log"
-    log.symlink_to(victim)
+    planted = sbx.home / name
+    planted.symlink_to(victim)
     result = Launcher(sbx.home, sbx.cwd)("server", "start")
     assert result.code == 2, result.err
     assert result.err.splitlines() == [
-        f"sbx: {log} is a symbolic link; sbx does not follow links in its state folder "
+        f"sbx: {planted} is a symbolic link; sbx does not follow links in its state folder "
         "(remove it)"]
     assert not victim.exists() and not (sbx.home / "server.sock").exists()
