@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import abc
 import enum
+import errno
 import os
+import stat
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -302,8 +304,11 @@ HOME_OVERRIDE: ContextVar[str | None] = ContextVar("sbx_home_override", default=
 
 
 def state_folder() -> Path:
-    """`$SBX_HOME`, else the platform's user data folder; created 0700. Where sbx keeps its
-    state (core.settings.sbx_home) and an adapter its own files."""
+    """`$SBX_HOME`, else the platform's user data folder; created 0700, and refused
+    (InvalidRequest, exit 2) unless it is a folder of this user that no one else can write
+    to: its files carry the event log, the socket every command's environment goes through,
+    and adapters' own state. Where sbx keeps its state (core.settings.sbx_home) and an adapter
+    its own files."""
     raw = HOME_OVERRIDE.get() or os.environ.get("SBX_HOME")
     if raw:
         home = Path(raw).expanduser()
@@ -311,5 +316,52 @@ def state_folder() -> Path:
         from platformdirs import user_data_path
 
         home = user_data_path(APP_NAME)
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:
+        pass  # not a folder: said below
+    except OSError as exc:
+        raise InvalidRequest(f"state folder {home} cannot be created: "
+                             f"{exc.strerror or exc}") from None
+    check_state_folder(home)
     return home
+
+
+def state_folder_problem(path: Path | str) -> str | None:
+    """What makes `path` unfit to hold sbx's state, or None: not a folder, owned by another
+    user, or writable by group or others (anyone who can write there can plant the socket
+    commands hand their environment to). The launchers apply the same rule before they
+    connect."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return (f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"run chmod go-w {path}")
+    return None
+
+
+def check_state_folder(path: Path | str) -> None:
+    problem = state_folder_problem(path)
+    if problem:
+        raise InvalidRequest(f"state folder {path} {problem}")
+
+
+def open_state_file(path: Path | str, flags: int, mode: int = 0o600) -> int:
+    """os.open for a file sbx keeps in its state folder: a symbolic link planted there is
+    refused (InvalidRequest, exit 2), never followed; `os.O_EXCL` with `os.O_CREAT` for a
+    temporary, which then must not exist at all."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidRequest(f"{path} is a symbolic link; sbx does not follow links in "
+                                 "its state folder (remove it)") from None
+        raise

@@ -53,6 +53,7 @@ from adapters.base import (
     InvalidRequest,
     MetricSample,
     ServiceSpec,
+    open_state_file,
     state_folder,
 )
 
@@ -161,31 +162,24 @@ def known_engine_id(base_url: str) -> tuple[str | None, str | None]:
     stamp = _socket_stamp(base_url)
     if stamp is None:
         return None, None
-    try:
-        known = json.loads((state_folder() / ENGINE_IDS_FILE).read_text())
-    except (OSError, ValueError):
-        return None, stamp
-    found = known.get(stamp) if isinstance(known, dict) else None
+    known = _read_engine_ids(state_folder() / ENGINE_IDS_FILE)
+    found = known.get(stamp)
     return (found if isinstance(found, str) and found else None), stamp
 
 
 def remember_engine_id(stamp: str, engine_id: str) -> None:
     path = state_folder() / ENGINE_IDS_FILE
-    try:
-        known = json.loads(path.read_text())
-        known = known if isinstance(known, dict) else {}
-    except (OSError, ValueError):
-        known = {}
+    known = _read_engine_ids(path)
     known.pop(stamp, None)
     known[stamp] = engine_id  # newest last; the oldest go
     kept = dict(list(known.items())[-ENGINE_IDS_KEPT:])
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
-        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = open_state_file(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with os.fdopen(fd, "w") as out:
             json.dump(kept, out)
-        os.replace(scratch, path)
-    except OSError:  # a cache: a command never fails for want of it
+        os.replace(scratch, path)  # replaces a link planted at `path`, never follows it
+    except (OSError, InvalidRequest):  # a cache: a command never fails for want of it
         with contextlib.suppress(OSError):
             os.unlink(scratch)
 
@@ -214,6 +208,17 @@ def own_bridge(api: docker.APIClient, install: str) -> str:
                 f"(`docker network rm {name}`) and sbx makes its own")
         return name
     raise AdapterError(f"the Docker network {name} could not be made")
+
+
+
+def _read_engine_ids(path: os.PathLike) -> dict:
+    """The remembered engine ids; {} when there are none, or a link was planted there."""
+    try:
+        with os.fdopen(open_state_file(path, os.O_RDONLY)) as file:
+            known = json.loads(file.read())
+    except (OSError, ValueError, InvalidRequest):
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def build_base_image(api: docker.APIClient, tag: str = BASE_IMAGE) -> str:

@@ -22,7 +22,6 @@ import os
 import random
 import re
 import shlex
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -45,6 +44,8 @@ from adapters.base import (
     ExecResult,
     Health,
     MetricSample,
+    open_state_file,
+    state_folder,
 )
 
 T = TypeVar("T")
@@ -57,6 +58,7 @@ DEFAULT_TEMPLATE = "base"
 DEADLINE_GRACE = timedelta(seconds=60)
 MAX_TIMEOUT_S = 24 * 3600  # E2B's longest timeout (Pro plan; Hobby: 1 hour)
 DEFAULT_MAX_CONCURRENT = 20
+SLOTS_FOLDER = "e2b-slots"  # in the state folder: one lock file per create slot
 OPTIONS = frozenset({"max_concurrent", "api_key"})
 METRICS_EVERY_S = 5.0  # E2B's metrics granularity
 RATE_LIMIT_RETRIES = 5
@@ -124,14 +126,16 @@ def _one_line(exc: BaseException) -> str:
 
 class _CreateSlots:
     """At most `limit` creates in flight per (API, key variable): an asyncio.Semaphore in this
-    process, and `limit` lock files shared by every sbx process of this user on this host, so
-    a burst of `sbx create` commands is bounded as well as a burst inside one process."""
+    process, and `limit` lock files shared by every sbx process of this state folder, so a
+    burst of `sbx create` commands is bounded as well as a burst inside one process. The
+    files live in the state folder (checked as the core checks it), not in /tmp, where
+    another user could make the folder first and hold the locks or plant links."""
 
     def __init__(self, key: str, limit: int) -> None:
         self.limit = limit
         self.semaphore = asyncio.Semaphore(limit)
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        folder = os.path.join(tempfile.gettempdir(), f"sbx-e2b-slots-{os.getuid()}")
+        folder = os.path.join(state_folder(), SLOTS_FOLDER)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         self.paths = [os.path.join(folder, f"{digest}-{limit}-{i}.lock") for i in range(limit)]
 
@@ -152,7 +156,7 @@ class _CreateSlots:
             return None
         while True:
             for path in self.paths:
-                fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+                fd = open_state_file(path, os.O_CREAT | os.O_RDWR)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return fd

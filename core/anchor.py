@@ -14,8 +14,9 @@ HEAD_KEY = "sbx_event_head"  # where an append leaves its (id, hash) on the conn
 
 
 def read_anchor(path: Path) -> tuple[int, str] | None:
-    try:
-        id_text, hash_text = path.read_text().split()
+    try:  # a link planted in its place is not followed: the anchor reads as missing
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as file:
+            id_text, hash_text = file.read().split()
         return int(id_text), hash_text
     except (OSError, ValueError):
         return None
@@ -26,7 +27,8 @@ def move_anchor(path: Path, head: tuple[int, str]) -> None:
     current = read_anchor(path)
     if current is not None and current[0] >= head[0]:
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(f"{head[0]} {head[1]}\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{head[0]} {head[1]}\n")
+    os.replace(tmp, path)  # replaces a link planted at `path`, never follows it

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import hmac
 import http.client
@@ -151,10 +152,15 @@ class JsonlSink:
     def send(self, batch: Sequence[bytes], ids: Sequence[str] | None = None) -> int:
         try:
             self._rotate_if_full()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            # O_NOFOLLOW: a link planted in its place is refused, not written through
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                         0o600)
             with os.fdopen(fd, "ab") as out:
                 out.write(b"".join(body + b"\n" for body in batch))
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SinkRefused(f"cannot write {self.path}: it is a symbolic link, which "
+                                  "sbx does not follow") from exc
             raise SinkRefused(f"cannot write {self.path}: {exc.strerror or exc}") from exc
         return len(batch)
 

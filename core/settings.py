@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from adapters.base import APP_NAME, state_folder
+from adapters.base import APP_NAME, open_state_file, state_folder
 
 if TYPE_CHECKING:
     import re
@@ -65,26 +65,38 @@ def install_id() -> str:
     """This installation's id, kept beside (not inside) the database.
 
     Backend objects carry it as `sbx.install`, so `sbx reap --orphans` still recognises
-    them when the database is lost.
+    them when the database is lost. A link planted at the file is refused, not followed.
     """
     path = sbx_home() / "install-id"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        pass
+    found = _read_install_id(path)
+    if found is not None:
+        return found
     from ulid import ULID
 
     new = f"inst-{str(ULID()).lower()}"
-    tmp = path.with_name(f".install-id.{os.getpid()}")
-    tmp.write_text(new)
-    tmp.chmod(0o600)
+    tmp = path.with_name(f".install-id.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = open_state_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
+        with os.fdopen(fd, "w") as out:
+            out.write(new)
         os.link(tmp, path)  # atomic: of two first runs, one id wins and both read it
     except FileExistsError:
         pass
     finally:
         tmp.unlink()
-    return path.read_text().strip()
+    found = _read_install_id(path)
+    if found is None:
+        raise FileNotFoundError(f"{path} vanished as it was written")
+    return found
+
+
+def _read_install_id(path: Path) -> str | None:
+    try:
+        fd = open_state_file(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as file:
+        return file.read().strip()
 
 
 def host_name() -> str:

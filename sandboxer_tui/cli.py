@@ -157,6 +157,9 @@ def tui_command(read_only: bool = False, refresh: float = 1.0, extend_by: str = 
     from core.durations import parse_duration
 
     step = parse_duration(extend_by, "--extend-by")
+    from core.settings import sbx_home
+
+    sbx_home()  # a state folder it refuses is said in one line, before the terminal is taken
     from sandboxer_tui.app import run as run_dashboard  # textual loads only here
 
     code = run_dashboard(read_only=read_only, refresh=refresh, extend_step=step)

@@ -3,14 +3,17 @@
    A Python process takes about 9 ms to start here before it runs a line, and every `sbx`
    command handed to `sbx server` paid it. This program speaks the same protocol as
    sandboxer_tui/launcher.py (its docstring has it): it finds the server's socket by the same
-   folder rule, sends argv, environment, working folder and umask as a marshalled dict with
-   fds 0, 1 and 2 attached, forwards SIGINT, SIGTERM and SIGHUP to the child and exits with
-   its code. Whenever the Python launcher would run the command itself (no server, a
+   folder rule, sends argv, environment, working folder and umask as a marshalled dict, and
+   fds 0, 1 and 2 once a child has answered `pid`, forwards SIGINT, SIGTERM and SIGHUP to the
+   child and exits with its code. Whenever the Python launcher would run the command itself (no server, a
    declined command, `sbx tui` or `sbx server`, SBX_NO_SERVER set), this one execs Python to
    do so. What it cannot say exactly as the Python launcher would (text that is not UTF-8,
    or a locale that is not; `~user` in SBX_HOME; a folder platformdirs must decide) it
    hands to the Python launcher whole, so whether a command goes to the server never
-   depends on which launcher started it.
+   depends on which launcher started it. As the Python launcher does, it leaves a folder that
+   is not this user's own, or that group or others can write to, to the core (which refuses
+   it with one line), sends nothing to a listener of another uid (SO_PEERCRED), and runs
+   the command itself when the server does not answer `pid` within ANSWER_WITHIN_S.
 
    Built by scripts/build-launcher.sh (`make setup`) with -DSBX_PYTHON naming the
    interpreter; tests/test_resident_server.py runs the launcher tests on both launchers. */
@@ -36,7 +39,8 @@
 #error "build with -DSBX_PYTHON='\"/path/to/python\"' (scripts/build-launcher.sh does)"
 #endif
 
-#define PROTOCOL 2
+#define PROTOCOL 3
+#define ANSWER_WITHIN_S 5 /* launcher.ANSWER_WITHIN_S */
 #define SOCKET_NAME "server.sock"
 #define APP_NAME "sandboxer"
 
@@ -305,6 +309,22 @@ static int build_request(struct buf *b, int argc, char **argv, const char *coerc
 
 /* ---- talking to the server ----------------------------------------------------------- */
 
+/* launcher.private_folder: a folder of this user that group and others cannot write to. */
+static int private_folder(const char *folder) {
+    struct stat st;
+    return stat(folder, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() &&
+           !(st.st_mode & (S_IWGRP | S_IWOTH));
+}
+
+/* How long a read or a write on the socket waits (0: for ever). */
+static int socket_timeout(int sock, int seconds) {
+    struct timeval limit = {.tv_sec = seconds};
+    return setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) == 0 &&
+           setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) == 0;
+}
+
+/* A connected socket to a listener of this user; -1 for none (no server, a stale socket,
+   another user's listener: it gets nothing). */
 static int connect_server(const char *folder) {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     size_t n = strlen(folder) + 1 + strlen(SOCKET_NAME);
@@ -319,21 +339,46 @@ static int connect_server(const char *folder) {
     if (sock < 0) return -1;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     strcpy(addr.sun_path, path);
-    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) {
+    struct ucred peer;
+    socklen_t size = sizeof peer;
+    if (!socket_timeout(sock, ANSWER_WITHIN_S) ||
+        connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0 ||
+        getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &size) < 0 || size != sizeof peer ||
+        peer.uid != geteuid()) {
         close(sock);
         return -1;
     }
     return sock;
 }
 
+static int timed_out(void) { return errno == EAGAIN || errno == EWOULDBLOCK; }
+
+/* The server took the socket but not the command in time: say so, then run it here. */
+static void not_answered(int argc, char **argv) {
+    fprintf(stderr, "sbx: the sbx server did not answer within %d s; running the command here\n",
+            ANSWER_WITHIN_S);
+    run_here(argc, argv);
+}
+
 static int send_request(int sock, const struct buf *b) {
+    for (size_t done = 0; done < b->len;) {
+        ssize_t more = send(sock, b->data + done, b->len - done, MSG_NOSIGNAL);
+        if (more < 0 && errno == EINTR) continue;
+        if (more <= 0) return 0;
+        done += (size_t)more;
+    }
+    return 1;
+}
+
+/* launcher.send_fds: fds 0, 1 and 2 on one byte, once a child has answered `pid`. */
+static void send_fds(int sock) {
     int fds[3] = {0, 1, 2};
     union {  /* aligned for struct cmsghdr */
         char data[CMSG_SPACE(sizeof fds)];
         struct cmsghdr align;
     } control;
     memset(&control, 0, sizeof control);
-    struct iovec iov = {.iov_base = b->data, .iov_len = b->len};
+    struct iovec iov = {.iov_base = "", .iov_len = 1};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.data,
                          .msg_controllen = sizeof control.data};
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
@@ -344,14 +389,7 @@ static int send_request(int sock, const struct buf *b) {
     ssize_t sent;
     do sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
     while (sent < 0 && errno == EINTR);
-    if (sent < 0) return 0;
-    for (size_t done = (size_t)sent; done < b->len;) {
-        ssize_t more = send(sock, b->data + done, b->len - done, MSG_NOSIGNAL);
-        if (more < 0 && errno == EINTR) continue;
-        if (more <= 0) return 0;
-        done += (size_t)more;
-    }
-    return 1;
+    /* failed: it has gone, and the missing `exit` says so */
 }
 
 struct lines {
@@ -360,7 +398,8 @@ struct lines {
     size_t len;
 };
 
-/* The next reply line (without its newline) into `line`; 0 at the end of the stream. */
+/* The next reply line (without its newline) into `line`; 0 at the end of the stream, or when
+   the socket's timeout passed (errno says which). */
 static int next_line(struct lines *r, char *line, size_t size) {
     for (;;) {
         char *nl = memchr(r->data, '\n', r->len);
@@ -373,9 +412,13 @@ static int next_line(struct lines *r, char *line, size_t size) {
             memmove(r->data, nl + 1, r->len);
             return 1;
         }
-        if (r->len == sizeof r->data) return 0;
+        if (r->len == sizeof r->data) {
+            errno = 0;
+            return 0;
+        }
         ssize_t got = read(r->sock, r->data + r->len, sizeof r->data - r->len);
         if (got < 0 && errno == EINTR) continue;
+        if (got == 0) errno = 0;
         if (got <= 0) return 0;
         r->len += (size_t)got;
     }
@@ -400,12 +443,25 @@ static int wants_server(int argc, char **argv) {
     return 1;
 }
 
-/* A reply's number: the whole rest of the line, in range; 0 if it is not one. */
+/* launcher.reply_number: an optional '-' and ASCII digits, nothing else, in range; 0 if it
+   is not one. */
 static int reply_number(const char *text, long low, long high, long *value) {
+    const char *digits = text[0] == '-' ? text + 1 : text;
+    if (!*digits) return 0;
+    for (const char *c = digits; *c; c++)
+        if (*c < '0' || *c > '9') return 0;
     char *end;
     errno = 0;
     *value = strtol(text, &end, 10);
     return !errno && end != text && !*end && *value >= low && *value <= high;
+}
+
+/* What follows `word` on a reply line ("" when nothing does), as launcher._Lines splits it;
+   NULL when the line is another word. */
+static const char *reply_rest(const char *line, const char *word) {
+    size_t n = strlen(word);
+    if (strncmp(line, word, n) != 0 || (line[n] != ' ' && line[n] != 0)) return NULL;
+    return line[n] ? line + n + 1 : line + n;
 }
 
 /* Forward `signum` to the child, unless it is ignored here (nohup, a background job). */
@@ -423,26 +479,39 @@ int main(int argc, char **argv) {
     char *folder = python_reads_utf8(&coerced) ? home() : NULL;
     struct buf request = {0};
     if (!folder || !build_request(&request, argc, argv, coerced)) python_launcher(argc, argv);
+    /* none yet (so no server), or one the core refuses, saying why */
+    if (!private_folder(folder)) run_here(argc, argv);
     int sock = connect_server(folder);
-    if (sock < 0 || !send_request(sock, &request)) run_here(argc, argv);  /* exec closes it */
+    if (sock < 0) run_here(argc, argv);
+    if (!send_request(sock, &request)) {  /* exec closes the socket */
+        if (timed_out()) not_answered(argc, argv);
+        run_here(argc, argv);
+    }
     struct lines replies = {.sock = sock};
     char line[256];
     long number;
-    if (!next_line(&replies, line, sizeof line) || strncmp(line, "pid ", 4) != 0)
-        run_here(argc, argv);  /* declined (another Python, its code changed): run it here */
-    if (!reply_number(line + 4, 1, INT_MAX, &number)) {
+    if (!next_line(&replies, line, sizeof line)) {
+        if (timed_out()) not_answered(argc, argv);
+        run_here(argc, argv);  /* it went away */
+    }
+    const char *rest = reply_rest(line, "pid");
+    if (!rest) run_here(argc, argv);  /* declined (another Python, its code changed): run here */
+    /* never 0 or -1: a signal forwarded there reaches a process group */
+    if (!reply_number(rest, 1, INT_MAX, &number)) {
         fputs("sbx: the sbx server answered with no process id\n", stderr);
         return 1;
     }
+    socket_timeout(sock, 0);  /* the command takes as long as it takes */
+    send_fds(sock);
     child = (pid_t)number;
     forward_signal(SIGINT);
     forward_signal(SIGTERM);
     forward_signal(SIGHUP);
-    if (!next_line(&replies, line, sizeof line) || strncmp(line, "exit ", 5) != 0) {
+    if (!next_line(&replies, line, sizeof line) || !(rest = reply_rest(line, "exit"))) {
         fputs("sbx: the sbx server went away while running the command\n", stderr);
         return 1;
     }
-    if (!reply_number(line + 5, INT_MIN, INT_MAX, &number)) {
+    if (!reply_number(rest, INT_MIN, INT_MAX, &number)) {
         fputs("sbx: the sbx server answered with no exit code\n", stderr);
         return 1;
     }

@@ -10,9 +10,20 @@ Every millisecond here is paid by every command, so this file imports only modul
 into the interpreter (`_socket`, `_signal`, `marshal`): not `socket`, `signal` or `json`,
 which pull in `enum` and `re`, nor `pathlib`.
 
-The protocol: the request is a 4-byte big-endian length and a `marshal`led dict, with the
-caller's fds 0, 1 and 2 attached (SCM_RIGHTS). Replies are text lines: `pid N` when a child
-took the command, then `exit N`; or `declined REASON` (run it here instead).
+The protocol: the request is a 4-byte big-endian length and a `marshal`led dict. Replies
+are text lines: `pid N` when a child took the command, then `exit N`; or `declined REASON`
+(run it here instead). Only after `pid` does the launcher send the caller's fds 0, 1 and 2
+(SCM_RIGHTS, on one byte), which the child waits for before it runs anything: fds in flight
+to a server that never reads them would hold the caller's stdout open after the launcher
+gave up on it, and a child whose caller has gone (no fds, only the end of the stream) runs
+nothing, so a command the launcher ran itself never runs twice.
+
+What goes to the server is every variable of the caller's environment and its terminal, so
+it goes only to a server of this user, in a folder of this user that no one else can write
+to: a folder that is not such (`private_folder`) is left to the core, which refuses it with
+one line, and a listener of another uid (SO_PEERCRED) gets nothing; the command runs here.
+A server that does not answer `pid` within ANSWER_WITHIN_S is given up on, and the command
+runs here.
 """
 
 from __future__ import annotations
@@ -24,7 +35,8 @@ import os
 import sys
 
 SOCKET_NAME = "server.sock"
-PROTOCOL = 2
+PROTOCOL = 3
+ANSWER_WITHIN_S = 5  # a server answers `pid` within milliseconds; one that has not is stuck
 APP_NAME = "sandboxer"
 # Not through the server: the dashboard needs the terminal as its own (job control,
 # resizes), and the server commands manage the server itself.
@@ -53,6 +65,35 @@ def home() -> str:
     return user_data_dir(APP_NAME)
 
 
+def private_folder(folder: str) -> bool:
+    """Whether `folder` is a folder of this user that group and others cannot write to:
+    adapters.base.state_folder_problem's rule, written out here to spare its import
+    (launcher.c has a copy). False when it does not exist: then no server runs there."""
+    try:
+        st = os.stat(folder)
+    except (OSError, ValueError):
+        return False
+    return (st.st_mode & 0o170000 == 0o040000 and st.st_uid == os.geteuid()
+            and not st.st_mode & 0o022)
+
+
+def peer_uid_pid(sock) -> tuple[int, int]:
+    """The uid and pid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
+    return (int.from_bytes(cred[4:8], sys.byteorder),
+            int.from_bytes(cred[0:4], sys.byteorder, signed=True))
+
+
+def reply_number(text: str, low: int, high: int) -> int | None:
+    """A reply's number: an optional `-` and ASCII digits, nothing else, in range; None if it
+    is not one (launcher.c's reply_number takes exactly the same)."""
+    digits = text[1:] if text[:1] == "-" else text
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    value = int(text)
+    return value if low <= value <= high else None
+
+
 def socket_address(folder: str) -> str:
     """The socket's path; through /proc/self/fd when the real one is too long for AF_UNIX."""
     path = os.path.join(folder, SOCKET_NAME)
@@ -67,14 +108,14 @@ def frame(data: dict) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def send_request(sock, data: dict, fds: list[int] | None = None) -> None:
-    body = frame(data)
-    if fds:
-        rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
-        sent = sock.sendmsg([body], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
-        body = body[sent:]  # a large environment may not go in one write
-    if body:  # sendall(b"") still writes: after a quick command's end, EPIPE, and a rerun
-        sock.sendall(body)
+def send_request(sock, data: dict) -> None:
+    sock.sendall(frame(data))
+
+
+def send_fds(sock, fds: list[int]) -> None:
+    """`fds` on one byte (a stream socket carries SCM_RIGHTS only with data)."""
+    rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+    sock.sendmsg([b"\0"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
 
 
 class _Lines:
@@ -93,7 +134,7 @@ class _Lines:
                 return None
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
-        word, _, rest = line.decode().partition(" ")
+        word, _, rest = line.decode(errors="replace").partition(" ")
         return word, rest
 
 
@@ -107,9 +148,15 @@ def wants_server(args: list[str]) -> bool:
 def through_server(args: list[str]) -> int | None:
     """The command's exit code, or None when no server took it (run it here instead)."""
     folder = home()
+    if not private_folder(folder):
+        return None  # none yet (so no server), or one the core refuses, saying why
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
+        sock.settimeout(ANSWER_WITHIN_S)
         sock.connect(socket_address(folder))
+        if peer_uid_pid(sock)[0] != os.geteuid():
+            sock.close()
+            return None  # another user's listener: it gets nothing
         request = {
             "protocol": PROTOCOL,
             "executable": sys.executable,
@@ -118,16 +165,30 @@ def through_server(args: list[str]) -> int | None:
             "cwd": os.getcwd(),
             "umask": _umask(),
         }
-        send_request(sock, request, [0, 1, 2])
+        send_request(sock, request)
         replies = _Lines(sock)
         started = replies.next()
+    except TimeoutError:
+        sock.close()
+        print(f"sbx: the sbx server did not answer within {ANSWER_WITHIN_S} s; running the "
+              "command here", file=sys.stderr)
+        return None
     except (OSError, ValueError):
         sock.close()
         return None  # no server (no socket, a stale one), or it went away: run here
     if not started or started[0] != "pid":
         sock.close()
         return None  # the server declined (another Python, its code changed): run here
-    child = int(started[1])
+    child = reply_number(started[1], 1, 2**31 - 1)
+    if child is None:  # never 0 or -1: a signal forwarded there reaches a process group
+        sock.close()
+        print("sbx: the sbx server answered with no process id", file=sys.stderr)
+        return 1
+    sock.settimeout(None)  # the command takes as long as it takes
+    try:
+        send_fds(sock, [0, 1, 2])
+    except OSError:
+        pass  # it has gone: the missing `exit` says so below
 
     def forward(signum, _frame) -> None:
         try:
@@ -140,13 +201,17 @@ def through_server(args: list[str]) -> int | None:
             _signal.signal(signum, forward)
     try:
         finished = replies.next()
-    except OSError:
+    except (OSError, ValueError):
         finished = None
     sock.close()
     if not finished or finished[0] != "exit":
         print("sbx: the sbx server went away while running the command", file=sys.stderr)
         return 1
-    return int(finished[1])
+    code = reply_number(finished[1], -(2**31), 2**31 - 1)
+    if code is None:
+        print("sbx: the sbx server answered with no exit code", file=sys.stderr)
+        return 1
+    return code
 
 
 def _umask() -> int:

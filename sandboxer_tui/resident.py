@@ -6,9 +6,11 @@ environment, working folder and umask, runs the command exactly as `sbx` would, 
 Each command is still its own process with its own database connection, lease owner and
 engine client, so every guarantee of a one-shot `sbx` holds; only the imports are shared.
 
-The server answers only its own user (SO_PEERCRED), lives in `$SBX_HOME` (0700), declines a
-caller from another Python, and exits when its code changes on disk, so it never runs
-stale code. Forking is safe because the server never starts a thread.
+The server answers only its own user (SO_PEERCRED), lives in `$SBX_HOME` (0700, checked as
+the core checks it), declines a caller from another Python, and exits when its code changes
+on disk, so it never runs stale code. It reads every request without waiting on it (a
+connection that sends nothing holds up no one), with a size cap and a time limit, and no
+request, however bad, ends it. Forking is safe because the server never starts a thread.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import select
 import selectors
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -32,11 +33,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandboxer_tui import launcher
-from sandboxer_tui.launcher import PROTOCOL, SOCKET_NAME, send_request, socket_address
+from adapters.base import open_state_file, state_folder
+from sandboxer_tui.launcher import (
+    PROTOCOL,
+    SOCKET_NAME,
+    peer_uid_pid,
+    send_request,
+    socket_address,
+)
 
 PID_FILE = "server.pid"
 LOG_FILE = "server.log"
+# A request is argv and the environment, which Linux caps at a few MiB together (ARG_MAX):
+# a frame announcing more is declined before it is read.
+MAX_REQUEST_BYTES = 16 * 1024**2
+# A connection that has not sent its whole request by then is closed (a launcher sends it
+# at once; the launchers give up waiting for an answer after launcher.ANSWER_WITHIN_S).
+READ_REQUEST_WITHIN_S = 10.0
+# What a request holds, by type; anything else is declined as a bad request.
+REQUEST_FIELDS = {"protocol": int, "executable": str, "argv": list, "env": dict, "cwd": str,
+                  "umask": int}
 # Imported before serving: what every command needs, and the local backends. Cloud SDKs
 # import in the child that needs them (they may start threads, which fork must not copy).
 PRELOAD = (
@@ -160,6 +176,8 @@ def _warm_up_adapter():
 
 
 def _read_frame(conn: socket.socket, max_fds: int = 3) -> tuple[bytes, list[int]]:
+    """One whole frame from a blocking socket: between the server and its spare, which
+    trust each other (the server reads callers' requests with `_Incoming`)."""
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, max_fds)
     while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
         more = conn.recv(1 << 20)
@@ -169,12 +187,60 @@ def _read_frame(conn: socket.socket, max_fds: int = 3) -> tuple[bytes, list[int]
     return data[4 : 4 + int.from_bytes(data[:4], "big")], fds
 
 
-def _reply(conn: socket.socket, word: str, payload: object) -> None:
-    with contextlib.suppress(OSError):
+def _reply(conn: socket.socket, word: str, payload: object) -> bool:
+    """Whether the line went out (not when the caller has gone)."""
+    try:
         conn.sendall(f"{word} {payload}\n".encode())
+    except OSError:
+        return False
+    return True
 
 
-def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+@dataclasses.dataclass(eq=False)  # kept in a set, by identity
+class _Incoming:
+    """A caller's connection whose request is still arriving, read as it comes."""
+
+    conn: socket.socket
+    deadline: float
+    data: bytearray = dataclasses.field(default_factory=bytearray)
+    fds: list[int] = dataclasses.field(default_factory=list)
+
+    def read_some(self) -> tuple[bytes, list[int]] | str | None:
+        """The request's body and fds once it is whole; a reason to decline it; or None
+        while more is to come. Raises EOFError when the caller went away."""
+        try:
+            data, fds, flags, _addr = socket.recv_fds(self.conn, 1 << 16, 3)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            raise EOFError(f"the caller's connection failed: {exc}") from None
+        self.fds += fds
+        if flags & socket.MSG_CTRUNC or len(self.fds) > 3:
+            return "bad request (more than three fds)"
+        if not data:
+            raise EOFError("the caller went away before its request was whole")
+        self.data += data
+        if len(self.data) < 4:
+            return None
+        length = int.from_bytes(self.data[:4], "big")
+        if length > MAX_REQUEST_BYTES:
+            return f"request too large ({length} bytes; at most {MAX_REQUEST_BYTES})"
+        if len(self.data) > 4 + length:
+            return "bad request (bytes after the request)"
+        if len(self.data) < 4 + length:
+            return None
+        fds, self.fds = self.fds, []
+        return bytes(self.data[4:]), fds
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+        self.conn.close()
+
+
+def _run_child(conn: socket.socket, request: dict[str, Any]) -> None:
     """In the forked child: become the caller's `sbx` process, run the command, exit.
 
     The child answers both lines itself, in order: `pid N` before it runs anything (were the
@@ -182,8 +248,15 @@ def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> 
     caller would take the command as declined and run it again), and `exit N` after letting
     go of the caller's stdin/stdout/stderr, so the caller goes on while this process is torn
     down (a few ms for a process this size). The server answers `exit` too when it reaps the
-    child, for a child killed by a signal; by then the caller has what it needs or is gone."""
-    _reply(conn, "pid", os.getpid())
+    child, for a child killed by a signal; by then the caller has what it needs or is gone.
+    Only then does the caller send its stdin/stdout/stderr; a caller that has gone instead
+    (it gave up waiting, and ran the command itself) gets nothing run here: the command never
+    runs twice."""
+    if not _reply(conn, "pid", os.getpid()):
+        os._exit(1)
+    fds = _caller_fds(conn)
+    if fds is None:
+        os._exit(1)
     code = 1
     try:
         for target, fd in enumerate(fds):
@@ -226,6 +299,22 @@ def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> 
         os._exit(code)
 
 
+def _caller_fds(conn: socket.socket) -> list[int] | None:
+    """The caller's fds 0, 1 and 2, which it sends on seeing `pid`; None if it does not."""
+    conn.settimeout(READ_REQUEST_WITHIN_S)
+    try:
+        data, fds, flags, _addr = socket.recv_fds(conn, 1, 3)
+    except OSError:
+        return None
+    finally:
+        conn.settimeout(None)
+    if data == b"\0" and len(fds) == 3 and not flags & socket.MSG_CTRUNC:
+        return fds
+    for fd in fds:
+        os.close(fd)
+    return None
+
+
 def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
     """In a spare child, forked while no command waits: open the database and reach the
     local engine (core.manager.prepare_process), say so, then wait for a command.
@@ -261,16 +350,16 @@ def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
             if not waiting():
                 with contextlib.suppress(OSError):  # a command may be on its way in
                     control.sendall(b"warm\n")
-        body, fds = _read_frame(control, max_fds=4)
-        if len(fds) != 4:
-            raise ValueError("a command comes with its connection and three fds")
+        body, fds = _read_frame(control, max_fds=1)
+        if len(fds) != 1:
+            raise ValueError("a command comes with its caller's connection")
         request = marshal.loads(body)
     except BaseException:
         os._exit(0)
     os.close(warm_now)
     control.close()
     conn = socket.socket(fileno=fds[0])
-    _run_child(conn, request, fds[1:])  # never returns
+    _run_child(conn, request)  # never returns
 
 
 @dataclasses.dataclass
@@ -290,6 +379,7 @@ class Server:
         self.idle_s = idle_s
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (conn, pid)
+        self.incoming: set[_Incoming] = set()  # callers whose request is on its way
         self.served = 0
         self.started = time.time()
         self.last_activity = time.monotonic()
@@ -324,11 +414,14 @@ class Server:
             os.umask(old)
         listener.listen(64)
         listener.setblocking(False)
-        (self.folder / PID_FILE).write_text(f"{os.getpid()}\n")
+        pid_file = open_state_file(self.folder / PID_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(pid_file, "w") as out:
+            out.write(f"{os.getpid()}\n")
         self.selector.register(listener, selectors.EVENT_READ, "listener")
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         self.listener = listener
+        self.last_activity = time.monotonic()  # idle from now: preloading took a while
         self._fork_spare()
         try:
             while not self.stopping:
@@ -336,12 +429,15 @@ class Server:
                 for key, _ in self.selector.select(timeout):
                     if key.data == "listener":
                         self._accept(listener)
+                    elif isinstance(key.data, _Incoming):
+                        self._read_request(key.data)
                     elif key.data == "spare-says":
                         self._spare_says()
                     elif key.data == "spare-exit":
                         self._spare_lost()
                     else:
                         self._reap(key.fileobj)
+                self._drop_overdue_requests()
                 self._warm_spare_if_idle()
                 if self._idle_expired():
                     break
@@ -361,21 +457,74 @@ class Server:
         return time.monotonic() - self.last_activity > self.idle_s
 
     def _accept(self, listener: socket.socket) -> None:
+        """Take a connection and read nothing of it yet: its request is read as it arrives
+        (`_read_request`), so a caller that sends nothing holds up no other."""
         try:
             conn, _ = listener.accept()
-        except BlockingIOError:
+        except (BlockingIOError, InterruptedError):
             return
-        conn.setblocking(True)
-        fds: list[int] = []
+        except OSError as exc:  # out of fds, say: the caller sees its connection closed
+            _log(f"cannot accept a connection: {exc!r}")
+            return
+        conn.setblocking(False)
+        try:
+            uid = peer_uid_pid(conn)[0]
+        except OSError:
+            conn.close()
+            return
+        if uid != os.geteuid():  # marshal is for trusted data: read nothing of another user's
+            _reply(conn, "declined", "another user")
+            conn.close()
+            return
+        incoming = _Incoming(conn, time.monotonic() + READ_REQUEST_WITHIN_S)
+        self.incoming.add(incoming)
+        self.selector.register(conn, selectors.EVENT_READ, incoming)
+
+    def _read_request(self, incoming: _Incoming) -> None:
+        try:
+            got = incoming.read_some()
+        except EOFError as exc:
+            _log(f"request refused: {exc}")
+            self._forget(incoming)
+            return
+        if got is None:
+            return
+        self.selector.unregister(incoming.conn)
+        self.incoming.discard(incoming)
+        if isinstance(got, str):
+            _log(f"request declined: {got}")
+            incoming.conn.setblocking(True)
+            _reply(incoming.conn, "declined", got)
+            incoming.close()
+            return
+        body, fds = got
+        incoming.conn.setblocking(True)
+        self._take(incoming.conn, body, fds)
+
+    def _forget(self, incoming: _Incoming) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(incoming.conn)
+        self.incoming.discard(incoming)
+        incoming.close()
+
+    def _drop_overdue_requests(self) -> None:
+        now = time.monotonic()
+        for incoming in [i for i in self.incoming if i.deadline < now]:
+            _log(f"request refused: not sent within {READ_REQUEST_WITHIN_S:.0f} s")
+            self._forget(incoming)
+
+    def _take(self, conn: socket.socket, body: bytes, fds: list[int]) -> None:
+        """Run, answer or decline one whole request."""
         pid: int | None = None
         try:
-            uid = struct.unpack("3i", conn.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
-            body, fds = _read_frame(conn)
-            if uid != os.getuid():  # marshal is for trusted data: read nothing of another user's
-                _reply(conn, "declined", "another user")
+            try:
+                request = marshal.loads(body)
+            except (ValueError, EOFError, TypeError):
+                request = None
+            if not isinstance(request, dict):
+                _log("request declined: bad request (not a marshalled dict)")
+                _reply(conn, "declined", "bad request")
                 return
-            request = marshal.loads(body)
             if request.get("op") == "status":  # not a command: the server stays idle
                 _reply(conn, "status", json.dumps(self.status()))
                 return
@@ -384,17 +533,20 @@ class Server:
             if reason:
                 _reply(conn, "declined", reason)
                 return
-            handed = self._hand_to_spare(conn, body, fds)
+            handed = self._hand_to_spare(conn, body)
             if handed:
                 pid, pidfd = handed
             else:
                 pid = os.fork()
                 if pid == 0:
-                    self._close_inherited(listener)
-                    _run_child(conn, request, fds)  # never returns
+                    try:  # whatever happens, the child never goes back to serving
+                        self._close_inherited(self.listener)
+                        _run_child(conn, request)  # never returns
+                    finally:
+                        os._exit(1)
                 pidfd = os.pidfd_open(pid)
                 self.selector.register(pidfd, selectors.EVENT_READ, "child")
-        except (OSError, ValueError, EOFError, TypeError, AttributeError) as exc:
+        except Exception as exc:  # noqa: BLE001 (one bad request never ends the server)
             _log(f"request refused: {exc!r}")
             return
         finally:
@@ -415,10 +567,13 @@ class Server:
         warm_read, warm_write = os.pipe()
         pid = os.fork()
         if pid == 0:
-            ours.close()
-            os.close(warm_write)
-            self._close_inherited(self.listener)
-            _wait_as_spare(theirs, warm_read)  # never returns
+            try:  # whatever happens, the spare never goes back to serving
+                ours.close()
+                os.close(warm_write)
+                self._close_inherited(self.listener)
+                _wait_as_spare(theirs, warm_read)  # never returns
+            finally:
+                os._exit(0)
         theirs.close()
         os.close(warm_read)
         pidfd = os.pidfd_open(pid)
@@ -460,8 +615,7 @@ class Server:
             os.write(spare.warm_now, b"w")
         spare.warming = True
 
-    def _hand_to_spare(self, conn: socket.socket, body: bytes, fds: list[int]
-                       ) -> tuple[int, int] | None:
+    def _hand_to_spare(self, conn: socket.socket, body: bytes) -> tuple[int, int] | None:
         """Give the command to the spare if one is ready: its pid and pidfd, else None."""
         spare = self.spare
         if spare is None or not spare.ready:
@@ -469,7 +623,7 @@ class Server:
         self.spare = None
         try:
             socket.send_fds(spare.control, [len(body).to_bytes(4, "big") + body],
-                            [conn.fileno(), *fds])
+                            [conn.fileno()])
         except OSError:  # it died since it said ready
             self._end_spare(spare)
             return None
@@ -504,6 +658,8 @@ class Server:
         """A child holds nothing of the server's but its own caller's connection: not the
         listener, nor other callers' connections, so a caller sees its server go away."""
         listener.close()
+        for incoming in self.incoming:
+            incoming.close()
         if self.spare is not None:  # a command forked while the spare was not yet ready
             self.spare.control.close()
             os.close(self.spare.warm_now)
@@ -516,9 +672,16 @@ class Server:
         self.selector.close()
 
     def _decline_reason(self, request: dict[str, Any], fds: list[int]) -> str | None:
-        if request.get("protocol") != PROTOCOL or len(fds) != 3:
+        if request.get("protocol") != PROTOCOL:
             return "another protocol"
-        if os.path.realpath(request.get("executable", "")) != os.path.realpath(sys.executable):
+        if fds:
+            return "bad request (fds come after `pid`)"
+        if (any(not isinstance(request.get(name), kind) for name, kind in REQUEST_FIELDS.items())
+                or not all(isinstance(arg, str) for arg in request["argv"])
+                or not all(isinstance(k, str) and isinstance(v, str)
+                           for k, v in request["env"].items())):
+            return "bad request"
+        if os.path.realpath(request["executable"]) != os.path.realpath(sys.executable):
             return "another Python"
         changed = _changed(self.stamps)
         if changed:
@@ -547,6 +710,8 @@ class Server:
         """Stop taking commands; the ones running finish and answer their callers."""
         self.selector.unregister(listener)
         listener.close()
+        for incoming in list(self.incoming):
+            self._forget(incoming)
         if self.spare is not None:
             spare, self.spare = self.spare, None
             self._end_spare(spare)
@@ -564,23 +729,33 @@ def _log(message: str) -> None:
 
 
 def server_folder() -> Path:
-    return Path(launcher.home())
+    """The state folder (the core's rule, which the launchers follow), checked: the server
+    neither lives in, nor is looked for in, a folder another user can write to."""
+    return state_folder()
 
 
 def query_status(folder: Path) -> dict[str, Any] | None:
-    """The running server's status, or None when none answers."""
+    """The running server's status, or None when none answers. Only a listener of this user
+    counts, and only with its own process id (SO_PEERCRED's): `stop` signals that pid."""
     if not (folder / SOCKET_NAME).exists():
         return None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)
         try:
             sock.connect(socket_address(folder))
+            uid, pid = peer_uid_pid(sock)
+            if uid != os.geteuid():
+                return None
             send_request(sock, {"op": "status"})
             line = sock.makefile("r").readline()
         except OSError:
             return None
     word, _, payload = line.partition(" ")
-    return json.loads(payload) if word == "status" else None
+    try:
+        status = json.loads(payload) if word == "status" else None
+    except ValueError:
+        return None
+    return status if isinstance(status, dict) and status.get("pid") == pid else None
 
 
 def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, Any], bool]:
@@ -591,10 +766,11 @@ def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, 
     running = query_status(folder)
     if running and "pid" in running:
         return running, False
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if os.path.islink(folder / PID_FILE):  # the server would refuse it: say so here, at once
+        os.close(open_state_file(folder / PID_FILE, os.O_RDONLY))
     log = folder / LOG_FILE
-    with open(log, "ab") as out:
-        os.chmod(log, 0o600)
+    with os.fdopen(open_state_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
+        os.fchmod(out.fileno(), 0o600)
         subprocess.Popen(
             [sys.executable, "-m", "sandboxer_tui.resident", "" if idle_s is None else str(idle_s)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
@@ -625,7 +801,6 @@ def stop(wait_s: float = 30.0) -> dict[str, Any] | None:
 def run(idle_s: float | None = None) -> None:
     """Serve in the foreground until SIGTERM, idleness or a code change."""
     folder = server_folder()
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     server = Server(folder, idle_s)
     server.preload()
     _log(f"serving {folder / SOCKET_NAME} (pid {os.getpid()})")

@@ -8,11 +8,12 @@ offending thing, and an identical snapshot afterwards.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import containers_of, install_id_of, table_rows
+from conftest import RUN_LABEL, containers_of, install_id_of, table_rows
 
 pytestmark = pytest.mark.docker
 
@@ -205,3 +206,72 @@ def test_bad_input_on_a_fresh_installation_writes_nothing(sbx, docker_api):
         result = sbx(*argv)
         assert result.code in (2, 3), (argv, result.err)
         assert snapshot(sbx.home, docker_api) == {"sandboxes": [], "events": [], "containers": []}
+
+
+# -- the state folder ------------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+def spoil_state_folder(home: Path, how: str) -> str:
+    """Make `home` a state folder sbx must refuse; what the refusal must say."""
+    if how == "file":
+        home.write_text("not a folder\n")
+        return f"state folder {home} is not a folder"
+    home.mkdir(mode=0o700)
+    if how == "group-writable":
+        home.chmod(0o770)
+        return (f"state folder {home} is writable by group or others (mode 0770); "
+                f"run chmod go-w {home}")
+    if how == "others-writable":
+        home.chmod(0o702)
+        return (f"state folder {home} is writable by group or others (mode 0702); "
+                f"run chmod go-w {home}")
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root (the suite runs as root)")
+    os.chown(home, NOBODY, -1)
+    return f"state folder {home} is owned by uid {NOBODY}, not by you (uid 0)"
+
+
+def contents(home: Path) -> object:
+    return home.read_bytes() if home.is_file() else sorted(p.name for p in home.iterdir())
+
+
+@pytest.mark.parametrize("how", ["group-writable", "others-writable", "another-owner", "file"])
+def test_a_state_folder_others_can_write_to_is_refused_before_anything_is_written(
+        how, sbx, docker_api):
+    """Anyone who can write to SBX_HOME can plant the socket every command hands its
+    environment and terminal to, or the files sbx trusts: such a folder is refused with one
+    line naming it and what is wrong (exit 2), and nothing is written in it."""
+    says = spoil_state_folder(sbx.home, how)
+    before = contents(sbx.home), run_containers(docker_api)
+    for argv in (["ls"], ["create", "--label", RUN_LABEL], ["server", "start"], ["reap"],
+                 ["ls", "--json"]):
+        result = sbx(*argv)
+        assert result.code == 2, (argv, result.code, result.err)
+        if argv[-1] == "--json":
+            assert result.json()["error"]["message"] == says and result.err == ""
+        else:
+            assert result.err.splitlines() == [f"sbx: {says}"], (argv, result.err)
+        assert (contents(sbx.home), run_containers(docker_api)) == before, argv
+
+
+def run_containers(docker_api) -> list[str]:
+    return sorted(c["Id"] for c in docker_api.containers(all=True,
+                                                         filters={"label": [RUN_LABEL]}))
+
+
+def test_a_link_planted_at_the_install_id_is_refused_not_followed(sbx, tmp_path):
+    """install-id names every backend object of the installation; a link there would let
+    whoever planted it choose which objects `sbx reap --orphans` takes for ours."""
+    sbx.home.mkdir(mode=0o700)
+    planted = tmp_path / "planted-id"
+    planted.write_text("inst-01plantedplantedplantedpl\n")
+    (sbx.home / "install-id").symlink_to(planted)
+    result = sbx("ls")
+    assert result.code == 2, result.err
+    assert result.err.splitlines() == [
+        f"sbx: {sbx.home / 'install-id'} is a symbolic link; sbx does not follow links in its "
+        "state folder (remove it)"]
+    assert (sbx.home / "install-id").is_symlink()
+    assert planted.read_text() == "inst-01plantedplantedplantedpl\n"

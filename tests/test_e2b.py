@@ -53,8 +53,9 @@ def standin():
 
 
 @pytest.fixture
-def e2b_env(standin, monkeypatch) -> dict[str, str]:
-    """The environment that points the SDK at the stand-in (also set in this process)."""
+def e2b_env(standin, monkeypatch, sbx_home) -> dict[str, str]:
+    """The environment that points the SDK at the stand-in (also set in this process), with
+    the test's own SBX_HOME, where the adapter keeps its create-slot locks."""
     for name in list(os.environ):
         if name.startswith("E2B_"):
             monkeypatch.delenv(name)
@@ -558,6 +559,24 @@ def test_concurrent_sbx_processes_share_the_limit(e2b, standin, tmp_path):
         assert proc.returncode == 0, err
     assert len(standin.sandboxes) == 6
     assert standin.max_creates_in_flight == 2
+
+
+def test_create_slot_locks_live_in_the_state_folder_not_in_a_shared_tmp(e2b, standin,
+                                                                         tmp_path):
+    """The create-slot lock files once lived in /tmp/sbx-e2b-slots-UID, a name any local user
+    could take first (and hold the locks, or plant links). Now they live in the state folder,
+    which sbx checks: a folder someone made in the temp folder is never used."""
+    shared_tmp = tmp_path / "shared-tmp"
+    squatted = shared_tmp / f"sbx-e2b-slots-{os.getuid()}"
+    squatted.mkdir(parents=True)
+    squatted.chmod(0o777)
+    if os.geteuid() == 0:
+        os.chown(squatted, 65534, 65534)  # another user's, as it would be
+    e2b.create(env={"TMPDIR": str(shared_tmp)})
+    assert list(squatted.iterdir()) == []
+    locks = list((e2b.home / "e2b-slots").iterdir())
+    assert locks and all(p.suffix == ".lock" for p in locks)
+    assert {p.stat().st_mode & 0o777 for p in locks} == {0o600}
 
 
 def test_sandbox_default_timeout_is_never_what_sbx_relies_on(e2b_env, standin):

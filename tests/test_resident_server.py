@@ -316,12 +316,14 @@ def test_text_that_is_not_utf8_reaches_the_command_unchanged(via: Launcher,
 
 class FakeServer:
     """A socket where `sbx server` would listen, which records each request and answers
-    `pid` (its own) then `exit 7`: what a launcher says, not what a server does with it."""
+    `pid` (its own) then `exit 7`, or `answer`: what a launcher says, not what a server does
+    with it."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, answer: bytes | None = None) -> None:
         import socket
 
         folder.mkdir(parents=True, exist_ok=True)
+        self.answer = answer or f"pid {os.getpid()}\nexit 7\n".encode()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(folder / "server.sock"))
         self.listener.listen(4)
@@ -337,7 +339,7 @@ class FakeServer:
             body, fds = _read_frame(conn)
             for fd in fds:
                 os.close(fd)
-            conn.sendall(f"pid {os.getpid()}\nexit 7\n".encode())
+            conn.sendall(self.answer)
         return marshal.loads(body)  # closed at once, as when a quick command has ended
 
 
@@ -485,3 +487,212 @@ def test_the_spare_warms_up_after_a_pause_and_changes_nothing(via: Launcher,
     assert warm()
     assert state() == before
     assert sbx("events", "verify").code == 0
+
+
+# -- trust: the folder, the listener, what the server answers -----------------------------
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root "
+                                "(the suite runs as root)")
+
+
+@pytest.mark.parametrize("how", ["group-writable", "others-writable", "another-owner"])
+def test_a_launcher_hands_nothing_to_a_server_in_a_folder_others_can_write_to(
+        via: Launcher, how: str) -> None:
+    """Anyone who can write to the folder can put a socket of theirs where the server's is:
+    neither launcher connects there. Each leaves the command to the core, which refuses the
+    folder with one line (exit 2); the server running there serves nothing."""
+    before = via.status()["served"]
+    home = via.home
+    if how == "another-owner":
+        if os.geteuid() != 0:
+            pytest.skip("giving a folder to another user needs root (the suite runs as root)")
+        os.chown(home, NOBODY, -1)
+        says = f"is owned by uid {NOBODY}, not by you (uid 0)"
+    else:
+        mode = 0o720 if how == "group-writable" else 0o702
+        home.chmod(mode)
+        says = f"is writable by group or others (mode {mode:04o}); run chmod go-w {home}"
+    try:
+        result = via("ls")
+    finally:
+        os.chown(home, os.geteuid(), -1)
+        home.chmod(0o700)
+    assert result.code == 2, result.err
+    assert result.err.splitlines() == [f"sbx: state folder {home} {says}"]
+    assert via.status()["served"] == before
+
+
+def test_a_state_folder_that_is_a_file_is_refused_in_one_line(
+        sbx: SbxRunner, tmp_path: Path, launcher_argv: list[str]) -> None:
+    home = tmp_path / "a-file"
+    home.write_text("not a folder\n")
+    result = Launcher(home, sbx.cwd, launcher_argv)("ls")
+    assert (result.code, result.out) == (2, ""), result.err
+    assert result.err.splitlines() == [f"sbx: state folder {home} is not a folder"]
+    assert home.read_text() == "not a folder\n"
+
+
+# Binds as root in the test's own (root's, 0700) folder, then listens as uid 65534: a listener
+# of another user where sbx's server would be. It reports what the first read brought.
+LISTEN_AS_NOBODY = f"""
+import os, socket, sys
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sys.argv[1])
+os.setgroups([])
+os.setresgid({NOBODY}, {NOBODY}, {NOBODY})
+os.setresuid({NOBODY}, {NOBODY}, {NOBODY})
+listener.listen(4)  # SO_PEERCRED names who called listen()
+print("listening", flush=True)
+listener.settimeout(60)
+conn, _ = listener.accept()
+conn.settimeout(60)
+data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 8)
+print(len(data), len(fds), flush=True)
+"""
+
+
+@needs_root
+def test_a_listener_of_another_user_gets_nothing(sbx: SbxRunner,
+                                                 launcher_argv: list[str]) -> None:
+    """Neither launcher sends argv, environment or fds to a socket whose listener runs as
+    another uid (SO_PEERCRED), even in a folder that looks right; the command runs here."""
+    sbx.home.mkdir(mode=0o700)
+    listener = subprocess.Popen([sys.executable, "-c", LISTEN_AS_NOBODY,
+                                 str(sbx.home / "server.sock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout.readline() == "listening\n"
+        result = Launcher(sbx.home, sbx.cwd, launcher_argv)("ls", "--json",
+                                                            env={"SBX_NOTE": "for-server-only"})
+        out, _ = listener.communicate(timeout=30)
+    finally:
+        listener.kill()
+        listener.wait()
+    assert (result.code, result.out.strip(), result.err) == (0, "[]", "")
+    assert out.split() == ["0", "0"]  # it connected, saw uid 65534, and sent nothing
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    (b"pid 0\nexit 7\n", "no process id"),  # kill(0) would signal the launcher's own group
+    (b"pid -1\nexit 7\n", "no process id"),  # kill(-1): every process it may signal
+    (b"pid +5\nexit 7\n", "no process id"),
+    (b"pid 12x\nexit 7\n", "no process id"),
+    (b"pid\nexit 7\n", "no process id"),
+    (f"pid {os.getpid()}\nexit seven\n".encode(), "no exit code"),
+])
+def test_a_reply_that_is_not_a_process_or_a_code_is_refused(
+        answer: bytes, says: str, tmp_path: Path, launcher_argv: list[str]) -> None:
+    home = tmp_path / "home"
+    server = FakeServer(home, answer)
+    with ThreadPoolExecutor(1) as pool:
+        taken = pool.submit(server.take)
+        run = Launcher(home, tmp_path, launcher_argv)("ls")
+        taken.result(timeout=30)
+    assert (run.code, run.out, run.err) == (1, "", f"sbx: the sbx server answered with {says}\n")
+
+
+def test_a_server_that_never_answers_is_given_up_on(tmp_path: Path,
+                                                    launcher_argv: list[str]) -> None:
+    """A listener that takes the connection (the kernel does, for a server that is stuck)
+    and answers nothing: the launcher gives up after launcher.ANSWER_WITHIN_S, says so, and
+    runs the command itself."""
+    import socket
+
+    from sandboxer_tui.launcher import ANSWER_WITHIN_S
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
+        stuck.bind(str(home / "server.sock"))
+        stuck.listen(4)  # and never accepts
+        run = Launcher(home, tmp_path, launcher_argv)("ls", "--json", timeout=60)
+    assert (run.code, run.out.strip()) == (0, "[]"), run.err
+    assert run.err == (f"sbx: the sbx server did not answer within {ANSWER_WITHIN_S} s; "
+                       "running the command here\n")
+
+
+def test_a_command_given_up_on_is_not_run_again_by_the_server(via: Launcher,
+                                                              sbx: SbxRunner) -> None:
+    """A server stopped (SIGSTOP) while a `create` waits: the launcher gives up and creates
+    the sandbox itself; when the server goes on, it takes the request, finds its caller gone
+    and runs nothing. One sandbox, not two."""
+    status = via.status()
+    os.kill(status["pid"], signal.SIGSTOP)
+    try:
+        made = via("create", "--label", RUN_LABEL, "--json")
+    finally:
+        os.kill(status["pid"], signal.SIGCONT)
+    assert made.code == 0, made.err
+    assert "did not answer" in made.err
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = via.status()
+        if now["served"] > status["served"] and now["commands_running"] == 0:
+            break
+        time.sleep(0.1)
+    assert now["served"] == status["served"] + 1  # it took the request...
+    assert [box["id"] for box in sbx("ls", "--json").json()] == [made.json()["id"]]  # ...only
+
+
+def test_a_connection_that_sends_nothing_holds_up_no_command(via: Launcher) -> None:
+    import socket
+
+    before = via.status()["served"]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+        idle.connect(str(via.home / "server.sock"))  # and sends nothing
+        result = via("ls", "--json", timeout=60)
+        assert (result.code, result.out.strip(), result.err) == (0, "[]", "")
+        assert via.status()["served"] == before + 1
+
+
+def test_bad_requests_are_declined_and_the_server_serves_the_next(via: Launcher) -> None:
+    """Garbage, a frame announcing more than the cap, a request of the wrong shape, half a
+    frame: each is declined or dropped, and the same server serves the next command."""
+    import marshal
+    import socket
+
+    from sandboxer_tui.launcher import PROTOCOL
+    from sandboxer_tui.resident import MAX_REQUEST_BYTES
+
+    status = via.status()
+
+    def exchange(data: bytes, fds: list[int] | None = None, then_close: bool = False) -> bytes:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(30)
+            conn.connect(str(via.home / "server.sock"))
+            socket.send_fds(conn, [data], fds) if fds else conn.sendall(data)
+            if then_close:
+                conn.shutdown(socket.SHUT_WR)
+            return conn.recv(4096)  # b"" when it closes without a word
+
+    assert exchange(b"\x00\x00\x00\x08garbage!") == b"declined bad request\n"
+    assert exchange(b"\xff\xff\xff\xff") == (  # and the connection kept open
+        f"declined request too large (4294967295 bytes; at most {MAX_REQUEST_BYTES})\n".encode())
+    request = {"protocol": PROTOCOL, "executable": sys.executable, "argv": ["ls"], "env": {},
+               "cwd": "/", "umask": 0o022}
+    wrong = marshal.dumps({**request, "argv": "ls"})
+    assert exchange(len(wrong).to_bytes(4, "big") + wrong) == b"declined bad request\n"
+    early = marshal.dumps(request)
+    with open(os.devnull) as null:  # fds come only after `pid`
+        assert exchange(len(early).to_bytes(4, "big") + early, [null.fileno()] * 3) == (
+            b"declined bad request (fds come after `pid`)\n")
+    assert exchange(b"\x00\x00\x01\x00half", then_close=True) == b""
+    result = via("ls", "--json")
+    assert (result.code, result.out.strip(), result.err) == (0, "[]", "")
+    after = via.status()
+    assert (after["pid"], after["served"]) == (status["pid"], status["served"] + 1)
+
+
+@pytest.mark.parametrize("name", ["server.log", "server.pid"])
+def test_a_link_planted_at_the_servers_files_is_refused_not_followed(
+        sbx: SbxRunner, tmp_path: Path, name: str) -> None:
+    sbx.home.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    planted = sbx.home / name
+    planted.symlink_to(victim)
+    result = Launcher(sbx.home, sbx.cwd)("server", "start")
+    assert result.code == 2, result.err
+    assert result.err.splitlines() == [
+        f"sbx: {planted} is a symbolic link; sbx does not follow links in its state folder "
+        "(remove it)"]
+    assert not victim.exists() and not (sbx.home / "server.sock").exists()
