@@ -15,8 +15,6 @@ import contextlib
 import hashlib
 import json
 import os
-import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,7 +66,8 @@ from core.states import (
     REAPABLE,
     State,
     entry_events,
-    leased,
+    held,
+    lease_owner,
     transition_event,
 )
 from core.ttl import EXPIRY_REASONS, effective_deadline, expiry_reason, extended, warning_due
@@ -168,7 +167,7 @@ class Manager:
         self.actor = actor or settings.actor()
         self.install_id = install_id or settings.install_id()
         self.lease_ttl = lease_ttl or settings.lease_ttl()
-        self.lease_owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.lease_owner = lease_owner(self.install_id)
         self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
 
     # -- adapters ---------------------------------------------------------------------------
@@ -204,6 +203,10 @@ class Manager:
 
     def _now(self) -> str:
         return to_iso(self.clock.now())
+
+    def _held(self, row: Mapping[str, Any]) -> bool:
+        """Another live process holds the row's lease (a dead one of this host holds none)."""
+        return held(row, self._now(), self.install_id)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -348,7 +351,7 @@ class Manager:
                 ).scalar()
             if not resuming:
                 transition_event(current, intent)  # IllegalTransition when not allowed
-            if leased(row, self._now()):
+            if self._held(row):
                 raise Conflict(
                     f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
                     f"until {row['lease_expires_at']}"
@@ -386,7 +389,7 @@ class Manager:
             raise NotFound(f"no sandbox {sandbox_id!r}")
         if row["state"] not in states:
             raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot {verb}")
-        if leased(row, self._now()):
+        if self._held(row):
             raise Conflict(f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
                            f"until {row['lease_expires_at']}")
         fence = conn.execute(
@@ -664,7 +667,7 @@ class Manager:
         The reaper has just listed the backend, so it is not pinged again."""
         def still_due(row: Mapping[str, Any]) -> str | None:
             if reason in EXPIRY_REASONS:
-                if row["state"] not in REAPABLE or leased(row, self._now()):
+                if row["state"] not in REAPABLE or self._held(row):
                     return f"it is {row['state']}"
                 if not expiry_reason(row, self.clock.now()):
                     return "its deadline moved (extended or touched)"
@@ -811,7 +814,7 @@ class Manager:
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
-            if row is None or row["state"] != State.CREATING or leased(row, self._now()):
+            if row is None or row["state"] != State.CREATING or self._held(row):
                 return False
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(
                 state=State.RUNNING, backend_ref=obj.ref, started_at=self._now(),
@@ -827,7 +830,7 @@ class Manager:
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
-            if row is None or leased(row, self._now()) or (expect and row["state"] != expect):
+            if row is None or self._held(row) or (expect and row["state"] != expect):
                 return False
             event_type = transition_event(row["state"], target)
             values: dict[str, Any] = {"state": target, "fence": SANDBOXES.c.fence + 1,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,7 +30,7 @@ from adapters.base import (
 )
 from core.clock import Clock, from_iso, to_iso
 from core.errors import Conflict, Unavailable, classify
-from core.states import REAPABLE, State, leased
+from core.states import REAPABLE, State, dead_holders, leased
 from core.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
 if TYPE_CHECKING:
@@ -83,12 +83,15 @@ def plan_reconcile(
     grace: timedelta,
     *,
     rows_outside: Mapping[str, Mapping[str, Any]] | None = None,
+    dead: Collection[str] = (),
 ) -> list[Action]:
     """Diff one backend's objects with this installation's rows of that backend.
 
     `rows` is the snapshot of rows that are not destroyed; `rows_outside` the rows, read
     afterwards, of objects the snapshot did not have: destroyed ones, or ones created since.
-    Rows held under a live lease are some process's work in progress.
+    Rows held under a live lease are some process's work in progress; `dead` names lease
+    owners known dead (core.states.dead_holders), whose leases count as lapsed, and whose
+    interrupted creates need not wait out the grace.
     """
     now_iso = to_iso(now)
     rows_outside = rows_outside or {}
@@ -109,7 +112,7 @@ def plan_reconcile(
                 actions.append(Action(DESTROY_OBJECT, backend, sid, obj.ref, "orphan"))
             continue
         seen.add(row["id"])
-        if leased(row, now_iso):
+        if leased(row, now_iso, dead):
             continue
         state, actual = row["state"], _object_state(obj)
         if state == State.CREATING:
@@ -123,10 +126,11 @@ def plan_reconcile(
             target = State.LOST if actual == "stopped" else actual
             actions.append(Action(kind, backend, row["id"], obj.ref, target=target, expect=state))
     for row in by_id.values():
-        if row["id"] in seen or leased(row, now_iso):
+        if row["id"] in seen or leased(row, now_iso, dead):
             continue
         state = row["state"]
-        if state == State.CREATING and now - from_iso(row["created_at"]) >= grace:
+        dead_maker = row["lease_owner"] in dead  # it cannot still be making the object
+        if state == State.CREATING and (dead_maker or now - from_iso(row["created_at"]) >= grace):
             actions.append(Action(FAIL, backend, row["id"], reason="failed", target=State.FAILED,
                                   expect=state))
         elif state == State.DESTROYING:
@@ -137,12 +141,13 @@ def plan_reconcile(
 
 
 def plan_reap(rows: Iterable[Mapping[str, Any]], now: datetime,
-              warn_before: timedelta) -> list[Action]:
-    """Expired sandboxes to destroy, and expiry warnings that are due."""
+              warn_before: timedelta, dead: Collection[str] = ()) -> list[Action]:
+    """Expired sandboxes to destroy, and expiry warnings that are due (`dead`: as for
+    plan_reconcile)."""
     now_iso = to_iso(now)
     actions = []
     for row in rows:
-        if leased(row, now_iso) or row["state"] not in REAPABLE:
+        if leased(row, now_iso, dead) or row["state"] not in REAPABLE:
             continue
         reason = expiry_reason(row, now)
         if reason:
@@ -257,6 +262,7 @@ class Reaper:
         except Exception as exc:  # never destructive without the database
             raise Unavailable(f"cannot read the database, so nothing was changed: {exc}") from exc
         mine = [r for r in rows if r["install_id"] == self.install_id]
+        dead = dead_holders(mine, to_iso(now), self.install_id)
         in_use = {r["backend"] for r in mine}
         live_ids = {r["id"] for r in mine}
         reconcile: list[Action] = []
@@ -297,7 +303,8 @@ class Reaper:
             stray = [o.labels[LABEL_ID] for o in objects
                      if o.labels.get(LABEL_ID) and o.labels[LABEL_ID] not in live_ids]
             reconcile += plan_reconcile(backend, judged, objects, now, self.grace,
-                                        rows_outside=rows_by_ids(stray) if stray else {})
+                                        rows_outside=rows_by_ids(stray) if stray else {},
+                                        dead=dead)
             if self.orphans:
                 orphans += plan_orphans(backend, objects, now)
         reconcile += await self._plan_checkpoints(unreachable, now)
@@ -305,7 +312,7 @@ class Reaper:
                      if r["backend"] not in unreachable and r["id"] not in unreachable_rows]
         if self.reap:
             reachable += await self._fleet_rows(rows, unreachable, now)
-        reap = plan_reap(reachable, now, self.warn_before) if self.reap else []
+        reap = plan_reap(reachable, now, self.warn_before, dead) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
         return merge(reconcile, [*reap, *orphans])
 

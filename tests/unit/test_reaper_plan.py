@@ -228,6 +228,16 @@ def test_creating_row_without_object_younger_than_grace_waits():
     assert reconcile([r], []) == []
 
 
+def test_a_create_whose_holder_died_fails_at_once_without_waiting_for_lease_or_grace():
+    r = row(state="creating", backend_ref=None, created_at=NOW - S, lease_owner="dead:1",
+            lease_expires_at=NOW + 2 * M)
+    assert plan_reconcile(BACKEND, [r], [], NOW, GRACE, dead={"other:2"}) == []
+    (action,) = plan_reconcile(BACKEND, [r], [], NOW, GRACE, dead={"dead:1"})
+    assert (action.kind, action.target, action.expect) == (FAIL, "failed", "creating")
+    (finish,) = plan_reconcile(BACKEND, [r], [obj()], NOW, GRACE, dead={"dead:1"})
+    assert finish.kind == FINISH_CREATE
+
+
 def test_destroying_row_without_object_is_completed():
     (action,) = reconcile([row(state="destroying")], [])
     assert (action.kind, action.sandbox_id, action.ref) == (DESTROY, "sbx-a", None)
@@ -292,6 +302,12 @@ def test_an_interrupted_create_past_its_deadline_is_reaped_but_a_live_one_is_not
 def test_leased_expired_row_is_not_reaped():
     r = row(deadline=NOW - 1 * M, lease_owner="alive:1", lease_expires_at=NOW + S)
     assert reap([r]) == []
+
+
+def test_expired_row_whose_holder_died_is_reaped_before_its_lease_expires():
+    r = row(deadline=NOW - 1 * M, lease_owner="dead:1", lease_expires_at=NOW + M)
+    assert plan_reap([r], NOW, WARN_BEFORE) == []
+    assert kinds(plan_reap([r], NOW, WARN_BEFORE, {"dead:1"})) == [(DESTROY, "sbx-a")]
 
 
 def test_expired_row_with_a_stale_lease_is_reaped():
