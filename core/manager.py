@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ from core.durations import format_duration
 from core.errors import (
     BadInput,
     Conflict,
+    DiskFull,
     LeaseLost,
     NotDue,
     NotFound,
@@ -85,6 +87,23 @@ class Lease:
     sandbox_id: str
     fence: int
     reason: str | None = None  # the reason recorded with the intent
+
+
+def _making_room(step: Callable[..., Any]) -> Callable[..., Any]:
+    """For a step that ends a sandbox or records what the backend already did (one
+    transaction, so safe to run again): on a full disk, release the reserve (core.reserve)
+    and try once more. Leaving a sandbox running, or a container unrecorded, because the
+    disk is full costs more than the space."""
+    @functools.wraps(step)
+    def run(self: Manager, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(self, *args, **kwargs)
+        except DiskFull:
+            if not self.db.release_reserve():
+                raise
+            return step(self, *args, **kwargs)
+
+    return run
 
 
 def _like_prefix(text: str) -> str:
@@ -311,6 +330,7 @@ class Manager:
         eventlog.append(conn, time=self._now(), type=type, actor=self.actor,
                         sandbox_id=sandbox_id, reason=reason, payload=payload)
 
+    @_making_room
     def _begin(self, sandbox_id: str, intent: State,
                *, reason: str | None | Callable[[Mapping[str, Any]], str | None],
                payload: Mapping[str, Any] | None = None,
@@ -413,6 +433,7 @@ class Manager:
             SANDBOXES.c.lease_owner == self.lease_owner,
         ).values(lease_owner=None, lease_expires_at=None))
 
+    @_making_room
     def _finish(self, lease: Lease, result: State, *, values: Mapping[str, Any] | None = None,
                 reason: str | None = None, payload: Mapping[str, Any] | None = None,
                 ) -> dict[str, Any]:
@@ -437,6 +458,7 @@ class Manager:
                 self._event(conn, lease.sandbox_id, event_type, reason=reason, payload=payload)
             return dict(updated)
 
+    @_making_room
     def _release(self, lease: Lease, error: str) -> None:
         """Give the lease back after a failed backend call, recording why; the intent stays
         for the next attempt (a retry or reconcile)."""
@@ -566,6 +588,7 @@ class Manager:
             "lease_expires_at": to_iso(now + self.lease_ttl),
             "fence": 1,
         }
+        self.db.require_room()  # a full disk: exit 5 before anything is written or made
         with self.db.write() as conn:
             if name is not None:
                 serialise(conn, LOCK_SANDBOX_NAMES)  # a name is unique among live sandboxes
@@ -635,8 +658,13 @@ class Manager:
 
     # -- destroy ----------------------------------------------------------------------------
 
+    def make_room(self) -> bool:
+        """Before ending sandboxes on a nearly full disk: release the reserve (core.reserve)."""
+        return self.db.make_room()
+
     async def destroy(self, ref: str, *, reason: str = "manual") -> tuple[dict[str, Any], bool]:
         """Destroy one sandbox. Returns (row, done_now); already destroyed is (row, False)."""
+        self.make_room()
         row = self.resolve(ref)
         if row["state"] == State.DESTROYED:
             return row, False
@@ -786,6 +814,7 @@ class Manager:
 
     # -- reconcile --------------------------------------------------------------------------
 
+    @_making_room
     def adopt(self, backend: str, obj: BackendObject) -> bool:
         """A backend object of ours with no row (the database was lost or restored): record it,
         keeping the hard deadline its label carries, so the reaper ends it on time."""
@@ -809,6 +838,7 @@ class Manager:
                         payload={"backend": backend, "backend_ref": obj.ref, "deadline": hard})
         return True
 
+    @_making_room
     def finish_interrupted_create(self, sandbox_id: str, obj: BackendObject) -> bool:
         """A create that died after the backend made the object: the sandbox is running."""
         with self.db.write() as conn:
@@ -823,6 +853,7 @@ class Manager:
                         payload={"backend_ref": obj.ref, "completed_by": "reconcile"})
         return True
 
+    @_making_room
     def record_backend_state(self, sandbox_id: str, expect: str | None, target: str,
                              *, reason: str | None = None) -> bool:
         """What reconcile saw on the backend (lost, paused, resumed, failed), if the row is
@@ -852,10 +883,15 @@ class Manager:
             if state is not None and state != State.DESTROYED:
                 return False
         await self.adapter(backend).destroy(ref)
+        self._record_orphan_destroyed(backend, ref, sandbox_id, reason)
+        return True
+
+    @_making_room
+    def _record_orphan_destroyed(self, backend: str, ref: str, sandbox_id: str | None,
+                                 reason: str | None) -> None:
         with self.db.write() as conn:
             self._event(conn, sandbox_id, "sandbox.orphan-destroyed", reason=reason,
                         payload={"backend": backend, "backend_ref": ref})
-        return True
 
     # -- pause and resume -------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from adapters.base import (
     Capability,
 )
 from core.clock import Clock, from_iso, to_iso
-from core.errors import Conflict, Unavailable, classify
+from core.errors import Conflict, DiskFull, Unavailable, classify
 from core.states import REAPABLE, State, dead_holders, leased
 from core.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
@@ -231,6 +231,7 @@ class Reaper:
         orphans: bool = False,
         dry_run: bool = False,
         concurrency: int = 16,
+        make_room: Callable[[], bool] = lambda: False,
     ) -> None:
         self.install_id = install_id
         self.clock = clock
@@ -243,6 +244,7 @@ class Reaper:
         self.orphans = orphans
         self.dry_run = dry_run
         self.concurrency = concurrency
+        self.make_room = make_room  # on a nearly full disk: release the reserve (core.reserve)
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
 
@@ -257,8 +259,12 @@ class Reaper:
     async def plan(self, report: Report) -> list[Action]:
         """Read the database (or refuse), list each backend once, and plan."""
         now = self.clock.now()
+        if not self.dry_run:
+            self.make_room()  # a full disk stops even reads: this cycle may be what frees it
         try:
             rows, rows_by_ids = self.read_rows()
+        except DiskFull:
+            raise
         except Exception as exc:  # never destructive without the database
             raise Unavailable(f"cannot read the database, so nothing was changed: {exc}") from exc
         mine = [r for r in rows if r["install_id"] == self.install_id]
@@ -524,7 +530,13 @@ def default_reaper(**options: Any) -> Reaper:
         finally:
             fast[0].close()
 
+    def make_room() -> bool:
+        from core.reserve import make_room
+
+        return make_room(url)
+
     options.setdefault("read_checkpoints", read_checkpoints)
+    options.setdefault("make_room", make_room)
     options.setdefault("warn_before", settings.expiry_warning())
     options.setdefault("grace", settings.reconcile_grace())
     reaper = Reaper(install_id=settings.install_id(), clock=clock_from_env(),

@@ -452,6 +452,7 @@ def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> N
     """Destroy sandboxes. Already destroyed counts as done."""
 
     async def go(mgr):
+        mgr.make_room()  # a nearly full disk: the reserve goes first, so these can end
         rows = [mgr.resolve(ref) for ref in sandbox_ids]  # all known before any is touched
         if not yes and sys.stdin.isatty() and not as_json:
             names = ", ".join(r["id"] + (f" ({r['name']})" if r["name"] else "") for r in rows)
