@@ -66,6 +66,7 @@ from core.states import (
     CREATED_EVENT,
     ON_THE_CLOCK,
     REAPABLE,
+    RESTARTED_EVENT,
     State,
     entry_events,
     held,
@@ -871,6 +872,56 @@ class Manager:
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(**values))
             self._event(conn, sandbox_id, event_type, reason=reason,
                         payload={"observed_by": "reconcile"})
+        return True
+
+    def restarts_seen(self, ids: Sequence[str]) -> dict[str, str]:
+        placeholder = "?" if self.db.engine.dialect.paramstyle == "qmark" else "%s"
+        with self.db.read() as conn:
+            return inventory.restarts_seen(conn.connection.driver_connection, list(ids),
+                                           placeholder)
+
+    async def record_restart(self, sandbox_id: str, backend: str, expect: str,
+                             obj: BackendObject) -> bool:
+        """The backend started the sandbox again (an engine restart; Docker's restart policy
+        brings its containers back): record it once, as `sandbox.restarted`. A sandbox that
+        was paused comes back running, so it is paused again first; it keeps its deadline."""
+        started = to_iso(obj.restarted_at)
+        lease = None
+        if expect == State.PAUSED:
+            adapter = self.adapter(backend)
+            lease = self._take(sandbox_id, {State.PAUSED}, "pause again")
+            try:
+                async with self._holding(lease):
+                    await adapter.pause(obj.ref)
+            except BaseException:
+                self._give_back(lease)
+                raise
+        return self._record_restart(sandbox_id, expect, started, lease)
+
+    @_making_room
+    def _record_restart(self, sandbox_id: str, expect: str, started: str,
+                        lease: Lease | None) -> bool:
+        with self.db.write() as conn:
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                               .with_for_update()).mappings().first()
+            if row is None or row["state"] != expect:
+                return False
+            if lease is None and self._held(row):
+                return False
+            if lease is not None and (row["fence"] != lease.fence
+                                      or row["lease_owner"] != self.lease_owner):
+                return False  # taken over meanwhile: the new holder decides
+            last = conn.execute(
+                sa.select(EVENTS.c.payload_json)
+                .where(EVENTS.c.sandbox_id == sandbox_id, EVENTS.c.type == RESTARTED_EVENT)
+                .order_by(EVENTS.c.id.desc()).limit(1)).scalar()
+            if lease is not None:
+                self._give_back(lease, conn)
+            if last and json.loads(last).get("backend_started_at") == started:
+                return False  # another reconcile recorded this one
+            self._event(conn, sandbox_id, RESTARTED_EVENT, reason="restarted", payload={
+                "backend_started_at": started, "state": expect,
+                "paused_again": lease is not None, "observed_by": "reconcile"})
         return True
 
     async def destroy_orphan(self, backend: str, ref: str, sandbox_id: str | None,

@@ -41,12 +41,14 @@ FINISH_CREATE = "finish-create"  # an interrupted create whose object exists: ru
 FAIL = "fail"                    # an interrupted create with no object: failed
 LOSE = "lose"                    # the backend no longer has it, or it stopped out of band
 SYNC = "sync"                    # paused or resumed out of band: record it
+RESTART = "restart"              # the backend started it again (an engine restart): record it
 ADOPT = "adopt"                  # an object of ours with no row, before its hard deadline
 DESTROY = "destroy"              # expired, failed with leftovers, or an interrupted destroy
 DESTROY_OBJECT = "destroy-object"  # an object whose row is gone or destroyed (orphan)
 WARN = "warn"                    # sandbox.expiring
 CHECKPOINTS = "checkpoints"      # expired, interrupted or orphaned checkpoints on a backend
-ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, ADOPT, DESTROY, DESTROY_OBJECT, WARN, CHECKPOINTS)
+ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, RESTART, ADOPT, DESTROY, DESTROY_OBJECT, WARN,
+         CHECKPOINTS)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ def plan_reconcile(
     *,
     rows_outside: Mapping[str, Mapping[str, Any]] | None = None,
     dead: Collection[str] = (),
+    restarts_seen: Mapping[str, str] | None = None,
 ) -> list[Action]:
     """Diff one backend's objects with this installation's rows of that backend.
 
@@ -91,10 +94,12 @@ def plan_reconcile(
     afterwards, of objects the snapshot did not have: destroyed ones, or ones created since.
     Rows held under a live lease are some process's work in progress; `dead` names lease
     owners known dead (core.states.dead_holders), whose leases count as lapsed, and whose
-    interrupted creates need not wait out the grace.
+    interrupted creates need not wait out the grace. `restarts_seen`: for a sandbox whose
+    object was started again, the start time its last `sandbox.restarted` event recorded.
     """
     now_iso = to_iso(now)
     rows_outside = rows_outside or {}
+    restarts_seen = restarts_seen or {}
     by_id = {r["id"]: r for r in rows if r["backend"] == backend}
     actions: list[Action] = []
     seen: set[str] = set()
@@ -121,10 +126,16 @@ def plan_reconcile(
             actions.append(Action(DESTROY, backend, row["id"], obj.ref))
         elif state == State.FAILED:
             actions.append(Action(DESTROY, backend, row["id"], obj.ref, "failed"))
+        elif (state in (State.RUNNING, State.PAUSED) and obj.running and obj.restarted_at
+              and to_iso(obj.restarted_at) != restarts_seen.get(row["id"])):
+            # back after a restart; a paused one is paused again
+            actions.append(Action(RESTART, backend, row["id"], obj.ref, "restarted",
+                                  target=state, expect=state, obj=obj))
         elif state in (State.RUNNING, State.PAUSED) and actual != state:
-            kind = LOSE if actual == "stopped" else SYNC
-            target = State.LOST if actual == "stopped" else actual
-            actions.append(Action(kind, backend, row["id"], obj.ref, target=target, expect=state))
+            stopped = actual == "stopped"  # not restarted by the backend: lost, and why
+            actions.append(Action(LOSE if stopped else SYNC, backend, row["id"], obj.ref,
+                                  "stopped" if stopped else None,
+                                  target=State.LOST if stopped else actual, expect=state))
     for row in by_id.values():
         if row["id"] in seen or leased(row, now_iso, dead):
             continue
@@ -136,7 +147,8 @@ def plan_reconcile(
         elif state == State.DESTROYING:
             actions.append(Action(DESTROY, backend, row["id"]))
         elif state in (State.RUNNING, State.PAUSED):
-            actions.append(Action(LOSE, backend, row["id"], target=State.LOST, expect=state))
+            actions.append(Action(LOSE, backend, row["id"], reason="gone", target=State.LOST,
+                                  expect=state))
     return actions
 
 
@@ -232,6 +244,7 @@ class Reaper:
         dry_run: bool = False,
         concurrency: int = 16,
         make_room: Callable[[], bool] = lambda: False,
+        read_restarts: Callable[[list[str]], dict[str, str]] | None = None,
     ) -> None:
         self.install_id = install_id
         self.clock = clock
@@ -245,6 +258,7 @@ class Reaper:
         self.dry_run = dry_run
         self.concurrency = concurrency
         self.make_room = make_room  # on a nearly full disk: release the reserve (core.reserve)
+        self.read_restarts = read_restarts  # None: through the Manager
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
 
@@ -308,9 +322,12 @@ class Reaper:
             judged = [r for r in mine if r["id"] not in unreachable_rows]
             stray = [o.labels[LABEL_ID] for o in objects
                      if o.labels.get(LABEL_ID) and o.labels[LABEL_ID] not in live_ids]
+            restarted = [o.labels[LABEL_ID] for o in objects
+                         if o.restarted_at and o.labels.get(LABEL_ID) in live_ids]
             reconcile += plan_reconcile(backend, judged, objects, now, self.grace,
                                         rows_outside=rows_by_ids(stray) if stray else {},
-                                        dead=dead)
+                                        dead=dead,
+                                        restarts_seen=self._restarts_seen(restarted))
             if self.orphans:
                 orphans += plan_orphans(backend, objects, now)
         reconcile += await self._plan_checkpoints(unreachable, now)
@@ -321,6 +338,14 @@ class Reaper:
         reap = plan_reap(reachable, now, self.warn_before, dead) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
         return merge(reconcile, [*reap, *orphans])
+
+    def _restarts_seen(self, ids: list[str]) -> dict[str, str]:
+        """The start time each of these sandboxes' last `sandbox.restarted` event recorded."""
+        if not ids:
+            return {}
+        if self.read_restarts is not None:
+            return self.read_restarts(ids)
+        return self.manager().restarts_seen(ids)
 
     async def _fleet_rows(self, rows: list[dict[str, Any]], unreachable: set[str],
                           now: datetime) -> list[dict[str, Any]]:
@@ -436,6 +461,10 @@ class Reaper:
             elif action.kind == FINISH_CREATE:
                 if mgr.finish_interrupted_create(action.sandbox_id, action.obj):
                     report.reconciled.append(action.describe())
+            elif action.kind == RESTART:
+                if await mgr.record_restart(action.sandbox_id, action.backend, action.expect,
+                                            action.obj):
+                    report.reconciled.append(action.describe())
             elif action.kind in (FAIL, LOSE, SYNC):
                 if mgr.record_backend_state(action.sandbox_id, action.expect, action.target,
                                             reason=action.reason):
@@ -535,8 +564,18 @@ def default_reaper(**options: Any) -> Reaper:
 
         return make_room(url)
 
+    def read_restarts(ids: list[str]) -> dict[str, str]:
+        fast = inventory.open_readonly(url)
+        if fast is None:
+            return reaper.manager().restarts_seen(ids)
+        try:
+            return inventory.restarts_seen(fast[0], ids, fast[1])
+        finally:
+            fast[0].close()
+
     options.setdefault("read_checkpoints", read_checkpoints)
     options.setdefault("make_room", make_room)
+    options.setdefault("read_restarts", read_restarts)
     options.setdefault("warn_before", settings.expiry_warning())
     options.setdefault("grace", settings.reconcile_grace())
     reaper = Reaper(install_id=settings.install_id(), clock=clock_from_env(),

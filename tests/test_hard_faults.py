@@ -10,12 +10,19 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 from conftest import (
+    ROOT,
     RUN_LABEL,
     SbxRunner,
     containers_of,
@@ -142,3 +149,140 @@ def test_a_full_disk_refuses_writes_in_one_line_and_sandboxes_still_end(
             assert [e["type"] for e in events_of(sbx, box["id"])][-1] == "sandbox.destroyed"
     finally:
         remove_test_containers(home)
+
+
+# == 2. An engine restart ====================================================================
+
+
+class PrivateEngine:
+    """A dockerd of this test's own: its own data root, exec root, socket and pid file, no
+    bridge and no iptables rules, so stopping it touches nothing the shared engine runs."""
+
+    def __init__(self) -> None:
+        # short: containerd's socket lives under the exec root, and unix paths are short
+        self.folder = Path(tempfile.mkdtemp(prefix="sbx-engine-", dir="/tmp"))
+        self.socket = self.folder / "docker.sock"
+        self.url = f"unix://{self.socket}"
+        (self.folder / "daemon.json").write_text("{}\n")  # not the host's /etc/docker one
+        self.log = self.folder / "dockerd.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("dockerd")
+        assert binary, "dockerd is not installed (make test installs docker.io)"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [binary, "--config-file", str(self.folder / "daemon.json"),
+                 "--data-root", str(self.folder / "data"),
+                 "--exec-root", str(self.folder / "exec"), "-H", self.url,
+                 "--pidfile", str(self.folder / "docker.pid"), "--bridge=none",
+                 "--iptables=false", "--ip-masq=false", "--log-level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()[-2000:]
+            try:
+                with self.client() as api:
+                    api.ping()
+                return
+            except docker.errors.DockerException:
+                assert time.monotonic() < deadline, "the private dockerd did not answer"
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        """SIGTERM, as an engine restart or a host shutdown sends it; wait for the end."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def client(self) -> docker.APIClient:
+        return docker.APIClient(base_url=self.url, version="auto", timeout=60)
+
+    def close(self, install: str | None) -> None:
+        if self.proc is not None and self.proc.poll() is None and install:
+            with self.client() as api:
+                for info in containers_of(api, install):
+                    api.remove_container(info["Id"], force=True, v=True)
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def private_engine(sbx) -> Iterator[PrivateEngine]:
+    engine = PrivateEngine()
+    try:
+        engine.start()
+        built = subprocess.run([sys.executable, "-m", "adapters.docker_image"], cwd=ROOT,
+                               env={**os.environ, "DOCKER_HOST": engine.url},
+                               capture_output=True, text=True, timeout=300)
+        assert built.returncode == 0, built.stderr
+        yield engine
+    finally:
+        engine.close(install_id_of(sbx.home))
+
+
+def container_state(engine: PrivateEngine, ref: str) -> dict:
+    with engine.client() as api:
+        return api.inspect_container(ref)["State"]
+
+
+@pytest.mark.slow
+def test_an_engine_restart_brings_sandboxes_back_and_says_so(sbx, private_engine):
+    engine = private_engine
+    env = {"DOCKER_HOST": engine.url}
+    running = sbx.create("--ttl", "10m", env=env)
+    paused = sbx.create("--ttl", "10m", env=env)
+    assert sbx("pause", paused["id"], env=env).code == 0
+    # one that cannot come back: its container has no restart policy (as one made before
+    # sbx asked for it, or changed by hand)
+    stays_down = sbx.create("--ttl", "10m", env=env)
+    with engine.client() as api:
+        api.update_container(stays_down["backend_ref"], restart_policy={"Name": "no"})
+    time.sleep(2.5)  # the listing's times are whole seconds: let the restart be told apart
+
+    engine.restart()
+
+    reconciled = sbx("reconcile", "--json", env=env)
+    assert reconciled.code == 0, (reconciled.out, reconciled.err)
+    report = reconciled.json()
+    assert report["failed"] == [], report
+    assert {(r["id"], r["action"], r["state"]) for r in report["reconciled"]} == {
+        (running["id"], "restart", "running"), (paused["id"], "restart", "paused"),
+        (stays_down["id"], "lose", "lost")}
+
+    assert show(sbx, running["id"])["state"] == "running"
+    assert container_state(engine, running["backend_ref"])["Running"]
+    (restarted,) = [e for e in events_of(sbx, running["id"]) if e["type"] == "sandbox.restarted"]
+    assert restarted["reason"] == "restarted"
+    assert restarted["payload"]["paused_again"] is False
+    hello = sbx("exec", running["id"], "--", "echo", "back", env=env)
+    assert (hello.code, hello.out) == (0, "back\n"), hello.err
+
+    assert show(sbx, paused["id"])["state"] == "paused"
+    assert container_state(engine, paused["backend_ref"])["Paused"]  # paused again
+    (again,) = [e for e in events_of(sbx, paused["id"]) if e["type"] == "sandbox.restarted"]
+    assert again["payload"]["paused_again"] is True
+    assert sbx("resume", paused["id"], env=env).code == 0
+    assert sbx("exec", paused["id"], "--", "true", env=env).code == 0
+
+    assert show(sbx, stays_down["id"])["state"] == "lost"
+    lost = events_of(sbx, stays_down["id"])[-1]
+    assert (lost["type"], lost["reason"]) == ("sandbox.lost", "stopped")
+
+    # recorded once: the next cycles have nothing to say, and nothing is reaped early
+    for command in ("reconcile", "reap"):
+        again = sbx(command, "--json", env=env)
+        assert again.code == 0, (again.out, again.err)
+        assert all(v == [] for v in again.json().values()), again.out
+    assert [e["type"] for e in events_of(sbx, running["id"])].count("sandbox.restarted") == 1
+    verified = sbx("events", "verify")
+    assert verified.code == 0, verified.err
