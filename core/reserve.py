@@ -19,6 +19,7 @@ Standard library only: the reaper calls make_room() before it reads anything.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 
@@ -54,7 +55,9 @@ def out_of_space(folder: Path) -> bool:
 
 
 def keep(database: Path) -> bool:
-    """Make sure the reserve is there; False when it is not and there is no room for it."""
+    """Make sure the reserve is there. False when it is not for want of room; True when it
+    is, or cannot be for another reason (a folder sbx may not write in fails the command
+    that writes, with its own error)."""
     reserve = reserve_of(database)
     try:
         if reserve.stat().st_size >= RESERVE_BYTES:
@@ -62,7 +65,7 @@ def keep(database: Path) -> bool:
     except FileNotFoundError:
         pass
     except OSError:
-        return False
+        return True
     free = free_bytes(database.parent)
     if free is not None and free < RESERVE_BYTES + LOW_WATER_BYTES:
         return False
@@ -70,15 +73,28 @@ def keep(database: Path) -> bool:
     try:
         fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            os.posix_fallocate(fd, 0, RESERVE_BYTES)  # blocks, not a hole
+            _allocate(fd)
         finally:
             os.close(fd)
         os.replace(scratch, reserve)
-    except OSError:
+    except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(scratch)
-        return False
+        return exc.errno not in (errno.ENOSPC, errno.EDQUOT)
     return True
+
+
+def _allocate(fd: int) -> None:
+    """RESERVE_BYTES of real blocks, not a hole."""
+    try:
+        os.posix_fallocate(fd, 0, RESERVE_BYTES)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        chunk = b"\0" * (1024 * 1024)
+        for _ in range(RESERVE_BYTES // len(chunk)):
+            os.write(fd, chunk)
+        os.fsync(fd)
 
 
 def release(database: Path) -> bool:
