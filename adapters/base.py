@@ -125,6 +125,9 @@ class BackendObject:
     status: str
     running: bool
     created_at: datetime | None = None
+    # when the backend last started it again after it had stopped (an engine restart
+    # brings it back); None while it has run without a stop since it was made
+    restarted_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,12 @@ ENGINE_IDS_KEPT = 16
 # How long a ping made ahead (DockerAdapter.prepare) stands for the command's own: an engine
 # that stops answering is still met before anything is written, give or take this.
 PING_FRESH_S = 1.0
+# A container of ours that stops with the engine comes back when the engine starts again;
+# one stopped on purpose (`docker stop`, sbx's own remove) stays stopped.
+RESTART_POLICY = {"Name": "unless-stopped"}
+# A running container up for less than its age by more than this was started again (it is
+# started within a second of being made; the listing's times are whole seconds).
+RESTART_SLACK_S = 2.0
 START_HINT = (
     "start one: `make run` does it for you (as root on Debian), or `sudo dockerd &`, "
     "or `sudo systemctl start docker`; or point DOCKER_HOST at a reachable engine"
@@ -255,6 +261,43 @@ def build_base_image(api: docker.APIClient, tag: str = BASE_IMAGE) -> str:
     return tag
 
 
+_UP_FOR = re.compile(r"Up (Less than a second|About a minute|About an hour|"
+                     r"(\d+) (second|minute|hour|day|week|month|year)s?)")
+_UNIT_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400,
+           "month": 30 * 86400, "year": 365 * 86400}
+
+
+def _up_at_most(status: str | None) -> float | None:
+    """How long a container has been up at most, from the listing's `Status` ("Up 5
+    minutes", docker's HumanDuration of the time since it started); None if not said."""
+    match = _UP_FOR.match(status or "")
+    if match is None:
+        return None
+    phrase, count, unit = match.groups()
+    if count is None:
+        return {"Less than a second": 1, "About a minute": 120, "About an hour": 5400}[phrase]
+    if unit == "hour":  # rounded to the nearest hour
+        return (int(count) + 0.5) * 3600
+    return (int(count) + 1) * _UNIT_S[unit]
+
+
+def _maybe_restarted(info: Mapping[str, Any], now: float) -> bool:
+    """The listing has no start time; a container up for clearly less than its age was
+    started again (or the listing cannot say): worth one inspect."""
+    up, created = _up_at_most(info.get("Status")), info.get("Created")
+    if up is None or not created:
+        return True
+    return now - created - up > RESTART_SLACK_S
+
+
+def _restarted_at(state: Mapping[str, Any]) -> datetime | None:
+    """When a running container was started again: it has stopped once (FinishedAt is set)."""
+    finished = state.get("FinishedAt") or ""
+    if not state.get("Running") or not finished or finished.startswith("0001-"):
+        return None
+    return _parse_time(state.get("StartedAt"))
+
+
 def _parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
@@ -363,7 +406,7 @@ class DockerAdapter(Adapter):
             return BackendObject(
                 ref=info["Id"], labels=info["Config"].get("Labels") or {},
                 status=state.get("Status", "unknown"), running=bool(state.get("Running")),
-                created_at=_parse_time(info.get("Created")),
+                created_at=_parse_time(info.get("Created")), restarted_at=_restarted_at(state),
             )
         created = info.get("Created")
         return BackendObject(  # list entry
@@ -438,6 +481,7 @@ class DockerAdapter(Adapter):
                 pids_limit=limits.pids,
                 init=False,
                 **hardening,
+                restart_policy=RESTART_POLICY,
             )
 
         def make(api: docker.APIClient) -> str:
@@ -536,13 +580,26 @@ class DockerAdapter(Adapter):
         (A service carries every label of its main container, so a filter that finds a
         service finds its main one too, while it exists.)"""
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-        found = await self._call(lambda api: api.containers(all=True, filters=filters))
+
+        def listing(api: docker.APIClient) -> tuple[list[dict], dict[str, datetime]]:
+            found = api.containers(all=True, filters=filters)
+            restarted = {}
+            for info in found:  # inspected only when the listing says it was started again
+                main = LABEL_POD not in (info.get("Labels") or {})
+                if main and info.get("State") == "running" and _maybe_restarted(info, time.time()):
+                    with contextlib.suppress(docker_errors.NotFound):
+                        at = _restarted_at(api.inspect_container(info["Id"]).get("State", {}))
+                        if at is not None:
+                            restarted[info["Id"]] = at
+            return found, restarted
+
+        found, restarted = await self._call(listing)
         ids = {info["Id"] for info in found}
         objects = []
         for info in found:
             pod = (info.get("Labels") or {}).get(LABEL_POD)
             if pod is None:
-                objects.append(self._object(info))
+                objects.append(replace(self._object(info), restarted_at=restarted.get(info["Id"])))
             elif pod not in ids:  # its sandbox is gone: never report it as a live sandbox
                 objects.append(dataclasses.replace(self._object(info), status="exited",
                                                    running=False))

@@ -21,6 +21,7 @@ class EventType(enum.StrEnum):
     SANDBOX_DESTROYED = "sandbox.destroyed"
     SANDBOX_LOST = "sandbox.lost"
     SANDBOX_ADOPTED = "sandbox.adopted"
+    SANDBOX_RESTARTED = "sandbox.restarted"  # the backend started it again (an engine restart)
     # what happens to a sandbox without changing its state
     SANDBOX_EXEC = "sandbox.exec"
     SANDBOX_EXTENDED = "sandbox.extended"
@@ -47,6 +48,9 @@ class Reason(enum.StrEnum):
     ORPHAN = "orphan"  # a backend object of this installation that no row claimed
     FAILED = "failed"  # cleaning up after a failed create or setup
     RETENTION = "retention"  # a checkpoint past its profile's `keep`
+    RESTARTED = "restarted"  # the backend brought it back after its engine restarted
+    STOPPED = "stopped"  # lost: its backend object stopped, and nothing started it again
+    GONE = "gone"  # lost: its backend object is no longer there
 
 
 EXPIRY_REASONS = (Reason.TTL, Reason.IDLE, Reason.MAX_TTL)

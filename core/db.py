@@ -22,8 +22,9 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from core.anchor import HEAD_KEY, move_anchor
-from core.errors import BadInput, OperationFailed, Unavailable
+from core import reserve
+from core.anchor import HEAD_KEY, commit_anchor, discard_anchor, stage_anchor
+from core.errors import BadInput, DiskFull, OperationFailed, Unavailable, is_disk_full
 from core.migrations import SCHEMA_HEAD
 
 BUSY_TIMEOUT_MS = 30_000
@@ -48,6 +49,13 @@ def _sqlite_path(url: sa.URL) -> Path | None:
     if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
         return None
     return Path(url.database)
+
+
+def _sqlite_path_of(url: str) -> Path | None:
+    try:
+        return _sqlite_path(sa.make_url(url))
+    except sa.exc.ArgumentError:
+        return None
 
 
 def _precreate_private(path: Path) -> None:
@@ -155,8 +163,45 @@ class Database:
         except BadInput:
             raise
         except Exception as exc:
+            self._refuse_if_full(exc, _sqlite_path_of(url))
             raise Unavailable(f"cannot open the database {redact(url)}: {exc}") from exc
         self._migrated = False
+
+    # -- a full disk (see core.reserve) ------------------------------------------------------
+
+    @property
+    def folder(self) -> Path | None:
+        """The folder of a SQLite database file (SBX_HOME by default); None for a server."""
+        path = _sqlite_path(self.engine.url)
+        return path.parent if path else None
+
+    @staticmethod
+    def _refuse_if_full(exc: BaseException, path: Path | None) -> None:
+        """DiskFull (exit 5, one line naming the folder) when `exc` means the disk is full."""
+        folder = path.parent if path else None
+        if is_disk_full(exc, folder):
+            raise DiskFull.at(folder) from None
+
+    def keep_reserve(self) -> bool:
+        """The reserve is in place (made now if missing and there is room); True for a
+        database server, whose disk is not ours to reserve."""
+        path = _sqlite_path(self.engine.url)
+        return reserve.keep(path) if path else True
+
+    def release_reserve(self) -> bool:
+        """Delete the reserve, to make room for a write that ends or records a sandbox."""
+        path = _sqlite_path(self.engine.url)
+        return reserve.release(path) if path else False
+
+    def make_room(self) -> bool:
+        """Before ending sandboxes: release the reserve if the disk is nearly full."""
+        return reserve.make_room(self.url)
+
+    def require_room(self) -> None:
+        """Before starting a sandbox: DiskFull unless the disk has room and the reserve."""
+        folder = self.folder
+        if folder is not None and (reserve.out_of_space(folder) or not self.keep_reserve()):
+            raise DiskFull.at(folder)
 
     @property
     def dialect(self) -> str:
@@ -180,32 +225,47 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
-        """A short write transaction (BEGIN IMMEDIATE on SQLite). Never hold it across I/O."""
-        self.migrate()
-        with self.engine.connect().execution_options(**{_WRITE: True}) as conn:
-            try:
-                with conn.begin():
-                    yield conn
-            except BaseException:
-                # rolled back: its events were never written, so its head must not be left
-                # on this pooled connection for the next transaction to anchor
-                conn.info.pop(HEAD_KEY, None)
-                raise
-            head = conn.info.pop(HEAD_KEY, None)  # committed: move the anchor
-            if head and self.anchor_path:
-                move_anchor(self.anchor_path, head)
+        """A short write transaction (BEGIN IMMEDIATE on SQLite). Never hold it across I/O.
+        On a full disk it is rolled back and raises DiskFull."""
+        try:
+            self.migrate()
+            with self.engine.connect().execution_options(**{_WRITE: True}) as conn:
+                staged = None
+                try:
+                    with conn.begin():
+                        yield conn
+                        head = conn.info.get(HEAD_KEY)
+                        if head and self.anchor_path:  # before the commit: see stage_anchor
+                            staged = stage_anchor(self.anchor_path, head)
+                except BaseException:
+                    # rolled back: its events were never written, so its head must not be left
+                    # on this pooled connection for the next transaction to anchor
+                    conn.info.pop(HEAD_KEY, None)
+                    discard_anchor(staged)
+                    raise
+                head = conn.info.pop(HEAD_KEY, None)  # committed: move the anchor
+                if head and self.anchor_path:
+                    commit_anchor(self.anchor_path, staged, head)
+        except Exception as exc:
+            self._refuse_if_full(exc, _sqlite_path(self.engine.url))
+            raise
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        self.migrate()
-        with self.engine.connect() as conn:
-            with conn.begin():
-                yield conn
+        try:
+            self.migrate()
+            with self.engine.connect() as conn:
+                with conn.begin():
+                    yield conn
+        except Exception as exc:
+            self._refuse_if_full(exc, _sqlite_path(self.engine.url))
+            raise
 
     def schema_version(self) -> str | None:
         try:
             return _waiting_while_locked(self._read_schema_version)
         except sa.exc.OperationalError as exc:  # still locked after the busy timeout
+            self._refuse_if_full(exc, _sqlite_path(self.engine.url))
             raise Unavailable(f"cannot read the database {redact(self.url)}: {exc}") from exc
 
     def _read_schema_version(self) -> str | None:
@@ -217,6 +277,7 @@ class Database:
                 return None
             if "locked" in str(exc):
                 raise
+            self._refuse_if_full(exc, _sqlite_path(self.engine.url))
             raise Unavailable(f"cannot read the database {redact(self.url)}: {exc}") from exc
         except sa.exc.ProgrammingError:
             return None
@@ -237,8 +298,10 @@ class Database:
                     try:
                         upgrade(conn)
                     except Exception as exc:
+                        self._refuse_if_full(exc, _sqlite_path(self.engine.url))
                         raise OperationFailed(f"database migration failed: {exc}") from exc
         self._migrated = True
+        self.keep_reserve()  # once per process; a create insists on it (require_room)
 
     def dispose(self) -> None:
         self.engine.dispose()

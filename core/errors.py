@@ -6,6 +6,8 @@ share one hierarchy, and each class carries the CLI's exit code (docs/cli.md).""
 from __future__ import annotations
 
 import enum
+import errno
+from pathlib import Path
 
 from adapters.base import (
     ArtifactRefused,
@@ -75,6 +77,16 @@ class TimedOut(OperationFailed):
     """An operation given a time limit did not finish within it (`sbx reap --timeout`)."""
 
 
+class DiskFull(Unavailable):
+    """The disk holding the state folder (or the database server's) has no room: the
+    transaction was rolled back."""
+
+    @classmethod
+    def at(cls, folder: Path | None) -> DiskFull:
+        where = f"the disk holding {folder}" if folder else "the database server's disk"
+        return cls(f"{where} is full: nothing was changed (free some space, then try again)")
+
+
 class NotDue(Conflict):
     """A reaper's precondition no longer held inside the transaction; nothing was written."""
 
@@ -83,10 +95,43 @@ class LeaseLost(Conflict):
     """Another process took the sandbox's lease: our result is stale and was not written."""
 
 
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_SQLITE_FULL, _SQLITE_IOERR = 13, 10
+_PG_DISK_FULL = "53100"  # SQLSTATE disk_full
+
+
+def is_disk_full(exc: BaseException | None, folder: Path | None = None) -> bool:
+    """Whether `exc` (or what it wraps) says the disk is full: ENOSPC or EDQUOT, SQLite's
+    SQLITE_FULL, PostgreSQL's disk_full. SQLite reports some failures to grow a file as a
+    bare I/O error (SQLITE_IOERR_SHMSIZE when it cannot size the `-shm` file beside the
+    database, which every reader needs): those count when `folder` is out of space."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFull):
+            return True
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            if code & 0xFF == _SQLITE_FULL:
+                return True
+            if code & 0xFF == _SQLITE_IOERR and folder is not None:
+                from core.reserve import out_of_space
+
+                return out_of_space(folder)
+        if getattr(exc, "sqlstate", None) == _PG_DISK_FULL:
+            return True
+        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+    return False
+
+
 def classify(exc: BaseException) -> tuple[int, str]:
     """(exit code, kind) for any exception the front ends may see."""
     if isinstance(exc, SbxError):
         return exc.exit_code, exc.kind
+    if is_disk_full(exc):
+        return EXIT_UNAVAILABLE, "unavailable"
     if isinstance(exc, ArtifactRefused | InvalidRequest):
         return EXIT_BAD_INPUT, "bad_input"
     if isinstance(exc, BackendUnavailable):

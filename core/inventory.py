@@ -17,7 +17,7 @@ from typing import Any
 
 from core.errors import BadInput
 from core.migrations import SCHEMA_HEAD
-from core.states import State
+from core.states import RESTARTED_EVENT, State
 
 
 def parse_state(state: str) -> State:
@@ -132,6 +132,22 @@ def rows_by_ids(dbapi_conn: Any, ids: list[str], placeholder: str = "?") -> dict
         return {r[0]: dict(zip(names, r, strict=True)) for r in cursor.fetchall()}
     finally:
         cursor.close()
+
+
+def restarts_seen(dbapi_conn: Any, ids: list[str], placeholder: str = "?") -> dict[str, str]:
+    """For each of these sandboxes with a `sandbox.restarted` event, the backend start time
+    the last one recorded (reconcile records each restart once)."""
+    if not ids:
+        return {}
+    marks = ", ".join([placeholder] * len(ids))
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(f"SELECT sandbox_id, payload_json FROM events WHERE type = {placeholder} "
+                       f"AND sandbox_id IN ({marks}) ORDER BY id", [RESTARTED_EVENT, *ids])
+        found = cursor.fetchall()
+    finally:
+        cursor.close()
+    return {sid: json.loads(payload or "{}").get("backend_started_at") for sid, payload in found}
 
 
 def read_fast(url: str, **filters: Any) -> list[dict[str, Any]] | None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
-import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from core.durations import format_duration
 from core.errors import (
     BadInput,
     Conflict,
+    DiskFull,
     LeaseLost,
     NotDue,
     NotFound,
@@ -66,9 +66,11 @@ from core.states import (
     CREATED_EVENT,
     ON_THE_CLOCK,
     REAPABLE,
+    RESTARTED_EVENT,
     State,
     entry_events,
-    leased,
+    held,
+    lease_owner,
     transition_event,
 )
 from core.ttl import EXPIRY_REASONS, effective_deadline, expiry_reason, extended, warning_due
@@ -86,6 +88,23 @@ class Lease:
     sandbox_id: str
     fence: int
     reason: str | None = None  # the reason recorded with the intent
+
+
+def _making_room(step: Callable[..., Any]) -> Callable[..., Any]:
+    """For a step that ends a sandbox or records what the backend already did (one
+    transaction, so safe to run again): on a full disk, release the reserve (core.reserve)
+    and try once more. Leaving a sandbox running, or a container unrecorded, because the
+    disk is full costs more than the space."""
+    @functools.wraps(step)
+    def run(self: Manager, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(self, *args, **kwargs)
+        except DiskFull:
+            if not self.db.release_reserve():
+                raise
+            return step(self, *args, **kwargs)
+
+    return run
 
 
 # A database opened ahead of the command that will use it (see prepare_process): its URL ->
@@ -164,7 +183,7 @@ class Manager:
         self.actor = actor or settings.actor()
         self.install_id = install_id or settings.install_id()
         self.lease_ttl = lease_ttl or settings.lease_ttl()
-        self.lease_owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.lease_owner = lease_owner(self.install_id)
         self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
 
     # -- adapters ---------------------------------------------------------------------------
@@ -209,6 +228,10 @@ class Manager:
     def now_iso(self) -> str:
         """Now on this manager's clock, as the records write times."""
         return to_iso(self.clock.now())
+
+    def _held(self, row: Mapping[str, Any]) -> bool:
+        """Another live process holds the row's lease (a dead one of this host holds none)."""
+        return held(row, self._now(), self.install_id)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -294,6 +317,7 @@ class Manager:
         eventlog.append(conn, time=self._now(), type=type, actor=self.actor,
                         sandbox_id=sandbox_id, reason=reason, payload=payload)
 
+    @_making_room
     def _begin(self, sandbox_id: str, intent: State,
                *, reason: str | None | Callable[[Mapping[str, Any]], str | None],
                payload: Mapping[str, Any] | None = None,
@@ -334,7 +358,7 @@ class Manager:
                 ).scalar()
             if not resuming:
                 transition_event(current, intent)  # IllegalTransition when not allowed
-            if leased(row, self._now()):
+            if self._held(row):
                 raise Conflict(
                     f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
                     f"until {row['lease_expires_at']}"
@@ -372,7 +396,7 @@ class Manager:
             raise NotFound(f"no sandbox {sandbox_id!r}")
         if row["state"] not in states:
             raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot {verb}")
-        if leased(row, self._now()):
+        if self._held(row):
             raise Conflict(f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
                            f"until {row['lease_expires_at']}")
         fence = conn.execute(
@@ -396,6 +420,7 @@ class Manager:
             SANDBOXES.c.lease_owner == self.lease_owner,
         ).values(lease_owner=None, lease_expires_at=None))
 
+    @_making_room
     def _finish(self, lease: Lease, result: State, *, values: Mapping[str, Any] | None = None,
                 reason: str | None = None, payload: Mapping[str, Any] | None = None,
                 ) -> dict[str, Any]:
@@ -420,6 +445,7 @@ class Manager:
                 self._event(conn, lease.sandbox_id, event_type, reason=reason, payload=payload)
             return dict(updated)
 
+    @_making_room
     def _release(self, lease: Lease, error: str) -> None:
         """Give the lease back after a failed backend call, recording why; the intent stays
         for the next attempt (a retry or reconcile)."""
@@ -561,6 +587,7 @@ class Manager:
             "lease_expires_at": to_iso(now + self.lease_ttl),
             "fence": 1,
         }
+        self.db.require_room()  # a full disk: exit 5 before anything is written or made
         with self.db.write() as conn:
             if name is not None:
                 serialise(conn, LOCK_SANDBOX_NAMES)  # a name is unique among live sandboxes
@@ -630,8 +657,13 @@ class Manager:
 
     # -- destroy ----------------------------------------------------------------------------
 
+    def make_room(self) -> bool:
+        """Before ending sandboxes on a nearly full disk: release the reserve (core.reserve)."""
+        return self.db.make_room()
+
     async def destroy(self, ref: str, *, reason: str = "manual") -> tuple[dict[str, Any], bool]:
         """Destroy one sandbox. Returns (row, done_now); already destroyed is (row, False)."""
+        self.make_room()
         row = self.resolve(ref)
         if row["state"] == State.DESTROYED:
             return row, False
@@ -663,7 +695,7 @@ class Manager:
         The reaper has just listed the backend, so it is not pinged again."""
         def still_due(row: Mapping[str, Any]) -> str | None:
             if reason in EXPIRY_REASONS:
-                if row["state"] not in REAPABLE or leased(row, self._now()):
+                if row["state"] not in REAPABLE or self._held(row):
                     return f"it is {row['state']}"
                 if not expiry_reason(row, self.clock.now()):
                     return "its deadline moved (extended or touched)"
@@ -782,6 +814,7 @@ class Manager:
 
     # -- reconcile --------------------------------------------------------------------------
 
+    @_making_room
     def adopt(self, backend: str, obj: BackendObject) -> bool:
         """A backend object of ours with no row (the database was lost or restored): record it,
         keeping the hard deadline its label carries, so the reaper ends it on time."""
@@ -805,12 +838,13 @@ class Manager:
                         payload={"backend": backend, "backend_ref": obj.ref, "deadline": hard})
         return True
 
+    @_making_room
     def finish_interrupted_create(self, sandbox_id: str, obj: BackendObject) -> bool:
         """A create that died after the backend made the object: the sandbox is running."""
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
-            if row is None or row["state"] != State.CREATING or leased(row, self._now()):
+            if row is None or row["state"] != State.CREATING or self._held(row):
                 return False
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(
                 state=State.RUNNING, backend_ref=obj.ref, started_at=self._now(),
@@ -819,6 +853,7 @@ class Manager:
                         payload={"backend_ref": obj.ref, "completed_by": "reconcile"})
         return True
 
+    @_making_room
     def record_backend_state(self, sandbox_id: str, expect: str | None, target: str,
                              *, reason: str | None = None) -> bool:
         """What reconcile saw on the backend (lost, paused, resumed, failed), if the row is
@@ -826,7 +861,7 @@ class Manager:
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
-            if row is None or leased(row, self._now()) or (expect and row["state"] != expect):
+            if row is None or self._held(row) or (expect and row["state"] != expect):
                 return False
             event_type = transition_event(row["state"], target)
             values: dict[str, Any] = {"state": target, "fence": SANDBOXES.c.fence + 1,
@@ -836,6 +871,56 @@ class Manager:
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(**values))
             self._event(conn, sandbox_id, event_type, reason=reason,
                         payload={"observed_by": "reconcile"})
+        return True
+
+    def restarts_seen(self, ids: Sequence[str]) -> dict[str, str]:
+        placeholder = "?" if self.db.engine.dialect.paramstyle == "qmark" else "%s"
+        with self.db.read() as conn:
+            return inventory.restarts_seen(conn.connection.driver_connection, list(ids),
+                                           placeholder)
+
+    async def record_restart(self, sandbox_id: str, backend: str, expect: str,
+                             obj: BackendObject) -> bool:
+        """The backend started the sandbox again (an engine restart; Docker's restart policy
+        brings its containers back): record it once, as `sandbox.restarted`. A sandbox that
+        was paused comes back running, so it is paused again first; it keeps its deadline."""
+        started = to_iso(obj.restarted_at)
+        lease = None
+        if expect == State.PAUSED:
+            adapter = self.adapter(backend)
+            lease = self._take(sandbox_id, {State.PAUSED}, "pause again")
+            try:
+                async with self._holding(lease):
+                    await adapter.pause(obj.ref)
+            except BaseException:
+                self._give_back(lease)
+                raise
+        return self._record_restart(sandbox_id, expect, started, lease)
+
+    @_making_room
+    def _record_restart(self, sandbox_id: str, expect: str, started: str,
+                        lease: Lease | None) -> bool:
+        with self.db.write() as conn:
+            row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
+                               .with_for_update()).mappings().first()
+            if row is None or row["state"] != expect:
+                return False
+            if lease is None and self._held(row):
+                return False
+            if lease is not None and (row["fence"] != lease.fence
+                                      or row["lease_owner"] != self.lease_owner):
+                return False  # taken over meanwhile: the new holder decides
+            last = conn.execute(
+                sa.select(EVENTS.c.payload_json)
+                .where(EVENTS.c.sandbox_id == sandbox_id, EVENTS.c.type == RESTARTED_EVENT)
+                .order_by(EVENTS.c.id.desc()).limit(1)).scalar()
+            if lease is not None:
+                self._give_back(lease, conn)
+            if last and json.loads(last).get("backend_started_at") == started:
+                return False  # another reconcile recorded this one
+            self._event(conn, sandbox_id, RESTARTED_EVENT, reason="restarted", payload={
+                "backend_started_at": started, "state": expect,
+                "paused_again": lease is not None, "observed_by": "reconcile"})
         return True
 
     async def destroy_orphan(self, backend: str, ref: str, sandbox_id: str | None,
@@ -848,10 +933,15 @@ class Manager:
             if state is not None and state != State.DESTROYED:
                 return False
         await self.adapter(backend).destroy(ref)
+        self._record_orphan_destroyed(backend, ref, sandbox_id, reason)
+        return True
+
+    @_making_room
+    def _record_orphan_destroyed(self, backend: str, ref: str, sandbox_id: str | None,
+                                 reason: str | None) -> None:
         with self.db.write() as conn:
             self._event(conn, sandbox_id, "sandbox.orphan-destroyed", reason=reason,
                         payload={"backend": backend, "backend_ref": ref})
-        return True
 
     # -- pause and resume -------------------------------------------------------------------
 

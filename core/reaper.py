@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -29,8 +29,8 @@ from adapters.base import (
     Capability,
 )
 from core.clock import Clock, from_iso, to_iso
-from core.errors import Conflict, Unavailable, classify
-from core.states import REAPABLE, State, leased
+from core.errors import Conflict, DiskFull, Unavailable, classify
+from core.states import REAPABLE, State, dead_holders, leased
 from core.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
 if TYPE_CHECKING:
@@ -41,12 +41,14 @@ FINISH_CREATE = "finish-create"  # an interrupted create whose object exists: ru
 FAIL = "fail"                    # an interrupted create with no object: failed
 LOSE = "lose"                    # the backend no longer has it, or it stopped out of band
 SYNC = "sync"                    # paused or resumed out of band: record it
+RESTART = "restart"              # the backend started it again (an engine restart): record it
 ADOPT = "adopt"                  # an object of ours with no row, before its hard deadline
 DESTROY = "destroy"              # expired, failed with leftovers, or an interrupted destroy
 DESTROY_OBJECT = "destroy-object"  # an object whose row is gone or destroyed (orphan)
 WARN = "warn"                    # sandbox.expiring
 CHECKPOINTS = "checkpoints"      # expired, interrupted or orphaned checkpoints on a backend
-ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, ADOPT, DESTROY, DESTROY_OBJECT, WARN, CHECKPOINTS)
+ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, RESTART, ADOPT, DESTROY, DESTROY_OBJECT, WARN,
+         CHECKPOINTS)
 
 
 @dataclass(frozen=True)
@@ -83,15 +85,21 @@ def plan_reconcile(
     grace: timedelta,
     *,
     rows_outside: Mapping[str, Mapping[str, Any]] | None = None,
+    dead: Collection[str] = (),
+    restarts_seen: Mapping[str, str] | None = None,
 ) -> list[Action]:
     """Diff one backend's objects with this installation's rows of that backend.
 
     `rows` is the snapshot of rows that are not destroyed; `rows_outside` the rows, read
     afterwards, of objects the snapshot did not have: destroyed ones, or ones created since.
-    Rows held under a live lease are some process's work in progress.
+    Rows held under a live lease are some process's work in progress; `dead` names lease
+    owners known dead (core.states.dead_holders), whose leases count as lapsed, and whose
+    interrupted creates need not wait out the grace. `restarts_seen`: for a sandbox whose
+    object was started again, the start time its last `sandbox.restarted` event recorded.
     """
     now_iso = to_iso(now)
     rows_outside = rows_outside or {}
+    restarts_seen = restarts_seen or {}
     by_id = {r["id"]: r for r in rows if r["backend"] == backend}
     actions: list[Action] = []
     seen: set[str] = set()
@@ -109,7 +117,7 @@ def plan_reconcile(
                 actions.append(Action(DESTROY_OBJECT, backend, sid, obj.ref, "orphan"))
             continue
         seen.add(row["id"])
-        if leased(row, now_iso):
+        if leased(row, now_iso, dead):
             continue
         state, actual = row["state"], _object_state(obj)
         if state == State.CREATING:
@@ -118,31 +126,40 @@ def plan_reconcile(
             actions.append(Action(DESTROY, backend, row["id"], obj.ref))
         elif state == State.FAILED:
             actions.append(Action(DESTROY, backend, row["id"], obj.ref, "failed"))
+        elif (state in (State.RUNNING, State.PAUSED) and obj.running and obj.restarted_at
+              and to_iso(obj.restarted_at) != restarts_seen.get(row["id"])):
+            # back after a restart; a paused one is paused again
+            actions.append(Action(RESTART, backend, row["id"], obj.ref, "restarted",
+                                  target=state, expect=state, obj=obj))
         elif state in (State.RUNNING, State.PAUSED) and actual != state:
-            kind = LOSE if actual == "stopped" else SYNC
-            target = State.LOST if actual == "stopped" else actual
-            actions.append(Action(kind, backend, row["id"], obj.ref, target=target, expect=state))
+            stopped = actual == "stopped"  # not restarted by the backend: lost, and why
+            actions.append(Action(LOSE if stopped else SYNC, backend, row["id"], obj.ref,
+                                  "stopped" if stopped else None,
+                                  target=State.LOST if stopped else actual, expect=state))
     for row in by_id.values():
-        if row["id"] in seen or leased(row, now_iso):
+        if row["id"] in seen or leased(row, now_iso, dead):
             continue
         state = row["state"]
-        if state == State.CREATING and now - from_iso(row["created_at"]) >= grace:
+        dead_maker = row["lease_owner"] in dead  # it cannot still be making the object
+        if state == State.CREATING and (dead_maker or now - from_iso(row["created_at"]) >= grace):
             actions.append(Action(FAIL, backend, row["id"], reason="failed", target=State.FAILED,
                                   expect=state))
         elif state == State.DESTROYING:
             actions.append(Action(DESTROY, backend, row["id"]))
         elif state in (State.RUNNING, State.PAUSED):
-            actions.append(Action(LOSE, backend, row["id"], target=State.LOST, expect=state))
+            actions.append(Action(LOSE, backend, row["id"], reason="gone", target=State.LOST,
+                                  expect=state))
     return actions
 
 
 def plan_reap(rows: Iterable[Mapping[str, Any]], now: datetime,
-              warn_before: timedelta) -> list[Action]:
-    """Expired sandboxes to destroy, and expiry warnings that are due."""
+              warn_before: timedelta, dead: Collection[str] = ()) -> list[Action]:
+    """Expired sandboxes to destroy, and expiry warnings that are due (`dead`: as for
+    plan_reconcile)."""
     now_iso = to_iso(now)
     actions = []
     for row in rows:
-        if leased(row, now_iso) or row["state"] not in REAPABLE:
+        if leased(row, now_iso, dead) or row["state"] not in REAPABLE:
             continue
         reason = expiry_reason(row, now)
         if reason:
@@ -226,6 +243,8 @@ class Reaper:
         orphans: bool = False,
         dry_run: bool = False,
         concurrency: int = 16,
+        make_room: Callable[[], bool] = lambda: False,
+        read_restarts: Callable[[list[str]], dict[str, str]] | None = None,
     ) -> None:
         self.install_id = install_id
         self.clock = clock
@@ -238,6 +257,8 @@ class Reaper:
         self.orphans = orphans
         self.dry_run = dry_run
         self.concurrency = concurrency
+        self.make_room = make_room  # on a nearly full disk: release the reserve (core.reserve)
+        self.read_restarts = read_restarts  # None: through the Manager
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
 
@@ -252,11 +273,16 @@ class Reaper:
     async def plan(self, report: Report) -> list[Action]:
         """Read the database (or refuse), list each backend once, and plan."""
         now = self.clock.now()
+        if not self.dry_run:
+            self.make_room()  # a full disk stops even reads: this cycle may be what frees it
         try:
             rows, rows_by_ids = self.read_rows()
+        except DiskFull:
+            raise
         except Exception as exc:  # never destructive without the database
             raise Unavailable(f"cannot read the database, so nothing was changed: {exc}") from exc
         mine = [r for r in rows if r["install_id"] == self.install_id]
+        dead = dead_holders(mine, to_iso(now), self.install_id)
         in_use = {r["backend"] for r in mine}
         live_ids = {r["id"] for r in mine}
         reconcile: list[Action] = []
@@ -296,8 +322,12 @@ class Reaper:
             judged = [r for r in mine if r["id"] not in unreachable_rows]
             stray = [o.labels[LABEL_ID] for o in objects
                      if o.labels.get(LABEL_ID) and o.labels[LABEL_ID] not in live_ids]
+            restarted = [o.labels[LABEL_ID] for o in objects
+                         if o.restarted_at and o.labels.get(LABEL_ID) in live_ids]
             reconcile += plan_reconcile(backend, judged, objects, now, self.grace,
-                                        rows_outside=rows_by_ids(stray) if stray else {})
+                                        rows_outside=rows_by_ids(stray) if stray else {},
+                                        dead=dead,
+                                        restarts_seen=self._restarts_seen(restarted))
             if self.orphans:
                 orphans += plan_orphans(backend, objects, now)
         reconcile += await self._plan_checkpoints(unreachable, now)
@@ -305,9 +335,17 @@ class Reaper:
                      if r["backend"] not in unreachable and r["id"] not in unreachable_rows]
         if self.reap:
             reachable += await self._fleet_rows(rows, unreachable, now)
-        reap = plan_reap(reachable, now, self.warn_before) if self.reap else []
+        reap = plan_reap(reachable, now, self.warn_before, dead) if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
         return merge(reconcile, [*reap, *orphans])
+
+    def _restarts_seen(self, ids: list[str]) -> dict[str, str]:
+        """The start time each of these sandboxes' last `sandbox.restarted` event recorded."""
+        if not ids:
+            return {}
+        if self.read_restarts is not None:
+            return self.read_restarts(ids)
+        return self.manager().restarts_seen(ids)
 
     async def _fleet_rows(self, rows: list[dict[str, Any]], unreachable: set[str],
                           now: datetime) -> list[dict[str, Any]]:
@@ -423,6 +461,10 @@ class Reaper:
             elif action.kind == FINISH_CREATE:
                 if mgr.finish_interrupted_create(action.sandbox_id, action.obj):
                     report.reconciled.append(action.describe())
+            elif action.kind == RESTART:
+                if await mgr.record_restart(action.sandbox_id, action.backend, action.expect,
+                                            action.obj):
+                    report.reconciled.append(action.describe())
             elif action.kind in (FAIL, LOSE, SYNC):
                 if mgr.record_backend_state(action.sandbox_id, action.expect, action.target,
                                             reason=action.reason):
@@ -528,7 +570,23 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
         finally:
             fast[0].close()
 
+    def make_room() -> bool:
+        from core.reserve import make_room
+
+        return make_room(url)
+
+    def read_restarts(ids: list[str]) -> dict[str, str]:
+        fast = inventory.open_readonly(url)
+        if fast is None:
+            return reaper.manager().restarts_seen(ids)
+        try:
+            return inventory.restarts_seen(fast[0], ids, fast[1])
+        finally:
+            fast[0].close()
+
     options.setdefault("read_checkpoints", read_checkpoints)
+    options.setdefault("make_room", make_room)
+    options.setdefault("read_restarts", read_restarts)
     options.setdefault("warn_before", settings.expiry_warning())
     options.setdefault("grace", settings.reconcile_grace())
     reaper = Reaper(install_id=settings.install_id(),

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import enum
+import hashlib
+import os
+import secrets
+import socket
+from collections.abc import Collection, Iterable, Mapping
+from functools import cache
+from typing import Any
 
+from core.catalog import EventType
 from core.errors import Conflict
 
 
@@ -49,6 +57,9 @@ TRANSITIONS: dict[tuple[State, State], str] = {
 CREATED_EVENT = "sandbox.creating"
 # ...or of a row that reconcile made for a backend object of ours that had none.
 ADOPTED_EVENT = "sandbox.adopted"
+# Not a transition: the backend stopped the sandbox and started it again (an engine restart),
+# and it is running (or, paused before, paused again) as it was.
+RESTARTED_EVENT = EventType.SANDBOX_RESTARTED.value
 
 
 class IllegalTransition(Conflict):
@@ -75,6 +86,92 @@ def entry_events(target: State | str) -> set[str]:
     return {event for (_, dst), event in TRANSITIONS.items() if dst == State(target)}
 
 
-def leased(row, now_iso: str) -> bool:
-    """Some process holds this row's lease: its operation is in progress."""
-    return bool(row["lease_owner"]) and row["lease_expires_at"] >= now_iso
+def leased(row, now_iso: str, dead: Collection[str] = ()) -> bool:
+    """Some process holds this row's lease: its operation is in progress. `dead`: lease
+    owners known to be dead processes (see holder_gone), whose leases have lapsed at once."""
+    owner = row["lease_owner"]
+    return bool(owner) and row["lease_expires_at"] >= now_iso and owner not in dead
+
+
+def held(row, now_iso: str, install_id: str) -> bool:
+    """leased(), judging the holder now: what the manager checks inside its transactions."""
+    return leased(row, now_iso) and not holder_gone(row["lease_owner"], install_id)
+
+
+def dead_holders(rows: Iterable[Mapping[str, Any]], now_iso: str,
+                 install_id: str) -> frozenset[str]:
+    """The owners of the live leases among `rows` that are dead processes of this host (for
+    the reaper's planners, which do no I/O themselves)."""
+    owners = {r["lease_owner"] for r in rows if leased(r, now_iso)}
+    return frozenset(o for o in owners if holder_gone(o, install_id))
+
+
+# -- who holds a lease ---------------------------------------------------------------------
+#
+# A lease owner reads `HOST:PID:TOKEN/INSTALL.BOOT.PIDNS.START`: the part before the slash for
+# people (the "busy" message), the part after it to tell whether that process still lives.
+# INSTALL is a digest of the installation id (a fleet's hosts each have their own), BOOT the
+# kernel's boot id, PIDNS the pid namespace, START the process's start time in clock ticks
+# since boot (/proc/PID/stat field 22), which a reused pid does not share.
+
+
+@cache
+def _this_kernel() -> tuple[str, str] | None:
+    """(boot id, pid namespace) of this process; None without /proc (then leases only lapse)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:16]
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+    return (boot, pidns) if boot else None
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of process `pid` (field 22 of /proc/PID/stat); None when there is no
+    such process, or only its zombie (dead, not yet waited for)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+    if len(fields) < 20 or fields[0] in ("Z", "X"):  # fields[0] is field 3, the state
+        return None
+    return fields[19]
+
+
+def _install_digest(install_id: str) -> str:
+    return hashlib.sha256(install_id.encode()).hexdigest()[:10]
+
+
+def lease_owner(install_id: str) -> str:
+    """This process's name as a lease holder."""
+    person = f"{socket.gethostname()[:40]}:{os.getpid()}:{secrets.token_hex(4)}"
+    kernel, start = _this_kernel(), _start_time(os.getpid())
+    if kernel is None or start is None:
+        return person
+    return f"{person}/{_install_digest(install_id)}.{kernel[0]}.{kernel[1]}.{start}"
+
+
+def holder_gone(owner: str | None, install_id: str) -> bool:
+    """The lease holder `owner` is a process of this host (this installation) that no longer
+    exists: this host booted since, or its pid is gone or now belongs to another process.
+    False whenever that cannot be known (another host, another pid namespace, no /proc):
+    such a lease lapses only when it expires."""
+    if not owner or "/" not in owner:
+        return False
+    person, _, identity = owner.rpartition("/")
+    try:
+        install, boot, pidns, start = identity.split(".")
+        pid = int(person.rsplit(":", 2)[-2])
+    except ValueError:
+        return False
+    here = _this_kernel()
+    if here is None or install != _install_digest(install_id):
+        return False
+    if boot != here[0]:
+        return True  # this host has restarted since: every process of that boot is gone
+    if pidns != here[1]:
+        return False
+    return _start_time(pid) != start

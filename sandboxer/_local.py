@@ -269,6 +269,7 @@ class LocalTransport:
 
     async def destroy_many(self, refs: Sequence[str]) -> dict[str, list[Any]]:
         async def go(mgr: Manager):
+            mgr.make_room()  # a nearly full disk: the reserve goes first, so these can end
             ids = [mgr.resolve(ref)["id"] for ref in refs]  # all known before any is touched
             return await mgr.destroy_many(ids)
 

@@ -444,11 +444,13 @@ def logs_command(sandbox_id: str, follow: bool, tail: int | None) -> None:
 def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> None:
     """Destroy sandboxes. Already destroyed counts as done."""
     with client() as sbx:
-        boxes = [sbx.get(ref) for ref in sandbox_ids]  # all known before any is touched
+        refs = list(sandbox_ids)
         if not yes and sys.stdin.isatty() and not as_json:
+            boxes = [sbx.get(ref) for ref in refs]  # all known before any is touched
             names = ", ".join(b.id + (f" ({b.name})" if b.name else "") for b in boxes)
             click.confirm(f"destroy {names}?", abort=True, err=True)
-        result = sbx.destroy(*(b.id for b in boxes))
+            refs = [b.id for b in boxes]
+        result = sbx.destroy(*refs)  # resolves every ref before it touches any
     if as_json:
         emit_json(result)
     else:

@@ -729,3 +729,55 @@ def test_expiry_warning_once_per_deadline_and_again_after_extend(sbx, docker_api
     assert len(expiring) == 2
     assert expiring[1]["payload"]["deadline"] == new_deadline
     assert_alive(sbx, docker_api, box)
+
+
+# == 11. A dead lease holder is taken over at once; a live one is not ========================
+
+
+@pytest.mark.parametrize("point", ["create.after-intent", "create.after-backend"])
+def test_a_create_killed_9_is_recovered_by_the_next_reap_at_once(sbx, docker_api, point):
+    """No clock offset, the default lease (2m) and reconcile grace (60s): the lease's holder
+    is a process of this host that no longer exists, so its lease has lapsed already."""
+    warm_up(sbx)
+    install = install_id_of(sbx.home)
+    crashed = sbx("create", "--label", RUN_LABEL, "--ttl", "10m", env={"SBX_FAILPOINT": point})
+    assert crashed.code == -signal.SIGKILL, (crashed.code, crashed.out, crashed.err)
+    (row,) = query(sbx.home, "SELECT * FROM sandboxes")
+    assert row["state"] == "creating"
+    assert row["lease_owner"] and row["lease_expires_at"] > show(sbx, row["id"])["created_at"]
+
+    report = reap_ok(sbx)
+    objects = containers_of(docker_api, install)
+    if point == "create.after-backend":  # the container it made is adopted as running
+        assert state_of(sbx.home, row["id"]) == "running", report
+        assert [o["Labels"]["sbx.id"] for o in objects] == [row["id"]]
+        assert objects[0]["State"] == "running"
+    else:  # it made nothing: the create failed
+        assert state_of(sbx.home, row["id"]) == "failed", report
+        assert objects == []
+    assert row_of(sbx.home, row["id"])["lease_owner"] is None
+    chain_verifies(sbx)
+
+
+def test_a_live_process_keeps_its_lease(sbx, docker_api):
+    """A create stopped (SIGSTOP) after writing its intent is alive: reap and reconcile
+    leave its row alone, and once continued it finishes the create itself."""
+    warm_up(sbx)
+    proc = popen(sbx, "create", "--label", RUN_LABEL, "--ttl", "10m", "--json",
+                 env={"SBX_FAILPOINT": "create.after-intent:stop"})
+    try:
+        wait_until(lambda: process_state(proc.pid) == "T", 30, "the create to stop itself")
+        (before,) = query(sbx.home, "SELECT * FROM sandboxes")
+        assert before["state"] == "creating"
+        reap_ok(sbx)
+        reconciled = sbx("reconcile", "--json")
+        assert reconciled.code == 0, reconciled.err
+        assert row_of(sbx.home, before["id"]) == before  # same state, lease and fence
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+    result = finish(proc)
+    assert result.code == 0, (result.code, result.out, result.err)
+    box = result.json()
+    assert box["id"] == before["id"]
+    assert_alive(sbx, docker_api, box)

@@ -20,6 +20,7 @@ from core.reaper import (
     FINISH_CREATE,
     LOSE,
     ORDER,
+    RESTART,
     SYNC,
     WARN,
     Action,
@@ -59,7 +60,8 @@ def row(sid: str = "sbx-a", **over: Any) -> dict[str, Any]:
 
 def obj(sid: str | None = "sbx-a", *, status: str = "running", running: bool | None = None,
         age: timedelta = 10 * M, hard: datetime | str | None = NOW + 50 * M,
-        ref: str | None = None, created: bool = True) -> BackendObject:
+        ref: str | None = None, created: bool = True,
+        restarted: datetime | None = None) -> BackendObject:
     labels = {LABEL_INSTALL: INSTALL}
     if sid is not None:
         labels[LABEL_ID] = sid
@@ -67,7 +69,7 @@ def obj(sid: str | None = "sbx-a", *, status: str = "running", running: bool | N
         labels[LABEL_HARD_DEADLINE] = to_iso(hard) if isinstance(hard, datetime) else hard
     return BackendObject(ref=ref or f"ref-{sid}", labels=labels, status=status,
                          running=(status == "running") if running is None else running,
-                         created_at=(NOW - age) if created else None)
+                         created_at=(NOW - age) if created else None, restarted_at=restarted)
 
 
 def reconcile(rows, objects, *, gone=None, now=NOW):
@@ -196,6 +198,37 @@ def test_paused_row_and_paused_object_need_nothing():
     assert reconcile([row(state="paused")], [obj(status="paused", running=False)]) == []
 
 
+@pytest.mark.parametrize("state", ["running", "paused"])
+def test_a_sandbox_the_backend_started_again_is_recorded_once(state):
+    back = obj(restarted=NOW - 1 * M)  # running again (a paused one comes back running)
+    (action,) = reconcile([row(state=state)], [back])
+    assert (action.kind, action.target, action.expect, action.obj) == (RESTART, state, state,
+                                                                       back)
+    seen = {"sbx-a": to_iso(NOW - 1 * M)}
+    now_as = back if state == "running" else obj(status="paused", restarted=NOW - 1 * M)
+    after = plan_reconcile(BACKEND, [row(state=state)], [now_as], NOW, GRACE,
+                           restarts_seen=seen)
+    assert after == []  # recorded (and paused again) already
+    again = obj(restarted=NOW - 2 * S)  # and once more, later
+    assert kinds(plan_reconcile(BACKEND, [row(state=state)], [again], NOW, GRACE,
+                                restarts_seen=seen)) == [(RESTART, "sbx-a")]
+
+
+def test_a_restart_is_not_recorded_for_a_stopped_or_held_sandbox():
+    assert kinds(reconcile([row()], [obj(status="exited", restarted=NOW - M)])) == [
+        (LOSE, "sbx-a")]
+    held = row(lease_owner="alive:1", lease_expires_at=NOW + M)
+    assert reconcile([held], [obj(restarted=NOW - M)]) == []
+    assert kinds(reconcile([row(state="creating")], [obj(restarted=NOW - M)])) == [
+        (FINISH_CREATE, "sbx-a")]
+
+
+def test_a_lost_sandbox_says_why():
+    (stopped,) = reconcile([row()], [obj(status="exited")])
+    (gone,) = reconcile([row()], [])
+    assert (stopped.reason, gone.reason) == ("stopped", "gone")
+
+
 def test_leased_running_row_is_not_touched_even_if_its_object_stopped():
     r = row(lease_owner="alive:1", lease_expires_at=NOW + 1 * M)
     assert reconcile([r], [obj(status="exited")]) == []
@@ -226,6 +259,16 @@ def test_creating_row_without_object_older_than_grace_fails():
 def test_creating_row_without_object_younger_than_grace_waits():
     r = row(state="creating", backend_ref=None, created_at=NOW - GRACE + S)
     assert reconcile([r], []) == []
+
+
+def test_a_create_whose_holder_died_fails_at_once_without_waiting_for_lease_or_grace():
+    r = row(state="creating", backend_ref=None, created_at=NOW - S, lease_owner="dead:1",
+            lease_expires_at=NOW + 2 * M)
+    assert plan_reconcile(BACKEND, [r], [], NOW, GRACE, dead={"other:2"}) == []
+    (action,) = plan_reconcile(BACKEND, [r], [], NOW, GRACE, dead={"dead:1"})
+    assert (action.kind, action.target, action.expect) == (FAIL, "failed", "creating")
+    (finish,) = plan_reconcile(BACKEND, [r], [obj()], NOW, GRACE, dead={"dead:1"})
+    assert finish.kind == FINISH_CREATE
 
 
 def test_destroying_row_without_object_is_completed():
@@ -292,6 +335,12 @@ def test_an_interrupted_create_past_its_deadline_is_reaped_but_a_live_one_is_not
 def test_leased_expired_row_is_not_reaped():
     r = row(deadline=NOW - 1 * M, lease_owner="alive:1", lease_expires_at=NOW + S)
     assert reap([r]) == []
+
+
+def test_expired_row_whose_holder_died_is_reaped_before_its_lease_expires():
+    r = row(deadline=NOW - 1 * M, lease_owner="dead:1", lease_expires_at=NOW + M)
+    assert plan_reap([r], NOW, WARN_BEFORE) == []
+    assert kinds(plan_reap([r], NOW, WARN_BEFORE, {"dead:1"})) == [(DESTROY, "sbx-a")]
 
 
 def test_expired_row_with_a_stale_lease_is_reaped():
@@ -406,7 +455,8 @@ def test_merge_sorts_by_order_and_keeps_input_order_within_a_kind():
     assert [a.kind for a in out] == [FINISH_CREATE, FAIL, LOSE, SYNC, ADOPT, DESTROY, DESTROY,
                                      DESTROY_OBJECT, WARN]
     assert [a.sandbox_id for a in out if a.kind == DESTROY] == ["sbx-d2", "sbx-d1"]
-    assert ORDER[:8] == (FINISH_CREATE, FAIL, LOSE, SYNC, ADOPT, DESTROY, DESTROY_OBJECT, WARN)
+    assert ORDER[:9] == (FINISH_CREATE, FAIL, LOSE, SYNC, RESTART, ADOPT, DESTROY,
+                         DESTROY_OBJECT, WARN)
 
 
 def test_merge_of_nothing_is_nothing():
