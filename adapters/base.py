@@ -206,12 +206,6 @@ class Adapter(abc.ABC):
     async def health(self) -> Health:
         """Reachable? Credentials present? Never raises."""
 
-    @classmethod  # noqa: B027 (optional hook)
-    def prepare(cls) -> None:
-        """Optional: reach the backend ahead of a command in this process (the resident
-        server's spare child calls it while no one waits), so that command's first call
-        is quicker. It changes nothing; what fails here is for the command to meet."""
-
     async def instance_id(self) -> str | None:
         """Which engine or account this adapter reaches (None: only one can exist). A sandbox
         made on one instance is never judged by an adapter that reaches another."""

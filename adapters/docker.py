@@ -73,8 +73,8 @@ BRIDGE_ICC = "com.docker.network.bridge.enable_icc"
 READ_ONLY_TMPFS = {"/tmp": "rw,nosuid,nodev,noexec,mode=1777"}
 ENGINE_IDS_FILE = "docker-engine-ids.json"  # in SBX_HOME; see known_engine_id()
 ENGINE_IDS_KEPT = 16
-# How long a ping made ahead (DockerAdapter.prepare) stands for the command's own: an engine
-# that stops answering is still met before anything is written, give or take this.
+# How long a successful ping stands for the next operation's own (ensure_available): an
+# engine that stops answering is still met before anything is written, give or take this.
 PING_FRESH_S = 1.0
 # A container of ours that stops with the engine comes back when the engine starts again;
 # one stopped on purpose (`docker stop`, sbx's own remove) stays stopped.
@@ -134,16 +134,6 @@ def _keep_engine_ca(api: docker.APIClient) -> None:
         return settings
 
     api.merge_environment_settings = merged  # type: ignore[method-assign]
-
-
-def _client_key(base_url: str, timeout: float) -> tuple[Any, ...]:
-    """What decides a client: the engine, and the environment docker-py reads at creation."""
-    return (base_url, timeout, *(os.environ.get(v) for v in (
-        "HOME", "DOCKER_CONFIG", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", PLAINTEXT_ENV)))
-
-
-# Clients made, and pinged, ahead of the command that will use them: key -> (client, when).
-_prepared_clients: dict[tuple[Any, ...], tuple[docker.APIClient, float]] = {}
 
 
 def _socket_stamp(base_url: str) -> str | None:
@@ -335,27 +325,15 @@ class DockerAdapter(Adapter):
         self.base_url = base_url or engine_url()
         self.timeout = timeout
         self._api: docker.APIClient | None = None
-        self._pinged = False
+        self._pinged_at: float | None = None  # when the engine last answered a ping
         self._engine_id: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
-
-    @classmethod
-    def prepare(cls) -> None:
-        adapter = cls()
-        adapter._client()
-        key = _client_key(adapter.base_url, adapter.timeout)
-        _prepared_clients[key] = (adapter._api, time.monotonic())
 
     def _client(self) -> docker.APIClient:
         """A client speaking the engine's own API version, learnt from one unversioned
         `/_ping` (what `docker version="auto"` learns from the slower `/version`)."""
         if self._api is None:
-            prepared = _prepared_clients.pop(_client_key(self.base_url, self.timeout), None)
-            if prepared is not None:
-                self._api, pinged_at = prepared
-                self._pinged = time.monotonic() - pinged_at < PING_FRESH_S
-                return self._api
             tls = engine_tls(self.base_url)
             try:
                 api = docker.APIClient(base_url=self.base_url, timeout=self.timeout,
@@ -378,7 +356,7 @@ class DockerAdapter(Adapter):
                 raise BackendUnavailable(
                     f"Docker engine unreachable at {self.base_url} ({exc}); {START_HINT}"
                 ) from exc
-            self._api, self._pinged = api, True
+            self._api, self._pinged_at = api, time.monotonic()
         return self._api
 
     async def _call(self, fn: Callable[[docker.APIClient], Any]) -> Any:
@@ -428,10 +406,11 @@ class DockerAdapter(Adapter):
 
     async def ensure_available(self) -> None:
         def ping(api: docker.APIClient) -> None:
-            if self._pinged:  # the client was made by a ping just now
-                self._pinged = False
-            else:
+            fresh = self._pinged_at is not None and \
+                time.monotonic() - self._pinged_at < PING_FRESH_S
+            if not fresh:  # a ping this past second (making the client is one) stands
                 api.ping()
+                self._pinged_at = time.monotonic()
 
         await self._call(ping)
 

@@ -137,22 +137,6 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-@contextmanager
-def rolled_back(db: Database) -> Iterator[Database]:
-    """A view of `db` whose transactions are all one transaction, rolled back at the end.
-
-    What runs through it executes its statements on db's engine, which compiles and caches
-    them there, and leaves nothing behind: no row, no event, no anchor. It holds the write
-    lock meanwhile, so keep it short (the resident server's spare uses it while idle)."""
-    with db.engine.connect().execution_options(**{_WRITE: True}) as conn:
-        outer = conn.begin()
-        try:
-            yield _OneTransaction(db, conn)
-        finally:
-            outer.rollback()
-            conn.info.pop(HEAD_KEY, None)
-
-
 class Database:
     """An engine plus the two kinds of transaction sbx uses."""
 
@@ -312,21 +296,3 @@ def redact(url: str) -> str:
         return sa.make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "<unparseable database URL>"
-
-
-class _OneTransaction(Database):
-    """See rolled_back()."""
-
-    def __init__(self, db: Database, conn: Connection) -> None:  # db's engine, not one of its own
-        self.url, self.engine, self._conn, self._migrated = db.url, db.engine, conn, True
-
-    @contextmanager
-    def write(self) -> Iterator[Connection]:
-        yield self._conn
-
-    @contextmanager
-    def read(self) -> Iterator[Connection]:
-        yield self._conn
-
-    def dispose(self) -> None:
-        pass

@@ -44,7 +44,7 @@ from core import events as eventlog
 from core import inventory, settings
 from core.anchor import read_anchor
 from core.clock import Clock, clock_from_env, from_iso, to_iso
-from core.db import LOCK_SANDBOX_NAMES, Database, rolled_back, serialise
+from core.db import LOCK_SANDBOX_NAMES, Database, serialise
 from core.durations import format_duration
 from core.errors import (
     BadInput,
@@ -107,61 +107,6 @@ def _making_room(step: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-# A database opened ahead of the command that will use it (see prepare_process): its URL ->
-# (the database, the file it opened, when).
-_prepared: dict[str, tuple[Database, tuple[int, int], float]] = {}
-PREPARED_FOR_S = 30.0
-_abandoned: list[Database] = []  # see _prepared_database
-
-
-def prepare_process(backends: Sequence[str] = ()) -> None:
-    """Open the database and reach the backends a command in this process is likely to use,
-    before that command exists: the resident server's spare child does it while no one
-    waits. Only a SQLite file is opened ahead (a database server may drop an idle
-    connection). Whatever fails here is left for the command to meet and report."""
-    with contextlib.suppress(Exception):
-        url = settings.database_url()
-        db = Database(url)
-        identity = db.file_identity()  # None unless a SQLite file
-        if identity is None:
-            db.dispose()
-        else:
-            db.migrate()  # connects, and checks the schema once
-            _prepared[url] = (db, identity, time.monotonic())
-    for name in backends:
-        with contextlib.suppress(Exception):
-            registry.load_class(name).prepare()
-
-
-def warm_prepared(run: Callable[[Database], None]) -> bool:
-    """Run `run` on each database prepare_process opened, through core.db.rolled_back: its
-    engine then has compiled the statements commands will send, and nothing is left
-    behind. Whether there was one to warm."""
-    for db, _identity, _opened in list(_prepared.values()):
-        with contextlib.suppress(Exception), rolled_back(db) as view:
-            run(view)
-    return bool(_prepared)
-
-
-def _prepared_database(url: str) -> Database | None:
-    """The database prepare_process opened for this URL, if it is still the same file;
-    else None. Opened long ago, it gets a new connection.
-
-    A connection to a file since replaced is left open, untouched, until the process ends:
-    closing SQLite's last connection to a file checkpoints and removes the `-wal` beside it,
-    which by now may belong to the new file."""
-    found = _prepared.pop(url, None)
-    if found is None:
-        return None
-    db, identity, opened = found
-    if db.file_identity() != identity:
-        _abandoned.append(db)
-        return None
-    if time.monotonic() - opened > PREPARED_FOR_S:
-        db.dispose()  # a connection of its own, new; the engine and what it compiled stay
-    return db
-
-
 class Manager:
     """One per process (or per test). Holds the database, the clock and loaded adapters."""
 
@@ -177,7 +122,7 @@ class Manager:
     ) -> None:
         if db is None:
             url = settings.database_url()
-            db = _prepared_database(url) or Database(url)
+            db = Database(url)
         self.db = db
         self.clock = clock or clock_from_env()
         self.actor = actor or settings.actor()

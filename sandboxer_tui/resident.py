@@ -317,7 +317,7 @@ def _caller_fds(conn: socket.socket) -> list[int] | None:
 
 def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
     """In a spare child, forked while no command waits: open the database and reach the
-    local engine (core.manager.prepare_process), say so, then wait for a command.
+    local engine (sandboxer_tui.prepared), say so, then wait for a command.
 
     The fork, the database's first connection and the engine's ping then happen on no
     command's clock. The command takes what was opened only if its environment names the
@@ -332,9 +332,9 @@ def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        from core.manager import prepare_process, warm_prepared
+        from sandboxer_tui.prepared import prepare
 
-        prepare_process(LOCAL_BACKENDS)
+        prepare(LOCAL_BACKENDS)
 
         def waiting() -> bool:
             return bool(select.select([control], [], [], 0)[0])
@@ -343,10 +343,7 @@ def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
         while control not in select.select([control, warm_now], [], [])[0]:
             if not os.read(warm_now, 64):
                 raise EOFError("the server went away")
-            # on the database the next command will use, rolled back: its engine compiles
-            # the statements now; else on throwaway state
-            if not warm_prepared(lambda view: _warm_up_on(view, waiting)):
-                _warm_up(stop=waiting)
+            _warm_up(stop=waiting)  # on throwaway state
             if not waiting():
                 with contextlib.suppress(OSError):  # a command may be on its way in
                     control.sendall(b"warm\n")

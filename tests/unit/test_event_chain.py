@@ -111,33 +111,3 @@ def test_a_rolled_back_event_never_reaches_the_anchor(tmp_path):
     assert len(rows) == 2
     assert read_anchor(db.anchor_path) == (2, rows[-1]["hash"])
     assert events.verify(iter(rows), read_anchor(db.anchor_path)).intact
-
-
-def test_a_dry_run_through_rolled_back_leaves_nothing(tmp_path):
-    """The resident server's spare runs commands on the real database through
-    core.db.rolled_back to have their statements compiled: no row, event or anchor stays,
-    and nobody else sees them meanwhile."""
-    import asyncio
-
-    from core.anchor import read_anchor
-    from core.db import rolled_back
-    from core.manager import Manager
-    from core.profiles import Profile
-
-    db = _db(tmp_path)
-    _fill(db, 2)
-    before = (_rows(db), read_anchor(db.anchor_path))
-    with rolled_back(db) as view:
-        mgr = Manager(view, actor="t", install_id="inst-t")
-        row = asyncio.run(mgr.create(Profile(name="p", backend="stub")))
-        assert mgr.resolve(row["id"])["state"] == "running"  # seen inside the dry run...
-        other = Database(db.url)
-        with other.read() as conn:  # ...and by no one else
-            assert conn.execute(sa.text("SELECT count(*) FROM sandboxes")).scalar() == 0
-        other.dispose()
-    with db.read() as conn:
-        assert conn.execute(sa.text("SELECT count(*) FROM sandboxes")).scalar() == 0
-    assert (_rows(db), read_anchor(db.anchor_path)) == before
-    with db.write() as conn:  # the connection the dry run used anchors nothing stale
-        conn.execute(sa.text("SELECT 1"))
-    assert read_anchor(db.anchor_path) == before[1]
