@@ -205,9 +205,9 @@ class Checkpoints:
         # The lease and the intent in one transaction, the result and the release in another:
         # nobody destroys the sandbox while its filesystem is being saved.
         with self.db.write() as conn:
-            lease = mgr._take(sandbox["id"], ACTIVE, "snapshot", conn)
+            lease = mgr.leases.take(sandbox["id"], ACTIVE, "snapshot", conn)
             conn.execute(CHECKPOINTS.insert().values(**row))
-            mgr._event(conn, sandbox["id"], "checkpoint.creating",
+            mgr.event(conn, sandbox["id"], "checkpoint.creating",
                        payload={"checkpoint": ckpt_id, "name": name,
                                 "parent": row["parent_id"]})
         given_back = False
@@ -216,29 +216,29 @@ class Checkpoints:
             labels = {LABEL_CHECKPOINT: ckpt_id, LABEL_INSTALL: mgr.install_id,
                       LABEL_ID: sandbox["id"]}
             try:
-                async with mgr._holding(lease):
+                async with mgr.leases.holding(lease):
                     artifact = await adapter.snapshot(sandbox["backend_ref"], labels)
             except BaseException as exc:
                 with self.db.write() as conn:
                     conn.execute(CHECKPOINTS.delete().where(CHECKPOINTS.c.id == ckpt_id))
-                    mgr._event(conn, sandbox["id"], "checkpoint.failed",
+                    mgr.event(conn, sandbox["id"], "checkpoint.failed",
                                payload={"checkpoint": ckpt_id, "error": str(exc)})
-                    mgr._give_back(lease, conn)
+                    mgr.leases.give_back(lease, conn)
                 given_back = True
                 raise
             failpoint("snapshot.after-backend")
             with self.db.write() as conn:
                 conn.execute(CHECKPOINTS.update().where(CHECKPOINTS.c.id == ckpt_id).values(
                     state="ready", backend_ref=artifact.ref, size_bytes=artifact.size_bytes))
-                mgr._event(conn, sandbox["id"], "checkpoint.created", payload={
+                mgr.event(conn, sandbox["id"], "checkpoint.created", payload={
                     "checkpoint": ckpt_id, "name": name, "kind": "filesystem",
                     "parent": row["parent_id"], "size_bytes": artifact.size_bytes})
-                mgr._give_back(lease, conn)
+                mgr.leases.give_back(lease, conn)
             given_back = True
         finally:
             if not given_back:  # a database error above: the lease must not outlive us
                 with contextlib.suppress(Exception):
-                    mgr._give_back(lease)
+                    mgr.leases.give_back(lease)
         keep = (profile.get("checkpoints") or {}).get("keep")
         if keep:
             await self._keep_newest(sandbox["id"], int(keep))
@@ -266,7 +266,7 @@ class Checkpoints:
         with self.db.write() as conn:
             gone = conn.execute(CHECKPOINTS.delete().where(CHECKPOINTS.c.id == ckpt["id"])).rowcount
             if gone:
-                self.mgr._event(conn, ckpt["sandbox_id"], "checkpoint.removed", reason=reason,
+                self.mgr.event(conn, ckpt["sandbox_id"], "checkpoint.removed", reason=reason,
                                 payload={"checkpoint": ckpt["id"]})
         return ckpt
 
@@ -318,11 +318,11 @@ class Checkpoints:
                 if artifact:
                     conn.execute(CHECKPOINTS.update().where(CHECKPOINTS.c.id == ckpt_id).values(
                         state="ready", backend_ref=artifact.ref, size_bytes=artifact.size_bytes))
-                    mgr._event(conn, row["sandbox_id"], "checkpoint.created",
+                    mgr.event(conn, row["sandbox_id"], "checkpoint.created",
                                payload={"checkpoint": ckpt_id, "completed_by": "reconcile"})
                 else:
                     conn.execute(CHECKPOINTS.delete().where(CHECKPOINTS.c.id == ckpt_id))
-                    mgr._event(conn, row["sandbox_id"], "checkpoint.failed",
+                    mgr.event(conn, row["sandbox_id"], "checkpoint.failed",
                                payload={"checkpoint": ckpt_id, "error": "its maker died"})
             done.append({"checkpoint": ckpt_id, "action": "completed" if artifact else "removed"})
         for ckpt_id, artifact in artifacts.items():
@@ -334,7 +334,7 @@ class Checkpoints:
                     continue
             await adapter.delete_artifact(artifact.ref)
             with self.db.write() as conn:
-                mgr._event(conn, artifact.labels.get(LABEL_ID), "checkpoint.orphan-removed",
+                mgr.event(conn, artifact.labels.get(LABEL_ID), "checkpoint.orphan-removed",
                            reason="orphan", payload={"checkpoint": ckpt_id,
                                                      "backend_ref": artifact.ref})
             done.append({"checkpoint": ckpt_id, "action": "orphan artifact removed"})
@@ -418,7 +418,7 @@ class Checkpoints:
             with self.db.write() as conn:
                 self._refuse_taken(claims.id, chosen, conn)  # again: another import may have won
                 conn.execute(CHECKPOINTS.insert().values(**row))
-                self.mgr._event(conn, None, "checkpoint.imported", payload={
+                self.mgr.event(conn, None, "checkpoint.imported", payload={
                     "checkpoint": row["id"], "name": chosen, "from": path,
                     "origin_sandbox_id": claims.sandbox_id, "exported_at": row["exported_at"]})
         except BaseException:

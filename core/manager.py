@@ -10,15 +10,11 @@ Each mutation follows one pattern (docs/design.md, "How an operation runs"):
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import hashlib
 import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +45,6 @@ from core.durations import format_duration
 from core.errors import (
     BadInput,
     Conflict,
-    DiskFull,
     LeaseLost,
     NotDue,
     NotFound,
@@ -59,6 +54,7 @@ from core.errors import (
 from core.failpoints import failpoint
 from core.ids import PREFIX, new_sandbox_id, validate_name
 from core.labels import validate_labels
+from core.leases import Lease, Leases, making_room
 from core.models import Event, Sandbox
 from core.states import (
     ACTIVE,
@@ -68,8 +64,6 @@ from core.states import (
     REAPABLE,
     RESTARTED_EVENT,
     State,
-    entry_events,
-    held,
     lease_owner,
     transition_event,
 )
@@ -81,30 +75,6 @@ if TYPE_CHECKING:  # profiles (pydantic, yaml) load only where a profile is used
 SANDBOXES = Sandbox.__table__
 ACTIVITY_EVERY = timedelta(seconds=30)
 EVENTS = Event.__table__
-
-
-@dataclass(frozen=True)
-class Lease:
-    sandbox_id: str
-    fence: int
-    reason: str | None = None  # the reason recorded with the intent
-
-
-def _making_room(step: Callable[..., Any]) -> Callable[..., Any]:
-    """For a step that ends a sandbox or records what the backend already did (one
-    transaction, so safe to run again): on a full disk, release the reserve (core.reserve)
-    and try once more. Leaving a sandbox running, or a container unrecorded, because the
-    disk is full costs more than the space."""
-    @functools.wraps(step)
-    def run(self: Manager, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return step(self, *args, **kwargs)
-        except DiskFull:
-            if not self.db.release_reserve():
-                raise
-            return step(self, *args, **kwargs)
-
-    return run
 
 
 class Manager:
@@ -130,6 +100,8 @@ class Manager:
         self.lease_ttl = lease_ttl or settings.lease_ttl()
         self.lease_owner = lease_owner(self.install_id)
         self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
+        self.leases = Leases(self.db, self.clock, owner=self.lease_owner, ttl=self.lease_ttl,
+                             install_id=self.install_id, event=self.event)
 
     # -- adapters ---------------------------------------------------------------------------
 
@@ -173,10 +145,6 @@ class Manager:
     def now_iso(self) -> str:
         """Now on this manager's clock, as the records write times."""
         return to_iso(self.clock.now())
-
-    def _held(self, row: Mapping[str, Any]) -> bool:
-        """Another live process holds the row's lease (a dead one of this host holds none)."""
-        return held(row, self._now(), self.install_id)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -257,179 +225,11 @@ class Manager:
 
     # -- the pattern ------------------------------------------------------------------------
 
-    def _event(self, conn: Connection, sandbox_id: str, type: str, *, reason: str | None = None,
-               payload: Mapping[str, Any] | None = None) -> None:
+    def event(self, conn: Connection, sandbox_id: str | None, type: str, *,
+              reason: str | None = None, payload: Mapping[str, Any] | None = None) -> None:
+        """Write one event inside `conn`'s transaction, as this manager's actor."""
         eventlog.append(conn, time=self._now(), type=type, actor=self.actor,
                         sandbox_id=sandbox_id, reason=reason, payload=payload)
-
-    @_making_room
-    def _begin(self, sandbox_id: str, intent: State,
-               *, reason: str | None | Callable[[Mapping[str, Any]], str | None],
-               payload: Mapping[str, Any] | None = None,
-               precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
-               ) -> tuple[Lease, dict[str, Any]]:
-        """Step 1: check the state, take the lease, record the intent and its event.
-
-        `precondition(row)` is re-checked inside this transaction (the reaper passes "still
-        expired"); when it returns a reason not to go on, NotDue is raised and nothing written.
-        A callable `reason(row)` gives the reason true inside the transaction.
-        """
-        with self.db.write() as conn:
-            # The reaper (a precondition) skips a row another process has locked right now;
-            # everyone else waits the few milliseconds for it (PostgreSQL; SQLite has one writer).
-            row = conn.execute(
-                sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
-                .with_for_update(skip_locked=precondition is not None)
-            ).mappings().first()
-            if row is None and precondition is not None and conn.execute(
-                    sa.select(SANDBOXES.c.id).where(SANDBOXES.c.id == sandbox_id)).first():
-                raise NotDue(f"sandbox {sandbox_id}: another process is acting on it")
-            if row is None:
-                raise NotFound(f"no sandbox {sandbox_id!r}")
-            if precondition is not None:
-                why_not = precondition(row)
-                if why_not:
-                    raise NotDue(f"sandbox {sandbox_id}: {why_not}")
-            current = State(row["state"])
-            resuming = current == intent  # completing an interrupted intent
-            if callable(reason):
-                reason = reason(row)
-            if resuming and reason is None:  # carry on with the interrupted intent's reason
-                reason = conn.execute(
-                    sa.select(EVENTS.c.reason)
-                    .where(EVENTS.c.sandbox_id == sandbox_id,
-                           EVENTS.c.type.in_(entry_events(intent)))
-                    .order_by(EVENTS.c.id.desc()).limit(1)
-                ).scalar()
-            if not resuming:
-                transition_event(current, intent)  # IllegalTransition when not allowed
-            if self._held(row):
-                raise Conflict(
-                    f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
-                    f"until {row['lease_expires_at']}"
-                )
-            fence = conn.execute(
-                SANDBOXES.update()
-                .where(SANDBOXES.c.id == sandbox_id, SANDBOXES.c.fence == row["fence"])
-                .values(
-                    state=intent,
-                    lease_owner=self.lease_owner,
-                    lease_expires_at=to_iso(self.clock.now() + self.lease_ttl),
-                    fence=SANDBOXES.c.fence + 1,
-                )
-                .returning(SANDBOXES.c.fence)
-            ).scalar()
-            if fence is None:
-                raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
-            if not resuming:
-                self._event(conn, sandbox_id, transition_event(current, intent),
-                            reason=reason, payload=payload)
-            return Lease(sandbox_id, fence, reason), dict(row)
-
-    def _take(self, sandbox_id: str, states: frozenset[State] | set[State], verb: str,
-              conn: Connection | None = None) -> Lease:
-        """The lease alone, for an action that is not a transition yet (snapshot, pause):
-        nobody destroys the sandbox under it. IllegalTransition-like Conflict otherwise.
-        Inside `conn` when given (with what the caller records beside it), else in its own
-        transaction."""
-        if conn is None:
-            with self.db.write() as conn:
-                return self._take(sandbox_id, states, verb, conn)
-        row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
-                           ).mappings().first()
-        if row is None:
-            raise NotFound(f"no sandbox {sandbox_id!r}")
-        if row["state"] not in states:
-            raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot {verb}")
-        if self._held(row):
-            raise Conflict(f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
-                           f"until {row['lease_expires_at']}")
-        fence = conn.execute(
-            SANDBOXES.update()
-            .where(SANDBOXES.c.id == sandbox_id, SANDBOXES.c.fence == row["fence"])
-            .values(lease_owner=self.lease_owner, fence=SANDBOXES.c.fence + 1,
-                    lease_expires_at=to_iso(self.clock.now() + self.lease_ttl))
-            .returning(SANDBOXES.c.fence)).scalar()
-        if fence is None:
-            raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
-        return Lease(sandbox_id, fence)
-
-    def _give_back(self, lease: Lease, conn: Connection | None = None) -> None:
-        """Release a lease _take took; inside `conn` when given, else in its own transaction."""
-        if conn is None:
-            with self.db.write() as conn:
-                self._give_back(lease, conn)
-            return
-        conn.execute(SANDBOXES.update().where(
-            SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
-            SANDBOXES.c.lease_owner == self.lease_owner,
-        ).values(lease_owner=None, lease_expires_at=None))
-
-    @_making_room
-    def _finish(self, lease: Lease, result: State, *, values: Mapping[str, Any] | None = None,
-                reason: str | None = None, payload: Mapping[str, Any] | None = None,
-                ) -> dict[str, Any]:
-        """Step 3: record the result and its event, fenced by the token; release the lease."""
-        with self.db.write() as conn:
-            row = conn.execute(
-                sa.select(SANDBOXES).where(SANDBOXES.c.id == lease.sandbox_id).with_for_update()
-            ).mappings().first()
-            if row is None or row["fence"] != lease.fence or row["lease_owner"] != self.lease_owner:
-                raise LeaseLost(
-                    f"sandbox {lease.sandbox_id}: another process took it over; "
-                    "this result was not recorded"
-                )
-            event_type = transition_event(row["state"], result) if row["state"] != result else None
-            updated = conn.execute(
-                SANDBOXES.update()
-                .where(SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence)
-                .values(state=result, lease_owner=None, lease_expires_at=None, **(values or {}))
-                .returning(SANDBOXES)
-            ).mappings().first()
-            if event_type:
-                self._event(conn, lease.sandbox_id, event_type, reason=reason, payload=payload)
-            return dict(updated)
-
-    @_making_room
-    def _release(self, lease: Lease, error: str) -> None:
-        """Give the lease back after a failed backend call, recording why; the intent stays
-        for the next attempt (a retry or reconcile)."""
-        with self.db.write() as conn:
-            released = conn.execute(
-                SANDBOXES.update()
-                .where(SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
-                       SANDBOXES.c.lease_owner == self.lease_owner)
-                .values(lease_owner=None, lease_expires_at=None, error=error)
-            ).rowcount
-            if released:
-                self._event(conn, lease.sandbox_id, "sandbox.attempt-failed", reason=lease.reason,
-                            payload={"error": error})
-
-    @contextlib.asynccontextmanager
-    async def _holding(self, lease: Lease) -> AsyncIterator[None]:
-        """Keep the lease alive while a backend call runs (a slow image pull, say): a live
-        process is never taken over; a dead or stopped one is, once its lease lapses."""
-        async def renew() -> None:
-            while True:
-                await asyncio.sleep(self.lease_ttl.total_seconds() / 3)
-                with self.db.write() as conn:
-                    kept = conn.execute(
-                        SANDBOXES.update()
-                        .where(SANDBOXES.c.id == lease.sandbox_id,
-                               SANDBOXES.c.fence == lease.fence,
-                               SANDBOXES.c.lease_owner == self.lease_owner)
-                        .values(lease_expires_at=to_iso(self.clock.now() + self.lease_ttl))
-                    ).rowcount
-                if not kept:
-                    return  # taken over: the fence will refuse our result
-
-        task = asyncio.create_task(renew())
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     # -- create -----------------------------------------------------------------------------
 
@@ -543,7 +343,7 @@ class Manager:
             ).first():
                 raise Conflict(f"name {name!r} is taken by a sandbox that is not destroyed")
             conn.execute(SANDBOXES.insert().values(**row))
-            self._event(conn, sandbox_id, CREATED_EVENT, payload={
+            self.event(conn, sandbox_id, CREATED_EVENT, payload={
                 "profile": profile.name, "backend": profile.backend, "name": name,
                 "owner": row["owner"], "task": task, "labels": all_labels,
                 "deadline": row["deadline"], "hard_deadline": row["hard_deadline"],
@@ -552,13 +352,13 @@ class Manager:
         lease = Lease(sandbox_id, 1)
         failpoint("create.after-intent")
         try:
-            async with self._holding(lease):
+            async with self.leases.holding(lease):
                 obj = await (adapter.restore(restore_from["backend_ref"], request)
                              if restore_from else adapter.create(request))
         except BaseException as exc:
             message = str(exc) or type(exc).__name__
             try:
-                self._finish(lease, State.FAILED, reason="failed", payload={"error": message},
+                self.leases.finish(lease, State.FAILED, reason="failed", payload={"error": message},
                              values={"error": message, "ended_at": self._now()})
             except LeaseLost:
                 pass
@@ -566,7 +366,7 @@ class Manager:
                 raise
             raise OperationFailed(f"create failed on {profile.backend}: {message}") from exc
         failpoint("create.after-backend")
-        running = self._finish(
+        running = self.leases.finish(
             lease, State.RUNNING,
             values={"backend_ref": obj.ref, "started_at": self._now()},
             payload={"backend_ref": obj.ref},
@@ -640,7 +440,7 @@ class Manager:
         The reaper has just listed the backend, so it is not pinged again."""
         def still_due(row: Mapping[str, Any]) -> str | None:
             if reason in EXPIRY_REASONS:
-                if row["state"] not in REAPABLE or self._held(row):
+                if row["state"] not in REAPABLE or self.leases.held_by_another(row):
                     return f"it is {row['state']}"
                 if not expiry_reason(row, self.clock.now()):
                     return "its deadline moved (extended or touched)"
@@ -665,11 +465,11 @@ class Manager:
                        reason: str | None | Callable[[Mapping[str, Any]], str | None],
                        precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
                        ) -> dict[str, Any]:
-        lease, row = self._begin(sandbox_id, State.DESTROYING, reason=reason,
+        lease, row = self.leases.begin(sandbox_id, State.DESTROYING, reason=reason,
                                  precondition=precondition)
         failpoint("destroy.after-intent")
         try:
-            async with self._holding(lease):
+            async with self.leases.holding(lease):
                 refs = [row["backend_ref"]] if row["backend_ref"] else [
                     obj.ref for obj in await adapter.list({LABEL_ID: row["id"]})
                 ]
@@ -677,12 +477,12 @@ class Manager:
                     await adapter.destroy(backend_ref)
         except BaseException as exc:
             message = str(exc) or type(exc).__name__
-            self._release(lease, message)
+            self.leases.release(lease, message)
             if isinstance(exc, AdapterError) or not isinstance(exc, Exception):
                 raise
             raise OperationFailed(f"destroy failed on {row['backend']}: {message}") from exc
         failpoint("destroy.after-backend")
-        return self._finish(lease, State.DESTROYED, reason=lease.reason,
+        return self.leases.finish(lease, State.DESTROYED, reason=lease.reason,
                             values={"ended_at": self._now()})
 
     # -- deadlines --------------------------------------------------------------------------
@@ -706,7 +506,7 @@ class Manager:
                 SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
                 .values(deadline=new_iso, last_activity_at=self._now()).returning(SANDBOXES)
             ).mappings().first()
-            self._event(conn, sandbox_id, "sandbox.extended", reason="manual", payload={
+            self.event(conn, sandbox_id, "sandbox.extended", reason="manual", payload={
                 "from": row["deadline"], "to": new_iso, "by": format_duration(by),
                 "capped": capped,
             })
@@ -729,7 +529,7 @@ class Manager:
                                      .where(SANDBOXES.c.id == sandbox_id)).scalar()
                 raise Conflict(f"sandbox {sandbox_id} is {state}: cannot touch")
             if event:
-                self._event(conn, sandbox_id, "sandbox.touched", reason="manual")
+                self.event(conn, sandbox_id, "sandbox.touched", reason="manual")
         return dict(row)
 
     async def record_activity(self, ref: str) -> dict[str, Any]:
@@ -752,14 +552,14 @@ class Manager:
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
                          .values(warned_deadline=to_iso(deadline)))
             idle = row["idle_timeout_s"] and deadline < from_iso(row["deadline"])
-            self._event(conn, sandbox_id, "sandbox.expiring", reason="idle" if idle else "ttl",
+            self.event(conn, sandbox_id, "sandbox.expiring", reason="idle" if idle else "ttl",
                         payload={"deadline": to_iso(deadline),
                                  "in_s": int((deadline - now).total_seconds())})
         return True
 
     # -- reconcile --------------------------------------------------------------------------
 
-    @_making_room
+    @making_room
     def adopt(self, backend: str, obj: BackendObject) -> bool:
         """A backend object of ours with no row (the database was lost or restored): record it,
         keeping the hard deadline its label carries, so the reaper ends it on time."""
@@ -779,26 +579,26 @@ class Manager:
                 created_at=created, started_at=created, deadline=hard, hard_deadline=hard,
                 last_activity_at=now, fence=0,
             ))
-            self._event(conn, sandbox_id, ADOPTED_EVENT, reason="orphan",
+            self.event(conn, sandbox_id, ADOPTED_EVENT, reason="orphan",
                         payload={"backend": backend, "backend_ref": obj.ref, "deadline": hard})
         return True
 
-    @_making_room
+    @making_room
     def finish_interrupted_create(self, sandbox_id: str, obj: BackendObject) -> bool:
         """A create that died after the backend made the object: the sandbox is running."""
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
-            if row is None or row["state"] != State.CREATING or self._held(row):
+            if row is None or row["state"] != State.CREATING or self.leases.held_by_another(row):
                 return False
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(
                 state=State.RUNNING, backend_ref=obj.ref, started_at=self._now(),
                 lease_owner=None, lease_expires_at=None, fence=SANDBOXES.c.fence + 1))
-            self._event(conn, sandbox_id, transition_event(State.CREATING, State.RUNNING),
+            self.event(conn, sandbox_id, transition_event(State.CREATING, State.RUNNING),
                         payload={"backend_ref": obj.ref, "completed_by": "reconcile"})
         return True
 
-    @_making_room
+    @making_room
     def record_backend_state(self, sandbox_id: str, expect: str | None, target: str,
                              *, reason: str | None = None) -> bool:
         """What reconcile saw on the backend (lost, paused, resumed, failed), if the row is
@@ -806,7 +606,7 @@ class Manager:
         with self.db.write() as conn:
             row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
                                ).mappings().first()
-            if row is None or self._held(row) or (expect and row["state"] != expect):
+            if row is None or self.leases.held_by_another(row) or (expect and row["state"] != expect):
                 return False
             event_type = transition_event(row["state"], target)
             values: dict[str, Any] = {"state": target, "fence": SANDBOXES.c.fence + 1,
@@ -814,7 +614,7 @@ class Manager:
             if target in (State.LOST, State.FAILED):
                 values["ended_at"] = self._now()
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(**values))
-            self._event(conn, sandbox_id, event_type, reason=reason,
+            self.event(conn, sandbox_id, event_type, reason=reason,
                         payload={"observed_by": "reconcile"})
         return True
 
@@ -833,16 +633,16 @@ class Manager:
         lease = None
         if expect == State.PAUSED:
             adapter = self.adapter(backend)
-            lease = self._take(sandbox_id, {State.PAUSED}, "pause again")
+            lease = self.leases.take(sandbox_id, {State.PAUSED}, "pause again")
             try:
-                async with self._holding(lease):
+                async with self.leases.holding(lease):
                     await adapter.pause(obj.ref)
             except BaseException:
-                self._give_back(lease)
+                self.leases.give_back(lease)
                 raise
         return self._record_restart(sandbox_id, expect, started, lease)
 
-    @_making_room
+    @making_room
     def _record_restart(self, sandbox_id: str, expect: str, started: str,
                         lease: Lease | None) -> bool:
         with self.db.write() as conn:
@@ -850,7 +650,7 @@ class Manager:
                                .with_for_update()).mappings().first()
             if row is None or row["state"] != expect:
                 return False
-            if lease is None and self._held(row):
+            if lease is None and self.leases.held_by_another(row):
                 return False
             if lease is not None and (row["fence"] != lease.fence
                                       or row["lease_owner"] != self.lease_owner):
@@ -860,10 +660,10 @@ class Manager:
                 .where(EVENTS.c.sandbox_id == sandbox_id, EVENTS.c.type == RESTARTED_EVENT)
                 .order_by(EVENTS.c.id.desc()).limit(1)).scalar()
             if lease is not None:
-                self._give_back(lease, conn)
+                self.leases.give_back(lease, conn)
             if last and json.loads(last).get("backend_started_at") == started:
                 return False  # another reconcile recorded this one
-            self._event(conn, sandbox_id, RESTARTED_EVENT, reason="restarted", payload={
+            self.event(conn, sandbox_id, RESTARTED_EVENT, reason="restarted", payload={
                 "backend_started_at": started, "state": expect,
                 "paused_again": lease is not None, "observed_by": "reconcile"})
         return True
@@ -881,11 +681,11 @@ class Manager:
         self._record_orphan_destroyed(backend, ref, sandbox_id, reason)
         return True
 
-    @_making_room
+    @making_room
     def _record_orphan_destroyed(self, backend: str, ref: str, sandbox_id: str | None,
                                  reason: str | None) -> None:
         with self.db.write() as conn:
-            self._event(conn, sandbox_id, "sandbox.orphan-destroyed", reason=reason,
+            self.event(conn, sandbox_id, "sandbox.orphan-destroyed", reason=reason,
                         payload={"backend": backend, "backend_ref": ref})
 
     # -- pause and resume -------------------------------------------------------------------
@@ -905,18 +705,18 @@ class Manager:
         if row["state"] != source:
             raise Conflict(f"sandbox {row['id']} is {row['state']}: cannot {verb}")
         await self.adapter_for(row)
-        lease = self._take(row["id"], {source}, verb)
+        lease = self.leases.take(row["id"], {source}, verb)
         try:
-            async with self._holding(lease):
+            async with self.leases.holding(lease):
                 await (adapter.pause if target == State.PAUSED else adapter.resume)(
                     row["backend_ref"])
                 if target == State.RUNNING and adapter.supports(Capability.SET_DEADLINE):
                     # a backend that resumes with a timer of its own gets the deadline back
                     await adapter.set_deadline(row["backend_ref"], effective_deadline(row))
         except BaseException:
-            self._give_back(lease)
+            self.leases.give_back(lease)
             raise
-        return self._finish(lease, target, reason="manual")
+        return self.leases.finish(lease, target, reason="manual")
 
     # -- exec and logs ----------------------------------------------------------------------
 
@@ -978,7 +778,7 @@ class Manager:
         with self.db.write() as conn:
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
                          .values(last_activity_at=self._now()))
-            self._event(conn, sandbox_id, "sandbox.exec", payload={
+            self.event(conn, sandbox_id, "sandbox.exec", payload={
                 "argv": list(recorded),
                 "exit_code": result.exit_code,
                 "timed_out": result.timed_out,

@@ -111,7 +111,7 @@ def test_destroy_is_idempotent_and_survives_backend_loss(mgr, stub_profile):
 
 def test_a_held_lease_refuses_a_second_actor(mgr, stub_profile, sbx_home, clock):
     row = asyncio.run(mgr.create(stub_profile))
-    lease, _ = mgr._begin(row["id"], "destroying", reason="manual")
+    lease, _ = mgr.leases.begin(row["id"], "destroying", reason="manual")
     other = Manager(mgr.db, clock, actor="other")
     with pytest.raises(Conflict, match="is busy"):
         asyncio.run(other.destroy(row["id"]))
@@ -120,13 +120,13 @@ def test_a_held_lease_refuses_a_second_actor(mgr, stub_profile, sbx_home, clock)
 
 def test_an_expired_lease_is_taken_over_and_the_stale_holder_cannot_commit(mgr, stub_profile, clock):
     row = asyncio.run(mgr.create(stub_profile))
-    stale, _ = mgr._begin(row["id"], "destroying", reason="manual")  # then "crashes"
+    stale, _ = mgr.leases.begin(row["id"], "destroying", reason="manual")  # then "crashes"
     clock.advance(mgr.lease_ttl + timedelta(seconds=1))
     other = Manager(mgr.db, clock, actor="reaper")
     done, now = asyncio.run(other.destroy(row["id"]))  # completes the interrupted intent
     assert now and done["state"] == "destroyed" and done["fence"] == 3
     with pytest.raises(LeaseLost):
-        mgr._finish(stale, "destroyed")
+        mgr.leases.finish(stale, "destroyed")
     types = [e["type"] for e in rows(mgr, EVENTS)]
     assert types.count("sandbox.destroying") == 1 and types.count("sandbox.destroyed") == 1
 

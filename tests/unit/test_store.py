@@ -69,7 +69,7 @@ RACE = textwrap.dedent("""
     from core.clock import Clock
     m = Manager(Database(sys.argv[1]), Clock(), actor=sys.argv[2], install_id="inst-test")
     try:
-        lease, _ = m._begin(sys.argv[3], "destroying", reason="manual")
+        lease, _ = m.leases.begin(sys.argv[3], "destroying", reason="manual")
         print("WON", lease.fence)
     except Exception as exc:
         print("LOST", type(exc).__name__)
