@@ -11,10 +11,14 @@ POINTS = (
     "create.after-backend",   # the backend object exists; the row still says creating
     "destroy.after-intent",   # the row says destroying; the backend object still exists
     "destroy.after-backend",  # the backend object is gone; the row still says destroying
+    "snapshot.after-intent",  # the checkpoint row is pending; no artifact yet
+    "snapshot.after-backend",  # the artifact exists; the row is still pending
+    "deliver.after-send",     # a sink took a batch; its cursor has not moved yet
 )
 
 
 def failpoint(name: str) -> None:
+    assert name in POINTS, f"unknown failpoint {name!r}: list it in POINTS"
     wanted = os.environ.get("SBX_FAILPOINT")
     if not wanted:
         return

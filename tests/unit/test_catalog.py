@@ -39,3 +39,16 @@ def test_the_state_table_writes_catalogued_types():
 def test_docs_events_lists_every_type_and_reason():
     for value in [e.value for e in EventType] + [r.value for r in Reason]:
         assert f"`{value}`" in DOC, f"docs/events.md does not list {value}"
+
+
+def test_every_failpoint_the_code_names_is_listed():
+    from core.failpoints import POINTS
+
+    named = set()
+    for pkg in ("core", "adapters", "sandboxer", "sandboxer_tui"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "failpoint"
+                        and node.args and isinstance(node.args[0], ast.Constant)):
+                    named.add(node.args[0].value)
+    assert named and named == set(POINTS)
