@@ -10,7 +10,7 @@ from textual.widgets import Input
 
 
 class FilterInput(Input):
-    """(Its messages are not named Changed and Submitted: Input posts those as its own.)"""
+    """Its messages are not named Changed or Submitted: Input posts those of its own."""
 
     BINDINGS = [Binding("escape", "clear", "Clear filter", show=False)]
 

@@ -287,3 +287,23 @@ def manager_for(home):
     from core.manager import Manager
 
     return Manager(Database(f"sqlite:///{home / 'sbx.db'}"))
+
+
+def test_one_module_formats_durations_and_sizes_for_the_cli_and_the_dashboard():
+    """`sbx ls` keeps every unit (a TTL it prints can be pasted back into `--ttl`); the
+    dashboard's cells keep two. Both come from sandboxer_tui.formatting."""
+    from core.durations import parse_duration
+    from sandboxer_tui import cli
+    from sandboxer_tui.formatting import exact_duration, megabytes
+
+    seconds = 86400 + 3600 + 60 + 1
+    assert cli.human_left(seconds) == exact_duration(seconds) == "1d1h1m1s"
+    assert parse_duration(cli.human_left(seconds)) == timedelta(seconds=seconds)
+    assert cli.human_left(None) == "-" and cli.human_left(0) == "0s"
+    assert cli.human_age("2026-03-01T08:00:00.000000Z", "2026-03-02T09:01:01.000000Z") == \
+        "1d1h1m1s"
+    assert human_duration(seconds) == "1d1h" and human_age(seconds) == "1d1h"
+    line = cli._metric_line({"time": "t", "cpu_pct": 1.5, "memory_bytes": 64 * 1024**2,
+                             "memory_limit": 512 * 1024**2, "pids": 3, "net_rx_bytes": None,
+                             "net_tx_bytes": None})
+    assert "mem 64.0MB / 512.0MB" in line and megabytes(None) == "-"
