@@ -482,11 +482,15 @@ class Dashboard:
                 self._warn_s = 300.0
         return self._warn_s
 
-    async def close(self) -> None:
-        """Stop watching; close the library client (its database and backends)."""
-        if self._watch is not None:
-            await self._watch.aclose()
-        await self.sbx.close()
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop watching; close the library client (its database and backends). A backend
+        that does not let go within `timeout_s` does not hold the dashboard's exit."""
+        import contextlib
+
+        with contextlib.suppress(TimeoutError):
+            if self._watch is not None:
+                await asyncio.wait_for(self._watch.aclose(), timeout_s)
+            await asyncio.wait_for(self.sbx.close(), timeout_s)
 
     # -- the inventory ----------------------------------------------------------------------
 
