@@ -35,6 +35,7 @@ class Capability(enum.StrEnum):
     # written) on a backend that does not declare it, rather than ignore it
     READ_ONLY_ROOT = "read-only-root"  # `read_only: true`: a read-only root, a writable /tmp
     RUN_AS_USER = "run-as-user"  # `user:` the main process and every exec run as
+    SHELL = "shell"  # an interactive shell a person's terminal can be handed to (shell_argv)
 
 
 # Labels sbx puts on every backend object; the `sbx.` prefix is reserved for them.
@@ -290,6 +291,12 @@ class Adapter(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release clients and threads."""
+
+    def shell_argv(self, ref: str) -> list[str]:
+        """The command line that opens an interactive shell in the sandbox `ref` on this
+        host's terminal (the dashboard's `e` runs it): a program of the backend's own that
+        reaches the same engine or account as this adapter."""
+        raise self._unsupported("open an interactive shell")
 
 
 APP_NAME = "sandboxer"

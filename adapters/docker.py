@@ -307,6 +307,8 @@ class DockerAdapter(Adapter):
     def supports(self, capability: Capability) -> bool:
         if capability == Capability.MEMORY_CHECKPOINT:
             return self._criu_works()
+        if capability == Capability.SHELL:  # through the docker CLI, when installed
+            return self._docker_cli() is not None
         return super().supports(capability)
 
     def _criu_works(self) -> bool:
@@ -838,6 +840,21 @@ class DockerAdapter(Adapter):
         if self._api is not None:
             self._api.close()
             self._api = None
+
+    @staticmethod
+    def _docker_cli() -> str | None:
+        import shutil
+
+        return shutil.which("docker")
+
+    def shell_argv(self, ref: str) -> list[str]:
+        """`docker exec -it REF sh` on this adapter's engine (`--host`: DOCKER_HOST or the
+        local socket, even where a docker context names another); the docker CLI reads
+        DOCKER_TLS_VERIFY and DOCKER_CERT_PATH as docker-py does."""
+        docker_cli = self._docker_cli()
+        if docker_cli is None:
+            raise CapabilityNotSupported("an interactive shell needs the docker CLI on PATH")
+        return [docker_cli, "--host", self.base_url, "exec", "-it", ref, "sh"]
 
 
 # What `docker load` reads names from: only these, at the top of the archive. Each must be a

@@ -41,11 +41,13 @@ async def follow_all(mgr: Manager, on_sample: Callable[[dict[str, Any]], None],
         await asyncio.gather(*streams.values(), return_exceptions=True)
 
 
-async def samples_of_all(mgr: Manager) -> AsyncIterator[dict[str, Any]]:
+async def samples_of_all(mgr: Manager, refresh: timedelta = timedelta(seconds=5),
+                         ) -> AsyncIterator[dict[str, Any]]:
     """follow_all as an async iterator, for the library: it stops when the caller does."""
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     stop = asyncio.Event()
-    task = asyncio.create_task(follow_all(mgr, queue.put_nowait, stop))
+    task = asyncio.create_task(follow_all(mgr, queue.put_nowait, stop, refresh))
+    getter: asyncio.Future | None = None
     try:
         while True:
             getter = asyncio.ensure_future(queue.get())
@@ -56,6 +58,8 @@ async def samples_of_all(mgr: Manager) -> AsyncIterator[dict[str, Any]]:
                 return
             yield getter.result()
     finally:
+        if getter is not None:  # the caller stopped while we waited: no get left behind
+            getter.cancel()
         stop.set()
         with contextlib.suppress(Exception):
             await task

@@ -24,11 +24,13 @@ from core.errors import (
 )
 from core.errors import SbxError as Error
 from core.states import State
-from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer
+from sandboxer._api import AsyncCheckpoint, AsyncInventoryWatch, AsyncSandbox, AsyncSandboxer
 from sandboxer._records import (
+    BackendStatus,
     Event,
     ExecExit,
     ExecResult,
+    InventoryChange,
     MetricSample,
     OutputChunk,
     ProfileInfo,
@@ -49,8 +51,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncCheckpoint",
+    "AsyncInventoryWatch",
     "AsyncSandbox",
     "AsyncSandboxer",
+    "BackendStatus",
     "BadInput",
     "Checkpoint",
     "Conflict",
@@ -60,6 +64,7 @@ __all__ = [
     "ExecExit",
     "ExecResult",
     "ExitCode",
+    "InventoryChange",
     "MetricSample",
     "NotFound",
     "OperationFailed",

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxer._records import (
+    BackendStatus,
     CheckpointRecord,
     Event,
     ExecExit,
     ExecResult,
+    InventoryChange,
     MetricSample,
     OutputChunk,
     ProfileInfo,
@@ -240,14 +242,40 @@ class AsyncSandboxer:
         """Backends, the database and versions, as `sbx doctor --json` prints them."""
         return await self._transport.doctor()
 
-    async def follow_all_metrics(self) -> AsyncIterator[MetricSample]:
-        """Samples of every running sandbox, as they come (each stored at a bounded rate)."""
-        async for doc in self._transport.follow_all_metrics():
+    async def follow_all_metrics(self, every: Duration | None = None,
+                                 ) -> AsyncIterator[MetricSample]:
+        """Samples of every running sandbox, as they come (each stored at a bounded rate).
+        `every` (default 5s): how often the running ones are looked for."""
+        async for doc in self._transport.follow_all_metrics(_duration(every, "every")):
             yield MetricSample.from_dict(doc)
 
     async def copy_database(self, target_url: str) -> dict[str, Any]:
         """Copy the whole inventory into another, empty database (`sbx db copy`)."""
         return await self._transport.copy_database(target_url)
+
+    # -- watching (a long-running front end: the dashboard) ---------------------------------
+
+    def watch(self, *, include_destroyed: bool = False,
+              every: float = 1.0) -> AsyncInventoryWatch:
+        """The inventory as it changes, by any process: `await watch.read()` for what
+        changed since the previous read, or `async for change in watch` (every `every`
+        seconds; only reads that found a change, after a first one with everything). A
+        read costs nothing when nobody committed since the last one."""
+        return AsyncInventoryWatch(self, include_destroyed, every)
+
+    async def backends(self, names: Sequence[str] | None = None, *, check: bool = True,
+                       timeout: float = 5.0) -> list[BackendStatus]:
+        """Each backend (`names`, default every registered one) as this client reaches it:
+        loaded, a test double, its capabilities, and with `check` its health (one that does
+        not answer within `timeout` seconds is unreachable). Never raises for a backend."""
+        docs = await self._transport.backends(None if names is None else list(names),
+                                              check=check, timeout=timeout)
+        return [BackendStatus.from_dict(d) for d in docs]
+
+    async def recent_metrics(self, since: datetime | timedelta) -> list[MetricSample]:
+        """Stored samples of every sandbox since `since` (a time, or a while ago), oldest
+        first, in one read."""
+        return [MetricSample.from_dict(d) for d in await self._transport.recent_metrics(since)]
 
 
 class _Creating:
@@ -383,6 +411,17 @@ class AsyncSandbox(SandboxRecord):
                 json.dump(bundle, out, indent=1, sort_keys=True)
         return bundle
 
+    async def origin(self) -> str | None:
+        """The id of the checkpoint this sandbox was restored from (None: made from a
+        profile). That checkpoint may since have been removed."""
+        return await self._t.origin(self.id)
+
+    async def shell_command(self) -> list[str]:
+        """The command line that opens an interactive shell in it, for a program to hand a
+        terminal to (on Docker, `docker --host ENGINE exec -it REF sh`). Conflict when it is
+        not running or its backend offers none here (capability `shell`)."""
+        return await self._t.shell_command(self.id)
+
 
 class AsyncCheckpoint(CheckpointRecord):
     """A handle on one checkpoint."""
@@ -443,3 +482,69 @@ class AsyncCheckpoint(CheckpointRecord):
     async def remove(self) -> None:
         """Remove it and its backend artifact."""
         await self._t.remove_checkpoint(self.id)
+
+
+class AsyncInventoryWatch:
+    """What `AsyncSandboxer.watch()` returns: reads of the inventory that say what changed.
+    `include_destroyed` may be changed between reads (the next read then tells the
+    difference). Close it when done (or use `async with`)."""
+
+    def __init__(self, client: AsyncSandboxer, include_destroyed: bool, every: float) -> None:
+        self._client = client
+        self._watch = client._transport.watch(include_destroyed)
+        self.every = every
+        self._boxes: dict[str, AsyncSandbox] = {}
+        self._started = False
+        self._closed = False
+
+    @property
+    def include_destroyed(self) -> bool:
+        return self._watch.include_destroyed
+
+    @include_destroyed.setter
+    def include_destroyed(self, include: bool) -> None:
+        self._watch.include_destroyed = bool(include)
+
+    async def read(self) -> InventoryChange:
+        """What changed since the previous read (the first: every sandbox, as added)."""
+        from types import MappingProxyType
+
+        delta = await self._watch.read()
+        added = tuple(AsyncSandbox(self._client, v) for v in delta["added"])
+        changed = tuple(AsyncSandbox(self._client, v) for v in delta["changed"])
+        for box in added + changed:
+            self._boxes[box.id] = box
+        for sandbox_id in delta["removed"]:
+            self._boxes.pop(sandbox_id, None)
+        return InventoryChange(MappingProxyType(dict(self._boxes)), added, changed,
+                               tuple(delta["removed"]))
+
+    def __aiter__(self) -> AsyncInventoryWatch:
+        return self
+
+    async def __anext__(self) -> InventoryChange:
+        import asyncio
+
+        if self._closed:
+            raise StopAsyncIteration
+        if not self._started:
+            self._started = True
+            return await self.read()
+        while True:
+            await asyncio.sleep(self.every)
+            if self._closed:
+                raise StopAsyncIteration
+            change = await self.read()
+            if change:
+                return change
+
+    async def aclose(self) -> None:
+        """Stop watching (its database connection is closed)."""
+        self._closed = True
+        await self._watch.close()
+
+    async def __aenter__(self) -> AsyncInventoryWatch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -334,10 +334,11 @@ class LocalTransport:
     def follow_metrics(self, ref: str) -> AsyncIterator[dict[str, Any]]:
         return self.stream(lambda mgr: mgr.metrics(ref, follow=True))
 
-    def follow_all_metrics(self) -> AsyncIterator[dict[str, Any]]:
+    def follow_all_metrics(self, every: timedelta | None = None,
+                           ) -> AsyncIterator[dict[str, Any]]:
         from core.sampler import samples_of_all
 
-        return self.stream(samples_of_all)
+        return self.stream(lambda mgr: samples_of_all(mgr, every or timedelta(seconds=5)))
 
     async def metric_history(self, ref: str) -> list[dict[str, Any]]:
         return await self.call(lambda mgr: mgr.metric_history(ref))
@@ -548,6 +549,48 @@ class LocalTransport:
 
         return await self.call(go)
 
+    # -- watching, backends, recent samples, origin, shell ----------------------------------
+
+    def watch(self, include_destroyed: bool) -> LocalWatch:
+        return LocalWatch(self, include_destroyed)
+
+    async def backends(self, names: Sequence[str] | None, *, check: bool,
+                       timeout: float) -> list[dict[str, Any]]:
+        async def go(mgr: Manager) -> list[dict[str, Any]]:
+            from core.backends import backend_statuses
+
+            return await backend_statuses(mgr, names, check=check, timeout_s=timeout)
+
+        return await self.call(go)
+
+    async def recent_metrics(self, since: datetime | timedelta) -> list[dict[str, Any]]:
+        def go(mgr: Manager) -> list[dict[str, Any]]:
+            from core.watch import recent_samples
+
+            start = mgr.clock.now() - since if isinstance(since, timedelta) else since
+            return recent_samples(mgr, start)
+
+        return await self.call(go)
+
+    async def origin(self, ref: str) -> str | None:
+        return await self.call(lambda mgr: mgr.resolve(ref)["restored_from"])
+
+    async def shell_command(self, ref: str) -> list[str]:
+        async def go(mgr: Manager) -> list[str]:
+            from core.backends import shell_argv
+
+            return await shell_argv(mgr, ref)
+
+        return await self.call(go)
+
+    def _database_url(self) -> str:
+        """The database this transport reads (call on the core loop: `home` applies)."""
+        if self._mgr is not None:
+            return self._mgr.db.url
+        from core import settings
+
+        return self.database_url or settings.database_url()
+
 
 def _load_profile(profile: str | Profile) -> Profile:
     from core.profiles import Profile, ProfileLoader
@@ -567,3 +610,39 @@ def _since_iso(mgr: Manager, since: datetime | timedelta | None) -> str | None:
     if isinstance(since, timedelta):
         return to_iso(mgr.clock.now() - since)
     return to_iso(since)
+
+
+class LocalWatch:
+    """A watch of the inventory (core.watch): with the driver alone while the database is a
+    current SQLite file, else through the Manager, which migrates. Reads run on a worker
+    thread of the core loop."""
+
+    def __init__(self, transport: LocalTransport, include_destroyed: bool) -> None:
+        self._transport = transport
+        self.include_destroyed = include_destroyed
+        self._watcher: Any = None
+
+    async def read(self) -> dict[str, Any]:
+        from core.views import sandbox_view
+
+        include = self.include_destroyed
+
+        async def fast() -> Any:
+            if self._watcher is None:
+                from core.watch import InventoryWatcher
+
+                self._watcher = InventoryWatcher(self._transport._database_url(), include)
+            self._watcher.set_include_destroyed(include)
+            return await asyncio.to_thread(self._watcher.read)
+
+        delta = await self._transport.call(fast, needs_manager=False)
+        if delta is None:  # no current SQLite database (yet): the Manager's way
+            delta = await self._transport.call(
+                lambda mgr: self._watcher.apply(mgr.list(include_all=include)))
+        return {"added": [sandbox_view(r) for r in delta.added],
+                "changed": [sandbox_view(r) for r in delta.changed],
+                "removed": list(delta.removed)}
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            await asyncio.to_thread(self._watcher.close)

@@ -303,3 +303,49 @@ def _text(key: str, data: bytes) -> dict[str, Any]:
         return {key: data.decode()}
     except UnicodeDecodeError:
         return {key: {"base64": base64.b64encode(data).decode()}}
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryChange:
+    """What one read of `AsyncSandboxer.watch()` found: `sandboxes`, every sandbox now by id
+    (handles, as `list()` gives them), and what changed since the previous read: `added`,
+    `changed` (handles with their new record) and `removed` (ids: destroyed, unless the
+    watch shows destroyed ones). False when nothing changed."""
+
+    sandboxes: Mapping[str, Any]
+    added: tuple[Any, ...] = ()
+    changed: tuple[Any, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.changed or self.removed)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatus:
+    """One backend as this process reaches it (`AsyncSandboxer.backends()`): whether its
+    adapter loads, whether it is a test double, what it can do (`capabilities`, the values
+    of `adapters.base.Capability`), and when `checked`, whether it answers and has
+    credentials. `reachable` and `credentials` are None when not asked, and `credentials`
+    when the backend did not answer; `detail` says what the backend said, or why not."""
+
+    name: str
+    loaded: bool
+    test_double: bool
+    capabilities: frozenset[str]
+    checked: bool
+    reachable: bool | None
+    credentials: bool | None
+    detail: str
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> BackendStatus:
+        return cls(doc["name"], bool(doc["loaded"]), bool(doc["test_double"]),
+                   frozenset(doc["capabilities"]), bool(doc["checked"]), doc["reachable"],
+                   doc["credentials"], doc["detail"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "loaded": self.loaded, "test_double": self.test_double,
+                "capabilities": sorted(self.capabilities), "checked": self.checked,
+                "reachable": self.reachable, "credentials": self.credentials,
+                "detail": self.detail}

@@ -8,10 +8,11 @@ import functools
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer
-from sandboxer._records import CheckpointRecord, SandboxRecord
+from sandboxer._records import CheckpointRecord, InventoryChange, SandboxRecord
 
 
 def _wrap(value: Any) -> Any:
@@ -22,6 +23,10 @@ def _wrap(value: Any) -> Any:
         return Checkpoint._of(value)
     if isinstance(value, list):
         return [_wrap(v) for v in value]
+    if isinstance(value, InventoryChange):
+        return InventoryChange(MappingProxyType({k: _wrap(v) for k, v in value.sandboxes.items()}),
+                               tuple(_wrap(list(value.added))), tuple(_wrap(list(value.changed))),
+                               value.removed)
     return value
 
 

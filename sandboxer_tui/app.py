@@ -1,12 +1,12 @@
 """The Sandboxer dashboard: a live Textual view over every sandbox, on every backend.
 
-`sbx` on a terminal (or `sbx tui`) opens it. The app draws; `core.dashboard` reads and acts,
-through the same Manager as the CLI. See docs/dashboard.md for the keys.
+`sbx` on a terminal (or `sbx tui`) opens it. The app draws; `sandboxer_tui.model` reads and
+acts through the library (`sandboxer.AsyncSandboxer`), as the CLI does, awaited on Textual's
+own loop. See docs/dashboard.md for the keys.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from datetime import timedelta
 from functools import partial
@@ -16,12 +16,14 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import WorkerState
 
-from core.dashboard import Dashboard, one_line
+from sandboxer_tui.formatting import one_line
+from sandboxer_tui.model import Dashboard
 from sandboxer_tui.screens.main import MainScreen
 
 
 class SandboxerApp(App):
-    """One Dashboard (core) per app. `read_only` hides every action that changes anything."""
+    """One Dashboard (the model, over the library) per app. `read_only` hides every action
+    that changes anything."""
 
     CSS_PATH = "app.tcss"
     TITLE = "sbx"
@@ -79,7 +81,8 @@ class SandboxerApp(App):
     async def close_dashboard(self) -> None:
         if not self._closed:
             self._closed = True
-            await asyncio.to_thread(self.dashboard.close)
+            self.workers.cancel_all()  # the metrics stream first: it reads through the client
+            await self.dashboard.close()
 
 
 def run(read_only: bool = False, refresh: float = 1.0,

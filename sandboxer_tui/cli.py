@@ -90,17 +90,16 @@ def now_iso() -> str:
 
 
 def human_left(seconds: int | None) -> str:
-    from datetime import timedelta
+    from sandboxer_tui.formatting import exact_duration
 
-    from core.durations import format_duration
-
-    return "-" if seconds is None else format_duration(timedelta(seconds=seconds))
+    return exact_duration(seconds)
 
 
 def human_age(created_iso: str, now: str) -> str:
     from core.clock import from_iso
+    from sandboxer_tui.formatting import exact_age
 
-    return human_left(int((from_iso(now) - from_iso(created_iso)).total_seconds()))
+    return exact_age(from_iso(created_iso), from_iso(now))
 
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
@@ -940,8 +939,7 @@ def checkpoint_import(file: str, name: str | None, as_json: bool) -> None:
 
 
 def _metric_line(view: Mapping[str, Any]) -> str:
-    def mb(value: int | None) -> str:
-        return "-" if value is None else f"{value / 1024**2:.1f}MB"
+    from sandboxer_tui.formatting import megabytes as mb
 
     cpu = "-" if view["cpu_pct"] is None else f"{view['cpu_pct']:.1f}%"
     net = ("-" if view["net_rx_bytes"] is None

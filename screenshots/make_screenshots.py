@@ -72,8 +72,8 @@ async def seed(labels: dict[str, str]):
 
 
 async def shoot(out: Path, made: dict) -> list[Path]:
-    from core.dashboard import Dashboard
     from sandboxer_tui.app import SandboxerApp
+    from sandboxer_tui.model import Dashboard
     from sandboxer_tui.screens.modals import ConfirmScreen
     from sandboxer_tui.screens.pickers import ProfilePicker
 

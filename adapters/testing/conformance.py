@@ -422,6 +422,17 @@ class AdapterConformance:
                 if declared:
                     await self._hardened(kit, capability)
                 return
+            if capability == Capability.SHELL:
+                # a command line for a person's terminal: built here, not run (no terminal)
+                obj = await kit.create()
+                if declared:
+                    argv = kit.adapter.shell_argv(obj.ref)
+                    assert argv and all(isinstance(a, str) and a for a in argv), (
+                        f"shell_argv() must give a command line, not {argv!r}")
+                else:
+                    with pytest.raises(CapabilityNotSupported):
+                        kit.adapter.shell_argv(obj.ref)
+                return
             obj = await kit.create()
             if declared:
                 await self._exercise(kit, obj, capability)

@@ -1,65 +1,47 @@
-"""The main view: the health line, the sandbox table, the detail tabs, the footer; and every
-action, one key each.
+"""The main view: the health line, the filter, the sandbox table, the detail tabs, the footer.
 
-Everything that reads the database or calls a backend goes through `core.dashboard`
-(the same Manager as the CLI) on the core's background loop, awaited from Textual workers:
-the UI never waits on I/O. A failed action ends in a notification, never a traceback.
+This module is the layout and the event handling: timers start short workers that read
+through the library (`Dashboard`) and post what they found (screens/messages.py); widgets
+post their own messages (the table's selection, the filter, the detail's tabs); the handlers
+here are the one place each reaches the widgets. The actions, one key each, are in
+screens/actions.py. The UI never waits on I/O: the library runs it on a loop of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, TabbedContent
+from textual.widgets import Footer
 
-from core.dashboard import (
-    MUTATING,
-    SORT_COLUMNS,
-    Dashboard,
-    Inventory,
-    Outcome,
-    SandboxRow,
-    available,
-    equivalent_command,
-    one_line,
-    shell_argv,
+from sandboxer_tui.formatting import one_line
+from sandboxer_tui.model import Dashboard, SandboxRow, health_state
+from sandboxer_tui.screens.actions import ActionsMixin
+from sandboxer_tui.screens.messages import (
+    ActionFinished,
+    CapabilitiesKnown,
+    CheckpointsLoaded,
+    DetailLoaded,
+    EventsLoaded,
+    HealthChecked,
+    HistoryLoaded,
+    InventoryRead,
+    InventoryUnreadable,
+    LogsLoaded,
+    MetricsArrived,
 )
-from sandboxer_tui.screens.exec import ExecScreen
-from sandboxer_tui.screens.modals import (
-    CommandLogScreen,
-    ConfirmScreen,
-    DurationScreen,
-    HelpScreen,
-)
-from sandboxer_tui.screens.pickers import CheckpointPicker, ProfilePicker
 from sandboxer_tui.widgets.detail import TABS, DetailPanel
+from sandboxer_tui.widgets.filter import FilterInput
 from sandboxer_tui.widgets.header import HealthBar
-from sandboxer_tui.widgets.table import HEADER_SORT, SandboxTable
-
-# actions that act on the selection (or the marked rows)
-ROW_ACTIONS = frozenset({"destroy", "extend", "extend_by", "snapshot", "restore", "pause",
-                         "exec", "shell", "touch", "logs", "mark"})
-SINGLE_ROW = frozenset({"exec", "shell", "restore", "logs"})
+from sandboxer_tui.widgets.table import SandboxTable
 
 
-class FilterInput(Input):
-    BINDINGS = [Binding("escape", "clear", "Clear filter", show=False)]
-
-    def action_clear(self) -> None:
-        self.value = ""
-        self.screen.hide_filter()  # type: ignore[attr-defined]
-
-
-class MainScreen(Screen):
+class MainScreen(ActionsMixin, Screen):
     AUTO_FOCUS = "#sandboxes"
     BINDINGS = [
         Binding("n", "new", "New"),
@@ -99,10 +81,8 @@ class MainScreen(Screen):
         self._first_load = True
         self._ticks = 0
         self._selected: str | None = None
-        self._history: dict[str, list[dict[str, Any]]] = {}
-        self._shell_cache: dict[tuple[str, str], bool] = {}
+        self._history: dict[str, list[Any]] = {}
         self.health_every, self.health_retry = 10.0, 2.0
-        self._last_title: Text | None = None
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -129,73 +109,60 @@ class MainScreen(Screen):
 
     def on_mount(self) -> None:
         self.table.metrics = self.dashboard.metrics
+        self.table.show_destroyed = self.dashboard.include_destroyed
         self.table.loading = True
-        self._title()
         self.table.focus()
         self.set_interval(self.refresh_s, self.poll)
         self.set_interval(1.0, self.tick)
         self._spinner = self.set_interval(0.12, self._spin, pause=True)
         self.poll()  # the health check and metrics start after the first inventory
 
-    # -- core plumbing ----------------------------------------------------------------------
-
-    async def core(self, coro: Awaitable[Any]) -> Any:
-        """Await a coroutine on the core's loop (the UI's loop keeps running)."""
-        return await asyncio.wrap_future(self.dashboard.run(coro))
-
-    async def core_call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call a blocking core function on the core's thread pool."""
-        return await asyncio.wrap_future(self.dashboard.call(fn, *args))
-
     def on_worker_state_changed(self, event) -> None:
         self.app.report_worker_error(event)  # type: ignore[attr-defined]
 
-    # -- live: inventory, clock, metrics, health --------------------------------------------
+    # -- the inventory ----------------------------------------------------------------------
 
     def poll(self) -> None:
+        """Read the inventory now (unless a read is under way)."""
         if not self._polling:
             self._polling = True
-            self._poll_inventory()
+            self._read_inventory()
 
-    @work(exit_on_error=False, group="poll")
-    async def _poll_inventory(self) -> None:
+    @work(exit_on_error=False, group="inventory")
+    async def _read_inventory(self) -> None:
         try:
-            inventory = await self.core_call(self.dashboard.read_inventory)
+            inventory = await self.dashboard.read_inventory()
         except Exception as exc:
-            message = one_line(exc)
-            if message != self._poll_error:  # say it once, not every second
-                self._poll_error = message
-                self.notify(f"cannot read the inventory: {message}", severity="error",
-                            title="database", markup=False, timeout=15)
+            self.post_message(InventoryUnreadable(one_line(exc)))
             return
         finally:
             self._polling = False
-        self._poll_error = None
-        self.apply(inventory)
+        if inventory.any_change or self._first_load:
+            self.post_message(InventoryRead(inventory))
 
-    def apply(self, inventory: Inventory) -> None:
+    @on(InventoryUnreadable)
+    def _inventory_unreadable(self, event: InventoryUnreadable) -> None:
+        if event.error != self._poll_error:  # say it once, not every second
+            self._poll_error = event.error
+            self.notify(f"cannot read the inventory: {event.error}", severity="error",
+                        title="database", markup=False, timeout=15)
+
+    @on(InventoryRead)
+    def _inventory_read(self, event: InventoryRead) -> None:
+        self._poll_error = None
         table = self.table
-        before = table.selected_row()
-        table.apply(inventory)
+        if self._first_load:
+            table.warn_s = self.detail.warn_s = self.dashboard.warn_seconds()
+        table.apply(event.inventory)
         if self._first_load:
             self._first_load = False
             table.loading = False
-            table.warn_s = self.detail.warn_s = self.dashboard.warn_seconds()
             self.watch_health()
             self._start_metrics()
         self.health.set_counts(table.counts())
-        self._title()
-        after = table.selected_row()
-        if after is None or before is None or after.id != before.id or after is not before:
-            self._selection_changed(after)
-            self.refresh_bindings()  # what applies depends on the selection's state
-
-    def _spin(self) -> None:
-        self.table.spin()
-        if not self.table.busy:
-            self._spinner.pause()
 
     def tick(self) -> None:
+        """The clock moved: countdowns, ages, new metric samples, the detail shown."""
         if self._first_load:
             return
         self._ticks += 1
@@ -206,14 +173,18 @@ class MainScreen(Screen):
             self.table.refresh_metrics(changed)
         row = self.table.selected_row()
         if row is not None:
-            self.detail.show_overview(row, now)
+            self.detail.show_overview(row, self.dashboard.known_detail(row.id), now)
             self._refresh_tab(row, changed)
 
-    @work(exit_on_error=False, group="metrics")
-    async def _start_metrics(self) -> None:
-        await self.core_call(self.dashboard.seed_metrics)
-        self.table.refresh_metrics(self.dashboard.metrics.take_changed())
-        self.dashboard.start_sampler()
+    def start_spinner(self) -> None:
+        self._spinner.resume()
+
+    def _spin(self) -> None:
+        self.table.spin()
+        if not self.table.busy:
+            self._spinner.pause()
+
+    # -- backends and metrics ---------------------------------------------------------------
 
     def watch_health(self) -> None:
         self._check_health()
@@ -225,64 +196,83 @@ class MainScreen(Screen):
         statuses = []
         try:
             in_use = {r.backend for r in self.table.sandboxes.values()}
-            await self.core_call(self.dashboard.load_capabilities, in_use)
-            self.refresh_bindings()
-            names = await self.core_call(self.dashboard.watched_backends, in_use)
-            statuses = await self.core(self.dashboard.health(names))
+            await self.dashboard.load_capabilities(in_use)
+            self.post_message(CapabilitiesKnown())
+            names = await self.dashboard.watched_backends(in_use)
+            statuses = await self.dashboard.health(names)
         except Exception as exc:
             self.notify(f"health check failed: {one_line(exc)}", severity="warning",
                         markup=False)
         finally:
-            healthy = bool(statuses) and not any(s.state in ("down", "connecting")
-                                                 for s in statuses)
+            healthy = bool(statuses) and not any(health_state(s) == "down" for s in statuses)
             self.set_timer(self.health_every if healthy else self.health_retry,
                            self.watch_health)
         if statuses:
-            self.health.set_health(statuses)
+            self.post_message(HealthChecked(statuses))
 
-    def _title(self) -> None:
-        table = self.table
-        title = Text("sandboxes ", style="bold")
-        shown, total = table.row_count, len(table.sandboxes)
-        if table.filter_text:
-            title.append(f"  {shown} of {total} match ")
-            title.append(repr(table.filter_text), style="italic")
-        title.append(f"  sorted by {table.sort_column}{' ↓' if table.sort_reverse else ''}",
-                     style="dim")
-        if table.marked:
-            title.append(f"  {len(table.marked)} marked", style="bold yellow")
-        if self.dashboard.include_all:
-            title.append("  (destroyed shown)", style="dim")
-        if title != self._last_title:
-            self._last_title = title
-            table.border_title = title
+    @on(CapabilitiesKnown)
+    def _capabilities_known(self) -> None:
+        self.refresh_bindings()  # what applies depends on what the backends can do
+
+    @on(HealthChecked)
+    def _health_checked(self, event: HealthChecked) -> None:
+        self.health.set_health(event.statuses)
+        self.refresh_bindings()
+
+    @work(exit_on_error=False, group="metrics")
+    async def _start_metrics(self) -> None:
+        """The stored samples first, then (when sampling) every running sandbox's live ones
+        into the buffer, which the clock's tick draws, until the app ends."""
+        await self.dashboard.seed_metrics()
+        self.post_message(MetricsArrived(self.dashboard.metrics.take_changed()))
+        if self.dashboard.sample_metrics:
+            await self.dashboard.follow_metrics()
+
+    @on(MetricsArrived)
+    def _metrics_arrived(self, event: MetricsArrived) -> None:
+        self.table.refresh_metrics(event.sandbox_ids)
+
+    # -- the filter -------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        field = self.query_one("#filter", FilterInput)
+        field.add_class("visible")
+        field.focus()
+
+    @on(FilterInput.FilterChanged)
+    def _filter_changed(self, event: FilterInput.FilterChanged) -> None:
+        self.table.set_filter(event.text)
+
+    @on(FilterInput.FilterClosed)
+    def _filter_closed(self) -> None:
+        field = self.query_one("#filter", FilterInput)
+        if not field.value:
+            field.remove_class("visible")
+        self.table.focus()
 
     # -- the detail area --------------------------------------------------------------------
 
-    @on(DataTable.RowHighlighted, "#sandboxes")
-    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self._selection_changed(self.table.sandboxes.get(event.row_key.value))
-        self.refresh_bindings()
-
-    def _selection_changed(self, row: SandboxRow | None) -> None:
-        detail = self.detail
+    @on(SandboxTable.SelectionChanged)
+    def _selection_changed(self, event: SandboxTable.SelectionChanged) -> None:
+        row = event.row
         new_id = row.id if row else None
         changed = new_id != self._selected
         self._selected = new_id
+        detail = self.detail
         detail.select(new_id)
-        detail.show_overview(row, self.table.now)
+        detail.show_overview(row, self.dashboard.known_detail(new_id) if row else None,
+                             self.table.now)
         if row is not None and changed:
+            if self.dashboard.known_detail(row.id) is None:
+                self._load_detail(row)
             self._load_tab(row)
+        self.refresh_bindings()  # what applies depends on the selection's state
 
-    @on(TabbedContent.TabActivated, "#detail-tabs")
-    def _tab_activated(self) -> None:
+    @on(DetailPanel.TabShown)
+    def _tab_shown(self) -> None:
         row = self.table.selected_row()
         if row is not None:
             self._load_tab(row)
-
-    @on(Input.Changed, "#log-filter")
-    def _log_filter_changed(self) -> None:
-        self.detail.render_logs()
 
     def _refresh_tab(self, row: SandboxRow, changed_metrics: set[str]) -> None:
         tab = self.detail.active
@@ -293,7 +283,7 @@ class MainScreen(Screen):
         elif tab == "metrics" and row.id in changed_metrics:
             self._show_metrics(row.id)
         elif tab == "checkpoints" and self._ticks % 3 == 0:
-            self._load_checkpoints(row.id)
+            self._load_checkpoints(row)
 
     def _load_tab(self, row: SandboxRow) -> None:
         tab = self.detail.active
@@ -302,37 +292,60 @@ class MainScreen(Screen):
         elif tab == "logs":
             self._load_logs(row)
         elif tab == "metrics":
-            self._load_history(row.id)
+            self._load_history(row)
         elif tab == "checkpoints":
-            self._load_checkpoints(row.id)
+            self._load_checkpoints(row)
+
+    @work(exit_on_error=False, group="detail", exclusive=True)
+    async def _load_detail(self, row: SandboxRow) -> None:
+        self.post_message(DetailLoaded(row.id, await self.dashboard.detail(row)))
+
+    @on(DetailLoaded)
+    def _detail_loaded(self, event: DetailLoaded) -> None:
+        row = self.table.selected_row()
+        if row is not None and row.id == event.sandbox_id:
+            self.detail.show_overview(row, event.detail, self.table.now)
 
     @work(exit_on_error=False, group="events", exclusive=True)
     async def _load_events(self, sandbox_id: str) -> None:
         after = self.detail.events_after if self.detail.events_for == sandbox_id else 0
-        events = await self.core_call(self.dashboard.events, sandbox_id, after)
-        self.detail.add_events(sandbox_id, events)
+        self.post_message(EventsLoaded(sandbox_id,
+                                       await self.dashboard.events(sandbox_id, after)))
+
+    @on(EventsLoaded)
+    def _events_loaded(self, event: EventsLoaded) -> None:
+        self.detail.add_events(event.sandbox_id, event.events)
 
     @work(exit_on_error=False, group="logs", exclusive=True)
     async def _load_logs(self, row: SandboxRow) -> None:
+        from sandboxer_tui.model import available
+
         caps = self.dashboard.known_capabilities(row.backend)
         if not available("logs", row, caps):
             why = (f"the {row.backend} backend has no logs" if "logs" not in caps
                    else f"no logs: the sandbox is {row.state}")
-            self.detail.set_logs("", note=why)
+            self.post_message(LogsLoaded(row.id, "", note=why))
             return
         try:
-            text = await self.core(self.dashboard.logs_tail(row.id))
+            text = await self.dashboard.logs_tail(row)
         except Exception as exc:
-            self.detail.set_logs("", note=f"logs unavailable: {one_line(exc)}")
+            self.post_message(LogsLoaded(row.id, "", note=f"logs unavailable: {one_line(exc)}"))
             return
-        if self.detail.sandbox_id == row.id:
-            self.detail.set_logs(text)
+        self.post_message(LogsLoaded(row.id, text))
+
+    @on(LogsLoaded)
+    def _logs_loaded(self, event: LogsLoaded) -> None:
+        if self.detail.sandbox_id == event.sandbox_id:
+            self.detail.set_logs(event.text, note=event.note)
 
     @work(exit_on_error=False, group="history", exclusive=True)
-    async def _load_history(self, sandbox_id: str) -> None:
-        self._history[sandbox_id] = await self.core_call(self.dashboard.metric_history,
-                                                         sandbox_id)
-        self._show_metrics(sandbox_id)
+    async def _load_history(self, row: SandboxRow) -> None:
+        self.post_message(HistoryLoaded(row.id, await self.dashboard.metric_history(row)))
+
+    @on(HistoryLoaded)
+    def _history_loaded(self, event: HistoryLoaded) -> None:
+        self._history[event.sandbox_id] = event.history
+        self._show_metrics(event.sandbox_id)
 
     def _show_metrics(self, sandbox_id: str) -> None:
         if self.detail.sandbox_id == sandbox_id:
@@ -340,79 +353,25 @@ class MainScreen(Screen):
                                     self.dashboard.metrics.series(sandbox_id))
 
     @work(exit_on_error=False, group="checkpoints", exclusive=True)
-    async def _load_checkpoints(self, sandbox_id: str) -> None:
-        nodes = await self.core_call(self.dashboard.checkpoint_tree, sandbox_id)
-        if self.detail.sandbox_id == sandbox_id:
-            self.detail.set_checkpoints(nodes, sandbox_id)
+    async def _load_checkpoints(self, row: SandboxRow) -> None:
+        self.post_message(CheckpointsLoaded(row.id, await self.dashboard.checkpoint_tree(row)))
 
-    # -- which actions apply ----------------------------------------------------------------
+    @on(CheckpointsLoaded)
+    def _checkpoints_loaded(self, event: CheckpointsLoaded) -> None:
+        if self.detail.sandbox_id == event.sandbox_id:
+            self.detail.set_checkpoints(event.nodes, event.sandbox_id)
 
-    def _has_shell(self, row: SandboxRow) -> bool:
-        key = (row.id, row.state)
-        if key not in self._shell_cache:
-            self._shell_cache[key] = shell_argv(row.raw) is not None
-        return self._shell_cache[key]
+    # -- how an action ended ----------------------------------------------------------------
 
-    def applies(self, action: str) -> bool:
-        if action in MUTATING and self.read_only:
-            return False
-        if action not in ROW_ACTIONS:
-            return True
-        table = self.table
-        targets = ([table.selected_row()] if action in SINGLE_ROW else table.targets())
-        targets = [t for t in targets if t is not None]
-        if action == "mark":
-            return bool(targets)
-        return any(available(action, t, self.dashboard.known_capabilities(t.backend),
-                             self._has_shell(t) if action == "shell" else False)
-                   for t in targets)
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return self.applies(action)
-
-    def _targets(self, action: str) -> list[SandboxRow]:
-        return [t for t in self.table.targets()
-                if available(action, t, self.dashboard.known_capabilities(t.backend))]
-
-    # -- running an action ------------------------------------------------------------------
-
-    def tell(self, outcome: Outcome, title: str) -> None:
-        self.notify(outcome.message(), title=title, severity=outcome.severity,  # type: ignore[arg-type]
+    @on(ActionFinished)
+    def _action_finished(self, event: ActionFinished) -> None:
+        outcome = event.outcome
+        self.notify(outcome.message(), title=event.title,
+                    severity=outcome.severity,  # type: ignore[arg-type]
                     markup=False, timeout=12 if outcome.failed else 5)
-
-    @work(exit_on_error=False, group="actions")
-    async def perform(self, title: str, busy: str, ids: list[str],
-                         make: Callable[[], Awaitable[Outcome]]) -> Outcome:
-        """Show progress in the rows, run the action on the core, tell how it ended."""
-        self.table.set_busy(ids, busy)
-        self._spinner.resume()
-        try:
-            outcome = await self.core(make())
-        finally:
-            self.table.set_busy(ids, None)
-        self.tell(outcome, title)
         self.poll()
-        return outcome
-
-    # -- the actions ------------------------------------------------------------------------
-
-    @work(exit_on_error=False, group="actions")
-    async def action_new(self) -> None:
-        if self.read_only:
-            return
-        from core.dashboard import profile_choices
-
-        choices = await self.core_call(profile_choices)
-        args = await self.app.push_screen_wait(ProfilePicker(choices, self.new_labels))
-        if args is None:
-            return
-        self.notify(f"creating a sandbox from profile {args.profile}…", title="New",
-                    markup=False, timeout=3)
-        outcome = await self.core(self.dashboard.create(args))
-        self.tell(outcome, "New")
-        self.poll()
-        if outcome.result:
-            self._select_when_shown(outcome.result["id"])
+        if event.select:
+            self._select_when_shown(event.select)
 
     @work(exit_on_error=False, group="select", exclusive=True)
     async def _select_when_shown(self, sandbox_id: str) -> None:
@@ -421,200 +380,3 @@ class MainScreen(Screen):
                 self.table.move_cursor(row=self.table.get_row_index(sandbox_id))
                 return
             await asyncio.sleep(0.1)
-
-    def action_destroy(self) -> None:
-        targets = self._targets("destroy")
-        if self.read_only or not targets:
-            return
-        ids = [t.id for t in targets]
-        title = (f"Destroy {targets[0].id}" + (f" ({targets[0].name})" if targets[0].name else "")
-                 + "?") if len(ids) == 1 else f"Destroy these {len(ids)} sandboxes?"
-
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.perform("Destroy", "destroying", ids,
-                                lambda: self.dashboard.destroy(ids))
-                self.table.clear_marks()
-                self._title()
-
-        self.app.push_screen(ConfirmScreen(title, targets, equivalent_command("destroy", ids)),
-                             confirmed)
-
-    def _extend(self, by: timedelta) -> None:
-        ids = [t.id for t in self._targets("extend")]
-        if ids and not self.read_only:
-            self.perform("Extend", "extending", ids, lambda: self.dashboard.extend(ids, by))
-
-    def action_extend(self) -> None:
-        self._extend(self.extend_step)
-
-    def action_extend_by(self) -> None:
-        from core.durations import format_duration, parse_duration
-
-        ids = [t.id for t in self._targets("extend")]
-        if not ids or self.read_only:
-            return
-
-        def chosen(text: str | None) -> None:
-            if text:
-                self._extend(parse_duration(text))
-
-        hint = equivalent_command("extend", ids[:1], "DUR") + (" (each)" if len(ids) > 1 else "")
-        self.app.push_screen(DurationScreen(f"Extend {len(ids)} sandbox(es) by",
-                                            format_duration(self.extend_step), hint), chosen)
-
-    def action_touch(self) -> None:
-        ids = [t.id for t in self._targets("touch")]
-        if ids and not self.read_only:
-            self.perform("Touch", "touching", ids, lambda: self.dashboard.touch(ids))
-
-    def action_pause(self) -> None:
-        ids = [t.id for t in self._targets("pause")]
-        if ids and not self.read_only:
-            self.perform("Pause/resume", "pausing", ids,
-                            lambda: self.dashboard.pause_or_resume(ids))
-
-    def action_snapshot(self) -> None:
-        ids = [t.id for t in self._targets("snapshot")]
-        if ids and not self.read_only:
-            self.perform("Snapshot", "snapshot", ids, lambda: self.dashboard.snapshot(ids))
-
-    @work(exit_on_error=False, group="actions")
-    async def action_restore(self) -> None:
-        row = self.table.selected_row()
-        if row is None or self.read_only:
-            return
-        checkpoints = await self.core_call(self.dashboard.checkpoints, row.id)
-        if not checkpoints:
-            self.notify(f"{row.id} has no checkpoint yet: s takes one", title="Restore",
-                        severity="warning", markup=False)
-            return
-        label = row.id + (f" ({row.name})" if row.name else "")
-        preselect = self.detail.highlighted_checkpoint if self.detail.active == "checkpoints" \
-            else None
-        chosen = await self.app.push_screen_wait(CheckpointPicker(checkpoints, label, preselect))
-        if not chosen:
-            return
-        outcome = await self.core(self.dashboard.restore(chosen))
-        self.tell(outcome, "Restore")
-        self.poll()
-        if outcome.result:
-            self._select_when_shown(outcome.result["id"])
-
-    def action_exec(self) -> None:
-        row = self.table.selected_row()
-        if row is not None and not self.read_only and self.applies("exec"):
-            self.app.push_screen(ExecScreen(self.dashboard, row))
-
-    def action_shell(self) -> None:
-        from textual.app import SuspendNotSupported
-
-        row = self.table.selected_row()
-        if row is None or self.read_only:
-            return
-        argv = shell_argv(row.raw)
-        if argv is None:
-            self.notify(f"no interactive shell for the {row.backend} backend here; "
-                        "x runs a command", title="Shell", severity="warning", markup=False)
-            return
-        command = " ".join(argv)
-        try:
-            with self.app.suspend():
-                print(f"sbx: a shell in {row.id}; exit it to return to the dashboard",
-                      flush=True)
-                code = subprocess.run(argv).returncode
-        except SuspendNotSupported:
-            self.notify("this terminal cannot hand over to a shell; x runs a command",
-                        title="Shell", severity="warning", markup=False)
-            return
-        except OSError as exc:
-            self.dashboard.record_error(command, exc)
-            self.notify(one_line(exc), title="Shell", severity="error", markup=False)
-            return
-        self.dashboard.record(Outcome("shell in", [row.id], command=command,
-                                      notes=[f"exit {code}"] if code else []))
-        self.perform("Shell", "touching", [row.id], lambda: self.dashboard.touch([row.id]))
-
-    def action_logs(self) -> None:
-        self.detail.activate("logs")
-
-    def action_tab(self, tab: str) -> None:
-        self.detail.activate(tab)
-
-    def action_filter(self) -> None:
-        field = self.query_one("#filter", FilterInput)
-        field.add_class("visible")
-        field.focus()
-
-    def hide_filter(self) -> None:
-        field = self.query_one("#filter", FilterInput)
-        if not field.value:
-            field.remove_class("visible")
-        self.table.focus()
-
-    @on(Input.Changed, "#filter")
-    def _filter_changed(self, event: Input.Changed) -> None:
-        self.table.set_filter(event.value.strip())
-        self._title()
-        self._selection_changed(self.table.selected_row())
-
-    @on(Input.Submitted, "#filter")
-    def _filter_submitted(self) -> None:
-        self.hide_filter()
-
-    def action_mark(self) -> None:
-        sid = self.table.selected_id
-        if sid is None:
-            return
-        self.table.toggle_mark(sid)
-        if self.table.cursor_row < self.table.row_count - 1:
-            self.table.move_cursor(row=self.table.cursor_row + 1)
-        self._title()
-        self.refresh_bindings()
-
-    def action_clear_marks(self) -> None:
-        if self.table.marked:
-            self.table.clear_marks()
-            self._title()
-            self.refresh_bindings()
-
-    def action_sort(self) -> None:
-        index = SORT_COLUMNS.index(self.table.sort_column)
-        self.table.set_sort(SORT_COLUMNS[(index + 1) % len(SORT_COLUMNS)],
-                            self.table.sort_reverse)
-        self._title()
-
-    def action_sort_reverse(self) -> None:
-        self.table.set_sort(self.table.sort_column, not self.table.sort_reverse)
-        self._title()
-
-    @on(DataTable.HeaderSelected, "#sandboxes")
-    def _header_selected(self, event: DataTable.HeaderSelected) -> None:
-        column = HEADER_SORT.get(event.column_key.value, "created")
-        reverse = not self.table.sort_reverse if column == self.table.sort_column else False
-        self.table.set_sort(column, reverse)
-        self._title()
-
-    def action_toggle_all(self) -> None:
-        self.dashboard.include_all = not self.dashboard.include_all
-        self._title()
-        self.poll()
-
-    def action_command_log(self) -> None:
-        self.app.push_screen(CommandLogScreen(list(self.dashboard.command_log)))
-
-    def action_help(self) -> None:
-        rows = []
-        for binding in self.BINDINGS:
-            assert isinstance(binding, Binding)
-            action = binding.action.split("(")[0]
-            key = {"slash": "/", "space": "space", "question_mark": "?",
-                   "escape": "escape"}.get(binding.key, binding.key)
-            if action in MUTATING and self.read_only:
-                continue
-            rows.append((key, binding.description, self.applies(action)))
-        rows.append(("ctrl+p", "Command palette", True))
-        self.app.push_screen(HelpScreen(rows))
-
-    async def action_quit(self) -> None:
-        self.app.exit()

@@ -3,8 +3,8 @@ a checkpoint to restore."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -16,8 +16,14 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from core.dashboard import CreateArgs, ProfileChoice, human_bytes, parse_create_args
-from core.errors import BadInput
+from sandboxer import BadInput
+from sandboxer_tui.formatting import human_bytes
+from sandboxer_tui.model import CreateArgs, ProfileChoice, parse_create_args
+
+if TYPE_CHECKING:
+    from sandboxer import AsyncCheckpoint
+
+READY = "ready"  # the one checkpoint state that can be restored
 
 
 def summary_table(choice: ProfileChoice) -> Table:
@@ -137,10 +143,10 @@ class CheckpointPicker(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, checkpoints: Sequence[Mapping[str, Any]], sandbox_label: str,
+    def __init__(self, checkpoints: Sequence[AsyncCheckpoint], sandbox_label: str,
                  preselect: str | None = None) -> None:
         super().__init__()
-        self.checkpoints = sorted(checkpoints, key=lambda c: c["created_at"], reverse=True)
+        self.checkpoints = sorted(checkpoints, key=lambda c: c.created_at, reverse=True)
         self.sandbox_label = sandbox_label
         self.preselect = preselect
 
@@ -150,20 +156,19 @@ class CheckpointPicker(ModalScreen[str | None]):
                              style="bold"))
             options = []
             for ckpt in self.checkpoints:
-                text = Text(ckpt["id"], style="bold")
-                if ckpt.get("name"):
-                    text.append(f" {ckpt['name']}")
-                text.append(f"  {ckpt['created_at'][:19].replace('T', ' ')}"
-                            f"  {human_bytes(ckpt.get('size_bytes'))}  {ckpt['state']}",
-                            style="dim")
-                options.append(Option(text, id=ckpt["id"], disabled=ckpt["state"] != "ready"))
+                text = Text(ckpt.id, style="bold")
+                if ckpt.name:
+                    text.append(f" {ckpt.name}")
+                text.append(f"  {ckpt.created_at.strftime('%Y-%m-%d %H:%M:%S')}"
+                            f"  {human_bytes(ckpt.size_bytes)}  {ckpt.state}", style="dim")
+                options.append(Option(text, id=ckpt.id, disabled=ckpt.state != READY))
             yield OptionList(*options, id="checkpoint-list")
             yield Static(Text("Enter restores; sbx restore CHECKPOINT does the same.",
                               style="dim"))
 
     def on_mount(self) -> None:
         options = self.query_one("#checkpoint-list", OptionList)
-        ids = [c["id"] for c in self.checkpoints]
+        ids = [c.id for c in self.checkpoints]
         if self.preselect in ids:
             options.highlighted = ids.index(self.preselect)
         elif ids:

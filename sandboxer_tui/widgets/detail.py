@@ -1,7 +1,8 @@
 """The selected sandbox in tabs: overview, logs, events, metrics, checkpoints.
 
-The app loads each tab's data through the core (in workers) and hands it here; this module
-only draws. User data is always `rich.text.Text`, never markup.
+The screen loads each tab's data through the library (in workers) and hands it here; this
+module only draws. It tells the screen which tab is shown (`TabShown`) and filters its own
+logs. User data is always `rich.text.Text`, never markup.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 
 from rich.table import Table
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.widgets import (
     Checkbox,
     DataTable,
@@ -27,69 +30,70 @@ from textual.widgets import (
     Tree,
 )
 
-from core.clock import from_iso
-from core.dashboard import SandboxRow, human_bytes, human_duration, ttl_level
+from sandboxer import Event, MetricSample
+from sandboxer_tui.formatting import compact_duration, human_bytes
+from sandboxer_tui.model import SandboxDetail, SandboxRow, ttl_level
 from sandboxer_tui.widgets.table import STATE_STYLES, TTL_STYLES
 
 TABS = ("overview", "logs", "events", "metrics", "checkpoints")
 HIGHLIGHT = "bold black on yellow"
 
 
-def _time(iso: str | None, now: datetime | None, future: bool = False) -> Text:
-    if not iso:
+def _time(moment: datetime | None, now: datetime | None, future: bool = False) -> Text:
+    if moment is None:
         return Text("-", style="dim")
-    moment = from_iso(iso)
     text = Text(moment.strftime("%Y-%m-%d %H:%M:%S"))
     if now is not None:
         delta = (moment - now).total_seconds()
         if future:
-            text.append(f"  in {human_duration(delta)}" if delta > 0 else "  passed",
+            text.append(f"  in {compact_duration(delta)}" if delta > 0 else "  passed",
                         style="dim")
         else:
-            text.append(f"  {human_duration(-delta)} ago", style="dim")
+            text.append(f"  {compact_duration(-delta)} ago", style="dim")
     return text
 
 
-def overview_table(row: SandboxRow, now: datetime | None, warn_s: float) -> Table:
-    raw = row.raw
-    profile = json.loads(raw.get("profile_json") or "{}")
+def overview_table(row: SandboxRow, detail: SandboxDetail | None, now: datetime | None,
+                   warn_s: float) -> Table:
+    box = row.record
+    profile = detail.profile if detail is not None else {}
     resources = profile.get("resources") or {}
     network = profile.get("network") or {}
     left = row.ttl_left(now) if now else None
     level = ttl_level(left, warn_s)
     ttl = Text("-", style="dim") if level is None else Text(
-        "expired" if level == "expired" else human_duration(left), style=TTL_STYLES[level])
+        "expired" if level == "expired" else compact_duration(left), style=TTL_STYLES[level])
     labels = Text(", ".join(f"{k}={v}" for k, v in row.labels.items()) or "-")
-    idle = raw.get("idle_timeout_s")
+    idle = box.idle_timeout
     pairs_left = [
         ("id", Text(row.id)),
         ("name", Text(row.name or "-")),
         ("state", Text(row.state, style=STATE_STYLES.get(row.state, ""))),
         ("profile", Text(row.profile)),
         ("backend", Text(row.backend)),
-        ("backend ref", Text((raw.get("backend_ref") or "-")[:40])),
+        ("backend ref", Text((box.backend_ref or "-")[:40])),
         ("owner", Text(row.owner)),
-        ("host", Text(raw.get("host") or "-")),  # the machine that made it (fleets)
+        ("host", Text(box.host or "-")),  # the machine that made it (fleets)
         ("task", Text(row.task or "-")),
         ("labels", labels),
     ]
     pairs_right = [
-        ("created", _time(raw.get("created_at"), now)),
+        ("created", _time(box.created_at, now)),
         ("ttl left", ttl),
-        ("deadline", _time(raw.get("deadline"), now, future=True)),
-        ("hard deadline", _time(raw.get("hard_deadline"), now, future=True)),
-        ("idle limit", Text(human_duration(idle) if idle else "-")),
-        ("last activity", _time(raw.get("last_activity_at"), now)),
+        ("deadline", _time(box.deadline, now, future=True)),
+        ("hard deadline", _time(box.hard_deadline, now, future=True)),
+        ("idle limit", Text(compact_duration(idle) if idle else "-")),
+        ("last activity", _time(box.last_activity_at, now)),
         ("limits", Text(f"cpu {resources.get('cpu', '-')}  memory "
                         f"{human_bytes(resources.get('memory')) if resources.get('memory') else '-'}"
                         f"  pids {resources.get('pids') or '-'}")),
         ("network", Text(network.get("mode", "-") + (
             f" (allow {', '.join(network['allow'])})" if network.get("allow") else ""))),
     ]
-    if raw.get("restored_from"):
-        pairs_right.append(("restored from", Text(raw["restored_from"])))
-    if raw.get("ended_at"):
-        pairs_right.append(("ended", _time(raw["ended_at"], now)))
+    if detail is not None and detail.origin:
+        pairs_right.append(("restored from", Text(detail.origin)))
+    if box.ended_at:
+        pairs_right.append(("ended", _time(box.ended_at, now)))
     if row.error:
         pairs_left.append(("error", Text(row.error, style="red")))
     grid = Table.grid(padding=(0, 2), expand=True)
@@ -135,6 +139,13 @@ def metric_summary(title: str, values: Sequence[float], fmt, extra: str = "") ->
 
 
 class DetailPanel(Vertical):
+    class TabShown(Message):
+        """A tab came to the front: its data is to be loaded."""
+
+        def __init__(self, tab: str) -> None:
+            super().__init__()
+            self.tab = tab
+
     DEFAULT_CSS = """
     DetailPanel { height: 1fr; }
     DetailPanel #log-bar { height: 3; }
@@ -182,6 +193,16 @@ class DetailPanel(Vertical):
             events.add_column(label, key=key)
         self.query_one("#ckpt-tree", Tree).show_root = False
 
+    @on(TabbedContent.TabActivated, "#detail-tabs")
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        event.stop()
+        self.post_message(self.TabShown(self.active))
+
+    @on(Input.Changed, "#log-filter")
+    def _log_filter_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.render_logs()
+
     @property
     def active(self) -> str:
         return self.query_one("#detail-tabs", TabbedContent).active
@@ -191,13 +212,14 @@ class DetailPanel(Vertical):
 
     # -- overview ---------------------------------------------------------------------------
 
-    def show_overview(self, row: SandboxRow | None, now: datetime | None) -> None:
+    def show_overview(self, row: SandboxRow | None, detail: SandboxDetail | None,
+                      now: datetime | None) -> None:
         body = self.query_one("#overview-body", Static)
         if row is None:
             body.update(Text("no sandbox selected", style="dim"))
             self._overview_shape = None
             return
-        grid = overview_table(row, now, self.warn_s)
+        grid = overview_table(row, detail, now, self.warn_s)
         shape = (row.id, grid.row_count)  # the same shape: only the values move (no layout)
         body.update(grid, layout=shape != self._overview_shape)
         self._overview_shape = shape
@@ -247,35 +269,33 @@ class DetailPanel(Vertical):
 
     # -- events -----------------------------------------------------------------------------
 
-    def add_events(self, sandbox_id: str, events: Sequence[Mapping[str, Any]]) -> None:
+    def add_events(self, sandbox_id: str, events: Sequence[Event]) -> None:
         if sandbox_id != self.events_for:
             return
         table = self.query_one("#events-table", DataTable)
         for event in events:
-            if event["id"] <= self.events_after:
+            if event.id <= self.events_after:
                 continue
-            table.add_row(Text(event["time"][:19].replace("T", " ")), Text(event["type"]),
-                          Text(event["actor"]), Text(event["reason"] or ""),
-                          event_details(event["payload"]), key=str(event["id"]))
-            self.events_after = event["id"]
+            table.add_row(Text(event.time.strftime("%Y-%m-%d %H:%M:%S")), Text(str(event.type)),
+                          Text(event.actor), Text(str(event.reason or "")),
+                          event_details(event.payload), key=str(event.id))
+            self.events_after = event.id
         if events:
             table.move_cursor(row=table.row_count - 1, animate=False)
 
     # -- metrics ----------------------------------------------------------------------------
 
-    def set_metrics(self, history: Sequence[Mapping[str, Any]],
-                    live: Sequence[Mapping[str, Any]]) -> None:
-        by_time = {s["time"]: s for s in history}
-        by_time.update({s["time"]: s for s in live})
+    def set_metrics(self, history: Sequence[MetricSample], live: Sequence[MetricSample]) -> None:
+        by_time = {s.time: s for s in history}
+        by_time.update({s.time: s for s in live})
         samples = [by_time[t] for t in sorted(by_time)]
-        cpu = [s["cpu_pct"] for s in samples if s.get("cpu_pct") is not None]
-        mem = [s["memory_bytes"] for s in samples if s.get("memory_bytes") is not None]
+        cpu = [s.cpu_pct for s in samples if s.cpu_pct is not None]
+        mem = [s.memory_bytes for s in samples if s.memory_bytes is not None]
         span = ""
         if len(samples) > 1:
-            seconds = (from_iso(samples[-1]["time"]) - from_iso(samples[0]["time"])).total_seconds()
-            span = f"{len(samples)} samples over {human_duration(seconds)}"
-        limit = next((s.get("memory_limit") for s in reversed(samples)
-                      if s.get("memory_limit")), None)
+            seconds = (samples[-1].time - samples[0].time).total_seconds()
+            span = f"{len(samples)} samples over {compact_duration(seconds)}"
+        limit = next((s.memory_limit for s in reversed(samples) if s.memory_limit), None)
         self.query_one("#cpu-label", Static).update(
             metric_summary("CPU", cpu, lambda v: f"{v:.1f}%", span), layout=False)
         self.query_one("#cpu-spark", Sparkline).data = cpu[-120:]
@@ -287,9 +307,9 @@ class DetailPanel(Vertical):
         if samples:
             last = samples[-1]
             other.append("pids ", style="bold")
-            other.append(str(last.get("pids") if last.get("pids") is not None else "-"))
+            other.append(str(last.pids if last.pids is not None else "-"))
             other.append("   network ", style="bold")
-            rx, tx = last.get("net_rx_bytes"), last.get("net_tx_bytes")
+            rx, tx = last.net_rx_bytes, last.net_tx_bytes
             other.append("-" if rx is None else f"rx {human_bytes(rx)} tx {human_bytes(tx)}")
         self.query_one("#other-label", Static).update(other, layout=False)
 

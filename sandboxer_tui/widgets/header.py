@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from rich.text import Text
 from textual.widgets import Static
 
-from core.dashboard import BackendStatus
+from sandboxer import BackendStatus, State
+from sandboxer_tui.model import health_state
 
 BADGES = {  # state -> (symbol, words, style)
     "connecting": ("◌", "connecting…", "dim"),
@@ -21,7 +22,8 @@ BADGES = {  # state -> (symbol, words, style)
 def health_text(statuses: Sequence[BackendStatus]) -> Text:
     text = Text()
     for status in statuses:
-        symbol, words, style = BADGES.get(status.state, ("?", status.state, ""))
+        state = health_state(status)
+        symbol, words, style = BADGES.get(state, ("?", state, ""))
         if text:
             text.append("  ")
         text.append(f"{status.name} ", style="bold")
@@ -36,7 +38,8 @@ def counts_text(counts: Mapping[str, int], loaded: bool) -> Text:
         return Text("loading…", style="dim")
     total = sum(counts.values())
     text = Text(f"{total} sandbox{'es' if total != 1 else ''}")
-    for state in ("running", "paused", "creating", "destroying", "failed", "lost"):
+    for state in (State.RUNNING, State.PAUSED, State.CREATING, State.DESTROYING,
+                  State.FAILED, State.LOST):
         if counts.get(state):
             text.append(f" · {counts[state]} {state}", style="dim")
     return text

@@ -1,8 +1,10 @@
 """The sandbox table: one row per sandbox, keyed by id, updated cell by cell in place.
 
 Cells hold `rich.text.Text` (user data is never parsed as markup). The table keeps every row
-of the inventory (`rows`) and shows those matching the filter, in the chosen order, sorted on
-raw values (seconds, bytes, percent) through `core.dashboard.sort_key`.
+of the inventory (`sandboxes`) and shows those matching the filter, in the chosen order, sorted
+on raw values (seconds, bytes, percent) through `sandboxer_tui.model.sort_key`. It titles
+itself (how many match, the sort, the marks) and tells its screen when the selected sandbox
+changed (`SelectionChanged`).
 """
 
 from __future__ import annotations
@@ -12,16 +14,16 @@ from datetime import datetime
 from typing import Any
 
 from rich.text import Text
+from textual.message import Message
 from textual.widgets import DataTable
 
-from core.dashboard import (
+from sandboxer import MetricSample, State
+from sandboxer_tui.formatting import compact_age, compact_duration, human_bytes
+from sandboxer_tui.model import (
     SORT_COLUMNS,
     Inventory,
     MetricsBuffer,
     SandboxRow,
-    human_age,
-    human_bytes,
-    human_duration,
     matches,
     short_id_length,
     sort_key,
@@ -29,9 +31,9 @@ from core.dashboard import (
     ttl_level,
 )
 
-STATE_STYLES = {"running": "green", "paused": "cyan", "creating": "blue",
-                "destroying": "magenta", "destroyed": "dim", "failed": "bold red",
-                "lost": "red"}
+STATE_STYLES = {State.RUNNING: "green", State.PAUSED: "cyan", State.CREATING: "blue",
+                State.DESTROYING: "magenta", State.DESTROYED: "dim", State.FAILED: "bold red",
+                State.LOST: "red"}
 TTL_STYLES = {"ok": "", "warning": "yellow", "critical": "bold red",
               "expired": "bold white on red"}
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -74,39 +76,47 @@ def ttl_cell(row: SandboxRow, now: datetime, warn_s: float) -> Text:
         return Text("-", style="dim")
     if level == "expired":
         return Text("expired", style=TTL_STYLES[level])
-    return Text(human_duration(left), style=TTL_STYLES[level])
+    return Text(compact_duration(left), style=TTL_STYLES[level])
 
 
-def metric_cells(series: list[dict[str, Any]]) -> tuple[Text, Text]:
+def metric_cells(series: list[MetricSample]) -> tuple[Text, Text]:
     if not series:
         return Text("-", style="dim"), Text("-", style="dim")
     last = series[-1]
-    cpu_values = [s["cpu_pct"] for s in series]
-    mem_values = [s["memory_bytes"] for s in series]
+    cpu_values = [s.cpu_pct for s in series]
+    mem_values = [s.memory_bytes for s in series]
     cpu = Text()
-    if last["cpu_pct"] is not None:  # scaled to the window's peak, at least 10 % of a core
+    if last.cpu_pct is not None:  # scaled to the window's peak, at least 10 % of a core
         cpu.append(sparkline(cpu_values, SPARK_WIDTH, top=max(10.0, *[
             v for v in cpu_values if v is not None])), style="green")
-        cpu.append(f" {last['cpu_pct']:.0f}%")
+        cpu.append(f" {last.cpu_pct:.0f}%")
     else:
         cpu.append("-", style="dim")
     mem = Text()
-    if last["memory_bytes"] is not None:  # to the window's peak, at least a quarter of the limit
+    if last.memory_bytes is not None:  # to the window's peak, at least a quarter of the limit
         peak = max(v for v in mem_values if v is not None)
-        top = max(peak, (last.get("memory_limit") or 0) / 4)
+        top = max(peak, (last.memory_limit or 0) / 4)
         mem.append(sparkline(mem_values, SPARK_WIDTH, top=top), style="cyan")
-        mem.append(f" {human_bytes(last['memory_bytes'])}")
+        mem.append(f" {human_bytes(last.memory_bytes)}")
     else:
         mem.append("-", style="dim")
     return cpu, mem
 
 
 class SandboxTable(DataTable):
-    """Every sandbox, live. The app feeds it `Inventory` reads and ticks."""
+    """Every sandbox, live. The screen feeds it `Inventory` reads and ticks."""
 
     DEFAULT_CSS = """
     SandboxTable { scrollbar-size-vertical: 1; }
     """
+
+    class SelectionChanged(Message):
+        """The sandbox under the cursor is another one, or its record changed (`row` is
+        None when no row is shown)."""
+
+        def __init__(self, row: SandboxRow | None) -> None:
+            super().__init__()
+            self.row = row
 
     def __init__(self, warn_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
@@ -120,13 +130,59 @@ class SandboxTable(DataTable):
         self.metrics: MetricsBuffer | None = None
         self.now: datetime | None = None
         self.loaded = False
+        self._show_destroyed = False
         self._id_len = 14
         self._frame = 0
         self._shown_text: dict[tuple[str, str], tuple[str, str]] = {}
+        self._announced: SandboxRow | None = None
+        self._last_title: Text | None = None
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
             self.add_column(label, key=key, width=width)
+        self._title()
+
+    # -- what it tells its screen -----------------------------------------------------------
+
+    def _announce_selection(self) -> None:
+        row = self.selected_row()
+        if row is not self._announced:
+            self._announced = row
+            self.post_message(self.SelectionChanged(row))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._announce_selection()
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        """A click on a column header sorts by it (again: the other way)."""
+        event.stop()
+        column = HEADER_SORT.get(event.column_key.value, "created")
+        self.set_sort(column, not self.sort_reverse if column == self.sort_column else False)
+
+    @property
+    def show_destroyed(self) -> bool:
+        return self._show_destroyed
+
+    @show_destroyed.setter
+    def show_destroyed(self, show: bool) -> None:
+        self._show_destroyed = show
+        self._title()
+
+    def _title(self) -> None:
+        title = Text("sandboxes ", style="bold")
+        shown, total = self.row_count, len(self.sandboxes)
+        if self.filter_text:
+            title.append(f"  {shown} of {total} match ")
+            title.append(repr(self.filter_text), style="italic")
+        title.append(f"  sorted by {self.sort_column}{' ↓' if self.sort_reverse else ''}",
+                     style="dim")
+        if self.marked:
+            title.append(f"  {len(self.marked)} marked", style="bold yellow")
+        if self._show_destroyed:
+            title.append("  (destroyed shown)", style="dim")
+        if title != self._last_title:
+            self._last_title = title
+            self.border_title = title
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -182,7 +238,7 @@ class SandboxTable(DataTable):
             "backend": Text(row.backend),
             "state": state_cell(row, self.busy.get(row.id), self._frame),
             "owner": Text(clip(row.owner, OWNER_WIDTH)),
-            "age": Text(human_age(row.age(now)) if now else "", style="dim"),
+            "age": Text(compact_age(row.age(now)) if now else "", style="dim"),
             "ttl": ttl_cell(row, now, self.warn_s) if now else Text(""),
             "cpu": cpu,
             "mem": mem,
@@ -217,12 +273,22 @@ class SandboxTable(DataTable):
         """Bring the table in line with one inventory read, cell by cell."""
         self.now = inventory.now
         self.sandboxes = inventory.rows
+        rebuilt = False
         if inventory.added or inventory.removed or not self.loaded:
             new_len = short_id_length(self.sandboxes) if self.sandboxes else 14
             if new_len != self._id_len:
                 self._id_len = new_len
+                self.marked &= self.sandboxes.keys()
                 self.rebuild()
-                return
+                rebuilt = True
+        if not rebuilt:
+            self._apply_changes(inventory)
+        self.loaded = True
+        self.tick(inventory.now)
+        self._title()
+        self._announce_selection()
+
+    def _apply_changes(self, inventory: Inventory) -> None:
         shown = set(self.shown_ids)
         order_changed = False
         for sid in inventory.removed:
@@ -242,8 +308,6 @@ class SandboxTable(DataTable):
                 order_changed = True
         if order_changed and (self.sort_column != "created" or self.sort_reverse):
             self.resort()
-        self.loaded = True
-        self.tick(inventory.now)
 
     def visible_ids(self) -> list[str]:
         """The rows on screen now (and one more): only these need their clock cells redrawn;
@@ -266,7 +330,7 @@ class SandboxTable(DataTable):
         for sid in self.visible_ids():
             row = self.sandboxes.get(sid)
             if row is not None:
-                self._set(sid, "age", Text(human_age(row.age(now)), style="dim"))
+                self._set(sid, "age", Text(compact_age(row.age(now)), style="dim"))
                 self._set(sid, "ttl", ttl_cell(row, now, self.warn_s))
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
@@ -309,23 +373,28 @@ class SandboxTable(DataTable):
             self.marked.add(sandbox_id)
         if sandbox_id in self.sandboxes:
             self._set(sandbox_id, "id", self._id_cell(self.sandboxes[sandbox_id]))
+        self._title()
 
     def clear_marks(self) -> None:
         marked, self.marked = self.marked, set()
         for sid in marked:
             if sid in self.sandboxes and self.is_shown(sid):
                 self._set(sid, "id", self._id_cell(self.sandboxes[sid]))
+        self._title()
 
     def set_filter(self, text: str) -> None:
         if text != self.filter_text:
             self.filter_text = text
             self.rebuild()
+        self._title()
+        self._announce_selection()
 
     def set_sort(self, column: str, reverse: bool = False) -> None:
         if column not in SORT_COLUMNS:
             raise ValueError(column)
         self.sort_column, self.sort_reverse = column, reverse
         self.resort()
+        self._title()
 
     def _key(self, cell: IdCell) -> tuple:
         latest = self.metrics.latest(cell.sandbox_id) if self.metrics else None

@@ -1,6 +1,6 @@
 """Fixtures of the dashboard tests: the test's own SBX_HOME (from tests/conftest.py), a
-`stub` profile in the test's own profile folder, a frozen clock, and a Dashboard over a
-Manager whose stub can do every action."""
+`stub` profile in the test's own profile folder, a frozen clock, and the dashboard's model
+over the library over a Manager whose stub can do every action."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from core.clock import FrozenClock
-from core.dashboard import Dashboard
 
-from .helpers import FullStub, make_manager, write_stub_profile
+from .helpers import FullStub, make_dashboard, make_manager, write_stub_profile
 
 
 @pytest.fixture
@@ -39,7 +38,7 @@ def mgr(sbx_home, profiles, clock):
 @pytest.fixture
 def dashboard(mgr):
     """Stub only in the header; metrics from what is stored (no live sampler)."""
-    return Dashboard(mgr, backends=["stub"], sample_metrics=False)
+    return make_dashboard(mgr, backends=["stub"], sample_metrics=False)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """What the dashboard tests share: a stub backend that can also pause, snapshot and report
 metrics (the registered `stub` test double offers only exec and logs), deterministic ids,
-seeding through the core, and reading the app's screen."""
+seeding through the core, the dashboard over a Manager of the test's own, and reading the
+app's screen."""
 
 from __future__ import annotations
 
@@ -102,6 +103,17 @@ def make_manager(home: Path, clock: FrozenClock, actor: str = "alice") -> Manage
     FullStub.reset()
     return Manager(Database(f"sqlite:///{home / 'sbx.db'}"), clock, actor=actor,
                    adapters={"stub": FullStub(clock)})
+
+
+def make_dashboard(mgr: Manager, clock=None, **options: Any):
+    """The dashboard's model over the library, the library over this Manager (its stub,
+    its clock): what `sbx tui` builds, with the test's own backend and time."""
+    from sandboxer import AsyncSandboxer
+    from sandboxer._local import LocalTransport
+    from sandboxer_tui.model import Dashboard
+
+    client = AsyncSandboxer(_transport=LocalTransport(manager=mgr))
+    return Dashboard(client, clock=clock or mgr.clock, **options)
 
 
 def deterministic_ids(monkeypatch) -> None:

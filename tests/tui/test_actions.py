@@ -1,5 +1,5 @@
 """Every dashboard action, driven by its key in the real app (Textual's pilot, headless), on
-the stub backend through the same Manager as the CLI; each checks what a user would see and
+the stub backend through the library, as the CLI; each checks what a user would see and
 what the database and the backend then hold."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from textual.widgets import Button, Input, OptionList, RichLog
 
 from adapters.base import AdapterError
 from core.clock import to_iso
-from core.dashboard import MUTATING
+from sandboxer_tui.model import MUTATING
 from sandboxer_tui.screens.exec import ExecScreen
 from sandboxer_tui.screens.modals import (
     CommandLogScreen,

@@ -1,7 +1,7 @@
-"""The dashboard's headless rules (core.dashboard), without any UI: the countdown levels,
-compact durations, filter and raw-value sorting, which action applies, the equivalent
-commands, and the inventory reader that notices another process's change and reads nothing
-when nobody changed anything."""
+"""The dashboard's headless rules (sandboxer_tui.model and .formatting), without any UI: the
+countdown levels, compact durations, filter and raw-value sorting, which action applies, the
+equivalent commands; and the inventory watch (core.watch, through the library) that notices
+another process's change and reads nothing when nobody changed anything."""
 
 from __future__ import annotations
 
@@ -9,20 +9,21 @@ import asyncio
 import subprocess
 import sys
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.dashboard import (
-    Dashboard,
-    InventoryReader,
+from core.errors import BadInput
+from core.watch import InventoryWatcher
+from sandboxer import MetricSample
+from sandboxer_tui.formatting import compact_age as human_age
+from sandboxer_tui.formatting import compact_duration as human_duration
+from sandboxer_tui.formatting import human_bytes
+from sandboxer_tui.model import (
     MetricsBuffer,
     SandboxRow,
     available,
     equivalent_command,
-    human_age,
-    human_bytes,
-    human_duration,
     matches,
     parse_create_args,
     short_id_length,
@@ -30,7 +31,8 @@ from core.dashboard import (
     sparkline,
     ttl_level,
 )
-from core.errors import BadInput
+
+from .helpers import make_dashboard
 
 
 def test_compact_durations_and_sizes():
@@ -67,15 +69,19 @@ def test_short_ids_are_unique_prefixes():
 
 
 def row(mgr, **over):
-    raw = {"id": "sbx-01abc", "name": "web", "profile": "default", "backend": "docker",
-           "state": "running", "owner": "alice@host", "task": "fix the bug",
-           "labels_json": '{"team": "core"}', "created_at": "2026-03-02T09:00:00.000000Z",
-           "deadline": "2026-03-02T10:00:00.000000Z",
-           "hard_deadline": "2026-03-02T13:00:00.000000Z",
-           "last_activity_at": "2026-03-02T09:00:00.000000Z", "idle_timeout_s": None,
-           "lease_owner": None, "error": None}
-    raw.update(over)
-    return SandboxRow.from_db(raw)
+    """A row as the dashboard makes it from the library's record of a sandbox."""
+    from sandboxer import AsyncSandbox
+
+    view = {"id": "sbx-01abc", "name": "web", "profile": "default", "backend": "docker",
+            "backend_ref": "c0ffee", "state": "running", "owner": "alice@host",
+            "task": "fix the bug", "labels": {"team": "core"}, "install": "i", "host": "h",
+            "created_at": "2026-03-02T09:00:00.000000Z", "started_at": None,
+            "deadline": "2026-03-02T10:00:00.000000Z",
+            "hard_deadline": "2026-03-02T13:00:00.000000Z",
+            "last_activity_at": "2026-03-02T09:00:00.000000Z", "idle_timeout_s": None,
+            "idle_deadline": None, "ended_at": None, "error": None}
+    view.update(over)
+    return SandboxRow.from_record(AsyncSandbox(None, view))
 
 
 def test_filter_words_fields_and_labels(clock):
@@ -95,7 +101,12 @@ def test_sort_keys_use_raw_values_not_text(clock):
     dead = row(None, id="sbx-4", state="failed")
     ordered = sorted([long, dead, short], key=lambda r: sort_key(r, "ttl", now))
     assert [r.id for r in ordered] == ["sbx-2", "sbx-3", "sbx-4"]  # "5m00s" > "9h30m" as text
-    latest = {"sbx-2": {"cpu_pct": 9.0}, "sbx-3": {"cpu_pct": 80.0}}
+
+    def sample(cpu):
+        return MetricSample("x", datetime(2026, 3, 2, tzinfo=UTC), cpu, None, None, None, None,
+                            None)
+
+    latest = {"sbx-2": sample(9.0), "sbx-3": sample(80.0)}
     busiest = sorted([short, long, dead],
                      key=lambda r: sort_key(r, "cpu", now, latest.get(r.id)))
     assert [r.id for r in busiest] == ["sbx-3", "sbx-2", "sbx-4"]  # unknown last
@@ -111,8 +122,8 @@ def test_which_action_applies_to_which_sandbox():
     assert available("extend", paused, caps) and not available("extend", failed, caps)
     assert available("destroy", failed, caps) and not available("destroy", destroyed, caps)
     assert available("touch", paused, caps) and not available("touch", failed, caps)
-    assert available("shell", running, caps, has_shell=True)
-    assert not available("shell", running, caps, has_shell=False)
+    assert available("shell", running, caps | {"shell"})  # the backend has one here
+    assert not available("shell", running, caps)
 
 
 def test_equivalent_commands_are_quoted_command_lines():
@@ -137,12 +148,15 @@ def test_picker_fields_are_checked_like_the_cli(field, kwargs, message):
 
 def test_metrics_buffer_keeps_the_last_samples_and_reports_changes():
     buffer = MetricsBuffer(size=3)
+
+    def sample(second, cpu):
+        return MetricSample("a", datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC), cpu, 1, None,
+                            None, None, None)
+
     for second in range(5):
-        buffer.add({"sandbox_id": "a", "time": f"2026-01-01T00:00:0{second}.000000Z",
-                    "cpu_pct": float(second), "memory_bytes": 1})
-    buffer.add({"sandbox_id": "a", "time": "2026-01-01T00:00:01.000000Z", "cpu_pct": 99.0,
-                "memory_bytes": 1})  # older than the last: a replay, ignored
-    assert [s["cpu_pct"] for s in buffer.series("a")] == [2.0, 3.0, 4.0]
+        buffer.add(sample(second, float(second)))
+    buffer.add(sample(1, 99.0))  # older than the last: a replay, ignored
+    assert [s.cpu_pct for s in buffer.series("a")] == [2.0, 3.0, 4.0]
     assert buffer.take_changed() == {"a"} and buffer.take_changed() == set()
     buffer.forget(["b"])
     assert buffer.series("a") == []
@@ -155,15 +169,14 @@ def test_closing_the_reader_waits_for_the_read_in_progress(mgr, profiles, monkey
     from core.profiles import ProfileLoader
 
     asyncio.run(mgr.create(ProfileLoader().load("stub"), name="one"))
-    reader = InventoryReader(mgr.db.url, mgr.clock,
-                             lambda include_all: pytest.fail("read through the Manager"))
+    reader = InventoryWatcher(mgr.db.url)
     reading, go_on = threading.Event(), threading.Event()
     list_sandboxes = inventory.list_sandboxes
 
-    def slow_list(conn, include_all):
+    def slow_list(conn, include_all, **kwargs):
         reading.set()
         go_on.wait(10)
-        return list_sandboxes(conn, include_all=include_all)
+        return list_sandboxes(conn, include_all=include_all, **kwargs)
 
     monkeypatch.setattr(inventory, "list_sandboxes", slow_list)
     results = []
@@ -177,42 +190,49 @@ def test_closing_the_reader_waits_for_the_read_in_progress(mgr, profiles, monkey
     go_on.set()
     refresh.join(10)
     closer.join(10)
-    assert [len(r.rows) for r in results] == [1]
+    assert [len(r.added) for r in results] == [1]  # the first read: every row
     assert reader._conn is None
     assert not reader.read().any_change and reader._conn is None  # closed stays closed
 
 
 def test_reader_sees_another_process_change_and_reads_nothing_otherwise(mgr, sbx_home,
-                                                                        profiles):
+                                                                        profiles, monkeypatch):
+    from core import inventory
     from core.profiles import ProfileLoader
 
     box = asyncio.run(mgr.create(ProfileLoader().load("stub"), name="one"))
-    reader = InventoryReader(mgr.db.url, mgr.clock,
-                             lambda include_all: pytest.fail("read through the Manager"))
-    first = reader.read()
-    assert first.added == [box["id"]] and first.rows[box["id"]].name == "one"
+    dash = make_dashboard(mgr, backends=["stub"], sample_metrics=False)
     calls = []
-    original = reader._read_rows
+    list_sandboxes = inventory.list_sandboxes
 
-    def counting():
-        rows = original()
-        calls.append(rows is not None)
-        return rows
+    def counting(*args, **kwargs):
+        calls.append(True)
+        return list_sandboxes(*args, **kwargs)
 
-    reader._read_rows = counting
-    idle = reader.read()
-    assert not idle.any_change and calls == [False]  # nobody wrote: no rows were read
-    same_row = idle.rows[box["id"]]
-    # another process extends it (the real `sbx extend`, in a subprocess)
-    env = {"SBX_HOME": str(sbx_home), "SBX_PROFILE_PATH": str(profiles),
-           "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-m", "sandboxer_tui.cli", "extend", box["id"],
-                           "10m"], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    after = reader.read()
-    assert after.changed == [box["id"]] and not after.added and not after.removed
-    assert after.rows[box["id"]].deadline - same_row.deadline == timedelta(minutes=10)
-    reader.close()
+    async def scenario():
+        try:
+            first = await dash.read_inventory()
+            assert first.added == [box["id"]] and first.rows[box["id"]].name == "one"
+            monkeypatch.setattr(inventory, "list_sandboxes", counting)
+            idle = await dash.read_inventory()
+            assert not idle.any_change and calls == []  # nobody wrote: no rows were read
+            same_row = idle.rows[box["id"]]
+            # another process extends it (the real `sbx extend`, in a subprocess)
+            env = {"SBX_HOME": str(sbx_home), "SBX_PROFILE_PATH": str(profiles),
+                   "PATH": "/usr/bin:/bin"}
+            done = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "sandboxer_tui.cli", "extend",
+                                 box["id"], "10m"], env=env, capture_output=True, text=True,
+                timeout=60)
+            assert done.returncode == 0, done.stderr
+            after = await dash.read_inventory()
+            assert after.changed == [box["id"]] and not after.added and not after.removed
+            assert after.rows[box["id"]].deadline - same_row.deadline == timedelta(minutes=10)
+            assert calls == [True]
+        finally:
+            await dash.close()
+
+    asyncio.run(scenario())
 
 
 def test_dashboard_actions_report_each_target(mgr, profiles):
@@ -220,38 +240,45 @@ def test_dashboard_actions_report_each_target(mgr, profiles):
 
     stub = ProfileLoader().load("stub")
     a = asyncio.run(mgr.create(stub, name="a"))
-    dash = Dashboard(mgr, backends=["stub"], sample_metrics=False)
-    try:
-        outcome = dash.run(dash.extend([a["id"], "sbx-nope"], timedelta(hours=10))).result(10)
-        assert outcome.done == [a["id"]]
-        assert outcome.failed == [("sbx-nope", "no sandbox 'sbx-nope'")]
-        assert any("capped at the hard deadline" in n for n in outcome.notes)
-        assert outcome.severity == "error"
-        assert [r.command for r in dash.command_log] == [
-            f"sbx extend {a['id']} 10h; sbx extend sbx-nope 10h"]
-    finally:
-        dash.close()
+    dash = make_dashboard(mgr, backends=["stub"], sample_metrics=False)
+
+    async def scenario():
+        try:
+            outcome = await dash.extend([a["id"], "sbx-nope"], timedelta(hours=10))
+            assert outcome.done == [a["id"]]
+            assert outcome.failed == [("sbx-nope", "no sandbox 'sbx-nope'")]
+            assert any("capped at the hard deadline" in n for n in outcome.notes)
+            assert outcome.severity == "error"
+            assert [r.command for r in dash.command_log] == [
+                f"sbx extend {a['id']} 10h; sbx extend sbx-nope 10h"]
+        finally:
+            await dash.close()
+
+    asyncio.run(scenario())
 
 
 def test_first_read_needs_no_manager_and_a_fresh_home_is_migrated(sbx_home, profiles):
-    fresh = Dashboard(sample_metrics=False)
-    try:
-        empty = fresh.read_inventory()  # no database yet: through the Manager, which migrates
-        assert empty.rows == {} and fresh._manager is not None
-        assert (sbx_home / "sbx.db").exists()
-    finally:
-        fresh.close()
+    from sandboxer_tui.model import Dashboard
+
+    async def first_read(dash):
+        try:
+            return await dash.read_inventory(), dash.sbx._transport._mgr
+        finally:
+            await dash.close()
+
+    # no database yet: through the Manager, which migrates
+    empty, manager = asyncio.run(first_read(Dashboard(sample_metrics=False)))
+    assert empty.rows == {} and manager is not None
+    assert (sbx_home / "sbx.db").exists()
     from core.profiles import ProfileLoader
 
     maker = manager_for(sbx_home)
     box = asyncio.run(maker.create(ProfileLoader().load("stub"), name="later"))
-    again = Dashboard(sample_metrics=False)
     try:
-        seen = again.read_inventory()
+        seen, manager = asyncio.run(first_read(Dashboard(sample_metrics=False)))
         assert list(seen.rows) == [box["id"]]
-        assert again._manager is None  # read like `sbx ls`: no ORM, no Manager
+        assert manager is None  # read like `sbx ls`: no ORM, no Manager
     finally:
-        again.close()
         asyncio.run(maker.close())
 
 
@@ -260,3 +287,23 @@ def manager_for(home):
     from core.manager import Manager
 
     return Manager(Database(f"sqlite:///{home / 'sbx.db'}"))
+
+
+def test_one_module_formats_durations_and_sizes_for_the_cli_and_the_dashboard():
+    """`sbx ls` keeps every unit (a TTL it prints can be pasted back into `--ttl`); the
+    dashboard's cells keep two. Both come from sandboxer_tui.formatting."""
+    from core.durations import parse_duration
+    from sandboxer_tui import cli
+    from sandboxer_tui.formatting import exact_duration, megabytes
+
+    seconds = 86400 + 3600 + 60 + 1
+    assert cli.human_left(seconds) == exact_duration(seconds) == "1d1h1m1s"
+    assert parse_duration(cli.human_left(seconds)) == timedelta(seconds=seconds)
+    assert cli.human_left(None) == "-" and cli.human_left(0) == "0s"
+    assert cli.human_age("2026-03-01T08:00:00.000000Z", "2026-03-02T09:01:01.000000Z") == \
+        "1d1h1m1s"
+    assert human_duration(seconds) == "1d1h" and human_age(seconds) == "1d1h"
+    line = cli._metric_line({"time": "t", "cpu_pct": 1.5, "memory_bytes": 64 * 1024**2,
+                             "memory_limit": 512 * 1024**2, "pids": 3, "net_rx_bytes": None,
+                             "net_tx_bytes": None})
+    assert "mem 64.0MB / 512.0MB" in line and megabytes(None) == "-"

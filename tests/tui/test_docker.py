@@ -19,8 +19,8 @@ from conftest import RUN_LABEL
 from textual.widgets import Input, OptionList
 
 from core.clock import from_iso
-from core.dashboard import Dashboard
 from core.manager import Manager
+from sandboxer_tui.model import Dashboard
 from sandboxer_tui.screens.modals import ConfirmScreen
 from sandboxer_tui.screens.pickers import ProfilePicker
 
@@ -31,7 +31,8 @@ ENGINE = "/var/run/docker.sock"
 
 
 def test_create_from_the_picker_extend_and_destroy_on_docker(sbx, docker_api):
-    dashboard = Dashboard(Manager(), backends=["docker"])
+    dashboard = Dashboard(backends=["docker"])  # the library's client, as `sbx tui` makes it
+    mgr = Manager()  # the test's own reader of the inventory
 
     async def scenario():
         async with opened(dashboard, new_labels=RUN_LABEL) as (app, pilot):
@@ -49,10 +50,10 @@ def test_create_from_the_picker_extend_and_destroy_on_docker(sbx, docker_api):
             await wait_for(pilot, lambda: any(table.sandboxes[s].name == "tui-e2e"
                                               for s in table.shown_ids), within=30,
                            what="the new row")
-            box = app.main.dashboard.mgr.resolve("tui-e2e")
+            box = mgr.resolve("tui-e2e")
             await wait_for(pilot, lambda: table.cell_text(box["id"], "state") == "running",
                            within=30, what="running")
-            box = app.main.dashboard.mgr.resolve("tui-e2e")
+            box = mgr.resolve("tui-e2e")
             container = docker_api.inspect_container(box["backend_ref"])
             assert container["State"]["Running"]
             key, value = RUN_LABEL.split("=")
@@ -62,7 +63,7 @@ def test_create_from_the_picker_extend_and_destroy_on_docker(sbx, docker_api):
                 ("KB", "MB")), within=10, what="a memory sample")
             await select(pilot, box["id"])
             await pilot.press("t")
-            await wait_for(pilot, lambda: from_iso(app.main.dashboard.mgr.resolve(
+            await wait_for(pilot, lambda: from_iso(mgr.resolve(
                 box["id"])["deadline"]) - from_iso(box["deadline"]) == timedelta(minutes=30),
                 what="the deadline 30m later")
             await wait_for(pilot, lambda: table.cell_text(box["id"], "ttl").startswith("59m"),
@@ -73,7 +74,7 @@ def test_create_from_the_picker_extend_and_destroy_on_docker(sbx, docker_api):
             await pilot.press("y")
             await wait_for(pilot, lambda: not table.is_shown(box["id"]), within=30,
                            what="the row gone")
-            assert app.main.dashboard.mgr.resolve(box["id"])["state"] == "destroyed"
+            assert mgr.resolve(box["id"])["state"] == "destroyed"
             assert docker_api.containers(all=True, filters={"id": box["backend_ref"]}) == []
 
     asyncio.run(scenario())
@@ -124,7 +125,8 @@ def test_engine_unreachable_at_start_then_back_by_itself(sbx, docker_api, monkey
     dead = f"/tmp/sbx-tui-{uuid.uuid4().hex[:12]}.sock"
     assert not Path(dead).exists()
     monkeypatch.setenv("DOCKER_HOST", f"unix://{dead}")
-    dashboard = Dashboard(Manager(), backends=["docker"])
+    dashboard = Dashboard(backends=["docker"])
+    mgr = Manager()
     proxy = None
 
     async def scenario():
@@ -137,7 +139,7 @@ def test_engine_unreachable_at_start_then_back_by_itself(sbx, docker_api, monkey
             await pilot.press("p")
             await wait_for(pilot, lambda: told(app, "error"), what="the error")
             assert "Docker engine unreachable" in told(app, "error")[-1]
-            assert app.main.dashboard.mgr.resolve(box["id"])["state"] == "running"
+            assert mgr.resolve(box["id"])["state"] == "running"
             proxy = ForwardingSocket(dead)
             await wait_for(pilot, lambda: "docker ● up" in header(), within=6,
                            what="the header to recover")

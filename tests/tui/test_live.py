@@ -13,11 +13,10 @@ from datetime import UTC, datetime, timedelta
 
 from adapters.base import MetricSample
 from core.clock import Clock
-from core.dashboard import Dashboard
 from core.db import Database
 from core.manager import Manager
 
-from .helpers import FullStub, opened, select, wait_for
+from .helpers import FullStub, make_dashboard, opened, select, wait_for
 
 
 def sbx(home, profiles, *args: str, offset: str | None = None) -> subprocess.CompletedProcess:
@@ -41,7 +40,7 @@ async def within(pilot, predicate, seconds: float, what: str) -> float:
 def test_changes_by_other_processes_show_within_two_seconds(sbx_home, profiles):
     FullStub.reset()
     mgr = Manager(Database(f"sqlite:///{sbx_home / 'sbx.db'}"), Clock(), actor="alice")
-    dashboard = Dashboard(mgr, backends=["stub"], sample_metrics=False)
+    dashboard = make_dashboard(mgr, backends=["stub"], sample_metrics=False)
 
     async def scenario():
         async with opened(dashboard) as (app, pilot):
@@ -109,7 +108,7 @@ def test_metrics_stream_into_the_sparklines(sbx_home, profiles):
     mgr = Manager(Database(f"sqlite:///{sbx_home / 'sbx.db'}"), Clock(), actor="alice",
                   adapters={"stub": StreamingStub()})
     box = asyncio.run(mgr.create(ProfileLoader().load("stub")))
-    dashboard = Dashboard(mgr, backends=["stub"], sample_metrics=True)
+    dashboard = make_dashboard(mgr, backends=["stub"], sample_metrics=True)
 
     async def scenario():
         async with opened(dashboard) as (app, pilot):

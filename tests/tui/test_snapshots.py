@@ -9,11 +9,10 @@ import asyncio
 
 import pytest
 
-from core.dashboard import Dashboard
 from sandboxer_tui.app import SandboxerApp
 from sandboxer_tui.screens.modals import ConfirmScreen
 
-from .helpers import deterministic_ids, seed_fleet
+from .helpers import deterministic_ids, make_dashboard, seed_fleet
 
 SIZE = (120, 36)
 
@@ -26,7 +25,7 @@ def fleet(monkeypatch, mgr, clock):
 
 @pytest.fixture
 def app(mgr, fleet):
-    return SandboxerApp(Dashboard(mgr, backends=["stub"], sample_metrics=False))
+    return SandboxerApp(make_dashboard(mgr, backends=["stub"], sample_metrics=False))
 
 
 async def loaded(pilot) -> None:
