@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 POINTS = (
     "create.after-intent",    # the row says creating; nothing on the backend yet
@@ -25,4 +26,7 @@ def failpoint(name: str) -> None:
     point, _, action = wanted.partition(":")
     if point != name:
         return
-    os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+    # Sent to this thread, not the process: a signal to the process may be taken by another
+    # thread while this one runs on (into the next transaction) before the group stops.
+    signal.pthread_kill(threading.get_ident(),
+                        signal.SIGSTOP if action == "stop" else signal.SIGKILL)
