@@ -70,9 +70,10 @@ RACE = textwrap.dedent("""
     m = Manager(Database(sys.argv[1]), Clock(), actor=sys.argv[2], install_id="inst-test")
     try:
         lease, _ = m.leases.begin(sys.argv[3], "destroying", reason="manual")
-        print("WON", lease.fence)
+        print("WON", lease.fence, flush=True)
     except Exception as exc:
-        print("LOST", type(exc).__name__)
+        print("LOST", type(exc).__name__, flush=True)
+    sys.stdin.read()  # alive until every process has tried: a dead holder's lease lapses at once
 """)
 
 
@@ -91,9 +92,12 @@ def test_exactly_one_of_eight_processes_takes_a_lease(sbx_home, tmp_path):
     sid = asyncio.run(mgr.create(ProfileLoader().load_file(prof)))["id"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     procs = [subprocess.Popen([sys.executable, "-c", RACE, url, f"p{i}", sid],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
              for i in range(8)]
-    outcomes = [p.communicate(timeout=60) for p in procs]
+    said = [p.stdout.readline() for p in procs]  # each has tried, and is still alive
+    ended = [p.communicate(timeout=60) for p in procs]
+    outcomes = [(line + out, err) for line, (out, err) in zip(said, ended, strict=True)]
     won = [o for o, _ in outcomes if o.startswith("WON")]
     lost = [o for o, _ in outcomes if o.startswith("LOST")]
     assert len(won) == 1, outcomes
