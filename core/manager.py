@@ -161,11 +161,17 @@ class Manager:
             db = _prepared_database(url) or Database(url)
         self.db = db
         self.clock = clock or clock_from_env()
-        self.actor = actor or settings.actor()
+        self._actor = actor or settings.actor()
         self.install_id = install_id or settings.install_id()
         self.lease_ttl = lease_ttl or settings.lease_ttl()
         self.lease_owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
+
+    @property
+    def actor(self) -> str:
+        """Who the event log says acted: the caller acting in this context (a service
+        request's key owner, settings.ACTING_AS), else this manager's own actor."""
+        return settings.ACTING_AS.get() or self._actor
 
     # -- adapters ---------------------------------------------------------------------------
 
