@@ -40,7 +40,14 @@ def _duration(value: Duration | None, what: str) -> timedelta | None:
     if isinstance(value, bool):
         value = str(value)
     if isinstance(value, int | float):
-        return _duration(timedelta(seconds=value), what)
+        try:
+            delta = timedelta(seconds=value)
+        except (OverflowError, ValueError):  # past timedelta's range, or not a number
+            from core.errors import BadInput
+
+            raise BadInput(f"bad {what} {value}: give a duration such as 30m, or "
+                           "seconds") from None
+        return _duration(delta, what)
     from core.durations import parse_duration
 
     return parse_duration(str(value), what)

@@ -78,7 +78,28 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     app.state.metrics = metrics
     _errors(app)
     _routes(app, metrics)
+    _document_keys(app)
     return app
+
+
+def _document_keys(app: FastAPI) -> None:
+    """The document says every route but /healthz and /readyz takes a Bearer key."""
+    make = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = make()
+            doc.setdefault("components", {})["securitySchemes"] = {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "an API key (sbx api-keys create); none over the unix socket"}}
+            doc["security"] = [{"bearer": []}]
+            for path in ("/healthz", "/readyz"):
+                for operation in doc["paths"].get(path, {}).values():
+                    operation["security"] = []
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _errors(app: FastAPI) -> None:
