@@ -103,6 +103,22 @@ def unix_socket(path: str) -> socket.socket:
     return sock
 
 
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Stops on SIGTERM or SIGINT and exits 0, as `sbx reap --every` does (uvicorn
+        raises the signal again once it has shut down, which would end the process by it)."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    return Server
+
+
 def serve(listen: str | None, socket_path: str | None, reap_every: timedelta | None) -> None:
     """Run until SIGINT or SIGTERM."""
     asyncio.run(_serve(listen, socket_path, reap_every))
@@ -113,6 +129,8 @@ async def _serve(listen_text: str | None, socket_path: str | None,
     import uvicorn
 
     from core import settings
+
+    _Server = _server_class()
     from sandboxer import AsyncSandboxer
     from sandboxer_tui.service.app import build_app
 
@@ -139,7 +157,7 @@ async def _serve(listen_text: str | None, socket_path: str | None,
         config = uvicorn.Config(app, log_level="warning", lifespan="on", http="h11",
                                 ws="none", access_log=False, timeout_graceful_shutdown=5,
                                 proxy_headers=False, server_header=False)
-        server = uvicorn.Server(config)
+        server = _Server(config)
         where = [listen.url] if listen else []
         where += [f"unix://{socket_path}"] if socket_path else []
         timer = (f"reaper every {int(reap_every.total_seconds())}s" if reap_every
