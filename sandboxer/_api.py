@@ -67,7 +67,8 @@ def _argv(argv: Sequence[str] | str) -> list[str]:
 class AsyncSandboxer:
     """sbx from a program. `home` and `database_url` default as the CLI's (`SBX_HOME`,
     `SBX_DATABASE_URL`, the settings file); `actor` is who the event log says acted
-    (default `SBX_ACTOR`, else user@host).
+    (default `SBX_ACTOR`, else user@host). With `url` (and `token`, an API key) instead, a
+    client of an `sbx serve` there (docs/service.md): the same handles and errors.
 
         async with AsyncSandboxer() as sbx:
             async with sbx.create("default", ttl="10m") as box:

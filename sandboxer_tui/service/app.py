@@ -165,12 +165,24 @@ def _after(after: int | None, last_event_id: str | None) -> int | None:
     return after
 
 
-async def _exec_frames(items: AsyncIterator[OutputChunk | ExecExit]) -> AsyncIterator[bytes]:
-    async for item in items:
-        if isinstance(item, OutputChunk):
-            yield sse.frame(item.stream, {"data": output_doc(item.data)})
-        else:
-            yield sse.frame("exit", item.to_dict())
+async def _exec_frames(items: AsyncIterator[OutputChunk | ExecExit], metrics: ServiceMetrics,
+                       backend: str) -> AsyncIterator[bytes]:
+    import time
+
+    from core.errors import classify
+
+    started, result = time.monotonic(), "ok"
+    try:
+        async for item in items:
+            if isinstance(item, OutputChunk):
+                yield sse.frame(item.stream, {"data": output_doc(item.data)})
+            else:
+                yield sse.frame("exit", item.to_dict())
+    except Exception as exc:
+        result = classify(exc)[1]
+        raise
+    finally:
+        metrics.observe("exec", backend, result, time.monotonic() - started)
 
 
 async def _log_frames(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -297,7 +309,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         box = await who.client.get(ref)
         if sse.wants_stream(accept):
             items = await sse.primed(box.exec_stream(body.argv, timeout=body.timeout))
-            return sse.stream(_exec_frames(items))
+            return sse.stream(_exec_frames(items, metrics, box.backend))
         result = await timed("exec", box.exec(body.argv, timeout=body.timeout),
                              backend=box.backend)
         return JSONResponse(result.to_dict())

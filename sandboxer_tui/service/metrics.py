@@ -60,6 +60,10 @@ class ServiceMetrics:
             time.monotonic() - started)
         return result
 
+    def observe(self, kind: str, backend: str, result: str, seconds: float) -> None:
+        """An operation timed by its caller (a stream, which ends after its response began)."""
+        self.operations.labels(kind, backend, result).observe(seconds)
+
     def count_sandboxes(self, counts: Iterable[dict[str, Any]]) -> None:
         self.sandboxes.clear()
         for row in counts:

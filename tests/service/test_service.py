@@ -314,13 +314,16 @@ def test_health_and_prometheus_metrics_without_sandbox_ids(live, api, stub_named
     boxes = [api.post("/v1/sandboxes", json={"profile": stub_named}).json() for _ in range(3)]
     api.delete(f"/v1/sandboxes/{boxes[0]['id']}")
     api.post(f"/v1/sandboxes/{boxes[1]['id']}/exec", json={"argv": ["true"]})
+    with api.stream("POST", f"/v1/sandboxes/{boxes[1]['id']}/exec", json={"argv": ["true"]},
+                    headers={"Accept": "text/event-stream"}) as streamed:
+        assert sse_events(streamed, until="exit")[-1][0] == "exit"
     api.post("/v1/sandboxes", json={"profile": "no-such"})
     text = api.get("/metrics").text
     assert 'sbx_sandboxes{backend="stub",state="running"} 2.0' in text
     assert 'sbx_sandboxes{backend="stub",state="destroyed"} 1.0' in text
     assert 'sbx_operation_duration_seconds_count{backend="stub",kind="create",result="ok"} 3.0' \
         in text
-    assert 'kind="exec",result="ok"} 1.0' in text
+    assert 'kind="exec",result="ok"} 2.0' in text  # the streamed one counts too
     assert 'kind="create",result="not_found"} 1.0' in text
     assert "sbx_reaper_runs_total" in text and "sbx_event_deliveries_total" in text
     assert not any(b["id"] in text or b["id"][4:] in text for b in boxes)
