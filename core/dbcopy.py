@@ -17,7 +17,8 @@ from core.db import Database, redact
 from core.errors import BadInput, Conflict, OperationFailed
 
 # parents before children; each table's rows in primary-key order
-TABLES = ("sandboxes", "checkpoints", "events", "sink_cursors", "deliveries", "metric_samples")
+TABLES = ("sandboxes", "checkpoints", "events", "sink_cursors", "deliveries", "metric_samples",
+          "api_keys", "idempotency_keys")
 BATCH = 2000
 
 

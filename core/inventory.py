@@ -38,10 +38,17 @@ def list_sandboxes(
     labels: Mapping[str, str] | None = None,
     placeholder: str = "?",
     columns: tuple[str, ...] | None = None,
+    after: tuple[str, str] | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Sandboxes, oldest first: not destroyed unless `include_all` or a `state` is given.
-    `columns` narrows what is fetched (every column by default)."""
+    `columns` narrows what is fetched (every column by default). `after` (created_at, id)
+    and `limit` give one page (see page_cursor)."""
     where, params = [], []
+    if after is not None:
+        where.append(f"(created_at > {placeholder} OR (created_at = {placeholder} "
+                     f"AND id > {placeholder}))")
+        params += [after[0], after[0], after[1]]
     if state:
         where.append(f"state = {placeholder}")
         params.append(parse_state(state).value)
@@ -55,6 +62,8 @@ def list_sandboxes(
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY created_at, id"
+    if limit is not None and not labels:  # labels are matched below, so no LIMIT then
+        sql += f" LIMIT {int(limit)}"
     cursor = dbapi_conn.cursor()
     try:
         cursor.execute(sql, params)
@@ -65,7 +74,40 @@ def list_sandboxes(
     if labels:
         wanted = dict(labels).items()
         rows = [r for r in rows if wanted <= json.loads(r["labels_json"] or "{}").items()]
-    return rows
+    return rows if limit is None else rows[:limit]
+
+
+MAX_PAGE = 1000
+
+
+def page_cursor(row: Mapping[str, Any]) -> str:
+    """An opaque cursor for the page after `row` (a sandbox's created_at and id)."""
+    import base64
+
+    return base64.urlsafe_b64encode(json.dumps([row["created_at"], row["id"]]).encode()
+                                    ).decode().rstrip("=")
+
+
+def parse_page(cursor: str | None, limit: int | None) -> tuple[tuple[str, str] | None, int]:
+    """(`after` for list_sandboxes, the page size): BadInput for a cursor this module did not
+    make or a size out of 1..MAX_PAGE."""
+    import base64
+
+    if limit is None:
+        limit = 100
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise BadInput(f"bad limit {limit!r}: a page holds 1 to {MAX_PAGE} sandboxes")
+    if cursor is None:
+        return None, limit
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, sandbox_id = json.loads(raw)
+        if not (isinstance(created, str) and isinstance(sandbox_id, str)):
+            raise ValueError
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise BadInput(f"bad cursor {cursor[:40]!r}: give the next_cursor of the page "
+                       "before") from None
+    return (created, sandbox_id), limit
 
 
 def open_sqlite_readonly(url: str, *, any_thread: bool = False) -> sqlite3.Connection | None:
@@ -169,5 +211,15 @@ def list_checkpoints(dbapi_conn: Any) -> list[dict[str, Any]]:
         cursor.execute("SELECT id, backend, state, created_at, expires_at FROM checkpoints")
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    finally:
+        cursor.close()
+
+
+def count_sandboxes(dbapi_conn: Any) -> list[dict[str, Any]]:
+    """How many sandboxes are in each (state, backend), destroyed ones included."""
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute("SELECT state, backend, COUNT(*) FROM sandboxes GROUP BY state, backend")
+        return [{"state": s, "backend": b, "count": n} for s, b, n in cursor.fetchall()]
     finally:
         cursor.close()

@@ -95,13 +95,19 @@ class Manager:
             db = Database(url)
         self.db = db
         self.clock = clock or clock_from_env()
-        self.actor = actor or settings.actor()
+        self._actor = actor or settings.actor()
         self.install_id = install_id or settings.install_id()
         self.lease_ttl = lease_ttl or settings.lease_ttl()
         self.lease_owner = lease_owner(self.install_id)
         self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
         self.leases = Leases(self.db, self.clock, owner=self.lease_owner, ttl=self.lease_ttl,
                              install_id=self.install_id, event=self.event)
+
+    @property
+    def actor(self) -> str:
+        """Who the event log says acted: the caller acting in this context (a service
+        request's key owner, settings.ACTING_AS), else this manager's own actor."""
+        return settings.ACTING_AS.get() or self._actor
 
     # -- adapters ---------------------------------------------------------------------------
 

@@ -125,3 +125,31 @@ class MetricSample(SQLModel, table=True):
     net_rx_bytes: int | None = Field(default=None, sa_type=BigInteger)
     net_tx_bytes: int | None = Field(default=None, sa_type=BigInteger)
     pids: int | None = Field(default=None)
+
+
+class ApiKey(SQLModel, table=True):
+    """A key of the HTTP service (`sbx api-keys`). Only the key's SHA-256 is kept: the key
+    itself is shown once, when it is made."""
+
+    __tablename__ = "api_keys"
+
+    id: str = Field(primary_key=True, max_length=40)  # key- and a lower-case ULID
+    owner: str = Field(max_length=256)  # the actor its requests are recorded as
+    scope: str = Field(max_length=16)  # read | write | admin
+    key_hash: str = Field(max_length=64)
+    created_at: str = Field(max_length=TIME)
+    created_by: str = Field(max_length=256)
+    revoked_at: str | None = Field(default=None, max_length=TIME)
+
+
+class IdempotencyKey(SQLModel, table=True):
+    """A create the service was asked for under an `Idempotency-Key`: a retry with the same
+    key (of the same caller) gets the sandbox the first one made, after a restart too."""
+
+    __tablename__ = "idempotency_keys"
+
+    principal: str = Field(primary_key=True, max_length=64)  # the API key's id, or "local"
+    key: str = Field(primary_key=True, max_length=255)
+    request_hash: str = Field(max_length=64)  # the request it was first used with
+    sandbox_id: str | None = Field(default=None, max_length=40)  # None while in progress
+    created_at: str = Field(max_length=TIME)

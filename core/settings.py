@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,6 +103,11 @@ def _read_install_id(path: Path) -> str | None:
 def host_name() -> str:
     """This machine's name as fleets show it: `$SBX_HOST_NAME`, else the hostname."""
     return os.environ.get("SBX_HOST_NAME") or socket.gethostname()
+
+
+# Who acts in the operation running in this context (sandboxer's `acting_as` sets it): many
+# callers share one Manager in a service, and each asyncio task keeps its own value.
+ACTING_AS: ContextVar[str | None] = ContextVar("sbx_acting_as", default=None)
 
 
 def actor() -> str:

@@ -42,7 +42,14 @@ def _duration(value: Duration | None, what: str) -> timedelta | None:
     if isinstance(value, bool):
         value = str(value)
     if isinstance(value, int | float):
-        return _duration(timedelta(seconds=value), what)
+        try:
+            delta = timedelta(seconds=value)
+        except (OverflowError, ValueError):  # past timedelta's range, or not a number
+            from core.errors import BadInput
+
+            raise BadInput(f"bad {what} {value}: give a duration such as 30m, or "
+                           "seconds") from None
+        return _duration(delta, what)
     from core.durations import parse_duration
 
     return parse_duration(str(value), what)
@@ -62,7 +69,8 @@ def _argv(argv: Sequence[str] | str) -> list[str]:
 class AsyncSandboxer:
     """sbx from a program. `home` and `database_url` default as the CLI's (`SBX_HOME`,
     `SBX_DATABASE_URL`, the settings file); `actor` is who the event log says acted
-    (default `SBX_ACTOR`, else user@host).
+    (default `SBX_ACTOR`, else user@host). With `url` (and `token`, an API key) instead, a
+    client of an `sbx serve` there (docs/service.md): the same handles and errors.
 
         async with AsyncSandboxer() as sbx:
             async with sbx.create("default", ttl="10m") as box:
@@ -70,7 +78,17 @@ class AsyncSandboxer:
     """
 
     def __init__(self, home: str | Path | None = None, database_url: str | None = None,
-                 actor: str | None = None, *, _transport: Any = None) -> None:
+                 actor: str | None = None, *, url: str | None = None,
+                 token: str | None = None, _transport: Any = None) -> None:
+        if _transport is None and url is not None:
+            if home is not None or database_url is not None or actor is not None:
+                from core.errors import BadInput
+
+                raise BadInput("a client of a service (url=) has no home, database_url or "
+                               "actor of its own: the service's key owner is the actor")
+            from sandboxer._remote import RemoteTransport
+
+            _transport = RemoteTransport(url, token=token)
         if _transport is None:
             from sandboxer._local import LocalTransport
 
@@ -138,10 +156,12 @@ class AsyncSandboxer:
     async def run_reaper(self, every: Duration, *, stop: asyncio.Event | None = None,
                          on_report: Callable[[ReapReport | Error], None] | None = None,
                          timeout: Duration | None = None, orphans: bool = False,
-                         deliver: bool = True) -> None:
+                         deliver: bool = True,
+                         on_delivery: Callable[[list[dict[str, Any]]], None] | None = None,
+                         ) -> None:
         """Reap (and deliver events) every `every` until `stop` is set (`sbx reap --every`,
         the service's timer). A failed cycle is reported to `on_report` and the next one
-        tries again."""
+        tries again; each delivery's reports (`deliver_events()`) go to `on_delivery`."""
         import asyncio
 
         from core.errors import as_error
@@ -156,7 +176,15 @@ class AsyncSandboxer:
             if on_report is not None:
                 on_report(report)
             if deliver:
-                for sink in await self.deliver_events():
+                try:
+                    sinks = await self.deliver_events()
+                except Exception as exc:  # the database, say: the next cycle tries again
+                    sinks = []
+                    if on_report is not None:
+                        on_report(as_error(exc))
+                if on_delivery is not None:
+                    on_delivery(sinks)
+                for sink in sinks:
                     if sink["error"] and on_report is not None:
                         from core.errors import OperationFailed
 
@@ -276,6 +304,79 @@ class AsyncSandboxer:
         """Stored samples of every sandbox since `since` (a time, or a while ago), oldest
         first, in one read."""
         return [MetricSample.from_dict(d) for d in await self._transport.recent_metrics(since)]
+
+
+    # -- what a service needs (docs/service.md) ---------------------------------------------
+
+    def acting_as(self, actor: str) -> AsyncSandboxer:
+        """A client sharing this one's database, backends and loop whose operations the
+        event log records as done by `actor` (and whose creates default to that owner). Each
+        call carries its own actor, so concurrent callers acting as different actors never
+        mix. Closing it leaves this client open."""
+        from core.errors import BadInput
+
+        if not isinstance(actor, str) or not actor.strip():
+            raise BadInput("acting_as needs the actor's name")
+        return AsyncSandboxer(_transport=self._transport.acting_as(actor))
+
+    async def list_page(self, *, state: str | None = None, backend: str | None = None,
+                        labels: Mapping[str, str] | None = None,
+                        include_destroyed: bool = False, limit: int | None = None,
+                        cursor: str | None = None) -> tuple[list[AsyncSandbox], str | None]:
+        """One page of `list()` (at most `limit`, default 100, up to 1000): the sandboxes and
+        the cursor of the next page (None on the last). Pages stay in order while sandboxes
+        are created (new ones come last)."""
+        views, following = await self._transport.list_page(
+            state=None if state is None else str(state), backend=backend,
+            labels=dict(labels) if labels else None, include_destroyed=include_destroyed,
+            limit=limit, cursor=cursor)
+        return [AsyncSandbox(self, v) for v in views], following
+
+    async def create_idempotent(self, key: str, profile: str | Profile = "default", *,
+                                caller: str = "local", ttl: Duration | None = None,
+                                name: str | None = None,
+                                labels: Mapping[str, str] | None = None,
+                                owner: str | None = None,
+                                task: str | None = None) -> AsyncSandbox:
+        """`create()` under an idempotency key: the first call with `key` (of `caller`)
+        makes the sandbox; a retry with the same key and arguments gets that sandbox, after
+        a restart too. The same key with other arguments is BadInput; while the first call
+        is still running, Conflict."""
+        view = await self._transport.create_idempotent(
+            key, caller, profile, ttl=_duration(ttl, "ttl"), name=name,
+            labels=dict(labels) if labels else None, owner=owner, task=task)
+        return AsyncSandbox(self, view)
+
+    async def create_api_key(self, scope: str, *,
+                             owner: str | None = None) -> tuple[dict[str, Any], str]:
+        """A key of the HTTP service with `scope` (read, write, admin) for `owner` (default:
+        the actor): (its record, the key). The key is shown only here; only its hash is kept."""
+        return tuple(await self._transport.create_api_key(scope, owner))
+
+    async def api_keys(self) -> list[dict[str, Any]]:
+        """The service's keys (revoked ones too), never the keys themselves."""
+        return await self._transport.api_keys()
+
+    async def revoke_api_key(self, key_id: str) -> dict[str, Any]:
+        """Revoke a key by id; already revoked counts as done."""
+        return await self._transport.revoke_api_key(key_id)
+
+    async def authenticate(self, token: str) -> dict[str, Any] | None:
+        """The record of the key `token` when it is one that is not revoked, else None."""
+        return await self._transport.authenticate(token)
+
+    async def usable_api_keys(self) -> int:
+        """How many keys are not revoked."""
+        return await self._transport.usable_api_keys()
+
+    async def sandbox_counts(self) -> list[dict[str, Any]]:
+        """How many sandboxes are in each state on each backend: `[{"state", "backend",
+        "count"}]`, destroyed ones included."""
+        return await self._transport.sandbox_counts()
+
+    async def ready(self) -> dict[str, Any]:
+        """The database answers with the current schema (Unavailable otherwise)."""
+        return await self._transport.ready()
 
 
 class _Creating:

@@ -592,6 +592,129 @@ class LocalTransport:
         return self.database_url or settings.database_url()
 
 
+    # -- for the service: acting as a caller, pages, idempotent creates, keys -------------
+
+    def acting_as(self, actor: str) -> ActingTransport:
+        return ActingTransport(self, actor)
+
+    async def list_page(self, *, state: str | None, backend: str | None,
+                        labels: Mapping[str, str] | None, include_destroyed: bool,
+                        limit: int | None, cursor: str | None,
+                        ) -> tuple[list[dict[str, Any]], str | None]:
+        def go(mgr: Manager):
+            from core import inventory
+            from core.views import VIEW_COLUMNS, sandbox_view
+
+            after, size = inventory.parse_page(cursor, limit)
+            placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
+            with mgr.db.read() as conn:
+                rows = inventory.list_sandboxes(
+                    conn.connection.driver_connection, include_all=include_destroyed,
+                    state=state, backend=backend, labels=labels, placeholder=placeholder,
+                    columns=VIEW_COLUMNS, after=after, limit=size + 1)
+            more = len(rows) > size
+            rows = rows[:size]
+            now = mgr.now_iso()
+            return ([sandbox_view(r, now) for r in rows],
+                    inventory.page_cursor(rows[-1]) if more else None)
+
+        return await self.call(go)
+
+    async def create_idempotent(self, key: str, caller: str, profile: str | Profile, *,
+                                ttl: timedelta | None, name: str | None,
+                                labels: Mapping[str, str] | None, owner: str | None,
+                                task: str | None) -> dict[str, Any]:
+        async def go(mgr: Manager) -> dict[str, Any]:
+            from core import idempotency
+            from core.profiles import dump
+            from core.views import sandbox_view
+
+            resolved = _load_profile(profile)
+            asked = {"profile": dump(resolved), "ttl": ttl.total_seconds() if ttl else None,
+                     "name": name, "labels": dict(labels or {}), "owner": owner, "task": task}
+            digest = idempotency.request_digest(asked)
+            done = idempotency.claim(mgr.db, caller, key, digest, now=mgr.now_iso(),
+                                     lapse=mgr.lease_ttl)
+            if done is not None:
+                return sandbox_view(mgr.resolve(done), mgr.now_iso())
+            try:
+                row = await mgr.create(resolved, ttl=ttl, name=name, labels=labels, owner=owner,
+                                       task=task)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    idempotency.release(mgr.db, caller, key)
+                raise
+            idempotency.complete(mgr.db, caller, key, row["id"])
+            return sandbox_view(row, mgr.now_iso())
+
+        return await self.call(go)
+
+    async def create_api_key(self, scope: str, owner: str | None) -> tuple[dict[str, Any], str]:
+        def go(mgr: Manager):
+            from core import apikeys
+
+            return apikeys.create(mgr.db, scope=scope, owner=owner or mgr.actor,
+                                  created_by=mgr.actor, now=mgr.now_iso())
+
+        return await self.call(go)
+
+    async def api_keys(self) -> list[dict[str, Any]]:
+        def go(mgr: Manager):
+            from core import apikeys
+
+            return apikeys.list_keys(mgr.db)
+
+        return await self.call(go)
+
+    async def revoke_api_key(self, key_id: str) -> dict[str, Any]:
+        def go(mgr: Manager):
+            from core import apikeys
+
+            view, _ = apikeys.revoke(mgr.db, key_id, now=mgr.now_iso())
+            return view
+
+        return await self.call(go)
+
+    async def authenticate(self, token: str) -> dict[str, Any] | None:
+        def go(mgr: Manager):
+            from core import apikeys
+
+            return apikeys.authenticate(mgr.db, token)
+
+        return await self.call(go)
+
+    async def usable_api_keys(self) -> int:
+        def go(mgr: Manager):
+            from core import apikeys
+
+            return apikeys.usable_keys(mgr.db)
+
+        return await self.call(go)
+
+    async def sandbox_counts(self) -> list[dict[str, Any]]:
+        def go(mgr: Manager):
+            from core import inventory
+
+            with mgr.db.read() as conn:
+                return inventory.count_sandboxes(conn.connection.driver_connection)
+
+        return await self.call(go)
+
+    async def ready(self) -> dict[str, Any]:
+        def go(mgr: Manager):
+            from core.db import redact
+            from core.errors import Unavailable
+            from core.migrations import SCHEMA_HEAD
+
+            mgr.db.migrate()
+            schema = mgr.db.schema_version()
+            if schema != SCHEMA_HEAD:
+                raise Unavailable(f"the database schema is {schema}, not {SCHEMA_HEAD}")
+            return {"database": redact(mgr.db.url), "schema": schema}
+
+        return await self.call(go)
+
+
 def _load_profile(profile: str | Profile) -> Profile:
     from core.profiles import Profile, ProfileLoader
 
@@ -646,3 +769,73 @@ class LocalWatch:
     async def close(self) -> None:
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.close)
+
+
+class ActingTransport:
+    """A transport recording every operation as done by `actor`, sharing `inner`'s loop,
+    database and backends. It sets settings.ACTING_AS for each call only, in the calling
+    task's context, which the call carries to the core loop: concurrent callers acting as
+    different actors never mix. Closing it leaves `inner` open."""
+
+    def __init__(self, inner: Any, actor: str) -> None:
+        self._inner = inner
+        self._actor = actor
+
+    def acting_as(self, actor: str) -> ActingTransport:
+        return ActingTransport(self._inner, actor)
+
+    def call_blocking(self, awaitable: Awaitable[T]) -> T:
+        return self._inner.call_blocking(awaitable)
+
+    async def close(self) -> None:
+        """The inner transport belongs to whoever made it."""
+
+    def close_blocking(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        if not callable(target):
+            return target
+        actor = self._actor
+
+        def acting(*args: Any, **kwargs: Any) -> Any:
+            from core.settings import ACTING_AS
+
+            token = ACTING_AS.set(actor)
+            try:
+                result = target(*args, **kwargs)
+            finally:
+                ACTING_AS.reset(token)
+            if inspect.isawaitable(result):
+                return _as_actor(actor, result)
+            if hasattr(result, "__anext__"):
+                return _ActingIterator(actor, result)
+            return result
+
+        return acting
+
+
+async def _as_actor(actor: str, awaitable: Awaitable[T]) -> T:
+    from core.settings import ACTING_AS
+
+    token = ACTING_AS.set(actor)
+    try:
+        return await awaitable
+    finally:
+        ACTING_AS.reset(token)
+
+
+class _ActingIterator:
+    def __init__(self, actor: str, agen: Any) -> None:
+        self._actor, self._agen = actor, agen
+
+    def __aiter__(self) -> _ActingIterator:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await _as_actor(self._actor, self._agen.__anext__())
+
+    async def aclose(self) -> None:
+        if hasattr(self._agen, "aclose"):
+            await _as_actor(self._actor, self._agen.aclose())

@@ -171,6 +171,13 @@ class OutputChunk:
     stream: Literal["stdout", "stderr"]
     data: bytes
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "data": output_doc(self.data)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> OutputChunk:
+        return cls(doc["stream"], _bytes(doc["data"]))
+
 
 @dataclass(frozen=True, slots=True)
 class ExecExit:
@@ -179,6 +186,10 @@ class ExecExit:
     exit_code: int
     duration: timedelta
     timed_out: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exit_code": self.exit_code, "duration": self.duration.total_seconds(),
+                "timed_out": self.timed_out}
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,10 +310,19 @@ def _bytes(value: Any) -> bytes:
 
 
 def _text(key: str, data: bytes) -> dict[str, Any]:
+    return {key: output_doc(data)}
+
+
+def output_doc(data: bytes) -> str | dict[str, str]:
+    """Output bytes as JSON carries them (the HTTP service): the text where it is UTF-8,
+    else `{"base64": ...}`. `output_bytes` reads it back."""
     try:
-        return {key: data.decode()}
+        return data.decode()
     except UnicodeDecodeError:
-        return {key: {"base64": base64.b64encode(data).decode()}}
+        return {"base64": base64.b64encode(data).decode()}
+
+
+output_bytes = _bytes
 
 
 @dataclass(frozen=True, slots=True)

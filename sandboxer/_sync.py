@@ -21,12 +21,17 @@ def _wrap(value: Any) -> Any:
         return Sandbox._of(value)
     if isinstance(value, AsyncCheckpoint):
         return Checkpoint._of(value)
+    if isinstance(value, AsyncSandboxer):
+        return Sandboxer._of(value)
     if isinstance(value, list):
         return [_wrap(v) for v in value]
     if isinstance(value, InventoryChange):
         return InventoryChange(MappingProxyType({k: _wrap(v) for k, v in value.sandboxes.items()}),
                                tuple(_wrap(list(value.added))), tuple(_wrap(list(value.changed))),
                                value.removed)
+
+    if isinstance(value, tuple):
+        return tuple(_wrap(v) for v in value)
     return value
 
 
@@ -93,8 +98,16 @@ class Sandboxer:
     """
 
     def __init__(self, home: str | Path | None = None, database_url: str | None = None,
-                 actor: str | None = None, *, _transport: Any = None) -> None:
-        self._async = AsyncSandboxer(home, database_url, actor, _transport=_transport)
+                 actor: str | None = None, *, url: str | None = None,
+                 token: str | None = None, _transport: Any = None) -> None:
+        self._async = AsyncSandboxer(home, database_url, actor, url=url, token=token,
+                                     _transport=_transport)
+
+    @classmethod
+    def _of(cls, client: AsyncSandboxer) -> Sandboxer:
+        sbx = cls.__new__(cls)
+        sbx._async = client
+        return sbx
 
     @property
     def _async_client(self) -> AsyncSandboxer:

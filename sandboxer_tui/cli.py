@@ -123,8 +123,20 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
+def _use_service(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """`--url`: this command is a client of that service (as SBX_URL says)."""
+    if value:
+        import os
+
+        os.environ["SBX_URL"] = value
+
+
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="sandboxer", prog_name="sbx")
+@click.option("--url", metavar="URL", expose_value=False, is_eager=True,
+              callback=_use_service,
+              help="Be a client of the sbx service at URL (default: $SBX_URL; the key in "
+                   "$SBX_TOKEN).")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Sandboxer: short-lived sandboxes from profiles, on Docker and other backends.
@@ -593,9 +605,11 @@ def _reap_forever(interval, limit, orphans, show, as_json) -> None:
     import signal
 
     from core.delivery import load_settings
-    from sandboxer import AsyncSandboxer, Error
+    from sandboxer import Error
+    from sandboxer_tui.prepared import service_url, take_async_client
 
-    load_settings()  # a bad sink setting is refused before the first cycle
+    if not service_url():
+        load_settings()  # a bad sink setting is refused before the first cycle
 
     def on_report(outcome) -> None:
         if isinstance(outcome, Error):
@@ -611,7 +625,7 @@ def _reap_forever(interval, limit, orphans, show, as_json) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with AsyncSandboxer() as sbx:
+        async with take_async_client() as sbx:
             await sbx.run_reaper(interval, stop=stop, on_report=on_report, timeout=limit,
                                  orphans=orphans)
 
@@ -1000,12 +1014,12 @@ def _follow_all(as_json: bool) -> None:
     import contextlib
     import signal
 
-    from sandboxer import AsyncSandboxer
+    from sandboxer_tui.prepared import take_async_client
 
     def show(view: Mapping[str, Any]) -> None:
         click.echo(json.dumps(view) if as_json else f"{view['sandbox_id']}  {_metric_line(view)}")
 
-    async def follow(sbx: AsyncSandboxer) -> None:
+    async def follow(sbx) -> None:
         async for sample in sbx.follow_all_metrics():
             show(sample.to_dict())
 
@@ -1014,7 +1028,7 @@ def _follow_all(as_json: bool) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with AsyncSandboxer() as sbx:
+        async with take_async_client() as sbx:
             task = asyncio.create_task(follow(sbx))
             stopped = asyncio.create_task(stop.wait())
             await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -1158,6 +1172,93 @@ def server_status_command(as_json: bool) -> None:
         click.echo(f"sbx server running (pid {status['pid']}, {status['served']} commands served)")
     else:
         click.echo("no sbx server running")
+
+
+# -- the HTTP service -----------------------------------------------------------------------
+
+
+@cli.command("serve")
+@click.option("--listen", metavar="HOST:PORT",
+              help="Where to listen (default 127.0.0.1:8765, loopback only; beyond loopback "
+                   "needs an API key to exist). Without it, --socket alone listens only there.")
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Also (or only) a unix socket, mode 0600; requests there need no key.")
+@click.option("--reap-every", "reap_every", default="30s", show_default=True, metavar="DUR",
+              help="Reconcile, reap and deliver events this often ('0' for never).")
+@command
+def serve_command(listen: str | None, socket_path: str | None, reap_every: str) -> None:
+    """The library over HTTP, with API keys, streams and metrics (docs/service.md)."""
+    from core.durations import parse_duration
+    from sandboxer_tui.prepared import service_url
+
+    if service_url():
+        raise BadInput("sbx serve runs the service itself: unset SBX_URL (or drop --url)")
+    every = None if reap_every.strip() == "0" else parse_duration(reap_every, "--reap-every")
+    try:  # fastapi and uvicorn load only here
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        from core.errors import Unavailable
+
+        raise Unavailable(f"sbx serve needs {exc.name}: pip install 'sandboxer[service]'"
+                          ) from None
+    from sandboxer_tui.service.server import serve
+
+    serve(listen, socket_path, every)
+
+
+@cli.group("api-keys")
+def api_keys_group() -> None:
+    """Keys of the HTTP service: create (shown once), ls, revoke."""
+
+
+@api_keys_group.command("create")
+@click.option("--scope", required=True, type=click.Choice(["read", "write", "admin"]),
+              help="read: look; write: also act; admin: also manage keys.")
+@click.option("--owner", metavar="WHO", help="Who its requests are recorded as (default: you).")
+@JSON_OPTION
+@command
+def api_keys_create(scope: str, owner: str | None, as_json: bool) -> None:
+    """A new key; printed once (the last word), only its hash is kept."""
+    with client() as sbx:
+        key, token = sbx.create_api_key(scope, owner=owner)
+    if as_json:
+        emit_json({**key, "token": token})
+    else:
+        click.echo(f"{key['id']} ({key['scope']}, owner {key['owner']}); the key, shown only "
+                   f"now: {token}")
+
+
+@api_keys_group.command("ls")
+@JSON_OPTION
+@command
+def api_keys_ls(as_json: bool) -> None:
+    """Every key (revoked ones too), never the keys themselves."""
+    with client() as sbx:
+        keys = sbx.api_keys()
+    if as_json:
+        emit_json(keys)
+    elif keys:
+        click.echo(table([(k["id"], k["scope"], k["owner"], k["created_at"], k["created_by"],
+                           k["revoked_at"]) for k in keys],
+                         ["ID", "SCOPE", "OWNER", "CREATED", "BY", "REVOKED"]))
+    else:
+        click.echo("no API keys (sbx api-keys create makes one)", err=True)
+
+
+@api_keys_group.command("revoke")
+@click.argument("key_id", metavar="ID")
+@JSON_OPTION
+@command
+def api_keys_revoke(key_id: str, as_json: bool) -> None:
+    """Revoke a key: its next request is refused (401)."""
+    with client() as sbx:
+        key = sbx.revoke_api_key(key_id)
+    if as_json:
+        emit_json(key)
+    else:
+        click.echo(f"revoked {key['id']} ({key['scope']}, owner {key['owner']})")
 
 
 def _not_utf8(arg: str) -> bool:

@@ -7,6 +7,9 @@ engine while no command waits (`prepare`). The command that comes next takes the
 engine settings; it builds its own Manager around them, so everything the command's
 environment decides (actor, clock, lease time, installation) is its own. bench/README.md
 says what this buys, measured.
+
+With `SBX_URL` (or `sbx --url`), every command is a client of that service instead, as
+DOCKER_HOST makes docker one of another engine; `SBX_TOKEN` is its API key.
 """
 
 from __future__ import annotations
@@ -83,10 +86,30 @@ def _take_database(url: str) -> Any | None:
     return db
 
 
+def service_url() -> str | None:
+    """The service the CLI talks to (`SBX_URL`), if any."""
+    return os.environ.get("SBX_URL") or None
+
+
+def take_async_client() -> Any:
+    """A `sandboxer.AsyncSandboxer` for a long-running command (`reap --every`, `metrics
+    --all`), of the service too under `SBX_URL`."""
+    from sandboxer import AsyncSandboxer
+
+    url = service_url()
+    if url:
+        return AsyncSandboxer(url=url, token=os.environ.get("SBX_TOKEN") or None)
+    return AsyncSandboxer()
+
+
 def take_client() -> Any:
-    """A `sandboxer.Sandboxer` for this command: around what was prepared if it fits."""
+    """A `sandboxer.Sandboxer` for this command: of the service under `SBX_URL`; else around
+    what was prepared if it fits."""
     from sandboxer import Sandboxer
 
+    url = service_url()
+    if url:
+        return Sandboxer(url=url, token=os.environ.get("SBX_TOKEN") or None)
     if _database is None and not _adapters:
         return Sandboxer()
     from core import settings

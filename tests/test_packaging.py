@@ -140,7 +140,9 @@ def _imported(args, env):
 def test_fast_paths_import_no_textual_e2b_or_modal(args, sbx_home):
     _imported(["ls"], dict(os.environ))  # the first start migrates (and may import Alembic)
     modules = _imported(args, dict(os.environ))
-    heavy = {m for m in modules if m.split(".")[0] in {"textual", "e2b", "modal"}}
+    heavy = {m for m in modules if m.split(".")[0] in {
+        "textual", "e2b", "modal", "fastapi", "starlette", "uvicorn", "httpx", "httpx_sse",
+        "prometheus_client"}}  # the service's and the remote client's load only for them
     assert heavy == set()
     if args[0] in ("--help", "ls", "events"):
         assert "docker" not in modules  # no backend SDK to read the inventory

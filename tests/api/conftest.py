@@ -1,5 +1,9 @@
 """Fixtures for the library's own tests: a client on the test's own SBX_HOME, a profile on
-the stub test double (for what needs no engine) and the run label on everything made."""
+the stub test double (for what needs no engine) and the run label on everything made.
+
+`client` and `sync_client` come twice: in-process (`local`) and as a client of a live
+`sbx serve` on 127.0.0.1 over that same SBX_HOME (`remote`, with an admin key whose owner
+is the actor the tests expect), so the suites run unchanged against both transports."""
 
 from __future__ import annotations
 
@@ -27,18 +31,45 @@ def stub_profile(sbx_home: Path, tmp_path: Path):
     return ProfileLoader().load_file(path)
 
 
+TRANSPORTS = ["local", "remote"]
+
+
+@pytest.fixture
+def service(request, sbx_home: Path):
+    """A live service over the test's SBX_HOME when the transport is `remote`."""
+    if request.param == "local":
+        yield None
+        return
+    from tests.service.live import LiveService
+
+    live = LiveService(sbx_home).start()
+    yield live
+    live.stop()
+
+
 @pytest_asyncio.fixture
-async def client(sbx_home: Path) -> AsyncIterator[sandboxer.AsyncSandboxer]:
+async def client(service, sbx_home: Path) -> AsyncIterator[sandboxer.AsyncSandboxer]:
     """An AsyncSandboxer on the test's SBX_HOME; the containers it made are removed after."""
-    sbx = sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test")
+    if service is None:
+        sbx = sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test")
+    else:
+        sbx = sandboxer.AsyncSandboxer(url=service.url, token=service.key())
     yield sbx
     await sbx.close()
     remove_test_containers(sbx_home)
 
 
 @pytest.fixture
-def sync_client(sbx_home: Path):
-    sbx = sandboxer.Sandboxer(home=sbx_home, actor="api-test")
+def sync_client(service, sbx_home: Path):
+    if service is None:
+        sbx = sandboxer.Sandboxer(home=sbx_home, actor="api-test")
+    else:
+        sbx = sandboxer.Sandboxer(url=service.url, token=service.key())
     yield sbx
     sbx.close()
     remove_test_containers(sbx_home)
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "service" in metafunc.fixturenames:
+        metafunc.parametrize("service", TRANSPORTS, indirect=True)

@@ -1,0 +1,527 @@
+"""The remote transport: the library as a client of `sbx serve` (docs/service.md), over httpx.
+
+It has the methods of `LocalTransport` and returns the same dicts, so the handles, records
+and errors are the same: an error body `{"error": {"code", "kind", "message"}}` becomes the
+`sandboxer.Error` class of its kind with its message. Requests run on a loop and a thread of
+the transport's own (the core loop of `sandboxer._local`), so one httpx client serves the
+async API on any loop and the sync API alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from core.errors import (
+    BadInput,
+    Conflict,
+    NotFound,
+    OperationFailed,
+    SbxError,
+    Unavailable,
+)
+
+if TYPE_CHECKING:
+    import httpx
+
+    from core.profiles import Profile
+    from sandboxer._local import CoreLoop
+
+T = TypeVar("T")
+KINDS: dict[str, type[SbxError]] = {c.kind: c for c in (
+    OperationFailed, BadInput, NotFound, Conflict, Unavailable)}
+CODES: dict[int, type[SbxError]] = {int(c.exit_code): c for c in KINDS.values()}
+PAGE = 1000
+SSE = "text/event-stream"
+FOLLOW_RETRIES = 5  # a followed stream that drops reconnects this many times in a row
+
+
+def error_from(status: int, body: Any, url: str) -> SbxError:
+    """The library's error for an HTTP error answer of the service."""
+    detail = body.get("error") if isinstance(body, Mapping) else None
+    if isinstance(detail, Mapping) and isinstance(detail.get("message"), str):
+        cls = KINDS.get(detail.get("kind")) or CODES.get(detail.get("code")) or OperationFailed
+        error = cls(detail["message"])
+        if detail.get("problems"):
+            error.problems = list(detail["problems"])
+        return error
+    if status in (502, 503, 504):
+        return Unavailable(f"the sbx service at {url} answered {status}")
+    return OperationFailed(f"the sbx service at {url} answered {status}")
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
+class RemoteTransport:
+    """A service at `url` (`http://HOST:PORT`, `https://...`, or `unix:///PATH` for its
+    socket), with the API key `token` (sent as `Authorization: Bearer`)."""
+
+    def __init__(self, url: str, *, token: str | None = None) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://", "unix://")):
+            raise BadInput(f"bad service URL {url!r}: http://HOST:PORT, https://... or "
+                           "unix:///PATH")
+        self.url = url.rstrip("/")
+        self.token = token
+        self._core: CoreLoop | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._closed = False
+        self._served: dict[str, dict[str, Any]] = {}  # profiles read from the service
+
+    # -- running on the transport's loop ----------------------------------------------------
+
+    @property
+    def core(self) -> CoreLoop:
+        if self._closed:
+            raise Conflict("this Sandboxer is closed")
+        if self._core is None:
+            from sandboxer._local import CoreLoop
+
+            self._core = CoreLoop("sbx-remote")
+        return self._core
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            import httpx
+
+            headers = {"User-Agent": "sandboxer"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            timeout = httpx.Timeout(connect=10.0, read=None, write=120.0, pool=None)
+            if self.url.startswith("unix://"):
+                self._http = httpx.AsyncClient(
+                    base_url="http://sbx", headers=headers, timeout=timeout,
+                    transport=httpx.AsyncHTTPTransport(uds=self.url[len("unix://"):]))
+            else:
+                self._http = httpx.AsyncClient(base_url=self.url, headers=headers,
+                                               timeout=timeout)
+        return self._http
+
+    async def _on_core(self, make: Callable[[], Awaitable[T]]) -> T:
+        core = self.core
+        if core.here():
+            return await make()
+        return await asyncio.wrap_future(core.submit(make()))
+
+    def call_blocking(self, awaitable: Awaitable[T]) -> T:
+        """Run `awaitable` on the transport's loop and wait for it (the sync API)."""
+        try:
+            core = self.core
+        except BaseException:
+            if hasattr(awaitable, "close"):
+                awaitable.close()
+            raise
+        if core.here():
+            raise RuntimeError("the sync sandboxer API was called from its own loop; use "
+                               "the AsyncSandboxer there")
+
+        async def run() -> T:
+            return await awaitable
+
+        return core.submit(run()).result()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        if self._core is not None and self._http is not None:
+            with contextlib.suppress(Exception):
+                await self._on_core(self._http.aclose)
+        self._closed = True
+        if self._core is not None:
+            self._core.stop()
+
+    def close_blocking(self) -> None:
+        if self._closed:
+            return
+        if self._core is not None and self._http is not None:
+            with contextlib.suppress(Exception):
+                self._core.submit(self._http.aclose()).result()
+        self._closed = True
+        if self._core is not None:
+            self._core.stop()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _unreachable(self, exc: Exception) -> Unavailable:
+        return Unavailable(f"cannot reach the sbx service at {self.url}: "
+                           f"{' '.join(str(exc).split()) or type(exc).__name__}")
+
+    async def _send(self, method: str, path: str, *, json_body: Any = None,
+                    params: Mapping[str, Any] | None = None,
+                    headers: Mapping[str, str] | None = None,
+                    content: Any = None) -> httpx.Response:
+        import httpx
+
+        async def go() -> httpx.Response:
+            try:
+                response = await self._client().request(
+                    method, path, json=json_body, params=_params(params), headers=headers,
+                    content=content)
+            except httpx.HTTPError as exc:
+                raise self._unreachable(exc) from None
+            if response.status_code >= 400:
+                raise error_from(response.status_code, _json_or_none(response), self.url)
+            return response
+
+        return await self._on_core(go)
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return (await self._send(method, path, **kwargs)).json()
+
+    def _events(self, method: str, path: str, *, json_body: Any = None,
+                params: Mapping[str, Any] | None = None,
+                resume: bool = False) -> AsyncIterator[tuple[str, Any, str]]:
+        """(event, data, id) of a server-sent event stream, on the transport's loop. With
+        `resume`, a dropped stream reconnects from the last id it saw (Last-Event-ID)."""
+        async def source() -> AsyncIterator[tuple[str, Any, str]]:
+            import httpx
+            from httpx_sse import aconnect_sse
+
+            last_id: str | None = None
+            failures = 0
+            while True:
+                headers = {"Accept": SSE}
+                if last_id is not None:
+                    headers["Last-Event-ID"] = last_id
+                try:
+                    async with aconnect_sse(self._client(), method, path, json=json_body,
+                                            params=_params(params), headers=headers) as events:
+                        response = events.response
+                        if response.status_code >= 400:
+                            await response.aread()
+                            raise error_from(response.status_code, _json_or_none(response),
+                                             self.url)
+                        async for item in events.aiter_sse():
+                            failures = 0
+                            if item.id:
+                                last_id = item.id
+                            if item.event == "error":
+                                raise error_from(500, item.json(), self.url)
+                            yield item.event, item.json() if item.data else None, item.id
+                except (httpx.HTTPError, OSError) as exc:
+                    failures += 1
+                    if not resume or failures > FOLLOW_RETRIES:
+                        raise self._unreachable(exc) from None
+                    await asyncio.sleep(min(2.0 ** failures / 4, 5.0))
+                    continue
+                if not resume:
+                    return
+                raise Unavailable(f"the sbx service at {self.url} ended the stream")
+
+        return self._stream(source)
+
+    async def _stream(self, make: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
+        """Items of the async iterator `make()` runs on the transport's loop, one hop each."""
+        agen = await self._on_core(_async(make))
+        try:
+            while True:
+                try:
+                    item = await self._on_core(agen.__anext__)
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            with contextlib.suppress(Exception):
+                await self._on_core(agen.aclose)
+
+    # -- sandboxes --------------------------------------------------------------------------
+
+    def _profile_ref(self, profile: str | Profile | Mapping[str, Any]) -> str | dict[str, Any]:
+        """A name the service knows; a profile read from the service, unchanged, by its
+        name; anything else as a document (which only an admin key may send)."""
+        if isinstance(profile, str):
+            return profile
+        if isinstance(profile, Mapping):
+            return dict(profile)
+        from core.profiles import dump
+
+        doc = dump(profile)
+        return profile.name if self._served.get(profile.name) == doc else doc
+
+    async def create(self, profile: str | Profile, *, ttl: timedelta | None, name: str | None,
+                     labels: Mapping[str, str] | None, owner: str | None,
+                     task: str | None, idempotency_key: str | None = None) -> dict[str, Any]:
+        body = {"profile": self._profile_ref(profile), "ttl": _seconds(ttl), "name": name,
+                "labels": dict(labels) if labels else None, "owner": owner, "task": task}
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
+        return await self._json("POST", "/v1/sandboxes", json_body=body, headers=headers)
+
+    async def get(self, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}",
+                                params={"with_profile": with_profile or None})
+
+    async def list(self, *, state: str | None, backend: str | None,
+                   labels: Mapping[str, str] | None,
+                   include_destroyed: bool) -> list[dict[str, Any]]:
+        views: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            page, cursor = await self.list_page(
+                state=state, backend=backend, labels=labels,
+                include_destroyed=include_destroyed, limit=PAGE, cursor=cursor)
+            views += page
+            if cursor is None:
+                return views
+
+    async def destroy(self, ref: str) -> tuple[dict[str, Any], bool]:
+        view = await self._json("DELETE", f"/v1/sandboxes/{_seg(ref)}")
+        return view, not view.pop("already_destroyed", False)
+
+    async def destroy_many(self, refs: Sequence[str]) -> dict[str, list[Any]]:
+        return await self._json("POST", "/v1/sandboxes/destroy", json_body={"refs": list(refs)})
+
+    async def exec(self, ref: str, argv: Sequence[str],
+                   timeout: timedelta | None) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/exec",
+                                json_body={"argv": list(argv), "timeout": _seconds(timeout)})
+
+    async def exec_stream(self, ref: str, argv: Sequence[str],
+                          timeout: timedelta | None) -> AsyncIterator[tuple[str, Any]]:
+        from sandboxer._records import output_bytes
+
+        async for event, data, _ in self._events(
+                "POST", f"/v1/sandboxes/{_seg(ref)}/exec",
+                json_body={"argv": list(argv), "timeout": _seconds(timeout)}):
+            if event in ("stdout", "stderr"):
+                yield event, output_bytes(data["data"])
+            elif event == "exit":
+                yield "exit", data
+                return
+
+    async def logs(self, ref: str, *, follow: bool, tail: int | None) -> AsyncIterator[bytes]:
+        from sandboxer._records import output_bytes
+
+        async for event, data, _ in self._events(
+                "GET", f"/v1/sandboxes/{_seg(ref)}/logs",
+                params={"follow": follow or None, "tail": tail}):
+            if event == "log":
+                yield output_bytes(data["data"])
+            elif event == "end":
+                return
+
+    async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
+        view = await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/extend",
+                                json_body={"by": by.total_seconds()})
+        return view, bool(view.pop("capped", False))
+
+    async def touch(self, ref: str) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/touch")
+
+    async def pause(self, ref: str) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/pause")
+
+    async def resume(self, ref: str) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/resume")
+
+    async def metrics(self, ref: str) -> dict[str, Any] | None:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/metrics")
+
+    async def follow_metrics(self, ref: str) -> AsyncIterator[dict[str, Any]]:
+        async for event, data, _ in self._events("GET", f"/v1/sandboxes/{_seg(ref)}/metrics",
+                                                 params={"follow": True}):
+            if event == "sample":
+                yield data
+
+    def follow_all_metrics(self) -> AsyncIterator[dict[str, Any]]:
+        raise BadInput("following every sandbox's metrics runs on the service's host "
+                       "(sbx metrics --all there); over the service, follow one sandbox")
+
+    async def metric_history(self, ref: str) -> list[dict[str, Any]]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/metrics/history")
+
+    async def evidence(self, ref: str) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/evidence")
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def events(self, sandbox: str | None, since: datetime | timedelta | None,
+                     after: int | None) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/events", params={
+            "sandbox": sandbox, "since": _since(since), "after": after})
+
+    async def follow_events(self, sandbox: str | None, after: int | None,
+                            every: float) -> AsyncIterator[dict[str, Any]]:
+        async for _, data, _ in self._events("GET", "/v1/events", resume=True,
+                                             params={"sandbox": sandbox, "after": after}):
+            yield data
+
+    async def verify_events(self) -> dict[str, Any]:
+        return await self._json("GET", "/v1/events/verify")
+
+    async def deliver_events(self) -> list[dict[str, Any]]:
+        return await self._json("POST", "/v1/events/deliver")
+
+    async def undelivered(self) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/events/undelivered")
+
+    async def redeliver(self, event_ids: Sequence[int] | None) -> list[dict[str, Any]]:
+        return await self._json("POST", "/v1/events/redeliver", json_body={
+            "event_ids": list(event_ids) if event_ids else None})
+
+    # -- the reaper -------------------------------------------------------------------------
+
+    async def reap(self, *, dry_run: bool, orphans: bool, reap: bool = True,
+                   timeout: timedelta | None = None) -> dict[str, Any]:
+        if not reap:
+            return await self._json("POST", "/v1/reconcile", json_body={"dry_run": dry_run})
+        return await self._json("POST", "/v1/reap", json_body={
+            "dry_run": dry_run, "orphans": orphans, "timeout": _seconds(timeout)})
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    async def snapshot(self, ref: str, name: str | None) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/snapshot",
+                                json_body={"name": name})
+
+    async def checkpoint(self, ref: str) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/checkpoints/{_seg(ref)}")
+
+    async def checkpoints(self, sandbox: str | None) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/checkpoints", params={"sandbox": sandbox})
+
+    async def restore(self, ref: str, *, ttl: timedelta | None, name: str | None,
+                      labels: Mapping[str, str] | None, owner: str | None, task: str | None,
+                      profile: str | None) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/checkpoints/{_seg(ref)}/restore", json_body={
+            "ttl": _seconds(ttl), "name": name, "labels": dict(labels) if labels else None,
+            "owner": owner, "task": task, "profile": profile})
+
+    async def remove_checkpoint(self, ref: str) -> dict[str, Any]:
+        return await self._json("DELETE", f"/v1/checkpoints/{_seg(ref)}")
+
+    async def prune_checkpoints(self) -> list[str]:
+        return (await self._json("POST", "/v1/checkpoints/prune"))["removed"]
+
+    async def export_checkpoint(self, ref: str, path: str) -> dict[str, Any]:
+        """The archive, written here (mode 0600) as the service made it there."""
+        response = await self._send("GET", f"/v1/checkpoints/{_seg(ref)}/archive")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(response.content)
+        return await self.checkpoint(ref)
+
+    async def import_checkpoint(self, path: str, name: str | None) -> dict[str, Any]:
+        try:
+            with open(path, "rb") as archive:
+                data = archive.read()
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+        return await self._json("POST", "/v1/checkpoints/import", params={"name": name},
+                                content=data, headers={"Content-Type": "application/gzip"})
+
+    # -- profiles, health, the store --------------------------------------------------------
+
+    async def profiles(self) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/profiles")
+
+    async def profile(self, name: str) -> Profile:
+        from core.profiles import Profile, dump
+
+        doc = await self._json("GET", f"/v1/profiles/{_seg(name)}")
+        doc.pop("source", None)
+        profile = Profile.model_validate(doc)
+        self._served[profile.name] = dump(profile)
+        return profile
+
+    async def doctor(self) -> dict[str, Any]:
+        return await self._json("GET", "/v1/doctor")
+
+    async def copy_database(self, target_url: str) -> dict[str, Any]:
+        raise BadInput("sbx db copy runs where the database is: on the service's host, "
+                       "without SBX_URL")
+
+    # -- for the service --------------------------------------------------------------------
+
+    def acting_as(self, actor: str) -> Any:
+        raise BadInput("a client of a service acts as its API key's owner; make a key for "
+                       f"{actor!r} (sbx api-keys create --owner) and use it")
+
+    async def list_page(self, *, state: str | None, backend: str | None,
+                        labels: Mapping[str, str] | None, include_destroyed: bool,
+                        limit: int | None, cursor: str | None,
+                        ) -> tuple[list[dict[str, Any]], str | None]:
+        page = await self._json("GET", "/v1/sandboxes", params={
+            "state": state, "backend": backend,
+            "label": [f"{k}={v}" for k, v in (labels or {}).items()] or None,
+            "include_destroyed": include_destroyed or None, "limit": limit, "cursor": cursor})
+        return page["items"], page["next_cursor"]
+
+    async def create_idempotent(self, key: str, caller: str, profile: str | Profile, *,
+                                ttl: timedelta | None, name: str | None,
+                                labels: Mapping[str, str] | None, owner: str | None,
+                                task: str | None) -> dict[str, Any]:
+        """`caller` is the service's to say: the API key this client sends."""
+        return await self.create(profile, ttl=ttl, name=name, labels=labels, owner=owner,
+                                 task=task, idempotency_key=key)
+
+    async def create_api_key(self, scope: str, owner: str | None) -> tuple[dict[str, Any], str]:
+        made = await self._json("POST", "/v1/api-keys", json_body={"scope": scope,
+                                                                   "owner": owner})
+        return made["key"], made["token"]
+
+    async def api_keys(self) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/api-keys")
+
+    async def revoke_api_key(self, key_id: str) -> dict[str, Any]:
+        return await self._json("DELETE", f"/v1/api-keys/{_seg(key_id)}")
+
+    async def authenticate(self, token: str) -> dict[str, Any] | None:
+        raise BadInput("keys are checked by the service that holds them")
+
+    async def usable_api_keys(self) -> int:
+        return sum(1 for k in await self.api_keys() if k["revoked_at"] is None)
+
+    async def sandbox_counts(self) -> list[dict[str, Any]]:
+        counts: dict[tuple[str, str], int] = {}
+        for view in await self.list(state=None, backend=None, labels=None,
+                                    include_destroyed=True):
+            key = (view["state"], view["backend"])
+            counts[key] = counts.get(key, 0) + 1
+        return [{"state": s, "backend": b, "count": n} for (s, b), n in counts.items()]
+
+    async def ready(self) -> dict[str, Any]:
+        return await self._json("GET", "/readyz")
+
+
+def _seg(text: str) -> str:
+    return urllib.parse.quote(str(text), safe="")
+
+
+def _params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not params:
+        return None
+    out = {}
+    for key, value in params.items():
+        if value is None:
+            continue
+        out[key] = ("true" if value else "false") if isinstance(value, bool) else value
+    return out
+
+
+def _since(since: datetime | timedelta | None) -> str | None:
+    if since is None:
+        return None
+    if isinstance(since, timedelta):
+        return f"{max(1, int(since.total_seconds()))}s"
+    return since.isoformat()
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (ValueError, json.JSONDecodeError):
+        return None
+
+
+def _async(make: Callable[[], T]) -> Callable[[], Awaitable[T]]:
+    async def run() -> T:
+        return make()
+
+    return run

@@ -1,0 +1,81 @@
+"""Who is calling: `Authorization: Bearer KEY`, the key's scope, and the client that acts as
+the key's owner. A request over the service's own unix socket (mode 0600: only the user who
+runs `sbx serve` can connect) may come without a key; it acts as that user, with every scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from core.apikeys import Scope
+from sandboxer import AsyncSandboxer
+
+LOCAL = "local"  # the caller of a request over the unix socket without a key
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The library client a request runs through, acting as the key's owner."""
+
+    client: AsyncSandboxer
+    principal: str  # the key's id (idempotency keys are kept per principal), or LOCAL
+    scope: Scope
+    actor: str
+
+    def require(self, needed: Scope, what: str) -> None:
+        if not self.scope.allows(needed):
+            raise Refused(403, f"{what} needs a {needed} key, not a {self.scope} one")
+
+
+class Refused(Exception):
+    """401 (no usable key) or 403 (a key whose scope does not allow it)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _over_socket(request: Request) -> bool:
+    server = request.scope.get("server")
+    path = request.app.state.socket_path
+    return bool(path and server and server[1] is None and server[0] == path)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if not header:
+        return None
+    kind, _, token = header.partition(" ")
+    return token.strip() if kind.lower() == "bearer" and token.strip() else ""
+
+
+async def caller(request: Request, needed: Scope) -> Caller:
+    """The caller of this request, or Refused."""
+    client: AsyncSandboxer = request.app.state.client
+    token = _bearer(request)
+    if token is None and _over_socket(request):
+        return Caller(client, LOCAL, Scope.ADMIN, request.app.state.actor)
+    if not token:
+        raise Refused(401, "this service needs an API key: send `Authorization: Bearer KEY` "
+                           "(sbx api-keys create makes one)")
+    key = await client.authenticate(token)
+    if key is None:
+        raise Refused(401, "the API key is not one of this service's, or it was revoked")
+    scope = Scope(key["scope"])
+    if not scope.allows(needed):
+        raise Refused(403, f"a {scope} key cannot do this: it needs a {needed} key")
+    return Caller(client.acting_as(key["owner"]), key["id"], scope, key["owner"])
+
+
+def need(scope: Scope):
+    """A FastAPI dependency: the caller, holding at least `scope`."""
+    async def dependency(request: Request) -> Caller:
+        return await caller(request, scope)
+
+    dependency.__name__ = f"needs_{scope}"
+    return dependency
+
+
+READ, WRITE, ADMIN = need(Scope.READ), need(Scope.WRITE), need(Scope.ADMIN)

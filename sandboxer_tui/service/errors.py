@@ -1,0 +1,42 @@
+"""The one mapping from sbx's errors to HTTP: the CLI's body, `{"error": {"code", "kind",
+"message"}}`, with the status its kind means. The remote client maps the body back to the
+same `sandboxer.Error` class (by kind) and message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from core.errors import classify
+
+STATUS = {"bad_input": 400, "not_found": 404, "conflict": 409, "unavailable": 503,
+          "failed": 500}
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    code, kind = classify(exc)
+    body = {"code": int(code), "kind": kind,
+            "message": " ".join(str(exc).split()) or type(exc).__name__}
+    problems = getattr(exc, "problems", None)
+    if problems and len(problems) > 1:
+        body["problems"] = list(problems)
+    return {"error": body}
+
+
+def status_of(exc: BaseException) -> int:
+    from core.idempotency import KeyReused
+
+    if isinstance(exc, KeyReused):
+        return 422  # the key was first used with another request
+    return STATUS[classify(exc)[1]]
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=status_of(exc))
+
+
+def refusal(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
+    """401, 403 and 422 of the service itself (nothing was written: exit code 2)."""
+    return JSONResponse({"error": {"code": 2, "kind": kind, "message": message}},
+                        status_code=status, headers=headers or None)

@@ -1,0 +1,123 @@
+"""A live `sbx serve` for tests: the service's app on real uvicorn, listening on 127.0.0.1 on
+a free port, in a thread of the test process (so the stub test double, which lives in this
+process only, is the service's too), or as a real `sbx serve` process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import sandboxer
+
+SERVICE_ACTOR = "the-service"
+
+
+@dataclass
+class LiveService:
+    """The service over its own AsyncSandboxer on `home`, in a thread."""
+
+    home: Path
+    reap_every: timedelta | None = None
+    socket_path: str | None = None
+    url: str = ""
+    client: sandboxer.AsyncSandboxer | None = None
+    _server: object = None
+    _thread: threading.Thread | None = None
+    _sockets: list[socket.socket] = field(default_factory=list)
+
+    def start(self) -> LiveService:
+        import uvicorn
+
+        from sandboxer_tui.service.app import build_app
+        from sandboxer_tui.service.server import Listen, tcp_socket, unix_socket
+
+        self.client = sandboxer.AsyncSandboxer(home=self.home, actor=SERVICE_ACTOR)
+        tcp = tcp_socket(Listen("127.0.0.1", 0))
+        self._sockets = [tcp]
+        if self.socket_path:
+            self._sockets.append(unix_socket(self.socket_path))
+        self.url = f"http://127.0.0.1:{tcp.getsockname()[1]}"
+        app = build_app(self.client, actor=SERVICE_ACTOR, socket_path=self.socket_path,
+                        reap_every=self.reap_every)
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", http="h11",
+                                ws="none", access_log=False, timeout_graceful_shutdown=2)
+        server = uvicorn.Server(config)
+        self._server = server
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(server.serve(sockets=self._sockets)),
+            name="sbx-serve-test", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the service did not start")
+            time.sleep(0.01)
+        return self
+
+    def key(self, scope: str = "admin", owner: str = "api-test") -> str:
+        """A new API key of the service."""
+        local = sandboxer.Sandboxer(home=self.home, actor="test-setup")
+        try:
+            return local.create_api_key(scope, owner=owner)[1]
+        finally:
+            local.close()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(15)
+        for sock in self._sockets:
+            sock.close()
+        if self.socket_path and os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+        if self.client is not None:
+            self.client._transport.close_blocking()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_process(sbx_cmd: list[str], env: dict[str, str], *args: str,
+                  cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """A real `sbx serve --listen 127.0.0.1:PORT` process; (the process, its URL) once it
+    answers /healthz."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([*sbx_cmd, "serve", "--listen", f"127.0.0.1:{port}", *args],
+                            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sbx serve exited {proc.returncode}: {proc.stderr.read()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("sbx serve did not answer within 60s")
+        time.sleep(0.1)
+
+
+def stop_process(proc: subprocess.Popen) -> tuple[str, str]:
+    proc.terminate()
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return out, err
