@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -27,13 +28,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import docker
-from docker import errors as docker_errors
-from docker.tls import TLSConfig
-from docker.utils import kwargs_from_env
 
-from adapters.archives import BoundedTar, TooLarge, member_path
-from adapters.base import (
+def _import_docker_py() -> None:
+    """docker-py imports paramiko (about 90 ms) whenever it is imported, for ssh:// engines
+    alone. Unless this process's engine is one, it is imported without: `_ssh_transport`
+    brings paramiko in if an ssh:// engine turns up later."""
+    if "docker" in sys.modules or "paramiko" in sys.modules or \
+            os.environ.get("DOCKER_HOST", "").startswith("ssh://"):
+        return
+    sys.modules["paramiko"] = None  # `import paramiko` fails: docker-py goes on without it
+    try:
+        import docker  # noqa: F401
+    finally:
+        del sys.modules["paramiko"]
+
+
+_import_docker_py()
+
+import docker  # noqa: E402
+from docker import errors as docker_errors  # noqa: E402
+from docker.tls import TLSConfig  # noqa: E402
+from docker.utils import kwargs_from_env  # noqa: E402
+
+from adapters.archives import BoundedTar, TooLarge, member_path  # noqa: E402
+from adapters.base import (  # noqa: E402
     LABEL_CHECKPOINT,
     LABEL_INSTALL,
     LABEL_POD,
@@ -207,6 +225,18 @@ def own_bridge(api: docker.APIClient, install: str) -> str:
 
 
 
+def _ssh_transport() -> None:
+    """docker-py's ssh:// transport, imported now if docker-py was imported without it."""
+    import docker.api.client
+    import docker.transport
+
+    if not hasattr(docker.transport, "SSHHTTPAdapter"):
+        from docker.transport.sshconn import SSHHTTPAdapter  # paramiko, at last
+
+        docker.transport.SSHHTTPAdapter = SSHHTTPAdapter
+        docker.api.client.SSHHTTPAdapter = SSHHTTPAdapter
+
+
 def _read_engine_ids(path: os.PathLike) -> dict:
     """The remembered engine ids; {} when there are none, or a link was planted there."""
     try:
@@ -336,6 +366,8 @@ class DockerAdapter(Adapter):
         """A client speaking the engine's own API version, learnt from one unversioned
         `/_ping` (what `docker version="auto"` learns from the slower `/version`)."""
         if self._api is None:
+            if self.base_url.startswith("ssh://"):
+                _ssh_transport()
             tls = engine_tls(self.base_url)
             try:
                 api = docker.APIClient(base_url=self.base_url, timeout=self.timeout,
