@@ -232,10 +232,57 @@ def main() -> None:
 
 def run_here(args: list[str]) -> None:
     """The command in this process: what main() falls back to, and what the compiled launcher
-    (launcher.c) execs Python for when no server takes the command."""
+    (launcher.c) execs Python for when no server takes the command. When no server runs for
+    the folder, one is started behind it for the commands that follow (see autostart)."""
+    if wants_server(args) and autostart_idle_s() is not None:
+        autostart()
     from sandboxer_tui.cli import main as run_cli
 
     run_cli(args)
+
+
+# A server started on first use exits after this long without a command (SBX_SERVER_IDLE).
+AUTOSTART_IDLE = "15m"
+
+
+def autostart_idle_s() -> float | None:
+    """How long a server started on first use waits for commands; None: start none
+    (`SBX_SERVER_AUTOSTART=0`)."""
+    if os.environ.get("SBX_SERVER_AUTOSTART", "1").strip().lower() in ("0", "no", "off", "false"):
+        return None
+    from core.durations import parse_duration
+    from core.errors import BadInput
+
+    try:
+        return parse_duration(os.environ.get("SBX_SERVER_IDLE") or AUTOSTART_IDLE,
+                              "SBX_SERVER_IDLE").total_seconds()
+    except BadInput:
+        return None  # the command itself does not depend on it: it just runs here
+
+
+def autostart() -> None:
+    """Start a server for this folder, not waiting for it, unless one listens there. It
+    takes the next command; this one runs here. Two first commands at once start one
+    server: the second leaves at once (resident.run's lock)."""
+    folder = home()
+    if not private_folder(folder):
+        return  # no folder yet (the command makes it), or one the core refuses
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        probe.connect(socket_address(folder))
+        return  # a server listens: it declined this command (another Python, new code)
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    from pathlib import Path
+
+    from sandboxer_tui import resident
+
+    try:
+        resident.spawn(Path(folder), autostart_idle_s())
+    except Exception:  # noqa: BLE001 (a server is an accelerator: never fail a command for it)
+        pass
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from sandboxer_tui.launcher import (
 
 PID_FILE = "server.pid"
 LOG_FILE = "server.log"
+LOCK_FILE = "server.lock"  # held by the one server of a folder
 # A request is argv and the environment, which Linux caps at a few MiB together (ARG_MAX):
 # a frame announcing more is declined before it is read.
 MAX_REQUEST_BYTES = 16 * 1024**2
@@ -384,6 +385,7 @@ class Server:
         self.stopping = False
         self.spare: _Spare | None = None
         self.listener: socket.socket | None = None  # while serving
+        self.lock: int | None = None  # the folder's server lock (see run)
         self.spares_lost = 0  # spares that died unused: after a few, fork per command only
 
     def preload(self) -> None:
@@ -655,6 +657,8 @@ class Server:
         """A child holds nothing of the server's but its own caller's connection: not the
         listener, nor other callers' connections, so a caller sees its server go away."""
         listener.close()
+        if self.lock is not None:  # the server's alone: a child outliving it must not hold it
+            os.close(self.lock)
         for incoming in self.incoming:
             incoming.close()
         if self.spare is not None:  # a command forked while the spare was not yet ready
@@ -755,16 +759,10 @@ def query_status(folder: Path) -> dict[str, Any] | None:
     return status if isinstance(status, dict) and status.get("pid") == pid else None
 
 
-def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, Any], bool]:
-    """Start a detached server unless one answers. Returns its status and whether it is new."""
+def spawn(folder: Path, idle_s: float | None) -> Path:
+    """A detached server for `folder`, started without waiting for it; its log's path."""
     import subprocess
 
-    folder = server_folder()
-    running = query_status(folder)
-    if running and "pid" in running:
-        return running, False
-    if os.path.islink(folder / PID_FILE):  # the server would refuse it: say so here, at once
-        os.close(open_state_file(folder / PID_FILE, os.O_RDONLY))
     log = folder / LOG_FILE
     with os.fdopen(open_state_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
         os.fchmod(out.fileno(), 0o600)
@@ -772,6 +770,18 @@ def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, 
             [sys.executable, "-m", "sandboxer_tui.resident", "" if idle_s is None else str(idle_s)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             cwd="/", close_fds=True)
+    return log
+
+
+def start(idle_s: float | None = None, wait_s: float = 30.0) -> tuple[dict[str, Any], bool]:
+    """Start a detached server unless one answers. Returns its status and whether it is new."""
+    folder = server_folder()
+    running = query_status(folder)
+    if running and "pid" in running:
+        return running, False
+    if os.path.islink(folder / PID_FILE):  # the server would refuse it: say so here, at once
+        os.close(open_state_file(folder / PID_FILE, os.O_RDONLY))
+    log = spawn(folder, idle_s)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         time.sleep(0.05)
@@ -796,9 +806,19 @@ def stop(wait_s: float = 30.0) -> dict[str, Any] | None:
 
 
 def run(idle_s: float | None = None) -> None:
-    """Serve in the foreground until SIGTERM, idleness or a code change."""
+    """Serve in the foreground until SIGTERM, idleness or a code change. One server per
+    folder: a second one (two first commands starting one at once) leaves at once."""
+    import fcntl
+
     folder = server_folder()
+    lock = open_state_file(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _log("another sbx server serves this folder")
+        return
     server = Server(folder, idle_s)
+    server.lock = lock
     server.preload()
     _log(f"serving {folder / SOCKET_NAME} (pid {os.getpid()})")
     server.serve()

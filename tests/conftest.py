@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # variable a test sees is one it set itself, pointing at a local stand-in.
 for _name in [n for n in os.environ if n.startswith(("E2B_", "MODAL_"))]:
     del os.environ[_name]
+# A test's sbx starts no server on first use (SBX_SERVER_AUTOSTART): each test has its own
+# SBX_HOME and would leave one behind; tests/test_autostart.py turns it on where it is the point.
+os.environ["SBX_SERVER_AUTOSTART"] = "0"
 RUN_ID = uuid.uuid4().hex[:12]
 RUN_LABEL = f"sbx-test-run={RUN_ID}"
 SBX = [sys.executable, "-m", "sandboxer_tui.cli"]
@@ -58,7 +61,8 @@ class SbxRunner:
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-        env.update(SBX_HOME=str(self.home), XDG_CONFIG_HOME=str(self.cwd / "xdg-config"))
+        env.update(SBX_HOME=str(self.home), XDG_CONFIG_HOME=str(self.cwd / "xdg-config"),
+                   SBX_SERVER_AUTOSTART="0")
         env.update(extra or {})
         return env
 

@@ -56,7 +56,8 @@ def installed_env(tmp_path) -> dict[str, str]:
     """The environment of a user of the installed venv, in `tmp_path`: own SBX_HOME and
     config folder, no cloud credentials."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "E2B_", "MODAL_"))}
-    env.update(SBX_HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    env.update(SBX_HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "cfg"),
+               SBX_SERVER_AUTOSTART="0")
     return env
 
 
