@@ -63,8 +63,13 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
+# Each benchmark writes its results to bench/results/NAME.json (committed), and the README's
+# performance table is made from them (scripts/perf_table.py; a test checks they agree).
+BENCHES ?= lifecycle api reap checkpoints delivery metrics tui fleet
 bench: setup test-setup
-	for b in lifecycle reap checkpoints delivery metrics tui fleet; do $(BIN)/python bench/bench_$$b.py || exit 1; done
+	mkdir -p bench/results
+	for b in $(BENCHES); do $(BIN)/python bench/bench_$$b.py --json bench/results/$$b.json || exit 1; done
+	$(BIN)/python scripts/perf_table.py --write
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -39,7 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from common import git_commit, median, print_table  # also puts the project on sys.path
+import common  # also puts the project on sys.path
+from common import git_commit, median, print_table
 
 TARGET_EPS = 500.0
 WINDOW = 1000
@@ -338,7 +339,9 @@ def main() -> None:
                       f"{cli_fixed:.3f} s)")
     print_table(["measurement", "value", "target", "result"], summary,
                 title=f"SUMMARY ({time.perf_counter() - began:.0f} s)")
-    results.update(cli_fixed_s=cli_fixed, summary=summary)
+    results.update(cli_fixed_s=cli_fixed, meta=common.preflight_meta(), summary=[
+        {"measurement": m, "shown": v, "target_shown": t, "pass": r == "PASS"}
+        for m, v, t, r in summary])
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2, default=str) + "\n")
         print(f"results written to {args.json_path}")

@@ -280,6 +280,13 @@ def git_commit() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+def preflight_meta() -> dict[str, Any]:
+    """What a results file says about where it was measured (without asking the engine)."""
+    return {"python": platform.python_version(), "cpus": os.cpu_count(),
+            "launcher": launcher_kind(), "git_commit": git_commit(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
 def preflight(timeout: float = TIMEOUT_S) -> dict[str, Any]:
     """The engine answers and has the base image; the run's metadata."""
     _, proc = run_cmd(["docker", "version", "--format", "{{.Server.Version}}"], timeout=timeout)
@@ -322,8 +329,10 @@ def finish(results: dict[str, Any], summary: list[tuple[str, float, float, str, 
             for name, value, target, shown, target_text in summary]
     print_table(["measurement", "value", "target", "result"], rows + info,
                 title=f"SUMMARY (run {run_id}, {time.perf_counter() - started:.0f} s)")
-    results["summary"] = [{"measurement": n, "value": v, "target": t, "pass": v <= t}
-                          for n, v, t, _, _ in summary]
+    results["summary"] = [{"measurement": n, "value": v, "target": t, "pass": v <= t,
+                           "shown": shown, "target_shown": target_text}
+                          for n, v, t, shown, target_text in summary]
+    results.setdefault("meta", preflight_meta())
     results["elapsed_s"] = time.perf_counter() - started
     if json_path:
         Path(json_path).write_text(json.dumps(results, indent=2, default=str) + "\n")
