@@ -6,7 +6,6 @@ whole process, so subprocess tests can look into the future without sleeping.
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime, timedelta
 
 
@@ -37,7 +36,9 @@ class FrozenClock(Clock):
 
 
 def clock_from_env() -> Clock:
-    raw = os.environ.get("SBX_CLOCK_OFFSET", "").strip()
+    from core.settings import clock_offset
+
+    raw = clock_offset()
     if not raw:
         return Clock()
     from core.durations import parse_duration

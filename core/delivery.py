@@ -208,7 +208,7 @@ class WebhookSink:
         when none was). `ids` are the documents' ids (read from each body when not given)."""
         from standardwebhooks import Webhook  # only where a webhook is configured
 
-        secret = os.environ.get("SBX_WEBHOOK_SECRET", "")
+        secret = settings.webhook_secret()
         signer = Webhook(signing_key(secret))
         for done, body in enumerate(batch):
             webhook_id = ids[done] if ids is not None else json.loads(body)["id"]
@@ -305,13 +305,13 @@ def load_settings(clock: Clock | None = None) -> DeliverySettings:
         raise BadInput(f"{ALLOW_HTTP_VARIABLE}: {allow_variable!r} is not 0 or 1")
     if allow_variable:  # the variable, when set, overrides the file (as SBX_WEBHOOK_URL does)
         allow_plain_http = allow_variable == "1"
-    url = os.environ.get("SBX_WEBHOOK_URL") or hook_conf.get("url")
-    where = "SBX_WEBHOOK_URL" if os.environ.get("SBX_WEBHOOK_URL") else f"{path}: sinks.webhook.url"
+    url = settings.webhook_url() or hook_conf.get("url")
+    where = "SBX_WEBHOOK_URL" if settings.webhook_url() else f"{path}: sinks.webhook.url"
     if url:
         check_url(str(url), where, allow_plain_http)
-        if not os.environ.get("SBX_WEBHOOK_SECRET"):
+        if not settings.webhook_secret():
             raise BadInput("the webhook needs a signing secret: set SBX_WEBHOOK_SECRET")
-        signing_key(os.environ["SBX_WEBHOOK_SECRET"])
+        signing_key(settings.webhook_secret())
         sinks.append(WebhookSink(str(url), timeout_s, clock=clock, legacy_signature=legacy))
     return DeliverySettings(sinks, max_attempts, backoff_s)
 

@@ -93,5 +93,5 @@ async def report(db: Database) -> dict[str, Any]:
         "backends": [await backend_report(name) for name in registry.names()],
         "adapters": adapters_report(),
         "sdks": {dist: _version(dist) for dist in ("docker", "e2b", "modal")},
-        "profile_path": os.environ.get("SBX_PROFILE_PATH", ""),
+        "profile_path": os.pathsep.join(settings.profile_path()),
     }

@@ -3,7 +3,6 @@ or stop itself (SIGSTOP) with `NAME:stop`. Crash tests use them to stop at exact
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 
@@ -20,7 +19,9 @@ POINTS = (
 
 def failpoint(name: str) -> None:
     assert name in POINTS, f"unknown failpoint {name!r}: list it in POINTS"
-    wanted = os.environ.get("SBX_FAILPOINT")
+    from core.settings import failpoint_wanted
+
+    wanted = failpoint_wanted()
     if not wanted:
         return
     point, _, action = wanted.partition(":")

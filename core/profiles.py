@@ -358,8 +358,9 @@ def _search() -> tuple[list[Path], dict[Path, dict[str, bytes]]]:
     if project is not None:
         folders.append(project[0])
         pinned[project[0]] = project[1]
-    extra = os.environ.get("SBX_PROFILE_PATH", "")
-    folders += [Path(p).expanduser() for p in extra.split(":") if p]
+    from core.settings import profile_path
+
+    folders += [Path(p).expanduser() for p in profile_path()]
     return folders, pinned
 
 

@@ -1,4 +1,12 @@
-"""Where sbx keeps its state, and who is acting. Read from the environment at use."""
+"""Every setting sbx reads, in one place: where it keeps its state, who is acting, the store,
+the timers, delivery and the service client. Read from the environment (and the settings file)
+at use, so a test or a library client changes them without a restart.
+
+Plain functions rather than a pydantic-settings model: `sbx ls` and `sbx reap` load no
+pydantic at all, and pydantic-settings would add about 100 ms to every such start. Adapters
+read their own variables (SBX_SSH_*, SBX_DOCKER_ALLOW_PLAINTEXT, SBX_ADAPTERS) where they use
+them (they do not import the core); the launchers read SBX_HOME, SBX_NO_SERVER and the
+autostart ones with built-in modules only. docs/cli.md lists them all."""
 
 from __future__ import annotations
 
@@ -204,3 +212,38 @@ def import_max_artifact() -> int:
     """The largest artifact (image archive) a checkpoint archive may hold
     (`SBX_IMPORT_MAX_ARTIFACT`, 8GiB)."""
     return _size_env("SBX_IMPORT_MAX_ARTIFACT", "8GiB")
+
+
+def clock_offset() -> str:
+    """`SBX_CLOCK_OFFSET`: a duration, optionally `-`, that shifts this process's clock (tests)."""
+    return os.environ.get("SBX_CLOCK_OFFSET", "").strip()
+
+
+def profile_path() -> list[str]:
+    """`SBX_PROFILE_PATH`: extra profile folders, `:`-separated, in order."""
+    return [p for p in os.environ.get("SBX_PROFILE_PATH", "").split(os.pathsep) if p]
+
+
+def failpoint_wanted() -> str | None:
+    """`SBX_FAILPOINT`: NAME or NAME:stop (core/failpoints.py)."""
+    return os.environ.get("SBX_FAILPOINT") or None
+
+
+def webhook_url() -> str | None:
+    """`SBX_WEBHOOK_URL`: overrides the settings file's `[sinks.webhook] url`."""
+    return os.environ.get("SBX_WEBHOOK_URL") or None
+
+
+def webhook_secret() -> str:
+    """`SBX_WEBHOOK_SECRET`: the webhook's signing key; read when sending, kept nowhere."""
+    return os.environ.get("SBX_WEBHOOK_SECRET", "")
+
+
+def service_url() -> str | None:
+    """`SBX_URL`: every command is a client of this `sbx serve`."""
+    return os.environ.get("SBX_URL") or None
+
+
+def service_token() -> str | None:
+    """`SBX_TOKEN`: the API key for `SBX_URL`."""
+    return os.environ.get("SBX_TOKEN") or None

@@ -88,7 +88,15 @@ def _take_database(url: str) -> Any | None:
 
 def service_url() -> str | None:
     """The service the CLI talks to (`SBX_URL`), if any."""
-    return os.environ.get("SBX_URL") or None
+    from core.settings import service_url as url
+
+    return url()
+
+
+def service_token() -> str | None:
+    from core.settings import service_token as token
+
+    return token()
 
 
 def take_async_client() -> Any:
@@ -98,7 +106,7 @@ def take_async_client() -> Any:
 
     url = service_url()
     if url:
-        return AsyncSandboxer(url=url, token=os.environ.get("SBX_TOKEN") or None)
+        return AsyncSandboxer(url=url, token=service_token())
     return AsyncSandboxer()
 
 
@@ -109,7 +117,7 @@ def take_client() -> Any:
 
     url = service_url()
     if url:
-        return Sandboxer(url=url, token=os.environ.get("SBX_TOKEN") or None)
+        return Sandboxer(url=url, token=service_token())
     if _database is None and not _adapters:
         return Sandboxer()
     from core import settings

@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from test_resident_server import Launcher, compiled_launcher, launcher_argv  # noqa: F401 (fixtures)
+from support import Launcher
 
 pytestmark = pytest.mark.docker
 

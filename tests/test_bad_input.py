@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import RUN_LABEL, containers_of, install_id_of, table_rows
+from support import RUN_LABEL, containers_of, install_id_of, table_rows
 
 pytestmark = pytest.mark.docker
 

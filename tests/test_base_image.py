@@ -1,7 +1,7 @@
 """The offline base image is built from the host's busybox, with no registry, and works."""
 
 import pytest
-from conftest import RUN_ID
+from support import RUN_ID
 
 from adapters.docker import KEEPALIVE, build_base_image
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import RUN_ID, RUN_LABEL, containers_of, one_json, write_profile
+from support import RUN_ID, RUN_LABEL, containers_of, one_json, write_profile
 
 pytestmark = pytest.mark.docker
 

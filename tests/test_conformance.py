@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RUN_ID
 from sshd import sshd_server  # noqa: F401 (a fixture)
+from support import RUN_ID
 
 from adapters.base import CreateRequest
 from adapters.testing import AdapterConformance
+
+pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 
 # -- the stub: checks the kit against a backend that does exactly what it says --------------
 

@@ -30,7 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import (
+from standardwebhooks import Webhook, WebhookVerificationError
+from support import (
     RUN_ID,
     SBX,
     Result,
@@ -40,7 +41,6 @@ from conftest import (
     table_rows,
     write_profile,
 )
-from standardwebhooks import Webhook, WebhookVerificationError
 
 pytestmark = pytest.mark.docker
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import certifi
 import docker
 import pytest
-from conftest import (
+from docker_proxy import EngineProxy
+from support import (
     RUN_ID,
     containers_of,
     events_of,
@@ -27,7 +28,6 @@ from conftest import (
     table_rows,
     write_profile,
 )
-from docker_proxy import EngineProxy
 
 from adapters.docker import DockerAdapter
 

@@ -9,8 +9,7 @@ import time
 
 import pytest
 from sshd import sshd_server  # noqa: F401 (a fixture)
-
-from tests.conftest import (
+from support import (
     RUN_LABEL,
     containers_of,
     events_of,
@@ -19,6 +18,8 @@ from tests.conftest import (
     table_rows,
     write_profile,
 )
+
+pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 
 POD_PROFILE = """\
 backend: docker

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import (
+from standins.e2b_server import DEFAULT_TIMEOUT_S, E2BStandIn
+from support import (
     RUN_LABEL,
     SBX,
     Result,
@@ -30,7 +31,6 @@ from conftest import (
     table_rows,
     write_profile,
 )
-from standins.e2b_server import DEFAULT_TIMEOUT_S, E2BStandIn
 
 from adapters.base import CreateRequest, ResourceLimits
 from adapters.e2b import DEADLINE_GRACE, E2BAdapter
@@ -601,6 +601,7 @@ def test_reconcile_without_a_profiles_key_variable_does_not_judge_its_sandboxes(
 # -- fleets: one inventory, several hosts -------------------------------------------------
 
 
+@pytest.mark.docker
 def test_in_a_fleet_any_host_reaps_an_expired_e2b_sandbox_but_not_anothers_docker_one(
         e2b, standin, docker_api, tmp_path):
     """Two installations share one inventory. Host B's reaper ends host A's expired E2B

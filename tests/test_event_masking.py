@@ -11,7 +11,7 @@ import secrets
 from pathlib import Path
 
 import pytest
-from conftest import (
+from support import (
     RUN_ID,
     RUN_LABEL,
     containers_of,

@@ -5,7 +5,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import SBX
+from support import SBX
 
 pytestmark = pytest.mark.docker
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, RUN_LABEL, write_profile
+from support import ROOT, RUN_LABEL, write_profile
 
 EXAMPLE = ROOT / "examples" / "sbx-tmpdir"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import (
+from support import (
     ROOT,
     RUN_LABEL,
     SbxRunner,

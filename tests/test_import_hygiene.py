@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import RUN_LABEL
+from support import RUN_LABEL
 
 pytestmark = pytest.mark.docker
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import SBX, one_json, query, write_profile
+from support import SBX, one_json, query, write_profile
 
 pytestmark = pytest.mark.docker
 

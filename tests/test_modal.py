@@ -19,9 +19,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import RUN_LABEL, events_of, install_id_of, show, table_rows, write_profile
 from modal_proto import api_pb2
 from standins.modal_server import ModalStandin
+from support import RUN_LABEL, events_of, install_id_of, show, table_rows, write_profile
 
 from adapters.base import (
     LABEL_CHECKPOINT,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tmux
+
 ROOT = Path(__file__).resolve().parent.parent
 # Not shared with the installed venv: the project itself (the editable install's entries)
 # and pytest, which only the `testing` extra brings.

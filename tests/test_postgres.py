@@ -17,9 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import RUN_ID, SbxRunner, containers_of, events_of, install_id_of, show
 
-from tests.conftest import RUN_ID, SbxRunner, containers_of, events_of, install_id_of, show
 from tests.test_reliability import create_many, exists, finish, popen, running
+
+pytestmark = [pytest.mark.docker, pytest.mark.postgres]
 
 PG = os.environ.get("SBX_TEST_PG", "sbx_test:sbx_test@127.0.0.1:5432")
 
@@ -56,7 +58,7 @@ class Host(SbxRunner):
 
 @pytest.fixture
 def hosts(sbx: SbxRunner, pg_url: str, tmp_path: Path) -> Iterator[list[Host]]:
-    from tests.conftest import remove_test_containers
+    from support import remove_test_containers
 
     made = [Host(sbx.home, sbx.cwd, pg_url, "host-a"),
             Host(tmp_path / "home-b", sbx.cwd, pg_url, "host-b")]

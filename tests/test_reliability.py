@@ -23,7 +23,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import (
+from support import (
     RUN_ID,
     RUN_LABEL,
     SBX,

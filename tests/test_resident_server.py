@@ -17,54 +17,21 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support import (
+    PYTHON_LAUNCHER,
+    RUN_LABEL,
+    Launcher,
+    SbxRunner,
+    one_json,
+    write_profile,
+)
 
-from tests.conftest import RUN_LABEL, Result, SbxRunner, one_json, write_profile
+pytestmark = pytest.mark.docker
 
-PYTHON_LAUNCHER = [sys.executable, "-m", "sandboxer_tui.launcher"]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class Launcher(SbxRunner):
-    """Like the `sbx` fixture, but through a launcher, so a running server takes the command."""
-
-    argv: list[str] = field(default_factory=lambda: PYTHON_LAUNCHER)
-
-    def __call__(self, *args: str | bytes, env: dict[str, str] | None = None,
-                 timeout: float = 120, input: str | None = None) -> Result:
-        proc = subprocess.run([*self.argv, *args], cwd=self.cwd, env=self.env(env), text=True,
-                              capture_output=True, timeout=timeout, input=input)
-        return Result(proc.returncode, proc.stdout, proc.stderr)
-
-    def status(self) -> dict:
-        result = Launcher(self.home, self.cwd)("server", "status", "--json")
-        assert result.code == 0, result.err
-        return result.json()
-
-
-@pytest.fixture(scope="session")
-def compiled_launcher(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """launcher.c built for this interpreter, as `make setup` builds it for the venv's."""
-    out = tmp_path_factory.mktemp("launcher") / "sbx"
-    built = subprocess.run([ROOT / "scripts" / "build-launcher.sh", out, sys.executable],
-                           capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
-    if not out.exists():  # no working C compiler here: `sbx` is the Python launcher, and
-        # there is no compiled one to test (the script's last line says which compiler failed)
-        pytest.skip(built.stderr.strip().splitlines()[-1])
-    assert "warning" not in built.stderr, built.stderr
-    return out
-
-
-@pytest.fixture(params=["python", "compiled"])
-def launcher_argv(request: pytest.FixtureRequest) -> list[str]:
-    if request.param == "python":
-        return PYTHON_LAUNCHER
-    return [str(request.getfixturevalue("compiled_launcher"))]
 
 
 @pytest.fixture

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SBX, events_of, show, table_rows, write_profile
 from sshd import free_port, sshd_server, start_sshd  # noqa: F401 (sshd_server: a fixture)
+from support import SBX, events_of, show, table_rows, write_profile
+
+pytestmark = pytest.mark.sshd
 
 
 def inventory(folder: Path, hosts: list[dict], name: str = "hosts.yaml") -> Path:

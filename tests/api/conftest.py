@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from conftest import RUN_LABEL, remove_test_containers
+from support import RUN_LABEL, remove_test_containers
 
 import sandboxer
 

@@ -13,7 +13,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import SBX, table_rows
+from support import SBX, table_rows
 
 import sandboxer
 from sandboxer import (

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import pytest_asyncio
-from conftest import install_id_of
+from support import install_id_of
 
 import sandboxer
 from sandboxer import State

@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import table_rows
+from support import table_rows
 
 import sandboxer
 from sandboxer import State

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, containers_of, install_id_of, remove_test_containers
+from support import ROOT, containers_of, install_id_of, remove_test_containers
 
 pytestmark = pytest.mark.docker
 

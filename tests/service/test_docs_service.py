@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, SBX, containers_of, install_id_of
+from support import ROOT, SBX, containers_of, install_id_of
 
 from tests.service.live import start_process, stop_process
 

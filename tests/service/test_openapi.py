@@ -12,12 +12,15 @@ import json
 import httpx
 import pytest
 import schemathesis
-from conftest import ROOT
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
+from support import ROOT
 
 from tests.api.conftest import RUN
 from tests.service.live import LiveService
+
+# the documented example profile is Docker's: its creates need the engine, the stub's too
+pytestmark = pytest.mark.docker
 
 DOCUMENT = ROOT / "docs" / "openapi.json"
 schemathesis.serializer.alias("application/gzip", "application/octet-stream")  # an archive
@@ -42,7 +45,7 @@ def test_the_committed_document_is_what_the_service_serves(sbx_home, stub_named)
 def fuzzed(request, sbx_home, stub_named):
     """A live service with an admin key and one sandbox (on the stub or on the engine) that
     about half the generated requests act on, so they reach real operations, not only 404."""
-    from tests.conftest import remove_test_containers
+    from support import remove_test_containers
 
     if request.param == "docker":
         request.getfixturevalue("docker_api")

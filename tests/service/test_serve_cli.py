@@ -9,7 +9,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import RUN_LABEL, SBX, install_id_of, query, remove_test_containers
+from support import RUN_LABEL, SBX, install_id_of, query, remove_test_containers
 
 from tests.service.live import start_process, stop_process
 

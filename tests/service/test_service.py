@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from conftest import table_rows
+from support import table_rows
 
 import sandboxer
 from tests.service.conftest import Api

@@ -8,12 +8,12 @@ import time
 
 import httpx
 import pytest
-from conftest import RUN_LABEL, SBX
+from support import RUN_LABEL, SBX
 
 from tests.service.live import start_process, stop_process
 from tests.test_postgres import pg_url  # noqa: F401 (the fixture)
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.postgres]
 
 
 def test_two_services_on_one_postgres_reap_and_deliver_each_once(sbx, pg_url, docker_api):  # noqa: F811

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import RUN_LABEL
+from support import RUN_LABEL
 from textual.widgets import Input, OptionList
 
 from core.clock import from_iso

@@ -14,7 +14,7 @@ import pytest
 
 from core.clock import from_iso
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.tmux]
 
 
 def row_line(screen: str, name: str) -> str | None:

@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from conftest import NothingHere
+from support import NothingHere
 
 from adapters import registry
 from adapters.stub import StubAdapter

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from conftest import NothingHere
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -34,6 +33,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from support import NothingHere
 
 from adapters import registry
 from adapters.base import AdapterError

@@ -1,0 +1,305 @@
+"""What the tests share: the run label, the real `sbx` in a subprocess (directly or through a
+launcher), reading a test's own database, removing what a test made; and the fixtures
+tests/conftest.py registers. Every test gets its own SBX_HOME (so its own database and
+installation id); everything a test creates on the engine carries the per-run label
+`sbx-test-run`, and teardown removes only those containers, by id."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Cloud credentials a developer's shell may hold never reach a test: every E2B_/MODAL_
+# variable a test sees is one it set itself, pointing at a local stand-in.
+for _name in [n for n in os.environ if n.startswith(("E2B_", "MODAL_"))]:
+    del os.environ[_name]
+# A test's sbx starts no server on first use (SBX_SERVER_AUTOSTART): each test has its own
+# SBX_HOME and would leave one behind; tests/test_autostart.py turns it on where it is the point.
+os.environ["SBX_SERVER_AUTOSTART"] = "0"
+RUN_ID = uuid.uuid4().hex[:12]
+RUN_LABEL = f"sbx-test-run={RUN_ID}"
+SBX = [sys.executable, "-m", "sandboxer_tui.cli"]
+
+
+@pytest.fixture
+def sbx_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "sbx-home"
+    monkeypatch.setenv("SBX_HOME", str(home))
+    monkeypatch.delenv("SBX_DATABASE_URL", raising=False)
+    monkeypatch.delenv("SBX_PROFILE_PATH", raising=False)
+    monkeypatch.delenv("SBX_CLOCK_OFFSET", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.chdir(tmp_path)
+    return home
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self):
+        return json.loads(self.out)
+
+
+@dataclass
+class SbxRunner:
+    """Runs the real `sbx` in a subprocess with the test's own SBX_HOME."""
+
+    home: Path
+    cwd: Path
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        env.update(SBX_HOME=str(self.home), XDG_CONFIG_HOME=str(self.cwd / "xdg-config"),
+                   SBX_SERVER_AUTOSTART="0")
+        env.update(extra or {})
+        return env
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
+                 input: str | None = None) -> Result:
+        proc = subprocess.run([*SBX, *args], cwd=self.cwd, env=self.env(env), text=True,
+                              capture_output=True, timeout=timeout, input=input)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def create(self, *args: str, env: dict[str, str] | None = None) -> dict:
+        """`sbx create --json` with the run label; fails the test if it does not work."""
+        result = self("create", "--label", RUN_LABEL, *args, "--json", env=env)
+        assert result.code == 0, result.err or result.out
+        return result.json()
+
+
+@pytest.fixture
+def sbx(sbx_home: Path, tmp_path: Path) -> Iterator[SbxRunner]:
+    runner = SbxRunner(sbx_home, tmp_path)
+    yield runner
+    remove_test_containers(sbx_home)
+
+
+def one_json(out: str):
+    """stdout holds exactly one JSON document and nothing else."""
+    decoder = json.JSONDecoder()
+    text = out.strip()
+    assert text, "nothing on stdout, expected one JSON document"
+    doc, end = decoder.raw_decode(text)
+    assert text[end:].strip() == "", f"more than one JSON document on stdout: {out!r}"
+    return doc
+
+
+def write_profile(folder: Path, name: str, body: str) -> Path:
+    """A profile file `name`.yaml in `folder`; its path."""
+    path = folder / f"{name}.yaml"
+    path.write_text(body)
+    return path
+
+
+def events_of(sbx: SbxRunner, sandbox_id: str) -> list[dict]:
+    """`sbx events ID --json`, which must succeed: the sandbox's events, oldest first."""
+    result = sbx("events", sandbox_id, "--json")
+    assert result.code == 0, result.err
+    return result.json()
+
+
+def show(sbx: SbxRunner, sandbox_id: str) -> dict:
+    """`sbx show ID --json`, which must succeed: the sandbox as the CLI reports it."""
+    result = sbx("show", sandbox_id, "--json")
+    assert result.code == 0, result.err
+    return result.json()
+
+
+def install_id_of(home: Path) -> str | None:
+    path = home / "install-id"
+    return path.read_text().strip() if path.exists() else None
+
+
+def containers_of(docker_api, install: str) -> list[dict]:
+    """Every container on the engine (running or not) made by the installation `install`."""
+    return docker_api.containers(all=True, filters={"label": [f"sbx.install={install}"]})
+
+
+def remove_test_containers(home: Path) -> None:
+    """Remove, by id, the containers this test's installation made (and only those), then
+    its bridge network (`network: full`), if it made one."""
+    install = install_id_of(home)
+    if install is None:
+        return
+    try:
+        import docker
+    except ImportError:
+        return
+    try:
+        api = docker.APIClient(version="auto")
+        for info in containers_of(api, install):
+            api.remove_container(info["Id"], force=True, v=True)
+        for network in api.networks(filters={"label": [f"sbx.install={install}"]}):
+            api.remove_network(network["Id"])
+        api.close()
+    except docker.errors.DockerException:
+        pass
+
+
+# -- reading the installation's database directly (read-only) -------------------------------
+
+
+def _connect(home: Path) -> sqlite3.Connection:
+    """A read-only connection to `home`'s database (it must exist)."""
+    path = home / "sbx.db"
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+
+
+def query(home: Path, sql: str, *params) -> list[dict]:
+    """The rows of one read-only query on `home`'s database, as dicts."""
+    conn = _connect(home)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params).fetchall()]
+    finally:
+        conn.close()
+
+
+def table_rows(home: Path, table: str) -> list[tuple]:
+    """Every row of a table, in primary-key order; [] when the database or the table does not
+    exist yet."""
+    if not (home / "sbx.db").exists():
+        return []
+    conn = _connect(home)
+    try:
+        return conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def docker_api() -> Iterator[object]:
+    """The real engine's API client. `make test` starts the engine; without one this fails,
+    it does not skip: the Docker tests are the point of the suite."""
+    import docker
+
+    api = docker.APIClient(version="auto")
+    api.ping()
+    yield api
+    api.close()
+
+
+class NothingHere:
+    """A backend holding none of this installation's objects: stands in for the other
+    registered backends when a unit test runs a Reaper on the stub alone."""
+
+    capabilities = frozenset()
+    test_double = True
+
+    def supports(self, capability) -> bool:
+        return False
+
+    async def list(self, labels):
+        return []
+
+    async def instance_id(self):
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
+# -- a real terminal ------------------------------------------------------------------------
+
+
+class Tmux:
+    """A tmux server on a socket of its own (the only one the test kills): a session `main`
+    runs a program, `keys` types into it, `screen` reads it as the user sees it."""
+
+    def __init__(self) -> None:
+        self.socket = f"sbx-tui-test-{uuid.uuid4().hex[:10]}"
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+                              capture_output=True, text=True, timeout=20)
+        if check:
+            assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "main")
+
+    def keys(self, *keys: str) -> None:
+        self("send-keys", "-t", "main", *keys)
+
+    def wait(self, predicate, within: float, what: str) -> float:
+        started = time.monotonic()
+        while True:
+            screen = self.screen()
+            if predicate(screen):
+                return time.monotonic() - started
+            if time.monotonic() - started > within:
+                raise AssertionError(f"no {what} within {within}s; the screen:\n{screen}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        self("kill-server", check=False)
+
+
+@pytest.fixture
+def tmux() -> Iterator[Tmux]:
+    server = Tmux()
+    yield server
+    server.kill()
+
+
+# -- the launchers (sbx server's clients) ---------------------------------------------------
+
+PYTHON_LAUNCHER = [sys.executable, "-m", "sandboxer_tui.launcher"]
+
+
+@dataclass
+class Launcher(SbxRunner):
+    """Like the `sbx` fixture, but through a launcher, so a running server takes the command."""
+
+    argv: list[str] = field(default_factory=lambda: PYTHON_LAUNCHER)
+
+    def __call__(self, *args: str | bytes, env: dict[str, str] | None = None,
+                 timeout: float = 120, input: str | None = None) -> Result:
+        proc = subprocess.run([*self.argv, *args], cwd=self.cwd, env=self.env(env), text=True,
+                              capture_output=True, timeout=timeout, input=input)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def status(self) -> dict:
+        result = Launcher(self.home, self.cwd)("server", "status", "--json")
+        assert result.code == 0, result.err
+        return result.json()
+
+
+@pytest.fixture(scope="session")
+def compiled_launcher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """launcher.c built for this interpreter, as `make setup` builds it for the venv's."""
+    out = tmp_path_factory.mktemp("launcher") / "sbx"
+    built = subprocess.run([ROOT / "scripts" / "build-launcher.sh", out, sys.executable],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    if not out.exists():  # no working C compiler here: `sbx` is the Python launcher, and
+        # there is no compiled one to test (the script's last line says which compiler failed)
+        pytest.skip(built.stderr.strip().splitlines()[-1])
+    assert "warning" not in built.stderr, built.stderr
+    return out
+
+
+@pytest.fixture(params=["python", "compiled"])
+def launcher_argv(request: pytest.FixtureRequest) -> list[str]:
+    if request.param == "python":
+        return PYTHON_LAUNCHER
+    return [str(request.getfixturevalue("compiled_launcher"))]
