@@ -6,7 +6,7 @@ library (`AsyncSandboxer.backends`, `AsyncSandbox.shell_command`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import Capability
@@ -68,9 +68,14 @@ async def shell_argv(mgr: Manager, ref: str) -> list[str]:
     to hand its terminal to. Conflict (exit 4) when it is not running or its backend offers
     none here; Unavailable (exit 5) when the backend cannot be reached."""
     row = mgr.resolve(ref)
-    if row["state"] != State.RUNNING:
-        raise Conflict(f"sandbox {row['id']} is {row['state']}: a shell needs it running")
+    require_running_for_shell(row)
     adapter = await mgr.adapter_for(row)
     if not adapter.supports(Capability.SHELL):
         raise Conflict(f"the {row['backend']} backend offers no interactive shell here")
     return list(adapter.shell_argv(row["backend_ref"]))
+
+
+def require_running_for_shell(row: Mapping[str, Any]) -> None:
+    """Conflict (exit 4) unless the sandbox (its row or its record) is running."""
+    if row["state"] != State.RUNNING:
+        raise Conflict(f"sandbox {row['id']} is {row['state']}: a shell needs it running")

@@ -88,17 +88,7 @@ class InventoryWatcher:
             return self._diff([{k: row.get(k) for k in VIEW_COLUMNS} for row in rows])
 
     def _diff(self, rows: list[dict[str, Any]]) -> InventoryDelta:
-        delta = InventoryDelta()
-        fresh: dict[str, dict[str, Any]] = {}
-        for row in rows:
-            old = self._rows.get(row["id"])
-            fresh[row["id"]] = row
-            if old is None:
-                delta.added.append(row)
-            elif old != row:
-                delta.changed.append(row)
-        delta.removed = [sid for sid in self._rows if sid not in fresh]
-        self._rows = fresh
+        delta, self._rows = diff_rows(self._rows, rows)
         return delta
 
     def close(self) -> None:
@@ -107,6 +97,24 @@ class InventoryWatcher:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def diff_rows(previous: Mapping[str, Mapping[str, Any]], rows: Iterable[dict[str, Any]],
+              ) -> tuple[InventoryDelta, dict[str, dict[str, Any]]]:
+    """What changed from `previous` (rows by id) to `rows`, and `rows` by id: the one rule
+    of every watch, in process or over a service (a row counts as changed when any field
+    of it differs)."""
+    delta = InventoryDelta()
+    fresh: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        old = previous.get(row["id"])
+        fresh[row["id"]] = row
+        if old is None:
+            delta.added.append(row)
+        elif old != row:
+            delta.changed.append(row)
+    delta.removed = [sid for sid in previous if sid not in fresh]
+    return delta, fresh
 
 
 def recent_samples(mgr: Manager, since: datetime) -> list[dict[str, Any]]:

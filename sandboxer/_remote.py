@@ -329,9 +329,17 @@ class RemoteTransport:
             if event == "sample":
                 yield data
 
-    def follow_all_metrics(self) -> AsyncIterator[dict[str, Any]]:
-        raise BadInput("following every sandbox's metrics runs on the service's host "
-                       "(sbx metrics --all there); over the service, follow one sandbox")
+    async def follow_all_metrics(self, every: timedelta | None = None,
+                                 ) -> AsyncIterator[dict[str, Any]]:
+        """The service follows every running sandbox (it looks for new ones every `every`,
+        at least 1s there) and streams their samples."""
+        async for event, data, _ in self._events("GET", "/v1/metrics/samples", params={
+                "follow": True, "every": _seconds(every)}):
+            if event == "sample":
+                yield data
+
+    async def recent_metrics(self, since: datetime | timedelta) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/metrics/samples", params={"since": _since(since)})
 
     async def metric_history(self, ref: str) -> list[dict[str, Any]]:
         return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/metrics/history")
@@ -433,6 +441,35 @@ class RemoteTransport:
     async def doctor(self) -> dict[str, Any]:
         return await self._json("GET", "/v1/doctor")
 
+    # -- watching, backends, origin, shell --------------------------------------------------
+
+    def watch(self, include_destroyed: bool) -> RemoteWatch:
+        return RemoteWatch(self, include_destroyed)
+
+    async def backends(self, names: Sequence[str] | None, *, check: bool,
+                       timeout: float) -> list[dict[str, Any]]:
+        """As the service reaches them. `shell` is never among the capabilities here: the
+        shell runs on the service's host (see shell_command)."""
+        docs = await self._json("GET", "/v1/backends", params={
+            "name": list(names) if names else None, "check": check, "timeout": timeout})
+        for doc in docs:
+            doc["capabilities"] = [c for c in doc["capabilities"] if c != "shell"]
+        return docs
+
+    async def origin(self, ref: str) -> str | None:
+        return (await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/origin"))["restored_from"]
+
+    async def shell_command(self, ref: str) -> list[str]:
+        """Refused: an interactive shell is a terminal handed to a command on the engine's
+        host (`docker exec -it`), and the service carries no terminal."""
+        from core.backends import require_running_for_shell
+
+        view = await self.get(ref)
+        require_running_for_shell(view)
+        raise Conflict(f"sandbox {view['id']} runs on the service at {self.url}: an "
+                       "interactive shell needs a terminal on the service's host (run sbx "
+                       "there, without SBX_URL); through the service, exec runs commands")
+
     async def copy_database(self, target_url: str) -> dict[str, Any]:
         raise BadInput("sbx db copy runs where the database is: on the service's host, "
                        "without SBX_URL")
@@ -488,6 +525,38 @@ class RemoteTransport:
 
     async def ready(self) -> dict[str, Any]:
         return await self._json("GET", "/readyz")
+
+
+class RemoteWatch:
+    """A watch over the service: each read is a conditional GET of `/v1/inventory` (the
+    ETag of the previous answer in If-None-Match), answered 304, with nothing read, when
+    nobody committed; otherwise the whole inventory, diffed here by the watch rule of
+    core.watch."""
+
+    def __init__(self, transport: RemoteTransport, include_destroyed: bool) -> None:
+        self._transport = transport
+        self.include_destroyed = include_destroyed
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._etag: str | None = None
+        self._shown: bool | None = None  # include_destroyed of the listing of the ETag
+
+    async def read(self) -> dict[str, Any]:
+        from core.watch import diff_rows
+
+        include = bool(self.include_destroyed)
+        headers = {"If-None-Match": self._etag} if self._etag and include == self._shown \
+            else None
+        response = await self._transport._send(
+            "GET", "/v1/inventory", params={"include_destroyed": include or None},
+            headers=headers)
+        if response.status_code == 304:
+            return {"added": [], "changed": [], "removed": []}
+        delta, self._rows = diff_rows(self._rows, response.json())
+        self._etag, self._shown = response.headers.get("etag"), include
+        return {"added": delta.added, "changed": delta.changed, "removed": delta.removed}
+
+    async def close(self) -> None:
+        """Nothing is held open between reads."""
 
 
 def _seg(text: str) -> str:

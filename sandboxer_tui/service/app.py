@@ -27,6 +27,7 @@ from sandboxer_tui.service import sse
 from sandboxer_tui.service.auth import ADMIN, READ, WRITE, Caller, Refused
 from sandboxer_tui.service.errors import error_body, error_response, refusal
 from sandboxer_tui.service.metrics import ServiceMetrics
+from sandboxer_tui.service.watching import InventoryVersions, matches
 
 log = logging.getLogger("sbx.serve")
 API_VERSION = "1"
@@ -51,6 +52,7 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     """The service over `client` (which the caller owns and closes). With `reap_every`, a
     reaper cycle and a delivery run on that timer while the app runs."""
     metrics = ServiceMetrics()
+    inventory = InventoryVersions(client)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,6 +67,7 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
             if task is not None:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(task, 30)
+            await inventory.close()
 
     from importlib.metadata import version
 
@@ -76,6 +79,7 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     app.state.actor = actor
     app.state.socket_path = socket_path
     app.state.metrics = metrics
+    app.state.inventory = inventory
     _errors(app)
     _routes(app, metrics)
     _document_keys(app)
@@ -258,6 +262,19 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
             include_destroyed=include_destroyed, limit=limit, cursor=cursor)
         return JSONResponse({"items": [b.to_dict() for b in boxes], "next_cursor": following})
 
+    @app.get("/v1/inventory", tags=sandbox_tag,
+             summary="Every sandbox, for a watcher: 304 when nothing changed since the ETag",
+             response_model=list[s.WatchedSandbox], responses={
+                 **ERRORS, 304: {"description": "nothing changed since the listing whose "
+                                                "ETag came in If-None-Match"}})
+    async def inventory(who: Read, request: Request, include_destroyed: bool = False,
+                        if_none_match: Annotated[str | None, Header()] = None) -> Response:
+        etag, items = await request.app.state.inventory.current(include_destroyed)
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if matches(if_none_match, etag):
+            return Response(status_code=304, headers=headers)
+        return JSONResponse(items, headers=headers)
+
     @app.post("/v1/sandboxes/destroy", tags=sandbox_tag, summary="Destroy several sandboxes",
               responses=ERRORS)
     async def destroy_many(who: Write, body: s.DestroyMany) -> dict[str, Any]:
@@ -351,6 +368,42 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     async def metric_history(who: Read, ref: str) -> JSONResponse:
         box = await who.client.get(ref)
         return JSONResponse([m.to_dict() for m in await box.metric_history()])
+
+    @app.get("/v1/sandboxes/{ref}/origin", tags=sandbox_tag,
+             summary="The checkpoint it was restored from", response_model=s.Origin,
+             responses=ERRORS)
+    async def origin(who: Read, ref: str) -> dict[str, str | None]:
+        box = await who.client.get(ref)
+        return {"restored_from": await box.origin()}
+
+    @app.get("/v1/metrics/samples", tags=sandbox_tag,
+             summary="Stored samples of every sandbox since a time; with follow, live ones",
+             response_model=list[s.MetricSample], responses={
+                 **ERRORS, 200: {"description": "the stored samples since `since`, oldest "
+                                                "first; with `follow`, `sample` events of "
+                                                "every running sandbox as they come (running "
+                                                "ones looked for every `every` seconds)",
+                                 "content": {"application/json": {},
+                                             "text/event-stream": {}}}})
+    async def all_metrics(who: Read,
+                          since: Annotated[str | None, Query(
+                              description="a duration ago (15m) or an ISO 8601 time")] = None,
+                          follow: bool = False,
+                          every: Annotated[float | None, Query(
+                              ge=1, le=3600, description="with follow: seconds (default "
+                                                         "5)")] = None) -> Response:
+        if follow:
+            if since is not None:
+                raise BadInput("give since (stored samples) or follow (live ones), not both")
+            samples = who.client.follow_all_metrics(every=every)
+            return sse.stream(_metric_frames(await sse.primed(samples)))
+        if every is not None:
+            raise BadInput("every applies to follow=true only")
+        if since is None:
+            raise BadInput("since is needed: a duration ago (15m) or an ISO 8601 time; or "
+                           "follow=true for live samples")
+        found = await who.client.recent_metrics(_since(since))
+        return JSONResponse([m.to_dict() for m in found])
 
     @app.get("/v1/sandboxes/{ref}/evidence", tags=sandbox_tag,
              summary="The supervision evidence bundle", responses=ERRORS)
@@ -550,6 +603,20 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
              responses=ERRORS)
     async def doctor(who: Read) -> dict[str, Any]:
         return await who.client.doctor()
+
+    @app.get("/v1/backends", tags=["health"],
+             summary="Each backend as the service reaches it: loaded, capabilities, health",
+             response_model=list[s.BackendStatus], responses=ERRORS)
+    async def backends(who: Read,
+                       name: Annotated[list[str], Query(
+                           max_length=64, description="a backend; repeat for several "
+                                                      "(default: every registered one)")] = [],  # noqa: B006
+                       check: bool = True,
+                       timeout: Annotated[float, Query(
+                           gt=0, le=60, description="seconds a backend has to answer")] = 5.0,
+                       ) -> JSONResponse:
+        statuses = await who.client.backends(name or None, check=check, timeout=timeout)
+        return JSONResponse([status.to_dict() for status in statuses])
 
     @app.get("/v1/api-keys", tags=["keys"], summary="The service's keys (never the keys "
                                                     "themselves)",

@@ -98,9 +98,7 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-class SandboxRecord(BaseModel):
-    """`sbx show --json`; `profile_resolved` only when asked for."""
-
+class SandboxFields(BaseModel):
     id: str
     name: str | None
     profile: str
@@ -121,8 +119,18 @@ class SandboxRecord(BaseModel):
     idle_deadline: str | None
     ended_at: str | None
     error: str | None
+
+
+class SandboxRecord(SandboxFields):
+    """`sbx show --json`; `profile_resolved` only when asked for."""
+
     ttl_left_s: int | None
     profile_resolved: dict[str, Any] | None = None
+
+
+class WatchedSandbox(SandboxFields):
+    """A sandbox as a watch of the inventory sees it: the stored fields only (no
+    `ttl_left_s`, which changes by itself as time passes)."""
 
 
 class Extended(SandboxRecord):
@@ -192,6 +200,23 @@ class MetricSample(BaseModel):
     net_rx_bytes: int | None
     net_tx_bytes: int | None
     pids: int | None
+
+
+class Origin(BaseModel):
+    restored_from: str | None = Field(description="the checkpoint it was restored from "
+                                                  "(null: made from a profile); it may since "
+                                                  "have been removed")
+
+
+class BackendStatus(BaseModel):
+    name: str
+    loaded: bool
+    test_double: bool
+    capabilities: list[str]
+    checked: bool
+    reachable: bool | None = Field(description="null when not checked")
+    credentials: bool | None = Field(description="null when not checked or not reached")
+    detail: str
 
 
 class ProfileInfo(BaseModel):

@@ -76,7 +76,7 @@ def test_the_sync_watch_gives_sync_handles(sync_client, stub_profile):
         assert first.added[0].name == "synced"
 
 
-async def test_backends_say_what_loads_what_it_can_do_and_whether_it_answers(client):
+async def test_backends_say_what_loads_what_it_can_do_and_whether_it_answers(client, service):
     stub, missing = await client.backends(["stub", "no-such-backend"])
     assert (stub.name, stub.loaded, stub.test_double, stub.checked) == ("stub", True, True, True)
     assert stub.capabilities == {"exec", "logs"}
@@ -89,6 +89,8 @@ async def test_backends_say_what_loads_what_it_can_do_and_whether_it_answers(cli
     assert all(s.checked is False and s.reachable is None for s in unasked)
     docker = unasked[names.index("docker")]
     assert docker.loaded and not docker.test_double and "snapshot" in docker.capabilities
+    if service is not None:  # a client of a service gets no shell (it runs on that host)
+        assert "shell" not in docker.capabilities
 
 
 async def test_a_backend_that_does_not_answer_is_unreachable_within_the_timeout(client,
@@ -106,11 +108,14 @@ async def test_a_backend_that_does_not_answer_is_unreachable_within_the_timeout(
     assert stub.detail == "no answer in 0.3s"
 
 
-async def test_origin_and_shell_on_a_backend_without_one(client, stub_profile, sbx_home):
+async def test_origin_and_shell_on_a_backend_without_one(client, stub_profile, sbx_home,
+                                                         service):
     box = await client.create(stub_profile)
     assert await box.origin() is None
     before = {t: table_rows(sbx_home, t) for t in ("sandboxes", "events")}
-    with pytest.raises(sandboxer.Conflict, match="stub backend offers no interactive shell"):
+    refusal = ("stub backend offers no interactive shell" if service is None
+               else "needs a terminal on the service's host")
+    with pytest.raises(sandboxer.Conflict, match=refusal):
         await box.shell_command()
     assert {t: table_rows(sbx_home, t) for t in before} == before  # nothing written
     await box.destroy()
@@ -164,14 +169,18 @@ def run_on_a_terminal(argv: list[str], typed: bytes, until: bytes, within: float
 
 
 @pytest.mark.docker
-async def test_the_shell_command_opens_a_shell_in_the_container(client):
+async def test_the_shell_command_opens_a_shell_in_the_container(client, service):
     box = await client.create("default", labels=RUN)
-    argv = await box.shell_command()
-    assert argv[-4:] == ["exec", "-it", box.backend_ref, "sh"]
-    seen = await asyncio.to_thread(run_on_a_terminal, argv,
-                                   b"echo in-the-box-$((6*7)) $(hostname)\nexit\n",
-                                   b"in-the-box-42")
-    assert b"in-the-box-42 " + box.backend_ref[:12].encode() in seen
+    if service is not None:  # the shell would run on the service's host: refused, saying so
+        with pytest.raises(sandboxer.Conflict, match="needs a terminal on the service's host"):
+            await box.shell_command()
+    else:
+        argv = await box.shell_command()
+        assert argv[-4:] == ["exec", "-it", box.backend_ref, "sh"]
+        seen = await asyncio.to_thread(run_on_a_terminal, argv,
+                                       b"echo in-the-box-$((6*7)) $(hostname)\nexit\n",
+                                       b"in-the-box-42")
+        assert b"in-the-box-42 " + box.backend_ref[:12].encode() in seen
     await box.pause()
     with pytest.raises(sandboxer.Conflict, match="is paused"):
         await box.shell_command()

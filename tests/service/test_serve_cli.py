@@ -143,3 +143,37 @@ def test_serve_on_a_socket_of_mode_0600(sbx, tmp_path):
         _, err = stop_process(proc)
     assert proc.returncode == 0, err
     assert not path.exists()  # removed on the way out
+
+
+@pytest.mark.docker
+def test_metrics_all_over_the_service_follows_the_services_sandboxes(sbx, served):
+    """`sbx metrics --all` as a client: the service follows its running sandboxes."""
+    import queue
+    import threading
+    import time
+
+    url, token, env, client_home = served
+    made = run(env, "create", "--ttl", "10m", "--label", RUN_LABEL, "--json")
+    assert made.returncode == 0, made.stderr
+    sandbox_id = json.loads(made.stdout)["id"]
+    follow = subprocess.Popen([*SBX, "metrics", "--all", "--json"], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in follow.stdout], daemon=True).start()
+    seen, deadline = [], time.monotonic() + 90
+    try:
+        while not seen and time.monotonic() < deadline and follow.poll() is None:
+            try:
+                doc = json.loads(lines.get(timeout=1))
+            except queue.Empty:
+                continue
+            if doc["sandbox_id"] == sandbox_id:
+                seen.append(doc)
+    finally:
+        follow.terminate()
+        _, err = follow.communicate(timeout=30)
+        run(env, "destroy", sandbox_id)
+        remove_test_containers(sbx.home)
+    assert seen and seen[0]["memory_bytes"], err
+    assert "Traceback" not in err and follow.returncode == 0, err
+    assert not (client_home / "sbx.db").exists()
