@@ -1,12 +1,13 @@
 # `make run` opens sbx; `make test` runs the whole suite. Both set everything up first:
 # the .venv, the project, a reachable Docker engine, and the offline base image; the tests
-# also need PostgreSQL, an OpenSSH server binary and tmux, which `make test` installs.
+# also need PostgreSQL, an OpenSSH server binary and tmux, which `make test` installs, and
+# the service's container image (service-image), which it builds.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup test-setup venv launcher bytecode docker image postgres sshd tmux lint bench clean
+.PHONY: run test setup test-setup venv launcher bytecode docker image service-image python-base postgres sshd tmux lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -30,7 +31,7 @@ launcher: venv
 bytecode: venv
 	$(BIN)/python -m compileall -q core adapters sandboxer_tui profiles
 
-test-setup: postgres sshd tmux
+test-setup: postgres sshd tmux service-image
 
 venv: $(STAMP)
 
@@ -52,6 +53,21 @@ postgres:
 
 image: venv docker
 	$(BIN)/python -m adapters.docker_image
+
+# The service's container image (Dockerfile, docs/service.md). With the default BASE, a Python
+# base made from Debian's packages (python-base) and the dependencies as wheels this host's pip
+# builds, so neither a registry nor network in the build is needed; each step is skipped when
+# its result is already there. Elsewhere: make service-image BASE=python:3.11-slim.
+BASE ?= sandboxer/python-base:bookworm
+SERVICE_IMAGE ?= sandboxer/service:latest
+
+service-image: venv docker
+	BASE="$(BASE)" SERVICE_IMAGE="$(SERVICE_IMAGE)" PYTHON="$(CURDIR)/$(BIN)/python" \
+	  scripts/build-service-image.sh
+
+# Debian bookworm with python3, by debootstrap, imported as sandboxer/python-base:bookworm
+python-base: docker
+	scripts/build-python-base.sh
 
 sshd:
 	scripts/ensure-sshd.sh
