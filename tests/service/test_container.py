@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from conftest import ROOT, RUN_ID, RUN_LABEL
+from support import ROOT, RUN_ID, RUN_LABEL
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 

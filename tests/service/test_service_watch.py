@@ -9,7 +9,7 @@ import asyncio
 
 import httpx
 import pytest
-from conftest import remove_test_containers
+from support import remove_test_containers
 
 import sandboxer
 from tests.api.conftest import RUN
