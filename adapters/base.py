@@ -48,6 +48,12 @@ LABEL_POD = "sbx.pod"  # a service container: the backend ref of the main contai
 RESERVED_LABEL_PREFIX = "sbx."
 
 
+def one_line(exc: BaseException) -> str:
+    """The one-line message a person sees for any error, never a traceback: its text with
+    every run of whitespace (newlines too) made one space, else its class's name."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 class AdapterError(Exception):
     """The backend refused or failed an operation (exit 1)."""
 

@@ -44,6 +44,7 @@ from adapters.base import (
     ExecResult,
     Health,
     MetricSample,
+    one_line,
     open_state_file,
     state_folder,
 )
@@ -117,11 +118,6 @@ def _setting(name: str, default: float) -> float:
     if value < 0:
         raise AdapterError(f"{name} must be a number of at least 0, not {raw!r}")
     return value
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 class _CreateSlots:
@@ -214,14 +210,14 @@ class E2BAdapter(Adapter):
             except (e2b.RateLimitException, e2b.ServiceBusyException) as exc:
                 if attempt + 1 >= attempts:
                     raise AdapterError(
-                        f"E2B kept refusing to {what}: {_one_line(exc)} ({attempts} attempts in "
+                        f"E2B kept refusing to {what}: {one_line(exc)} ({attempts} attempts in "
                         f"{time.monotonic() - started:.1f}s); try again later or lower the "
                         "profile's options.max_concurrent") from exc
                 delay = min(backoff * 2**attempt, RATE_LIMIT_BACKOFF_MAX_S)
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))
             except e2b.AuthenticationException as exc:
                 raise BackendUnavailable(
-                    f"E2B at {api_url()} refused the API key in {variable} ({_one_line(exc)}): "
+                    f"E2B at {api_url()} refused the API key in {variable} ({one_line(exc)}): "
                     f"set {variable} to a valid key ({KEY_HINT})") from exc
             except AdapterError:
                 raise
@@ -236,9 +232,9 @@ class E2BAdapter(Adapter):
         if isinstance(exc, httpx.TimeoutException):
             return AdapterError(f"E2B at {api_url()} did not answer in time to {what}")
         if isinstance(exc, httpx.TransportError | ConnectionError):
-            return BackendUnavailable(f"E2B API unreachable at {api_url()} ({_one_line(exc)}); "
+            return BackendUnavailable(f"E2B API unreachable at {api_url()} ({one_line(exc)}); "
                                       "check your network, or E2B_API_URL / E2B_DOMAIN")
-        return AdapterError(f"E2B could not {what}: {_one_line(exc)}")
+        return AdapterError(f"E2B could not {what}: {one_line(exc)}")
 
     def _slot(self, variable: str, limit: int) -> _CreateSlots:
         key = (api_url(), variable, limit)
@@ -274,7 +270,7 @@ class E2BAdapter(Adapter):
             refused = "refused the API key" in str(exc)
             return Health(refused, not refused, str(exc))
         except Exception as exc:  # health never raises
-            return Health(False, True, f"E2B at {api_url()}: {_one_line(exc)}")
+            return Health(False, True, f"E2B at {api_url()}: {one_line(exc)}")
         return Health(True, True, f"E2B at {api_url()} (key from {variables[0]})")
 
     async def _probe(self, variable: str) -> None:
@@ -440,7 +436,7 @@ class E2BAdapter(Adapter):
             handle = await sandbox.commands.run(shlex.join(argv), background=True, timeout=0)
         except Exception as exc:
             raise AdapterError(f"E2B could not start the command in {sandbox_id}: "
-                               f"{_one_line(exc)}") from exc
+                               f"{one_line(exc)}") from exc
         try:
             result = await asyncio.wait_for(handle.wait(), timeout_s)
         except e2b.CommandExitException as exc:
@@ -455,7 +451,7 @@ class E2BAdapter(Adapter):
                               time.perf_counter() - started, timed_out=True)
         except Exception as exc:
             raise AdapterError(f"the command in E2B sandbox {sandbox_id} failed: "
-                               f"{_one_line(exc)}") from exc
+                               f"{one_line(exc)}") from exc
         return ExecResult(result.exit_code, (result.stdout or "").encode(),
                           (result.stderr or "").encode(), time.perf_counter() - started)
 

@@ -43,6 +43,7 @@ from adapters.base import (
     CreateRequest,
     ExecResult,
     Health,
+    one_line,
 )
 
 if TYPE_CHECKING:
@@ -177,11 +178,6 @@ def _sdk() -> modal_sdk:
     return modal
 
 
-def _error_text(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
-
-
 def _status(code: int | None) -> str:
     if code is None:
         return "running"
@@ -230,7 +226,7 @@ class ModalAdapter(Adapter):
                 _, writer = await asyncio.wait_for(
                     asyncio.open_connection(parsed.hostname, port), timeout)
             except (OSError, TimeoutError) as exc:
-                problems.append(f"{parsed.hostname}:{port}: {_error_text(exc)}")
+                problems.append(f"{parsed.hostname}:{port}: {one_line(exc)}")
                 continue
             writer.close()
             return
@@ -247,12 +243,12 @@ class ModalAdapter(Adapter):
         if isinstance(exc, modal_errors.AuthError):
             return BackendUnavailable(
                 f"Modal at {server_url()} refused the token in {tokens.describe()} "
-                f"({_error_text(exc)}); check it, or {TOKEN_HINT}")
+                f"({one_line(exc)}); check it, or {TOKEN_HINT}")
         if isinstance(exc, modal_errors.ConnectionError | ConnectionError | OSError):
             return BackendUnavailable(
-                f"Modal unreachable at {server_url()} ({_error_text(exc)}); check your network "
+                f"Modal unreachable at {server_url()} ({one_line(exc)}); check your network "
                 "or MODAL_SERVER_URL")
-        return AdapterError(f"Modal could not {doing}: {_error_text(exc)}")
+        return AdapterError(f"Modal could not {doing}: {one_line(exc)}")
 
     async def _app(self, client: modal_sdk.Client, name: str) -> Any:
         key = (id(client), name)
@@ -494,7 +490,7 @@ class ModalAdapter(Adapter):
             code, out, err = -1, b"", b""
         except (NotFoundError, ConflictError) as exc:
             raise BackendObjectGone(
-                f"Modal sandbox {split_ref(ref)[0]} has ended ({_error_text(exc)})") from exc
+                f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
         except Exception as exc:
             raise self._translate(exc, tokens, "run the command") from exc
         elapsed = time.perf_counter() - started
@@ -520,7 +516,7 @@ class ModalAdapter(Adapter):
             image = await sandbox.snapshot_filesystem.aio()
         except (NotFoundError, ConflictError) as exc:
             raise BackendObjectGone(
-                f"Modal sandbox {split_ref(ref)[0]} has ended ({_error_text(exc)})") from exc
+                f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
         except Exception as exc:
             raise self._translate(exc, tokens, "snapshot the sandbox") from exc
         artifact = Artifact(join_ref(image.object_id, tokens), dict(labels))

@@ -10,15 +10,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import Capability
-from core.errors import Conflict
+from core.errors import Conflict, one_line
 from core.states import State
 
 if TYPE_CHECKING:
     from core.manager import Manager
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 async def backend_status(mgr: Manager, name: str, *, check: bool = True,
@@ -31,7 +27,7 @@ async def backend_status(mgr: Manager, name: str, *, check: bool = True,
     try:
         adapter = mgr.adapter(name)
     except Exception as exc:
-        status.update(reachable=False, detail=_one_line(exc))
+        status.update(reachable=False, detail=one_line(exc))
         return status
     # memory checkpoints need a probe of the engine and of CRIU: `doctor()` reports them
     status.update(loaded=True, test_double=bool(adapter.test_double),
@@ -46,7 +42,7 @@ async def backend_status(mgr: Manager, name: str, *, check: bool = True,
         status.update(reachable=False, detail=f"no answer in {timeout_s:g}s")
         return status
     except Exception as exc:  # health() must not raise; a broken one is unreachable
-        status.update(reachable=False, detail=_one_line(exc))
+        status.update(reachable=False, detail=one_line(exc))
         return status
     status.update(reachable=bool(health.reachable), credentials=bool(health.credentials),
                   detail=" ".join(health.detail.split()))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters import registry
-from adapters.base import AdapterError, Capability
+from adapters.base import AdapterError, Capability, one_line
 from core import settings
 from core.db import Database, redact
 from core.migrations import SCHEMA_HEAD
@@ -55,7 +55,7 @@ async def backend_report(name: str, health_timeout_s: float = 20.0) -> dict[str,
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+    text = one_line(exc)
     return text if isinstance(exc, AdapterError) and text else f"{type(exc).__name__}: {text}"
 
 

@@ -15,6 +15,7 @@ from adapters.base import (
     BackendUnavailable,
     CapabilityNotSupported,
     InvalidRequest,
+    one_line,
 )
 
 
@@ -155,6 +156,6 @@ def as_error(exc: BaseException) -> SbxError:
         _KINDS.update({cls.kind: cls for cls in (OperationFailed, BadInput, NotFound,
                                                   Conflict, Unavailable)})
     _, kind = classify(exc)
-    error = _KINDS[kind](" ".join(str(exc).split()) or type(exc).__name__)
+    error = _KINDS[kind](one_line(exc))
     error.__cause__ = exc
     return error

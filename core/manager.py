@@ -50,6 +50,7 @@ from core.errors import (
     NotFound,
     OperationFailed,
     Unavailable,
+    one_line,
 )
 from core.failpoints import failpoint
 from core.ids import PREFIX, new_sandbox_id, validate_name
@@ -436,7 +437,7 @@ class Manager:
             except Exception as exc:
                 code, kind = classify(exc)
                 result["failed"].append({"id": sandbox_id, "code": code, "kind": kind,
-                                         "error": " ".join(str(exc).split())})
+                                         "error": one_line(exc)})
         return result
 
     async def destroy_if(self, sandbox_id: str, backend: str, *,

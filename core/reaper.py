@@ -29,7 +29,7 @@ from adapters.base import (
     Capability,
 )
 from core.clock import Clock, from_iso, to_iso
-from core.errors import Conflict, DiskFull, Unavailable, classify
+from core.errors import Conflict, DiskFull, Unavailable, classify, one_line
 from core.states import REAPABLE, State, dead_holders, leased
 from core.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
@@ -298,7 +298,7 @@ class Reaper:
                 if backend in in_use:  # its sandboxes cannot be checked: say so, go on
                     unreachable.add(backend)
                     report.failed.append({"id": f"backend:{backend}", "code": classify(exc)[0],
-                                          "error": " ".join(str(exc).split())})
+                                          "error": one_line(exc)})
                 continue  # a backend we have nothing on may well be unavailable
             here = await self._adapter(backend).instance_id()
             elsewhere = [r for r in mine if r["backend"] == backend and r.get("backend_instance")
@@ -470,10 +470,10 @@ class Reaper:
                                             reason=action.reason):
                     report.reconciled.append(action.describe())
         except Conflict as exc:  # another process got there first: that is fine
-            report.skipped.append({"id": label, "error": " ".join(str(exc).split())})
+            report.skipped.append({"id": label, "error": one_line(exc)})
         except Exception as exc:
             report.failed.append({"id": label, "code": classify(exc)[0],
-                                  "error": " ".join(str(exc).split())})
+                                  "error": one_line(exc)})
 
     async def close(self, *, keep_manager: bool = False) -> None:
         """Close what this reaper opened; `keep_manager`: the manager and its adapters are

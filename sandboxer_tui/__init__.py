@@ -1,1 +1,2 @@
-"""The front ends: the click CLI (and, later, the Textual dashboard)."""
+"""The front ends over the library: the click CLI, the Textual dashboard, the HTTP service
+(`sbx serve`), and `sbx server` with its launchers."""

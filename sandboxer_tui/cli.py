@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from core.errors import EXIT_BAD_INPUT, BadInput, classify
+from core.errors import EXIT_BAD_INPUT, BadInput, classify, one_line
 
 # -- output ---------------------------------------------------------------------------------
 
@@ -46,7 +46,7 @@ def error_doc(exc: BaseException) -> dict[str, Any]:
     """The one shape of an error under --json (docs/cli.md), with its one-line message."""
     code, kind = classify(exc)
     return {"error": {"code": code, "kind": kind,
-                      "message": " ".join(str(exc).split()) or type(exc).__name__}}
+                      "message": one_line(exc)}}
 
 
 def fail(exc: BaseException, as_json: bool) -> None:

@@ -72,5 +72,7 @@ def megabytes(value: float | None) -> str:
 
 
 def one_line(exc: BaseException) -> str:
-    """The one-line message a person sees for any error (never a traceback)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """The one-line message a person sees for any error (core.errors.one_line)."""
+    from core.errors import one_line as rule
+
+    return rule(exc)

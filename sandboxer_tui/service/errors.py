@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from core.errors import classify
+from core.errors import classify, one_line
 
 STATUS = {"bad_input": 400, "not_found": 404, "conflict": 409, "unavailable": 503,
           "failed": 500}
@@ -17,7 +17,7 @@ STATUS = {"bad_input": 400, "not_found": 404, "conflict": 409, "unavailable": 50
 def error_body(exc: BaseException) -> dict[str, Any]:
     code, kind = classify(exc)
     body = {"code": int(code), "kind": kind,
-            "message": " ".join(str(exc).split()) or type(exc).__name__}
+            "message": one_line(exc)}
     problems = getattr(exc, "problems", None)
     if problems and len(problems) > 1:
         body["problems"] = list(problems)
