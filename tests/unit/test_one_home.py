@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COPY = re.compile(r'" "\.join\(str\(')
+COPY = re.compile(r"\" \"\.join\(str\((exc|error|err)\)\.split\(\)\)")
 
 
 def test_the_one_line_error_rule_is_written_once():
