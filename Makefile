@@ -19,7 +19,7 @@ test: setup test-setup
 
 setup: venv launcher bytecode docker image
 
-# The compiled launcher (sandboxer_tui/launcher.c) in place of the Python `sbx` script pip
+# The compiled launcher (sandboxer_tui/server/launcher.c) in place of the Python `sbx` script pip
 # wrote: a command that `sbx server` runs then starts no interpreter of its own (about 10 ms
 # a command). Without a C compiler the Python launcher stays; it does the same work.
 launcher: venv
@@ -81,7 +81,7 @@ lint: venv
 
 # Each benchmark writes its results to bench/results/NAME.json (committed), and the README's
 # performance table is made from them (scripts/perf_table.py; a test checks they agree).
-BENCHES ?= lifecycle api reap checkpoints delivery metrics tui fleet
+BENCHES ?= lifecycle api clients reap checkpoints delivery metrics tui fleet
 bench: setup test-setup
 	mkdir -p bench/results
 	for b in $(BENCHES); do $(BIN)/python bench/bench_$$b.py --json bench/results/$$b.json || exit 1; done

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     results["launcher_alone_s"] = alone
     print_table(["launcher, start to exit", "median"],
                 [[f"sbx ls ({meta['launcher']})", ms(alone["sbx"])],
-                 ["python -m sandboxer_tui.launcher ls", ms(alone["python_launcher"])],
+                 ["python -m sandboxer_tui.server.launcher ls", ms(alone["python_launcher"])],
                  ["/bin/true", ms(alone["true"])]],
                 title="4. the launcher alone, against a socket that answers at once, "
                       f"for context ({args.rounds * 3} runs)")

@@ -145,7 +145,7 @@ class BenchContext:
         its spare child warmed up. Then a timed `docker` command never shares the machine
         with the server's background work, and a timed sbx command is one that came after
         a pause (the spare warms up after 50 ms with no command)."""
-        from sandboxer_tui.resident import query_status
+        from sandboxer_tui.server.resident import query_status
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -165,7 +165,7 @@ class BenchContext:
         import socket
         import threading
 
-        from sandboxer_tui.resident import _read_frame
+        from sandboxer_tui.server.resident import _read_frame
 
         folder = self.home("instant-server")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -187,7 +187,7 @@ class BenchContext:
         threading.Thread(target=answer, daemon=True).start()
         env = self.sbx_env(folder)
         commands = {"sbx": [*self.sbx, "ls"],
-                    "python_launcher": [sys.executable, "-m", "sandboxer_tui.launcher", "ls"],
+                    "python_launcher": [sys.executable, "-m", "sandboxer_tui.server.launcher", "ls"],
                     "true": ["/bin/true"]}
         times: dict[str, list[float]] = {name: [] for name in commands}
         try:

@@ -78,7 +78,7 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
 def client():
     """The library client this command uses: the one `sbx server` prepared for this
     process if it fits, else a new one."""
-    from sandboxer_tui.prepared import take_client
+    from sandboxer_tui.server.prepared import take_client
 
     return take_client()
 
@@ -606,7 +606,7 @@ def _reap_forever(interval, limit, orphans, show, as_json) -> None:
 
     from core.delivery import load_settings
     from sandboxer import Error
-    from sandboxer_tui.prepared import service_url, take_async_client
+    from sandboxer_tui.server.prepared import service_url, take_async_client
 
     if not service_url():
         load_settings()  # a bad sink setting is refused before the first cycle
@@ -1014,7 +1014,7 @@ def _follow_all(as_json: bool) -> None:
     import contextlib
     import signal
 
-    from sandboxer_tui.prepared import take_async_client
+    from sandboxer_tui.server.prepared import take_async_client
 
     def show(view: Mapping[str, Any]) -> None:
         click.echo(json.dumps(view) if as_json else f"{view['sandbox_id']}  {_metric_line(view)}")
@@ -1133,7 +1133,7 @@ def server_group() -> None:
 def server_start_command(idle: str | None, as_json: bool) -> None:
     """Start the server in the background (nothing happens if one runs)."""
     from core.durations import parse_duration
-    from sandboxer_tui import resident
+    from sandboxer_tui.server import resident
 
     idle_s = parse_duration(idle, "--idle").total_seconds() if idle else None
     status, new = resident.start(idle_s)
@@ -1148,7 +1148,7 @@ def server_start_command(idle: str | None, as_json: bool) -> None:
 @command
 def server_stop_command(as_json: bool) -> None:
     """Stop the server; commands it is running finish first."""
-    from sandboxer_tui import resident
+    from sandboxer_tui.server import resident
 
     status = resident.stop()
     if as_json:
@@ -1162,7 +1162,7 @@ def server_stop_command(as_json: bool) -> None:
 @command
 def server_status_command(as_json: bool) -> None:
     """Whether a server runs for this SBX_HOME, and how many commands it served."""
-    from sandboxer_tui import resident
+    from sandboxer_tui.server import resident
 
     status = resident.query_status(resident.server_folder())
     running = bool(status and "pid" in status)
@@ -1189,7 +1189,7 @@ def server_status_command(as_json: bool) -> None:
 def serve_command(listen: str | None, socket_path: str | None, reap_every: str) -> None:
     """The library over HTTP, with API keys, streams and metrics (docs/service.md)."""
     from core.durations import parse_duration
-    from sandboxer_tui.prepared import service_url
+    from sandboxer_tui.server.prepared import service_url
 
     if service_url():
         raise BadInput("sbx serve runs the service itself: unset SBX_URL (or drop --url)")

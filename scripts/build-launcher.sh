@@ -1,5 +1,5 @@
 #!/bin/sh
-# scripts/build-launcher.sh OUT PYTHON: compile the `sbx` launcher (sandboxer_tui/launcher.c)
+# scripts/build-launcher.sh OUT PYTHON: compile the `sbx` launcher (sandboxer_tui/server/launcher.c)
 # into OUT, for the interpreter PYTHON (the one it execs when no `sbx server` takes a command).
 # `make setup` puts it in place of the Python `sbx` script pip wrote: a command handed to the
 # server then starts no interpreter of its own. With no working C compiler (none, or one
@@ -17,7 +17,7 @@ command -v "${cc%% *}" >/dev/null 2>&1 || keep "no C compiler ($cc)"
 case $python in
   *'"'* | *'\'*) keep "$python cannot be named in C" ;;
 esac
-src=$(dirname "$0")/../sandboxer_tui/launcher.c
+src=$(dirname "$0")/../sandboxer_tui/server/launcher.c
 tmp=$out.build.$$
 # $cc unquoted on purpose: CC may carry arguments ("ccache gcc")
 if ! $cc -O2 -Wall -Wextra -o "$tmp" -DSBX_PYTHON="\"$python\"" "$src" 2>"$tmp.log"; then

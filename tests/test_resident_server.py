@@ -2,8 +2,8 @@
 
 Every test runs a real launcher against a real server started with `sbx server start` in the
 test's own SBX_HOME, and on the real Docker engine where a sandbox is involved. The tests
-that concern the launcher run on both: the Python one (`python -m sandboxer_tui.launcher`,
-what pip's `sbx` script runs) and the compiled one (sandboxer_tui/launcher.c, which
+that concern the launcher run on both: the Python one (`python -m sandboxer_tui.server.launcher`,
+what pip's `sbx` script runs) and the compiled one (sandboxer_tui/server/launcher.c, which
 `make setup` puts in its place), built here by scripts/build-launcher.sh.
 """
 
@@ -231,7 +231,7 @@ def test_the_launcher_finds_the_folder_the_core_uses(case: dict[str, str], tmp_p
     """The launcher spares itself platformdirs' import by writing its rule out; were the
     two to disagree, `sbx` would look for its server in the wrong folder."""
     from core.settings import sbx_home
-    from sandboxer_tui import launcher
+    from sandboxer_tui.server import launcher
 
     for name in ("SBX_HOME", "XDG_DATA_HOME"):
         monkeypatch.delenv(name, raising=False)
@@ -302,7 +302,7 @@ class FakeServer:
     def take(self) -> dict:
         import marshal
 
-        from sandboxer_tui.resident import _read_frame
+        from sandboxer_tui.server.resident import _read_frame
 
         conn, _ = self.listener.accept()
         with conn:
@@ -568,7 +568,7 @@ def test_a_server_that_never_answers_is_given_up_on(tmp_path: Path,
     runs the command itself."""
     import socket
 
-    from sandboxer_tui.launcher import ANSWER_WITHIN_S
+    from sandboxer_tui.server.launcher import ANSWER_WITHIN_S
 
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -621,8 +621,8 @@ def test_bad_requests_are_declined_and_the_server_serves_the_next(via: Launcher)
     import marshal
     import socket
 
-    from sandboxer_tui.launcher import PROTOCOL
-    from sandboxer_tui.resident import MAX_REQUEST_BYTES
+    from sandboxer_tui.server.launcher import PROTOCOL
+    from sandboxer_tui.server.resident import MAX_REQUEST_BYTES
 
     status = via.status()
 

@@ -263,7 +263,7 @@ def tmux() -> Iterator[Tmux]:
 
 # -- the launchers (sbx server's clients) ---------------------------------------------------
 
-PYTHON_LAUNCHER = [sys.executable, "-m", "sandboxer_tui.launcher"]
+PYTHON_LAUNCHER = [sys.executable, "-m", "sandboxer_tui.server.launcher"]
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
    A Python process takes about 9 ms to start here before it runs a line, and every `sbx`
    command handed to `sbx server` paid it. This program speaks the same protocol as
-   sandboxer_tui/launcher.py (its docstring has it): it finds the server's socket by the same
+   sandboxer_tui/server/launcher.py (its docstring has it): it finds the server's socket by the same
    folder rule, sends argv, environment, working folder and umask as a marshalled dict, and
    fds 0, 1 and 2 once a child has answered `pid`, forwards SIGINT, SIGTERM and SIGHUP to the
    child and exits with its code. Whenever the Python launcher would run the command itself (no server, a
@@ -66,13 +66,13 @@ static void exec_python(const char *code, int argc, char **argv) {
 
 /* No server took the command: run it in a Python process, as launcher.py's main() does. */
 static void run_here(int argc, char **argv) {
-    exec_python("import sys\nfrom sandboxer_tui.launcher import run_here\n"
+    exec_python("import sys\nfrom sandboxer_tui.server.launcher import run_here\n"
                 "run_here(sys.argv[1:])\n", argc, argv);
 }
 
 /* What this program does not say as Python would: the Python launcher does it all. */
 static void python_launcher(int argc, char **argv) {
-    exec_python("from sandboxer_tui.launcher import main\nmain()\n", argc, argv);
+    exec_python("from sandboxer_tui.server.launcher import main\nmain()\n", argc, argv);
 }
 
 /* ---- a growable buffer and marshal's encoding ------------------------------------------ */

@@ -1,7 +1,7 @@
 """The library client a CLI command uses, and what `sbx server`'s spare child opens for it
 ahead of time.
 
-The spare child (sandboxer_tui/resident.py) opens the SQLite database and reaches the local
+The spare child (sandboxer_tui/server/resident.py) opens the SQLite database and reaches the local
 engine while no command waits (`prepare`). The command that comes next takes them over
 (`take_client`) only if its own environment names the same database file and the same
 engine settings; it builds its own Manager around them, so everything the command's

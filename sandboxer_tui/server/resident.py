@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import open_state_file, state_folder
-from sandboxer_tui.launcher import (
+from sandboxer_tui.server.launcher import (
     PROTOCOL,
     SOCKET_NAME,
     peer_uid_pid,
@@ -58,6 +58,8 @@ REQUEST_FIELDS = {"protocol": int, "executable": str, "argv": list, "env": dict,
 # import in the child that needs them (they may start threads, which fork must not copy).
 PRELOAD = (
     "sandboxer_tui.cli",
+    "sandboxer",
+    "sandboxer._local",
     "core.manager",
     "core.checkpoints",
     "core.profiles",
@@ -78,7 +80,7 @@ PRELOAD = (
 # (a script) is never slowed by it, a command after a pause (an agent thinking) gains.
 WARM_AFTER_IDLE_S = 0.05
 LOCAL_BACKENDS = ("docker", "stub", "ssh")  # preloaded above; a spare reaches them ahead
-_PACKAGES = ("core", "adapters", "sandboxer_tui", "profiles")
+_PACKAGES = ("sandboxer", "core", "adapters", "sandboxer_tui", "profiles")
 
 
 def _code_fingerprint() -> dict[str, float]:
@@ -318,7 +320,7 @@ def _caller_fds(conn: socket.socket) -> list[int] | None:
 
 def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
     """In a spare child, forked while no command waits: open the database and reach the
-    local engine (sandboxer_tui.prepared), say so, then wait for a command.
+    local engine (sandboxer_tui.server.prepared), say so, then wait for a command.
 
     The fork, the database's first connection and the engine's ping then happen on no
     command's clock. The command takes what was opened only if its environment names the
@@ -333,7 +335,7 @@ def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        from sandboxer_tui.prepared import prepare
+        from sandboxer_tui.server.prepared import prepare
 
         prepare(LOCAL_BACKENDS)
 
@@ -767,7 +769,7 @@ def spawn(folder: Path, idle_s: float | None) -> Path:
     with os.fdopen(open_state_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
         os.fchmod(out.fileno(), 0o600)
         subprocess.Popen(
-            [sys.executable, "-m", "sandboxer_tui.resident", "" if idle_s is None else str(idle_s)],
+            [sys.executable, "-m", "sandboxer_tui.server.resident", "" if idle_s is None else str(idle_s)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             cwd="/", close_fds=True)
     return log

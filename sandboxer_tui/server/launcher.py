@@ -1,7 +1,7 @@
 """The `sbx` entry point: hands the command to a running `sbx server` when there is one.
 
 Most of an `sbx` command's time is Python importing SQLAlchemy, pydantic and docker-py, not
-the work. A resident server (sandboxer_tui/resident.py) imports them once and forks a child
+the work. A resident server (sandboxer_tui/server/resident.py) imports them once and forks a child
 per command; this launcher only connects, passes its argv, environment, working folder and
 its own stdin/stdout/stderr, forwards signals and exits with the child's code. With no
 server, or one that cannot take the command, the command runs here as it always did.
@@ -277,7 +277,7 @@ def autostart() -> None:
         probe.close()
     from pathlib import Path
 
-    from sandboxer_tui import resident
+    from sandboxer_tui.server import resident
 
     try:
         resident.spawn(Path(folder), autostart_idle_s())
