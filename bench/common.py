@@ -207,7 +207,8 @@ class BenchContext:
         """Explicit environment for sbx subprocesses: our SBX_HOME and config dir, no other SBX_*."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
         env.update(SBX_HOME=str(home), XDG_CONFIG_HOME=str(self.tmp / "xdg-config"),
-                   SBX_ACTOR="sbx-bench", SBX_SERVER_AUTOSTART="0", **extra)
+                   SBX_ACTOR="sbx-bench", SBX_SERVER_AUTOSTART="0")
+        env.update(extra)  # a benchmark of first use turns autostart on
         return env
 
     @contextmanager
