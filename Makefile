@@ -1,12 +1,13 @@
 # `make run` opens sbx; `make test` runs the whole suite. Both set everything up first:
 # the .venv, the project, a reachable Docker engine, and the offline base image; the tests
-# also need PostgreSQL, an OpenSSH server binary and tmux, which `make test` installs.
+# also need PostgreSQL, an OpenSSH server binary, tmux and Docker Compose, which `make test`
+# installs.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup test-setup venv launcher bytecode docker image postgres sshd tmux lint bench clean
+.PHONY: run test setup test-setup venv launcher bytecode docker image postgres sshd tmux compose lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -30,7 +31,7 @@ launcher: venv
 bytecode: venv
 	$(BIN)/python -m compileall -q core adapters sandboxer_tui profiles
 
-test-setup: postgres sshd tmux
+test-setup: postgres sshd tmux compose
 
 venv: $(STAMP)
 
@@ -58,6 +59,9 @@ sshd:
 
 tmux:
 	scripts/ensure-tmux.sh
+
+compose: docker
+	scripts/ensure-compose.sh
 
 lint: venv
 	$(BIN)/ruff check .
