@@ -78,7 +78,8 @@ OVERRIDE_FILE = "sbx-override.json"
 INLINE_FILE = "compose.json"
 FILES_RECORD = "files.json"  # the files `up` was given, for `down`
 CHECKPOINT_REPOSITORY = "sandboxer/compose-checkpoint"  # tags <checkpoint>.<service>
-COMPOSE_TIMEOUT_S = 600.0
+COMPOSE_TIMEOUT_S = 600.0  # `config` and `up` (which may pull or build images)
+DOWN_TIMEOUT_S = 120.0  # what `down` leaves after this, the sweep removes
 SWEEP_WAIT_S = 30.0
 COMPOSE_SERVICE = "com.docker.compose.service"
 COMPOSE_NUMBER = "com.docker.compose.container-number"
@@ -579,8 +580,8 @@ class ComposeAdapter(_Adapter):
     async def _up(self, request: CreateRequest, images: Mapping[str, str] | None) -> BackendObject:
         project = Project.of(request)
         config = self._configs.pop(request.sandbox_id, None)
-        if config is None:
-            self.validate(request)
+        if config is None:  # not validated in this process: as the core would have
+            await asyncio.to_thread(self.validate, request)
             config = self._configs.pop(request.sandbox_id)
         await self.docker.ensure_available()  # refuses a plaintext engine before compose runs
         wanted = {str(svc.get("image")) for svc in config["services"].values()
@@ -607,17 +608,19 @@ class ComposeAdapter(_Adapter):
             raise AdapterError(f"compose up failed for {project.where}: {compose_says(err)}")
         failpoint("compose.after-up")
         got = await self.get(project.ref)
-        if got is None or not got.labels:
+        if got is None or not got.running:
+            said = "made no container for it" if got is None else f"left it {got.status}"
             with contextlib.suppress(Exception):
                 await self.destroy(project.ref)
-            raise AdapterError(f"compose up made no container for service {project.service!r} "
-                               f"of {project.where}")
+            raise AdapterError(f"compose up {said}: service {project.service!r} of "
+                               f"{project.where} must keep running (exec and logs go to it)")
         return replace(got, labels={**got.labels, **request.labels})
 
     async def destroy(self, ref: str) -> None:
         project, _ = parse_ref(ref)
         if not project:
             return
+        await self.docker.ensure_available()  # an unreachable engine: exit 5 at once
         folder = self._folder(project)
         record = _read(folder / FILES_RECORD)
         files = [f for f in (record or {}).get("files") or [] if os.path.isfile(f)]
@@ -626,7 +629,8 @@ class ComposeAdapter(_Adapter):
             # Compose's own way out (the containers are stopped gently); what it leaves, the
             # sweep below removes
             await self._run(self._argv(project, files, "down", "--volumes", "--remove-orphans"),
-                            cwd=str(record.get("cwd") or folder), env=self._env())
+                            cwd=str(record.get("cwd") or folder), env=self._env(),
+                            timeout_s=DOWN_TIMEOUT_S)
         await self.docker._call(lambda api: _sweep(api, ref))
         shutil.rmtree(folder, ignore_errors=True)
 

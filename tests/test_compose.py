@@ -202,6 +202,18 @@ def test_kill_9_right_after_up_leaves_nothing_after_reap(sbx, docker_api, tmp_pa
     assert show(sbx, row["id"])["state"] == "destroyed"
 
 
+def test_a_named_service_that_does_not_keep_running_fails_the_create(sbx, docker_api, tmp_path):
+    project = {"services": {"app": {"image": "sandboxer/base:busybox", "command": ["true"]},
+                            "web": TWO_SERVICES["services"]["web"]}}
+    failed = sbx("create", "--profile", "stack", "--label", RUN_LABEL,
+                 env=stack(tmp_path / "profiles", project))
+    assert failed.code == 1, failed.err
+    assert "service 'app'" in failed.err and "must keep running" in failed.err
+    assert len(failed.err.strip().splitlines()) == 1, failed.err
+    assert [s["state"] for s in sbx("ls", "--all", "--json").json()] == ["failed"]
+    assert nothing_left(docker_api, sbx.home), objects(docker_api, sbx.home)
+
+
 def test_reap_orphans_finds_a_project_by_its_labels_alone(sbx, docker_api, tmp_path):
     """Without the database and without the state folder (another SBX_HOME holding only the
     installation's id): the project's labels are all there is, and enough."""
