@@ -147,7 +147,7 @@ def _is_host_path(source: str) -> bool:
     return source.startswith(HOST_PATH_PREFIXES) or (len(source) > 1 and source[1] == ":")
 
 
-def _own_name(kind: str, key: str, spec: Mapping[str, Any], project: str) -> bool:
+def _own_name(key: str, spec: Mapping[str, Any], project: str) -> bool:
     """A network or volume named by the project (`<project>_<key>`), not one of a fixed name
     that every sandbox made from the file would share."""
     name = spec.get("name")
@@ -225,7 +225,7 @@ def refusals(config: Mapping[str, Any], project: str) -> list[Refusal]:
             spec = networks.get(key) or {}
             if _external(spec):
                 refuse("networks", f"the external network {key}", "external")
-            elif not _own_name("network", key, spec, project):
+            elif not _own_name(key, spec, project):
                 refuse("networks", f"the network {key} named {spec.get('name')!r} (shared by "
                        "every sandbox of this file)", "external")
             elif str(spec.get("driver") or "bridge") != "bridge":
@@ -237,7 +237,7 @@ def refusals(config: Mapping[str, Any], project: str) -> list[Refusal]:
             spec = volumes.get(key) if isinstance(key, str) else None
             if not isinstance(spec, Mapping) or _external(spec):
                 continue
-            if not _own_name("volume", key, spec, project):
+            if not _own_name(key, spec, project):
                 refuse("volumes", f"the volume {key} named {spec.get('name')!r} (shared by "
                        "every sandbox of this file)", "external")
             elif (spec.get("driver_opts") or {}).get("device"):
@@ -256,18 +256,6 @@ def _networks_used(config: Mapping[str, Any]) -> set[str]:
             continue
         networks = svc.get("networks")
         used.update(networks or ["default"])
-    return used
-
-
-def _volumes_used(config: Mapping[str, Any]) -> set[str]:
-    declared = set(config.get("volumes") or {})
-    used: set[str] = set()
-    for raw in (config.get("services") or {}).values():
-        for volume in (raw or {}).get("volumes") or []:
-            key = (volume.get("source") if isinstance(volume, Mapping)
-                   else str(volume).partition(":")[0])
-            if key in declared:
-                used.add(key)
     return used
 
 
@@ -317,8 +305,13 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return project, service
 
 
+def _literal(text: str) -> str:
+    """`text` as Compose reads it back: it interpolates `$NAME` in every value of a file."""
+    return text.replace("$", "$$")
+
+
 def _project_labels(request: CreateRequest, ref: str) -> dict[str, str]:
-    return {**request.labels, LABEL_COMPOSE: ref}
+    return {k: _literal(v) for k, v in {**request.labels, LABEL_COMPOSE: ref}.items()}
 
 
 def build_override(config: Mapping[str, Any], project: Project, request: CreateRequest, *,
@@ -331,7 +324,7 @@ def build_override(config: Mapping[str, Any], project: Project, request: CreateR
     limits = request.resources
     services: dict[str, Any] = {}
     for name, raw in (config.get("services") or {}).items():
-        svc: dict[str, Any] = {"labels": {**labels, LABEL_SERVICE: name}}
+        svc: dict[str, Any] = {"labels": {**labels, LABEL_SERVICE: _literal(name)}}
         own_deploy = ((raw or {}).get("deploy") or {}).get("resources", {}).get("limits")
         if deploy_limits and own_deploy:  # Compose v2 refuses both spellings at once
             cap: dict[str, Any] = {}
@@ -355,7 +348,7 @@ def build_override(config: Mapping[str, Any], project: Project, request: CreateR
             if request.env:
                 svc["environment"] = {key: None for key in request.env}
             if request.command is not None:
-                svc["command"] = list(request.command)
+                svc["command"] = [_literal(arg) for arg in request.command]
         if images and name in images:
             svc["image"] = images[name]
         services[name] = svc
@@ -372,9 +365,9 @@ def build_override(config: Mapping[str, Any], project: Project, request: CreateR
             networks[key]["internal"] = True  # services reach each other, nothing beyond
     if networks:
         override["networks"] = networks
-    volumes = {key: {"labels": labels} for key in sorted(_volumes_used(config)
-                                                         | set(config.get("volumes") or {}))
-               if not _external((config.get("volumes") or {}).get(key))}
+    named = config.get("volumes") or {}
+    volumes = {key: {"labels": labels} for key, spec in sorted(named.items())
+               if not _external(spec)}
     if volumes:
         override["volumes"] = volumes
     return override

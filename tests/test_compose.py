@@ -117,7 +117,8 @@ def in_container(docker_api, container: str, *argv: str) -> bytes:
 def test_two_services_reach_each_other_by_name_and_destroy_removes_the_project(
         sbx, docker_api, tmp_path, engine):
     env = {**stack(tmp_path / "profiles"), **engine}
-    box = sbx.create("--profile", "stack", "--ttl", "10m", "--label", "team=infra", env=env)
+    box = sbx.create("--profile", "stack", "--ttl", "10m", "--label", "team=infra",
+                     "--label", "price=$5 a ${month}", env=env)
     assert (box["backend"], box["state"]) == ("compose", "running")
     assert box["backend_ref"] == f"{box['id']}/app"
     found = objects(docker_api, sbx.home)
@@ -136,6 +137,7 @@ def test_two_services_reach_each_other_by_name_and_destroy_removes_the_project(
         for obj in mine:
             labels = obj[key]
             assert labels["sbx.install"] == install and labels["team"] == "infra", (kind, labels)
+            assert labels["price"] == "$5 a ${month}", (kind, labels)  # as given, not expanded
             assert labels["sbx-test-run"] == RUN_LABEL.split("=")[1], (kind, labels)
             assert labels["sbx.compose"] == box["backend_ref"], (kind, labels)
     # network: none (the default) keeps the project's network internal: the engine lets
@@ -172,13 +174,18 @@ def test_two_services_reach_each_other_by_name_and_destroy_removes_the_project(
     assert not (sbx.home / "compose" / box["id"]).exists()
 
 
-def test_env_and_secrets_reach_the_named_service_and_no_file(sbx, docker_api, tmp_path):
+def test_env_secrets_and_command_reach_the_named_service_and_no_file(sbx, docker_api, tmp_path):
+    command = ["sh", "-c", "echo from the profile; trap 'exit 0' TERM; "
+               "while :; do sleep 3600 & wait $!; done"]  # `$!` reaches sh as written
     env = stack(tmp_path / "profiles", extra="env: {GREETING: hi}\n"
-                "secrets: {TOKEN: env:COMPOSE_TEST_TOKEN}\n")
+                "secrets: {TOKEN: env:COMPOSE_TEST_TOKEN}\n" + yaml.safe_dump({"command": command}))
     secret = "s3cret-" + os.urandom(6).hex()
     box = sbx.create("--profile", "stack", env={**env, "COMPOSE_TEST_TOKEN": secret})
     said = sbx("exec", box["id"], "--", "sh", "-c", 'echo "$GREETING $TOKEN"')
     assert said.out == f"hi {secret}\n"
+    assert sbx("logs", box["id"]).out == "from the profile\n"
+    [app] = docker_api.containers(filters={"label": [f"sbx.id={box['id']}", "sbx.service=app"]})
+    assert docker_api.inspect_container(app["Id"])["Config"]["Cmd"] == command
     for path in sbx.home.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), f"the secret is in {path}"
