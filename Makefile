@@ -1,13 +1,13 @@
 # `make run` opens sbx; `make test` runs the whole suite. Both set everything up first:
 # the .venv, the project, a reachable Docker engine, and the offline base image; the tests
-# also need PostgreSQL, an OpenSSH server binary and tmux, which `make test` installs, and
-# the service's container image (service-image), which it builds.
+# also need PostgreSQL, an OpenSSH server binary, tmux and Docker Compose, which `make test`
+# installs, and the service's container image (service-image), which it builds.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup test-setup venv launcher bytecode docker image service-image python-base postgres sshd tmux lint bench clean
+.PHONY: run test setup test-setup venv launcher bytecode docker image service-image python-base postgres sshd tmux compose lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -31,7 +31,7 @@ launcher: venv
 bytecode: venv
 	$(BIN)/python -m compileall -q core adapters sandboxer_tui profiles
 
-test-setup: postgres sshd tmux service-image
+test-setup: postgres sshd tmux compose service-image
 
 venv: $(STAMP)
 
@@ -74,6 +74,9 @@ sshd:
 
 tmux:
 	scripts/ensure-tmux.sh
+
+compose: docker
+	scripts/ensure-compose.sh
 
 lint: venv
 	$(BIN)/ruff check .

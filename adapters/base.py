@@ -45,6 +45,9 @@ LABEL_HARD_DEADLINE = "sbx.hard-deadline"
 LABEL_CHECKPOINT = "sbx.checkpoint"
 LABEL_SERVICE = "sbx.service"  # a service container: its name in the profile
 LABEL_POD = "sbx.pod"  # a service container: the backend ref of the main container
+# every container, network, volume and checkpoint image of a Compose project (the compose
+# backend): the sandbox's backend ref; the docker backend leaves such objects alone
+LABEL_COMPOSE = "sbx.compose"
 RESERVED_LABEL_PREFIX = "sbx."
 
 
@@ -121,6 +124,9 @@ class CreateRequest:
     # asked only of a backend declaring READ_ONLY_ROOT / RUN_AS_USER
     read_only: bool = False
     user: str | None = None  # "UID", "UID:GID", "NAME" or "NAME:GROUP"
+    # the profile's `compose:` (file as an absolute path, or project; service; allow), for
+    # the compose backend
+    compose: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -306,6 +312,26 @@ class Adapter(abc.ABC):
 
 
 APP_NAME = "sandboxer"
+FAILPOINT_ENV = "SBX_FAILPOINT"
+
+
+def failpoint(name: str) -> None:
+    """`SBX_FAILPOINT=NAME` makes the process kill itself (SIGKILL) at NAME, or stop itself
+    (SIGSTOP) with `NAME:stop`: crash tests stop at exact steps. Every name is listed in
+    core.failpoints.POINTS (the core's own points go through it)."""
+    wanted = os.environ.get(FAILPOINT_ENV)
+    if not wanted:
+        return
+    point, _, action = wanted.partition(":")
+    if point != name:
+        return
+    import signal
+    import threading
+
+    # Sent to this thread, not the process: a signal to the process may be taken by another
+    # thread while this one runs on (into the next transaction) before the group stops.
+    signal.pthread_kill(threading.get_ident(),
+                        signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
 
 # The folder a library client named (`sandboxer.Sandboxer(home=...)`), for the operations it

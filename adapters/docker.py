@@ -53,6 +53,7 @@ from docker.utils import kwargs_from_env  # noqa: E402
 from adapters.archives import BoundedTar, TooLarge, member_path  # noqa: E402
 from adapters.base import (  # noqa: E402
     LABEL_CHECKPOINT,
+    LABEL_COMPOSE,
     LABEL_INSTALL,
     LABEL_POD,
     LABEL_SERVICE,
@@ -595,7 +596,8 @@ class DockerAdapter(Adapter):
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
 
         def listing(api: docker.APIClient) -> tuple[list[dict], dict[str, datetime]]:
-            found = api.containers(all=True, filters=filters)
+            found = [info for info in api.containers(all=True, filters=filters)
+                     if LABEL_COMPOSE not in (info.get("Labels") or {})]  # the compose backend's
             restarted = {}
             for info in found:  # inspected only when the listing says it was started again
                 main = LABEL_POD not in (info.get("Labels") or {})
@@ -799,7 +801,8 @@ class DockerAdapter(Adapter):
 
     async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-        found = await self._call(lambda api: api.images(filters=filters))
+        found = [i for i in await self._call(lambda api: api.images(filters=filters))
+                 if LABEL_COMPOSE not in (i.get("Labels") or {})]  # the compose backend's
         return [Artifact(next((t for t in i.get("RepoTags") or []
                                if t.startswith(CHECKPOINT_REPOSITORY + ":")), i["Id"]),
                          i.get("Labels") or {}, i.get("Size")) for i in found]

@@ -1,7 +1,9 @@
 """The ssh backend ("attach"): a sandbox is a lease on a host that already exists.
 
-Hosts are listed in an inventory file (YAML: host, port, user, key, labels); a profile picks
-them by labels (`options: {match: {pool: ci}}`). Create leases a free matching host, checks
+Hosts are listed in an inventory file (YAML: host, port, user, key, labels), or are the builds
+of a Packer manifest (`options: {packer_manifest: PATH, build: NAME}`: the manifest
+post-processor's file, read again at each create); a profile picks them by labels
+(`options: {match: {pool: ci}}`). Create leases a free matching host, checks
 that it answers and runs the profile's setup commands on it; exec runs commands over SSH and
 returns their exit codes; destroy runs the cleanup commands and releases the host.
 
@@ -62,7 +64,7 @@ from adapters.base import (
 INVENTORY_ENV = "SBX_SSH_INVENTORY"
 LEASES_ENV = "SBX_SSH_LEASES"  # a lease file shared by several SBX_HOMEs on one machine
 OPTIONS = frozenset({"inventory", "match", "setup", "cleanup", "connect_timeout",
-                     "command_timeout"})
+                     "command_timeout", "packer_manifest", "build", "packer_run"})
 ENTRY_FIELDS = frozenset({"name", "host", "port", "user", "key", "known_hosts", "host_key",
                           "host_key_policy", "labels"})
 STRICT, TOFU = "strict", "tofu"  # host_key_policy: known keys only / trust on first use
@@ -152,8 +154,8 @@ def _host_keys(value: Any, where: str) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _entry(file: Path, index: int, raw: Any) -> Host:
-    where = f"ssh inventory {file}: host #{index}"
+def _entry(file: Path, index: int, raw: Any, where: str | None = None) -> Host:
+    where = where or f"ssh inventory {file}: host #{index}"
     if not isinstance(raw, Mapping):
         raise BadConfiguration(f"{where} must be a mapping (host, port, user, key, labels)")
     name = raw.get("name")
@@ -217,18 +219,90 @@ def load_inventory(path: str) -> list[Host]:
         data = data.get("hosts")
     if not isinstance(data, list) or not data:
         raise BadConfiguration(f"ssh inventory {file}: expected a list of hosts under 'hosts:'")
-    hosts = [_entry(file, index, raw) for index, raw in enumerate(data, 1)]
+    return _distinct(f"ssh inventory {file}",
+                     [_entry(file, index, raw) for index, raw in enumerate(data, 1)])
+
+
+def _distinct(where: str, hosts: list[Host]) -> list[Host]:
     names: dict[str, Host] = {}
     addresses: dict[str, Host] = {}
     for h in hosts:
         if h.name in names:
-            raise BadConfiguration(f"ssh inventory {file}: two hosts are named {h.name!r}")
+            raise BadConfiguration(f"{where}: two hosts are named {h.name!r}")
         if h.address in addresses:
             raise BadConfiguration(
-                f"ssh inventory {file}: hosts {addresses[h.address].name!r} and {h.name!r} are "
+                f"{where}: hosts {addresses[h.address].name!r} and {h.name!r} are "
                 f"the same address {h.address} (a host is leased whole; list it once)")
         names[h.name], addresses[h.address] = h, h
     return hosts
+
+
+# -- a Packer manifest ------------------------------------------------------------------------
+
+# custom_data keys that say how to reach a build's host (as an inventory entry's fields); the
+# others, with the build's builder_type and artifact_id, are the host's labels (for `match:`)
+MANIFEST_HOST_FIELDS = ("host", "port", "user", "key", "known_hosts", "host_key",
+                        "host_key_policy")
+
+
+def load_packer_manifest(path: str, builds: Sequence[str] = (), run: str | None = None,
+                         ) -> list[Host]:
+    """The hosts of a Packer manifest (what the manifest post-processor writes: `builds` and
+    `last_run_uuid`): the builds of the last run, or of `run`, named one of `builds` (any name
+    when empty); each build's `custom_data` says how to reach it. BadConfiguration (exit 2)
+    naming the file and the build at fault."""
+    file = Path(path).expanduser().resolve()
+    what = f"packer manifest {file}"
+    try:
+        data = json.loads(file.read_text())
+    except OSError as exc:
+        raise BadConfiguration(f"{what}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise BadConfiguration(f"{what}: not JSON: {exc}") from None
+    entries = data.get("builds") if isinstance(data, Mapping) else None
+    if not isinstance(entries, list):
+        raise BadConfiguration(f"{what}: expected the manifest post-processor's JSON (builds: "
+                               "[...], last_run_uuid)")
+    run = run or data.get("last_run_uuid")
+    if not isinstance(run, str) or not run:
+        raise BadConfiguration(f"{what}: no last_run_uuid: name the run with options.packer_run")
+    runs = [b.get("packer_run_uuid") for b in entries if isinstance(b, Mapping)]
+    in_run = [(i, b) for i, b in enumerate(entries, 1)
+              if isinstance(b, Mapping) and b.get("packer_run_uuid") == run]
+    if not in_run:
+        known = ", ".join(dict.fromkeys(str(r) for r in runs)) or "none"
+        raise BadConfiguration(f"{what}: no build of run {run} (runs: {known})")
+    chosen = [(i, b) for i, b in in_run if not builds or b.get("name") in builds]
+    if not chosen:
+        names = ", ".join(dict.fromkeys(str(b.get("name")) for _, b in in_run))
+        raise BadConfiguration(f"{what}: run {run} has no build named "
+                               f"{' or '.join(map(repr, builds))} (its builds: {names})")
+    hosts, seen = [], {}
+    for index, build in chosen:
+        name = build.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadConfiguration(f"{what}: build #{index} has no name")
+        seen[name] = seen.get(name, 0) + 1
+        where = f"{what}: build #{index} ({name!r})"
+        custom = build.get("custom_data") or {}
+        if not isinstance(custom, Mapping):
+            raise BadConfiguration(f"{where}: custom_data must be a mapping")
+        if not custom.get("host"):
+            raise BadConfiguration(f"{where}: custom_data has no host (the manifest "
+                                   "post-processor's custom_data: host, port, user, key)")
+        raw: dict[str, Any] = {k: custom[k] for k in MANIFEST_HOST_FIELDS if k in custom}
+        port = raw.get("port")
+        if isinstance(port, str):  # custom_data is text: "2222"
+            raw["port"] = int(port) if port.strip().isdigit() else port
+        if isinstance(raw.get("host_key"), str) and "\n" in raw["host_key"].strip():
+            raw["host_key"] = raw["host_key"].split("\n")  # several keys, one a line
+        labels = {k: v for k, v in custom.items() if k not in MANIFEST_HOST_FIELDS}
+        for fact in ("builder_type", "artifact_id"):
+            if isinstance(build.get(fact), str):
+                labels[fact] = build[fact]
+        raw.update(name=name if seen[name] == 1 else f"{name}#{seen[name]}", labels=labels)
+        hosts.append(_entry(file, index, raw, f"{what}: build #{index}"))  # adds the name
+    return _distinct(what, hosts)
 
 
 # -- the profile's options ------------------------------------------------------------------
@@ -242,6 +316,24 @@ class Settings:
     cleanup: tuple[str, ...]
     connect_timeout: float
     command_timeout: float
+    packer_manifest: str | None = None  # in place of the inventory
+    build: tuple[str, ...] = ()
+    packer_run: str | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the hosts come from, for messages."""
+        if self.packer_manifest is None:
+            return f"ssh inventory {self.inventory}"
+        builds = f", build {' or '.join(self.build)}" if self.build else ""
+        return (f"packer manifest {self.packer_manifest} (run "
+                f"{self.packer_run or 'last'}{builds})")
+
+    def hosts(self) -> list[Host]:
+        """The hosts, read now: a changed inventory or manifest counts at once."""
+        if self.packer_manifest is not None:
+            return load_packer_manifest(self.packer_manifest, self.build, self.packer_run)
+        return load_inventory(self.inventory)
 
 
 def _commands(value: Any, what: str) -> tuple[str, ...]:
@@ -265,12 +357,32 @@ def settings_from(options: Mapping[str, Any]) -> Settings:
     if unknown:
         raise BadConfiguration(f"the ssh backend has no option {', '.join(unknown)} "
                                f"(known: {', '.join(sorted(OPTIONS))})")
+    manifest, build, run = (options.get("packer_manifest"), options.get("build"),
+                            options.get("packer_run"))
+    if manifest is not None:
+        if not isinstance(manifest, str) or not manifest:
+            raise BadConfiguration("options.packer_manifest must be the path of a Packer "
+                                   "manifest (packer-manifest.json)")
+        if options.get("inventory"):
+            raise BadConfiguration("options: give inventory or packer_manifest, not both")
+        if isinstance(build, str):
+            build = [build]
+        if build is not None and (not isinstance(build, list) or not build or not all(
+                isinstance(b, str) and b for b in build)):
+            raise BadConfiguration("options.build must be a build name of the manifest (or a "
+                                   "list of them)")
+        if run is not None and (not isinstance(run, str) or not run):
+            raise BadConfiguration("options.packer_run must be a packer_run_uuid of the manifest")
+    elif build is not None or run is not None:
+        raise BadConfiguration("options.build and options.packer_run apply only with "
+                               "options.packer_manifest")
     inventory = options.get("inventory") or os.environ.get(INVENTORY_ENV)
-    if not inventory or not isinstance(inventory, str):
+    if manifest is None and (not inventory or not isinstance(inventory, str)):
         raise BadConfiguration(f"the ssh backend needs an inventory file: set options.inventory "
-                               f"in the profile or ${INVENTORY_ENV}")
+                               f"in the profile or ${INVENTORY_ENV} (or options.packer_manifest)")
     return Settings(
-        inventory=inventory,
+        inventory="" if manifest is not None else inventory,
+        packer_manifest=manifest, build=tuple(build or ()), packer_run=run,
         match=_text_mapping(options.get("match"), "options", "match"),
         setup=_commands(options.get("setup"), "setup"),
         cleanup=_commands(options.get("cleanup"), "cleanup"),
@@ -315,7 +427,7 @@ class NoFreeHost(AdapterError):
            settings: Settings) -> NoFreeHost:
         held = ", ".join(f"{h.name} by {taken[h.address]}" for h in candidates)
         return cls(f"no free ssh host: all {len(candidates)} host(s) matching "
-                   f"{dict(settings.match)} in {settings.inventory} are leased ({held})")
+                   f"{dict(settings.match)} in {settings.source} are leased ({held})")
 
 
 class LeaseStore:
@@ -696,10 +808,10 @@ class SSHAdapter(Adapter):
 
     def validate(self, request: CreateRequest) -> None:
         settings = settings_from(request.options)
-        hosts = load_inventory(settings.inventory)
+        hosts = settings.hosts()
         candidates = matching(hosts, settings.match)
         if not candidates:
-            raise BadConfiguration(f"no host in ssh inventory {settings.inventory} has the labels "
+            raise BadConfiguration(f"no host in {settings.source} has the labels "
                                    f"{dict(settings.match)} (options.match)")
         if request.image:
             raise CapabilityNotSupported("the ssh backend attaches to existing hosts: it has no "
@@ -748,7 +860,7 @@ class SSHAdapter(Adapter):
 
     async def create(self, request: CreateRequest) -> BackendObject:
         settings = settings_from(request.options)
-        candidates = matching(load_inventory(settings.inventory), settings.match)
+        candidates = matching(settings.hosts(), settings.match)
         lease = await asyncio.to_thread(self.leases.take, candidates, request, settings)
         setup = list(settings.setup)  # the profile's own `setup:` the core runs through exec
         try:

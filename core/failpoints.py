@@ -1,10 +1,10 @@
 """Named failpoints: `SBX_FAILPOINT=NAME` makes the process kill itself (SIGKILL) at NAME,
-or stop itself (SIGSTOP) with `NAME:stop`. Crash tests use them to stop at exact steps."""
+or stop itself (SIGSTOP) with `NAME:stop`. Crash tests use them to stop at exact steps.
+The mechanism is adapters.base.failpoint, which adapters call too; every name is listed here."""
 
 from __future__ import annotations
 
-import signal
-import threading
+from adapters import base
 
 POINTS = (
     "create.after-intent",    # the row says creating; nothing on the backend yet
@@ -14,20 +14,11 @@ POINTS = (
     "snapshot.after-intent",  # the checkpoint row is pending; no artifact yet
     "snapshot.after-backend",  # the artifact exists; the row is still pending
     "deliver.after-send",     # a sink took a batch; its cursor has not moved yet
+    "compose.after-up",       # the compose backend: `compose up` made the project; create
+                              # has not returned (the row says creating, no backend ref)
 )
 
 
 def failpoint(name: str) -> None:
     assert name in POINTS, f"unknown failpoint {name!r}: list it in POINTS"
-    from core.settings import failpoint_wanted
-
-    wanted = failpoint_wanted()
-    if not wanted:
-        return
-    point, _, action = wanted.partition(":")
-    if point != name:
-        return
-    # Sent to this thread, not the process: a signal to the process may be taken by another
-    # thread while this one runs on (into the next transaction) before the group stops.
-    signal.pthread_kill(threading.get_ident(),
-                        signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+    base.failpoint(name)

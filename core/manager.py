@@ -294,6 +294,7 @@ class Manager:
             options=profile.options,
             read_only=profile.read_only,
             user=profile.user,
+            compose=profile.compose.model_dump() if profile.compose else None,
         )
         adapter = self.adapter(profile.backend)
         for asked, capability, field in ((request.read_only, Capability.READ_ONLY_ROOT,

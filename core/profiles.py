@@ -122,6 +122,29 @@ class Service(_Strict):
     environment: dict[str, str] = Field(default_factory=dict)
 
 
+ComposeAllowance = Literal["binds", "privileged", "host-network", "host-namespaces", "cap-add",
+                           "devices", "security-opt", "ports", "external"]
+
+
+class Compose(_Strict):
+    """A Docker Compose project as the sandbox (`backend: compose`): one project per sandbox;
+    exec, logs and the profile's setup go to `service`. What a compose file may ask of the
+    host is refused unless listed in `allow` (docs/adapters.md)."""
+
+    file: str | None = Field(None, description="the compose file; relative to the profile's file")
+    project: dict[str, Any] | None = Field(None, description="the compose file's content, inline")
+    service: str = Field(description="the service exec, logs and setup run in")
+    allow: list[ComposeAllowance] = Field(
+        default_factory=list, description="what the compose file may ask of the host")
+
+    @model_validator(mode="after")
+    def _file_or_project(self) -> Compose:
+        if (self.file is None) == (self.project is None):
+            raise ValueError("give the compose file as file: PATH or inline as project: "
+                             "{services: ...}, one of them")
+        return self
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
@@ -143,6 +166,15 @@ class Profile(_Strict):
     # refuses the profile at create
     read_only: StrictBool = False  # a read-only root filesystem, with a writable /tmp
     user: str | None = None  # the main process and every exec run as this user
+    compose: Compose | None = None  # backend: compose: the project the sandbox is
+
+    @model_validator(mode="after")
+    def _compose_with_its_backend(self) -> Profile:
+        if self.compose is not None and self.backend != "compose":
+            raise ValueError("compose: applies only to backend: compose")
+        if self.compose is None and self.backend == "compose":
+            raise ValueError("backend: compose needs compose: {file: PATH, service: NAME}")
+        return self
 
     @field_validator("user", mode="before")
     @classmethod
@@ -402,6 +434,19 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _anchor_compose_file(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A relative `compose.file` is relative to the profile file that names it (an absolute
+    path from here on, as the resolved profile is stored)."""
+    compose = data.get("compose")
+    file = compose.get("file") if isinstance(compose, dict) else None
+    if not isinstance(file, str) or not file:
+        return data
+    where = Path(file).expanduser()
+    if not where.is_absolute():
+        where = Path(os.path.abspath(path.parent / where))
+    return {**data, "compose": {**compose, "file": str(where)}}
+
+
 def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(profile)"
 
@@ -449,7 +494,7 @@ class ProfileLoader:
     def _resolve(self, data: dict[str, Any], path: Path, layer: int | None,
                  name: str, stack: tuple[str, ...]) -> dict[str, Any]:
         """`data` with its `extends:` chain merged underneath it."""
-        own = {k: v for k, v in data.items() if k != "extends"}
+        own = _anchor_compose_file({k: v for k, v in data.items() if k != "extends"}, path)
         parent = data.get("extends")
         if parent is None:
             return own

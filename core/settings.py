@@ -4,7 +4,7 @@ at use, so a test or a library client changes them without a restart.
 
 Plain functions rather than a pydantic-settings model: `sbx ls` and `sbx reap` load no
 pydantic at all, and pydantic-settings would add about 100 ms to every such start. Adapters
-read their own variables (SBX_SSH_*, SBX_DOCKER_ALLOW_PLAINTEXT, SBX_ADAPTERS) where they use
+read their own variables (SBX_SSH_*, SBX_DOCKER_ALLOW_PLAINTEXT, SBX_ADAPTERS, SBX_FAILPOINT) where they use
 them (they do not import the core); the launchers read SBX_HOME, SBX_NO_SERVER and the
 autostart ones with built-in modules only. docs/cli.md lists them all."""
 
@@ -222,11 +222,6 @@ def clock_offset() -> str:
 def profile_path() -> list[str]:
     """`SBX_PROFILE_PATH`: extra profile folders, `:`-separated, in order."""
     return [p for p in os.environ.get("SBX_PROFILE_PATH", "").split(os.pathsep) if p]
-
-
-def failpoint_wanted() -> str | None:
-    """`SBX_FAILPOINT`: NAME or NAME:stop (core/failpoints.py)."""
-    return os.environ.get("SBX_FAILPOINT") or None
 
 
 def webhook_url() -> str | None:
