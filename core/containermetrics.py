@@ -110,6 +110,7 @@ async def read_all(mgr: Manager, timeout: timedelta = READ_TIMEOUT) -> list[dict
     from core import telemetry
     from core.states import State
 
+    telemetry.start_metrics()
     rows = []
     for row in mgr.list(state=State.RUNNING):
         with contextlib.suppress(Exception):  # a backend not installed here: not readable

@@ -448,6 +448,13 @@ def _meter() -> _Metering:
         return _metering
 
 
+def start_metrics() -> None:
+    """Before a long sampling run: a bad OTEL_ setting or a missing SDK is said now, once,
+    not swallowed with a sandbox's stream."""
+    if metrics_on():
+        _meter()
+
+
 def record_readings(readings: list[Mapping[str, Any]]) -> None:
     """The latest reading of each sandbox (core.containermetrics.reading), for the next
     export; nothing when metrics are off."""

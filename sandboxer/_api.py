@@ -378,6 +378,14 @@ class AsyncSandboxer:
         """The database answers with the current schema (Unavailable otherwise)."""
         return await self._transport.ready()
 
+    async def current_metrics(self, timeout: Duration | None = None) -> list[dict[str, Any]]:
+        """One live reading of every running sandbox whose backend reports metrics, read at
+        once (`sbx metrics --all --format prometheus`): each a MetricSample's fields with the
+        sandbox's `name`, `backend`, `profile`, `backend_ref` and `started_at`. A sandbox
+        with no reading within `timeout` (default 10s) is left out. Sent over OTLP too when
+        that is configured (docs/telemetry.md)."""
+        return await self._transport.current_metrics(_duration(timeout, "timeout"))
+
 
 class _Creating:
     """What `AsyncSandboxer.create` returns: await it, or use it as `async with`."""

@@ -489,6 +489,10 @@ class RemoteTransport:
     async def ready(self) -> dict[str, Any]:
         return await self._json("GET", "/readyz")
 
+    async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
+        raise BadInput("every sandbox's metrics at once are the service's own: scrape its "
+                       "/metrics (Prometheus text), or run sbx metrics --all there")
+
 
 def _seg(text: str) -> str:
     return urllib.parse.quote(str(text), safe="")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -969,11 +970,23 @@ def _metric_line(view: Mapping[str, Any]) -> str:
 @click.option("--history", is_flag=True, help="The stored samples instead of a live one.")
 @click.option("--all", "all_running", is_flag=True,
               help="Follow every running sandbox, storing samples (stop: Ctrl-C or SIGTERM).")
+@click.option("--format", "output_format", type=click.Choice(["prometheus"]),
+              help="With --all: one reading of every running sandbox in the Prometheus text "
+                   "format (node-exporter's textfile collector), then exit.")
 @JSON_OPTION
 @command
 def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_running: bool,
-                    as_json: bool) -> None:
+                    as_json: bool, output_format: str | None = None) -> None:
     """CPU, memory, pids and network of a sandbox, live from its backend."""
+    if output_format == "prometheus":
+        if not all_running or sandbox_id or follow or history or as_json:
+            raise BadInput("--format prometheus goes with --all alone: sbx metrics --all "
+                           "--format prometheus")
+        from core.containermetrics import prometheus_text
+
+        with client() as sbx:
+            click.echo(prometheus_text(sbx.current_metrics()), nl=False)
+        return
     if all_running:
         _follow_all(as_json)
         return
@@ -1276,6 +1289,10 @@ def main(args: list[str] | None = None) -> None:
     import gc
 
     args = sys.argv[1:] if args is None else args
+    if any(name.startswith("OTEL_") for name in os.environ):
+        import logging  # an exporter's retries say nothing; only a batch it gave up on
+
+        logging.getLogger("opentelemetry").setLevel(logging.ERROR)
     for arg in args:
         if not arg.isascii() and _not_utf8(arg):  # ids, names, labels, commands: all UTF-8
             fail(BadInput(f"argument {arg!r} is not UTF-8 text"), "--json" in args)
@@ -1290,6 +1307,8 @@ def main(args: list[str] | None = None) -> None:
     except click.ClickException as exc:
         fail(BadInput(exc.format_message()), "--json" in args)
     finally:
+        if "core.telemetry" in sys.modules:  # the command's spans and metrics go out now
+            sys.modules["core.telemetry"].shutdown()
         gc.freeze()  # nothing left to collect: skip the costly sweep at interpreter exit
     sys.exit(code if isinstance(code, int) else 0)
 

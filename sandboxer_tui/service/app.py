@@ -32,6 +32,8 @@ log = logging.getLogger("sbx.serve")
 API_VERSION = "1"
 ARCHIVE = "application/gzip"
 MAX_UPLOAD = 4 * 1024**3  # an imported archive is checked against the core's caps too
+# a running sandbox's live reading for a scrape of /metrics: within a scrape's usual timeout
+SCRAPE_READ_TIMEOUT = timedelta(seconds=5)
 
 ERRORS = {status: {"model": s.ErrorBody, "description": what} for status, what in (
     (400, "bad input: nothing was written"), (401, "no API key, or not one of ours"),
@@ -224,6 +226,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         metrics.count_sandboxes(await who.client.sandbox_counts())
+        metrics.set_containers(await who.client.current_metrics(timeout=SCRAPE_READ_TIMEOUT))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # -- sandboxes ---------------------------------------------------------------------------
