@@ -1,6 +1,7 @@
-"""`GET /metrics`: Prometheus text (prometheus-client), one registry per app. Sandbox ids are
-never label values: every label (state, backend, kind, result, reason, sink) has a handful of
-values."""
+"""`GET /metrics`: Prometheus text (prometheus-client), one registry per app. The service's
+own families never take a sandbox id as a label value: every label (state, backend, kind,
+result, reason, sink) has a handful of values. The per-sandbox container families
+(core.containermetrics) are the exception by nature: one series per running sandbox."""
 
 from __future__ import annotations
 
