@@ -45,6 +45,7 @@ from sandboxer._tools import (
     untrust_profiles,
     verify_evidence,
 )
+from sandboxer._tools import generate_keys
 
 if TYPE_CHECKING:
     from core.profiles import Profile
@@ -84,6 +85,7 @@ __all__ = [
     "trust_profiles",
     "untrust_profiles",
     "verify_evidence",
+    "generate_keys",
 ]
 
 

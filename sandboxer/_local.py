@@ -345,7 +345,12 @@ class LocalTransport:
     async def metric_history(self, ref: str) -> list[dict[str, Any]]:
         return await self.call(lambda mgr: mgr.metric_history(ref))
 
-    async def evidence(self, ref: str) -> dict[str, Any]:
+    async def evidence(self, ref: str, signed: bool = False) -> dict[str, Any]:
+        if signed:
+            from core.errors import BadInput
+
+            raise BadInput("by_service signs with a service's key: it is for a client of "
+                           "`sbx serve` (url=); here, sign with your own key (sign=PATH)")
         return await self.call(lambda mgr: mgr.evidence(ref))
 
     # -- events -----------------------------------------------------------------------------

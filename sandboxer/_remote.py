@@ -336,8 +336,9 @@ class RemoteTransport:
     async def metric_history(self, ref: str) -> list[dict[str, Any]]:
         return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/metrics/history")
 
-    async def evidence(self, ref: str) -> dict[str, Any]:
-        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/evidence")
+    async def evidence(self, ref: str, signed: bool = False) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/evidence",
+                                params={"signed": True} if signed else None)
 
     # -- events -----------------------------------------------------------------------------
 

@@ -1066,20 +1066,37 @@ def evidence_group() -> None:
 @evidence_group.command("export")
 @click.argument("sandbox_id", metavar="ID")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), metavar="FILE")
+@click.option("--sign", "key", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Sign it with this ed25519 private key (sbx keys generate): a DSSE "
+                   "envelope of an in-toto Statement (docs/evidence.md).")
+@click.option("--service-signed", is_flag=True,
+              help="As a client of `sbx serve`: signed by the service's own key.")
 @command
-def evidence_export(sandbox_id: str, output: str) -> None:
+def evidence_export(sandbox_id: str, output: str, key: str | None = None,
+                    service_signed: bool = False) -> None:
     """Write one sandbox's evidence bundle: record, profile, events, execs, summary."""
     with client() as sbx:
-        bundle = sbx.get(sandbox_id).evidence(output)
-    click.echo(f"{output}: {len(bundle['events'])} events of {bundle['sandbox']['id']}")
+        doc = sbx.get(sandbox_id).evidence(output, sign=key, by_service=service_signed)
+    if key is None and not service_signed:
+        click.echo(f"{output}: {len(doc['events'])} events of {doc['sandbox']['id']}")
+        return
+    from core.signing import open_envelope
+
+    bundle, _ = open_envelope(doc)
+    keyids = ", ".join(s["keyid"][:16] for s in doc["signatures"])
+    click.echo(f"{output}: {len(bundle['events'])} events of {bundle['sandbox']['id']}, "
+               f"signed (keyid {keyids})")
 
 
 @evidence_group.command("verify")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--key", type=click.Path(dir_okay=False), metavar="PATH.pub",
+              help="Also check its signature: signed by this ed25519 public key, unaltered.")
 @JSON_OPTION
 @command
-def evidence_verify(file: str, as_json: bool) -> None:
+def evidence_verify(file: str, as_json: bool, key: str | None = None) -> None:
     """Check a bundle offline; exit 1 naming each altered part or event."""
+    from core.signing import is_envelope, open_envelope
     from sandboxer import verify_evidence as verify
 
     try:
@@ -1089,15 +1106,43 @@ def evidence_verify(file: str, as_json: bool) -> None:
         raise BadInput(f"{file}: cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise BadInput(f"{file}: not a JSON evidence bundle: {exc}") from None
-    problems = verify(bundle)
+    problems = verify(bundle, key=key)
+    signed = is_envelope(bundle)
+    if signed:
+        bundle = open_envelope(bundle)[0] or {}
+    signature = ("checked" if key is not None else "not checked") if signed else "none"
     if as_json:
-        emit_json({"file": file, "intact": not problems, "problems": problems})
+        emit_json({"file": file, "intact": not problems, "problems": problems,
+                   "signature": signature})
     elif not problems:
-        click.echo(f"{file}: intact ({len(bundle['events'])} events)")
+        said = {"checked": f", signed by the key in {key}", "none": "",
+                "not checked": "; signed, the signature NOT checked (give --key PATH.pub)"}
+        click.echo(f"{file}: intact ({len(bundle.get('events', []))} events){said[signature]}")
     for problem in problems if not as_json else []:
         click.echo(f"sbx: {file}: {problem}", err=True)
     if problems:
         sys.exit(1)
+
+
+@cli.group("keys")
+def keys_group() -> None:
+    """Keys that sign evidence: `sbx keys generate PATH`."""
+
+
+@keys_group.command("generate")
+@click.argument("path", type=click.Path(dir_okay=False), metavar="PATH")
+@JSON_OPTION
+@command
+def keys_generate(path: str, as_json: bool) -> None:
+    """An ed25519 key pair: the private key at PATH (mode 0600), the public one at PATH.pub."""
+    from sandboxer import generate_keys
+
+    made = generate_keys(path)
+    if as_json:
+        emit_json(made)
+    else:
+        click.echo(f"{made['private']} (private, mode 0600) and {made['public']} (public); "
+                   f"keyid {made['keyid']}")
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -1198,8 +1243,12 @@ def server_status_command(as_json: bool) -> None:
               help="Also (or only) a unix socket, mode 0600; requests there need no key.")
 @click.option("--reap-every", "reap_every", default="30s", show_default=True, metavar="DUR",
               help="Reconcile, reap and deliver events this often ('0' for never).")
+@click.option("--evidence-key", "evidence_key", type=click.Path(dir_okay=False),
+              metavar="PATH", help="Sign evidence on request (GET .../evidence?signed=true) "
+                                   "with this ed25519 private key (sbx keys generate).")
 @command
-def serve_command(listen: str | None, socket_path: str | None, reap_every: str) -> None:
+def serve_command(listen: str | None, socket_path: str | None, reap_every: str,
+                  evidence_key: str | None = None) -> None:
     """The library over HTTP, with API keys, streams and metrics (docs/service.md)."""
     from core.durations import parse_duration
     from sandboxer_tui.prepared import service_url
@@ -1216,9 +1265,16 @@ def serve_command(listen: str | None, socket_path: str | None, reap_every: str) 
 
         raise Unavailable(f"sbx serve needs {exc.name}: pip install 'sandboxer[service]'"
                           ) from None
+    if evidence_key is not None:
+        import os
+
+        from core.signing import load_signer
+
+        evidence_key = os.path.abspath(evidence_key)
+        load_signer(evidence_key)  # a bad key file is said now (exit 2), not at a request
     from sandboxer_tui.service.server import serve
 
-    serve(listen, socket_path, every)
+    serve(listen, socket_path, every, evidence_key)
 
 
 @cli.group("api-keys")
