@@ -122,7 +122,6 @@ def keyid(public_pem: bytes) -> str:
 def public_key_pem(private_path: str | Path) -> str:
     """The public half of the private key in `private_path`, as PEM."""
     from cryptography.hazmat.primitives import serialization
-
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     signer = load_signer(private_path)

@@ -39,13 +39,13 @@ from sandboxer._records import (
 )
 from sandboxer._sync import Checkpoint, Sandbox, Sandboxer, SyncIterator
 from sandboxer._tools import (
+    generate_keys,
     load_profile,
     profile_schema,
     trust_profiles,
     untrust_profiles,
     verify_evidence,
 )
-from sandboxer._tools import generate_keys
 
 if TYPE_CHECKING:
     from core.profiles import Profile
