@@ -6,6 +6,7 @@ but the OTEL_ variables configures it, and bad ones are refused before anything 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -283,3 +284,31 @@ def test_unset_nothing_is_traced_and_commands_work(sbx, receiver):
     time.sleep(1)
     assert receiver.received.requests == []
     assert not any(k.startswith("OTEL_") for k in os.environ)
+
+
+def test_commands_through_sbx_server_are_traced_and_its_warm_up_is_not(sbx, receiver):
+    """`sbx server` started with the OTEL_ variables set: its warm-up (stub operations on
+    throwaway state, before any command) makes no span and starts no exporter thread (the
+    server refuses to fork with a thread running); each command handed to it is traced with
+    its caller's variables."""
+    from tests.test_resident_server import Launcher
+
+    launcher = Launcher(sbx.home, sbx.cwd)
+    env = {k: v for k, v in otel_env(receiver.url).items() if k != "SBX_NO_SERVER"}
+    started = launcher("server", "start", "--json", env=env)
+    assert started.code == 0, started.err
+    pid = started.json()["pid"]
+    try:
+        box = launcher("create", "--label", RUN_LABEL, "--json", env=env)
+        assert box.code == 0, box.err
+        sandbox_id = json.loads(box.out)["id"]
+        assert launcher("destroy", sandbox_id, env=env).code == 0
+        assert launcher.status()["served"] >= 2  # the server ran them
+    finally:
+        launcher("server", "stop")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    received = receiver.received
+    received.wait_for(lambda r: {"sbx.create", "sbx.destroy"} <= {s.name for s in r.spans})
+    assert {s.attributes.get("sbx.sandbox.id") for s in received.spans} == {sandbox_id}
+    assert not any(s.attributes.get("sbx.backend") == "stub" for s in received.spans)
