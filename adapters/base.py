@@ -111,7 +111,9 @@ class CreateRequest:
     resources: ResourceLimits = field(default_factory=ResourceLimits)
     network: str = "none"
     network_allow: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
+    # may hold secrets; while tracing is on, also TRACEPARENT, added after `validate` (a
+    # backend that cannot set a sandbox's environment drops that, and refuses only the rest)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
     hard_deadline: datetime | None = None
     # the soft deadline: a backend with a timer of its own (E2B) ends the sandbox there even
     # if sbx never runs again; `set_deadline` moves it on extend
@@ -244,17 +246,22 @@ class Adapter(abc.ABC):
             raise BackendUnavailable(health.detail)
 
     async def exec(
-        self, ref: str, argv: Sequence[str], timeout_s: float | None = None
+        self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ExecResult:
+        """Run `argv`; `env`: variables added to this command's environment only (the core
+        passes the trace context, TRACEPARENT, this way; the conformance kit checks it)."""
         raise self._unsupported("run commands")
 
     async def exec_stream(
-        self, ref: str, argv: Sequence[str], timeout_s: float | None = None
+        self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
         """A command's output as it comes, `("stdout" | "stderr", bytes)` pairs, then its
         ExecResult (whose stdout and stderr are empty: they were sent). A backend that
         cannot stream keeps this default: the whole output once the command ends."""
-        result = await self.exec(ref, argv, timeout_s)
+        result = await (self.exec(ref, argv, timeout_s, env=env) if env
+                        else self.exec(ref, argv, timeout_s))
         for stream, data in (("stdout", result.stdout), ("stderr", result.stderr)):
             if data:
                 yield stream, data

@@ -620,15 +620,15 @@ class DockerAdapter(Adapter):
                                                    running=False))
         return objects
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout_s: float | None = None) -> ExecResult:
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
         started = time.perf_counter()
         exec_id: dict[str, str] = {}
         mark = uuid.uuid4().hex  # lets a kill inside the container find this exec's processes
 
         def run(api: docker.APIClient) -> tuple[int, bytes, bytes]:
             exec_id["id"] = api.exec_create(ref, list(argv), stdout=True, stderr=True,
-                                            environment={EXEC_MARK: mark})["Id"]
+                                            environment={**(env or {}), EXEC_MARK: mark})["Id"]
             out, err = api.exec_start(exec_id["id"], demux=True)
             code = api.exec_inspect(exec_id["id"])["ExitCode"]
             return (code if code is not None else -1), out or b"", err or b""
@@ -650,13 +650,14 @@ class DockerAdapter(Adapter):
         return ExecResult(code, out, err, time.perf_counter() - started)
 
     async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                          env: Mapping[str, str] | None = None,
                           ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
         started = time.perf_counter()
         mark = uuid.uuid4().hex  # lets a kill inside the container find this exec's processes
 
         def start(api: docker.APIClient) -> tuple[str, Iterator[tuple[bytes, bytes]]]:
             exec_id = api.exec_create(ref, list(argv), stdout=True, stderr=True,
-                                      environment={EXEC_MARK: mark})["Id"]
+                                      environment={**(env or {}), EXEC_MARK: mark})["Id"]
             return exec_id, api.exec_start(exec_id, stream=True, demux=True)
 
         try:

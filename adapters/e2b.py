@@ -419,8 +419,8 @@ class E2BAdapter(Adapter):
                 raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}") from exc
             raise
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout_s: float | None = None) -> ExecResult:
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
         e2b = _sdk()
         sandbox_id, variable = split_ref(ref)
         info = await self._info(sandbox_id, variable)
@@ -433,7 +433,8 @@ class E2BAdapter(Adapter):
         sandbox = await self._connect(sandbox_id, variable, left)
         started = time.perf_counter()
         try:  # no stream limit: the SDK's own command timeout does not fire on Python 3.11
-            handle = await sandbox.commands.run(shlex.join(argv), background=True, timeout=0)
+            handle = await sandbox.commands.run(shlex.join(argv), background=True, timeout=0,
+                                                envs=dict(env) if env else None)
         except Exception as exc:
             raise AdapterError(f"E2B could not start the command in {sandbox_id}: "
                                f"{one_line(exc)}") from exc

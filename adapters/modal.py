@@ -473,8 +473,8 @@ class ModalAdapter(Adapter):
         """Modal's idle clock counts commands: run a no-op one."""
         await self.exec(ref, ["true"], timeout_s=30)
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout_s: float | None = None) -> ExecResult:
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
         from modal.exception import ConflictError, ExecTimeoutError, NotFoundError
 
         started = time.perf_counter()
@@ -483,7 +483,8 @@ class ModalAdapter(Adapter):
             raise BackendObjectGone(f"Modal sandbox {split_ref(ref)[0]} is gone")
         try:
             process = await sandbox.exec.aio(
-                *argv, timeout=math.ceil(timeout_s) if timeout_s else None, text=False)
+                *argv, timeout=math.ceil(timeout_s) if timeout_s else None, text=False,
+                **({"env": dict(env)} if env else {}))
             out, err = await asyncio.gather(process.stdout.read.aio(), process.stderr.read.aio())
             code = await process.wait.aio()
         except ExecTimeoutError:

@@ -890,11 +890,13 @@ class SSHAdapter(Adapter):
         want = dict(labels).items()
         return [lease.object() for lease in self.leases.all() if want <= dict(lease.labels).items()]
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout_s: float | None = None) -> ExecResult:
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
         lease = self.leases.get(ref)
         if lease is None:
             raise BackendObjectGone(f"ssh lease {ref} is released")
+        if env:  # env(1) on the host sets them for this command only, then becomes it
+            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
         return await self.run(lease.host, argv, connect_timeout=lease.connect_timeout,
                               timeout_s=timeout_s)
 

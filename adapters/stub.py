@@ -81,10 +81,11 @@ class StubAdapter(Adapter):
     async def health(self) -> Health:
         return Health(True, True, "in-process test double")
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout_s: float | None = None) -> ExecResult:
-        """Understands `echo ARGS`, `true`, `false`, `exit N` and `sleep S` (which honours
-        `timeout_s`: 124); anything else is exit 127."""
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        """Understands `echo ARGS`, `true`, `false`, `exit N`, `sleep S` (which honours
+        `timeout_s`: 124) and `printenv NAME` (of the sandbox's env and this exec's `env`);
+        anything else is exit 127."""
         self._maybe_fail("exec")
         if ref not in self.objects:
             raise AdapterError(f"stub: no sandbox {ref}")
@@ -95,6 +96,12 @@ class StubAdapter(Adapter):
             out = (" ".join(args) + "\n").encode()
         elif cmd == "false":
             code = 1
+        elif cmd == "printenv":
+            known = {**self.requests[ref].env, **(env or {})} if ref in self.requests else {}
+            if args and args[0] in known:
+                out = (known[args[0]] + "\n").encode()
+            else:
+                code = 1
         elif cmd == "exit":
             code = int(args[0]) if args else 0
         elif cmd == "sleep":

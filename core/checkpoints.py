@@ -34,7 +34,7 @@ from ulid import ULID
 
 from adapters.archives import BoundedTar, TooLarge, format_size
 from adapters.base import LABEL_CHECKPOINT, LABEL_ID, LABEL_INSTALL, Capability
-from core import settings
+from core import settings, telemetry
 from core.clock import from_iso, to_iso
 from core.errors import BadInput, Conflict
 from core.failpoints import failpoint
@@ -181,6 +181,7 @@ class Checkpoints:
 
     # -- snapshot and restore ---------------------------------------------------------------
 
+    @telemetry.traced("sbx.snapshot")
     async def snapshot(self, ref: str, name: str | None = None) -> dict[str, Any]:
         mgr = self.mgr
         sandbox = mgr.resolve(ref)
@@ -244,6 +245,7 @@ class Checkpoints:
             await self._keep_newest(sandbox["id"], int(keep))
         return self.resolve(ckpt_id)
 
+    @telemetry.traced("sbx.restore")
     async def restore(self, ref: str, *, ttl: timedelta | None = None, name: str | None = None,
                       labels: Mapping[str, str] | None = None, owner: str | None = None,
                       task: str | None = None, profile_name: str | None = None
@@ -259,6 +261,7 @@ class Checkpoints:
 
     # -- removal and retention --------------------------------------------------------------
 
+    @telemetry.traced("sbx.checkpoint.remove")
     async def remove(self, ref: str, *, reason: str = "manual") -> dict[str, Any]:
         ckpt = self.resolve(ref)
         if ckpt["backend_ref"]:
@@ -277,6 +280,7 @@ class Checkpoints:
             await self.remove(row["id"], reason="retention")
         return [r["id"] for r in surplus]
 
+    @telemetry.traced("sbx.checkpoint.prune")
     async def prune(self) -> list[str]:
         """Remove expired checkpoints (and their artifacts); apply each profile's `keep`."""
         now = to_iso(self.mgr.clock.now())
@@ -342,6 +346,7 @@ class Checkpoints:
 
     # -- export and import ------------------------------------------------------------------
 
+    @telemetry.traced("sbx.checkpoint.export")
     async def export(self, ref: str, path: str) -> dict[str, Any]:
         ckpt = self.resolve(ref)
         if ckpt["state"] != "ready":
@@ -369,6 +374,7 @@ class Checkpoints:
                     tar.add(Path(tmp) / member, arcname=member)
         return ckpt
 
+    @telemetry.traced("sbx.checkpoint.import", lambda self, path, name=None: {})
     async def import_(self, path: str, name: str | None = None) -> dict[str, Any]:
         """Bring a checkpoint archive in, under `name` if given (else the archive's).
 

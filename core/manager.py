@@ -10,6 +10,8 @@ Each mutation follows one pattern (docs/design.md, "How an operation runs"):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -37,7 +39,7 @@ from adapters.base import (
     ServiceSpec,
 )
 from core import events as eventlog
-from core import inventory, settings
+from core import inventory, settings, telemetry
 from core.anchor import read_anchor
 from core.clock import Clock, clock_from_env, from_iso, to_iso
 from core.db import LOCK_SANDBOX_NAMES, Database, serialise
@@ -160,8 +162,10 @@ class Manager:
         from core.refs import resolve
 
         with self.db.read() as conn:
-            return resolve(conn, SANDBOXES, ref, id_prefix=PREFIX, what="sandbox",
-                           live=lambda row: row["state"] != State.DESTROYED)
+            row = resolve(conn, SANDBOXES, ref, id_prefix=PREFIX, what="sandbox",
+                          live=lambda row: row["state"] != State.DESTROYED)
+        telemetry.note_sandbox(row)  # the operation traced now, if any, acts on this one
+        return row
 
     def list(
         self,
@@ -240,6 +244,8 @@ class Manager:
 
     # -- create -----------------------------------------------------------------------------
 
+    @telemetry.traced("sbx.create", lambda self, profile, **kw: {
+        telemetry.PROFILE: profile.name, telemetry.BACKEND: profile.backend})
     async def create(
         self,
         profile: Profile,
@@ -312,6 +318,9 @@ class Manager:
             raise CapabilityNotSupported(
                 f"the {profile.backend} backend cannot run the profile's setup commands")
         adapter.validate(request)  # what this backend cannot enforce is refused, not ignored
+        if trace := telemetry.trace_env():  # the workload's spans join the create's trace;
+            # added after validate: a backend that takes no env (ssh) drops it, never refuses
+            request = dataclasses.replace(request, env={**trace, **request.env})
         if restore_from is not None and not adapter.supports(Capability.SNAPSHOT):
             raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")
         await adapter.ensure_available()
@@ -340,6 +349,7 @@ class Manager:
             "lease_expires_at": to_iso(now + self.lease_ttl),
             "fence": 1,
         }
+        telemetry.note_sandbox(row)
         self.db.require_room()  # a full disk: exit 5 before anything is written or made
         with self.db.write() as conn:
             if name is not None:
@@ -414,6 +424,7 @@ class Manager:
         """Before ending sandboxes on a nearly full disk: release the reserve (core.reserve)."""
         return self.db.make_room()
 
+    @telemetry.traced("sbx.destroy")
     async def destroy(self, ref: str, *, reason: str = "manual") -> tuple[dict[str, Any], bool]:
         """Destroy one sandbox. Returns (row, done_now); already destroyed is (row, False)."""
         self.make_room()
@@ -441,6 +452,9 @@ class Manager:
                                          "error": one_line(exc)})
         return result
 
+    @telemetry.traced("sbx.destroy", lambda self, sandbox_id, backend, *, reason: {
+        telemetry.SANDBOX_ID: sandbox_id, telemetry.BACKEND: backend,
+        "sbx.destroy.reason": reason, "sbx.destroy.by": "reaper"})
     async def destroy_if(self, sandbox_id: str, backend: str, *,
                          reason: str | None) -> dict[str, Any] | None:
         """The reaper's destroy: only if, inside the transaction, the reason still holds
@@ -495,6 +509,7 @@ class Manager:
 
     # -- deadlines --------------------------------------------------------------------------
 
+    @telemetry.traced("sbx.extend")
     async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
         """Add `by` to the deadline in one atomic update: never earlier, never past the hard
         deadline. Returns (row, capped). A reaper that re-checks after this keeps the sandbox."""
@@ -540,6 +555,7 @@ class Manager:
                 self.event(conn, sandbox_id, "sandbox.touched", reason="manual")
         return dict(row)
 
+    @telemetry.traced("sbx.touch")
     async def record_activity(self, ref: str) -> dict[str, Any]:
         """`sbx touch`: the idle clock starts again here, and on the backend if it keeps one."""
         row = self.touch(ref)
@@ -676,6 +692,9 @@ class Manager:
                 "paused_again": lease is not None, "observed_by": "reconcile"})
         return True
 
+    @telemetry.traced("sbx.destroy", lambda self, backend, ref, sandbox_id, *, reason: {
+        telemetry.BACKEND: backend, telemetry.SANDBOX_ID: sandbox_id,
+        "sbx.destroy.reason": reason, "sbx.destroy.by": "orphan sweep"})
     async def destroy_orphan(self, backend: str, ref: str, sandbox_id: str | None,
                              *, reason: str | None) -> bool:
         """Remove a backend object no live row claims. Re-checked against the database first."""
@@ -698,10 +717,12 @@ class Manager:
 
     # -- pause and resume -------------------------------------------------------------------
 
+    @telemetry.traced("sbx.pause")
     async def pause(self, ref: str) -> dict[str, Any]:
         """Freeze the sandbox (no CPU); it keeps its deadline and is reaped on time."""
         return await self._freeze(ref, State.RUNNING, State.PAUSED, "pause")
 
+    @telemetry.traced("sbx.resume")
     async def resume(self, ref: str) -> dict[str, Any]:
         return await self._freeze(ref, State.PAUSED, State.RUNNING, "resume")
 
@@ -736,6 +757,7 @@ class Manager:
             raise Conflict(f"the {row['backend']} backend cannot {verb}")
         return adapter
 
+    @telemetry.traced("sbx.exec")
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout: timedelta | None = None) -> ExecResult:
         """Run a command; record it as an event (argv, exit code, duration, output digests)."""
@@ -747,11 +769,13 @@ class Manager:
         adapter = await self.adapter_for(row)
         self.touch(row["id"], event=False)  # a long command is activity from its start
         result = await adapter.exec(row["backend_ref"], list(argv),
-                                    timeout.total_seconds() if timeout else None)
+                                    timeout.total_seconds() if timeout else None,
+                                    **_exec_env(adapter.exec))
         self._record_exec(row["id"], recorded, result, _digest(result.stdout),
                           _digest(result.stderr))
         return result
 
+    @telemetry.traced("sbx.exec")
     async def exec_stream(self, ref: str, argv: Sequence[str],
                           timeout: timedelta | None = None,
                           ) -> AsyncIterator[tuple[str, Any]]:
@@ -767,7 +791,8 @@ class Manager:
         digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
         sizes = {"stdout": 0, "stderr": 0}
         async for item in adapter.exec_stream(row["backend_ref"], list(argv),
-                                              timeout.total_seconds() if timeout else None):
+                                              timeout.total_seconds() if timeout else None,
+                                              **_exec_env(adapter.exec_stream)):
             if isinstance(item, ExecResult):
                 self._record_exec(row["id"], recorded, item, *(
                     {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
@@ -869,6 +894,22 @@ def _sample_view(sample: Any) -> dict[str, Any]:
             "memory_bytes": sample.memory_bytes, "memory_limit": sample.memory_limit,
             "net_rx_bytes": sample.net_rx_bytes, "net_tx_bytes": sample.net_tx_bytes,
             "pids": sample.pids}
+
+
+def _exec_env(method: Callable[..., Any]) -> dict[str, Any]:
+    """`env=` for an adapter's exec: the trace context of the exec's span (docs/telemetry.md),
+    when tracing is on and the adapter takes an environment (adapters.base.Adapter.exec)."""
+    env = telemetry.trace_env()
+    if not env or not _takes_env(getattr(method, "__func__", method)):
+        return {}
+    return {"env": env}
+
+
+@functools.cache
+def _takes_env(function: Callable[..., Any]) -> bool:
+    import inspect
+
+    return "env" in inspect.signature(function).parameters
 
 
 def _digest(data: bytes) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from adapters.base import (
     BackendObject,
     Capability,
 )
+from core import telemetry
 from core.clock import Clock, from_iso, to_iso
 from core.errors import Conflict, DiskFull, Unavailable, classify, one_line
 from core.states import REAPABLE, State, dead_holders, leased
@@ -403,6 +404,9 @@ class Reaper:
             self._manager = self.make_manager(self.adapters)
         return self._manager
 
+    @telemetry.traced("sbx.reap", lambda self: {"sbx.reap.dry_run": self.dry_run,
+                                                "sbx.reap.mode": "reap" if self.reap
+                                                else "reconcile"})
     async def cycle(self) -> Report:
         _size_thread_pool(self.concurrency)
         report = Report()

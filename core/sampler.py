@@ -18,19 +18,26 @@ if TYPE_CHECKING:
 
 async def follow_all(mgr: Manager, on_sample: Callable[[dict[str, Any]], None],
                      stop: asyncio.Event, refresh: timedelta = timedelta(seconds=5)) -> None:
+    from core import containermetrics, telemetry
+
+    telemetry.start_metrics()
     streams: dict[str, asyncio.Task] = {}
 
-    async def follow(sandbox_id: str) -> None:
-        with contextlib.suppress(Exception):  # a sandbox that ends ends its stream
-            async for view in mgr.metrics(sandbox_id, follow=True):
-                on_sample(view)
+    async def follow(row: dict[str, Any]) -> None:
+        try:
+            with contextlib.suppress(Exception):  # a sandbox that ends ends its stream
+                async for view in mgr.metrics(row["id"], follow=True):
+                    on_sample(view)
+                    telemetry.record_readings([containermetrics.reading(row, view)])
+        finally:
+            telemetry.forget(row["id"])
 
     try:
         while not stop.is_set():
-            running = {r["id"] for r in mgr.list(state=State.RUNNING)
+            running = {r["id"]: r for r in mgr.list(state=State.RUNNING)
                        if mgr.adapter(r["backend"]).supports(Capability.METRICS)}
-            for sandbox_id in running - streams.keys():
-                streams[sandbox_id] = asyncio.create_task(follow(sandbox_id))
+            for sandbox_id in running.keys() - streams.keys():
+                streams[sandbox_id] = asyncio.create_task(follow(running[sandbox_id]))
             for sandbox_id in [s for s, t in streams.items() if s not in running or t.done()]:
                 streams.pop(sandbox_id).cancel()
             with contextlib.suppress(TimeoutError):

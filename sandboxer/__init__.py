@@ -39,6 +39,7 @@ from sandboxer._records import (
 )
 from sandboxer._sync import Checkpoint, Sandbox, Sandboxer, SyncIterator
 from sandboxer._tools import (
+    generate_keys,
     load_profile,
     profile_schema,
     trust_profiles,
@@ -84,6 +85,7 @@ __all__ = [
     "trust_profiles",
     "untrust_profiles",
     "verify_evidence",
+    "generate_keys",
 ]
 
 

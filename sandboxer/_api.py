@@ -378,6 +378,14 @@ class AsyncSandboxer:
         """The database answers with the current schema (Unavailable otherwise)."""
         return await self._transport.ready()
 
+    async def current_metrics(self, timeout: Duration | None = None) -> list[dict[str, Any]]:
+        """One live reading of every running sandbox whose backend reports metrics, read at
+        once (`sbx metrics --all --format prometheus`): each a MetricSample's fields with the
+        sandbox's `name`, `backend`, `profile`, `backend_ref` and `started_at`. A sandbox
+        with no reading within `timeout` (default 10s) is left out. Sent over OTLP too when
+        that is configured (docs/telemetry.md)."""
+        return await self._transport.current_metrics(_duration(timeout, "timeout"))
+
 
 class _Creating:
     """What `AsyncSandboxer.create` returns: await it, or use it as `async with`."""
@@ -500,9 +508,22 @@ class AsyncSandbox(SandboxRecord):
     async def checkpoints(self) -> list[AsyncCheckpoint]:
         return await self._client.checkpoints(self.id)
 
-    async def evidence(self, path: str | Path | None = None) -> dict[str, Any]:
-        """The supervision evidence bundle; written to `path` (mode 0600) when given."""
-        bundle = await self._t.evidence(self.id)
+    async def evidence(self, path: str | Path | None = None, sign: str | Path | None = None,
+                       *, by_service: bool = False) -> dict[str, Any]:
+        """The supervision evidence bundle; written to `path` (mode 0600) when given. With
+        `sign` (an ed25519 private key file, `generate_keys`), signed here: a DSSE envelope
+        of an in-toto Statement (docs/evidence.md). With `by_service`, a client of a service
+        gets it signed by the service's own key (`sbx serve --evidence-key`)."""
+        if sign is not None and by_service:
+            from core.errors import BadInput
+
+            raise BadInput("sign with your key or the service's, not both")
+        bundle = await (self._t.evidence(self.id, signed=True) if by_service
+                        else self._t.evidence(self.id))
+        if sign is not None:
+            from core.signing import sign as sign_bundle
+
+            bundle = sign_bundle(bundle, sign)
         if path is not None:
             import json
             import os

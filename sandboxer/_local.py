@@ -177,6 +177,7 @@ class LocalTransport:
                     await hop(agen.aclose)
 
     async def close(self) -> None:
+        _flush_telemetry()
         if self._closed:
             return
         if self._core is not None and self._mgr is not None:
@@ -191,6 +192,7 @@ class LocalTransport:
             self._core.stop()
 
     def close_blocking(self) -> None:
+        _flush_telemetry()
         if self._closed:
             return
         if self._core is not None and self._mgr is not None:
@@ -343,7 +345,12 @@ class LocalTransport:
     async def metric_history(self, ref: str) -> list[dict[str, Any]]:
         return await self.call(lambda mgr: mgr.metric_history(ref))
 
-    async def evidence(self, ref: str) -> dict[str, Any]:
+    async def evidence(self, ref: str, signed: bool = False) -> dict[str, Any]:
+        if signed:
+            from core.errors import BadInput
+
+            raise BadInput("by_service signs with a service's key: it is for a client of "
+                           "`sbx serve` (url=); here, sign with your own key (sign=PATH)")
         return await self.call(lambda mgr: mgr.evidence(ref))
 
     # -- events -----------------------------------------------------------------------------
@@ -714,6 +721,14 @@ class LocalTransport:
 
         return await self.call(go)
 
+    async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
+        async def go(mgr: Manager) -> list[dict[str, Any]]:
+            from core.containermetrics import READ_TIMEOUT, read_all
+
+            return await read_all(mgr, timeout or READ_TIMEOUT)
+
+        return await self.call(go)
+
 
 def _load_profile(profile: str | Profile) -> Profile:
     from core.profiles import Profile, ProfileLoader
@@ -839,3 +854,13 @@ class _ActingIterator:
     async def aclose(self) -> None:
         if hasattr(self._agen, "aclose"):
             await _as_actor(self._actor, self._agen.aclose())
+
+
+def _flush_telemetry() -> None:
+    """The spans and metrics of this client's operations go out on close (docs/telemetry.md);
+    nothing is imported when there were none."""
+    import sys
+
+    telemetry = sys.modules.get("core.telemetry")
+    if telemetry is not None:
+        telemetry.flush()

@@ -344,8 +344,9 @@ class RemoteTransport:
     async def metric_history(self, ref: str) -> list[dict[str, Any]]:
         return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/metrics/history")
 
-    async def evidence(self, ref: str) -> dict[str, Any]:
-        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/evidence")
+    async def evidence(self, ref: str, signed: bool = False) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/evidence",
+                                params={"signed": True} if signed else None)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -525,6 +526,10 @@ class RemoteTransport:
 
     async def ready(self) -> dict[str, Any]:
         return await self._json("GET", "/readyz")
+
+    async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
+        raise BadInput("every sandbox's metrics at once are the service's own: scrape its "
+                       "/metrics (Prometheus text), or run sbx metrics --all there")
 
 
 class RemoteWatch:

@@ -41,9 +41,31 @@ def untrust_profiles(folder: str | Path | None = None) -> tuple[Path, bool]:
     return untrust(None if folder is None else Path(folder))
 
 
-def verify_evidence(bundle: Mapping[str, Any]) -> list[str]:
+def verify_evidence(bundle: Mapping[str, Any],
+                    key: str | Path | bytes | None = None) -> list[str]:
     """Check an evidence bundle offline: the problems found, each naming the altered part or
-    event; empty when intact."""
+    event; empty when intact. A signed bundle (a DSSE envelope) is checked the same way
+    inside, and with `key` (the public key's PEM file, or PEM bytes) its signature too: a
+    bundle signed by another key, or altered after signing, is named. Without `key` a
+    signature is not checked. BadInput for a key that is not an ed25519 public key."""
+    from core import signing
     from core.evidence import verify
 
+    if signing.is_envelope(bundle):
+        public = None if key is None else signing.load_public_key(
+            key if isinstance(key, bytes) else Path(key))
+        return signing.verify(bundle, public)
+    if key is not None:
+        signing.load_public_key(key if isinstance(key, bytes) else Path(key))  # a bad key: 2
+        return ["not signed: a plain evidence bundle, not a DSSE envelope (sign one with "
+                "sbx evidence ID -o FILE --sign KEY)"]
     return verify(bundle)
+
+
+def generate_keys(path: str | Path) -> dict[str, str]:
+    """An ed25519 key pair for signing evidence: the private key at `path` (mode 0600) and
+    the public key at `path`.pub, both PEM; `{"private", "public", "keyid"}`. BadInput when
+    either file exists (a key is never overwritten)."""
+    from core.signing import generate_keys as generate
+
+    return generate(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -969,11 +970,23 @@ def _metric_line(view: Mapping[str, Any]) -> str:
 @click.option("--history", is_flag=True, help="The stored samples instead of a live one.")
 @click.option("--all", "all_running", is_flag=True,
               help="Follow every running sandbox, storing samples (stop: Ctrl-C or SIGTERM).")
+@click.option("--format", "output_format", type=click.Choice(["prometheus"]),
+              help="With --all: one reading of every running sandbox in the Prometheus text "
+                   "format (node-exporter's textfile collector), then exit.")
 @JSON_OPTION
 @command
 def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_running: bool,
-                    as_json: bool) -> None:
+                    as_json: bool, output_format: str | None = None) -> None:
     """CPU, memory, pids and network of a sandbox, live from its backend."""
+    if output_format == "prometheus":
+        if not all_running or sandbox_id or follow or history or as_json:
+            raise BadInput("--format prometheus goes with --all alone: sbx metrics --all "
+                           "--format prometheus")
+        from core.containermetrics import prometheus_text
+
+        with client() as sbx:
+            click.echo(prometheus_text(sbx.current_metrics()), nl=False)
+        return
     if all_running:
         _follow_all(as_json)
         return
@@ -1053,20 +1066,37 @@ def evidence_group() -> None:
 @evidence_group.command("export")
 @click.argument("sandbox_id", metavar="ID")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), metavar="FILE")
+@click.option("--sign", "key", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Sign it with this ed25519 private key (sbx keys generate): a DSSE "
+                   "envelope of an in-toto Statement (docs/evidence.md).")
+@click.option("--service-signed", is_flag=True,
+              help="As a client of `sbx serve`: signed by the service's own key.")
 @command
-def evidence_export(sandbox_id: str, output: str) -> None:
+def evidence_export(sandbox_id: str, output: str, key: str | None = None,
+                    service_signed: bool = False) -> None:
     """Write one sandbox's evidence bundle: record, profile, events, execs, summary."""
     with client() as sbx:
-        bundle = sbx.get(sandbox_id).evidence(output)
-    click.echo(f"{output}: {len(bundle['events'])} events of {bundle['sandbox']['id']}")
+        doc = sbx.get(sandbox_id).evidence(output, sign=key, by_service=service_signed)
+    if key is None and not service_signed:
+        click.echo(f"{output}: {len(doc['events'])} events of {doc['sandbox']['id']}")
+        return
+    from core.signing import open_envelope
+
+    bundle, _ = open_envelope(doc)
+    keyids = ", ".join(s["keyid"][:16] for s in doc["signatures"])
+    click.echo(f"{output}: {len(bundle['events'])} events of {bundle['sandbox']['id']}, "
+               f"signed (keyid {keyids})")
 
 
 @evidence_group.command("verify")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--key", type=click.Path(dir_okay=False), metavar="PATH.pub",
+              help="Also check its signature: signed by this ed25519 public key, unaltered.")
 @JSON_OPTION
 @command
-def evidence_verify(file: str, as_json: bool) -> None:
+def evidence_verify(file: str, as_json: bool, key: str | None = None) -> None:
     """Check a bundle offline; exit 1 naming each altered part or event."""
+    from core.signing import is_envelope, open_envelope
     from sandboxer import verify_evidence as verify
 
     try:
@@ -1076,15 +1106,43 @@ def evidence_verify(file: str, as_json: bool) -> None:
         raise BadInput(f"{file}: cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise BadInput(f"{file}: not a JSON evidence bundle: {exc}") from None
-    problems = verify(bundle)
+    problems = verify(bundle, key=key)
+    signed = is_envelope(bundle)
+    if signed:
+        bundle = open_envelope(bundle)[0] or {}
+    signature = ("checked" if key is not None else "not checked") if signed else "none"
     if as_json:
-        emit_json({"file": file, "intact": not problems, "problems": problems})
+        emit_json({"file": file, "intact": not problems, "problems": problems,
+                   "signature": signature})
     elif not problems:
-        click.echo(f"{file}: intact ({len(bundle['events'])} events)")
+        said = {"checked": f", signed by the key in {key}", "none": "",
+                "not checked": "; signed, the signature NOT checked (give --key PATH.pub)"}
+        click.echo(f"{file}: intact ({len(bundle.get('events', []))} events){said[signature]}")
     for problem in problems if not as_json else []:
         click.echo(f"sbx: {file}: {problem}", err=True)
     if problems:
         sys.exit(1)
+
+
+@cli.group("keys")
+def keys_group() -> None:
+    """Keys that sign evidence: `sbx keys generate PATH`."""
+
+
+@keys_group.command("generate")
+@click.argument("path", type=click.Path(dir_okay=False), metavar="PATH")
+@JSON_OPTION
+@command
+def keys_generate(path: str, as_json: bool) -> None:
+    """An ed25519 key pair: the private key at PATH (mode 0600), the public one at PATH.pub."""
+    from sandboxer import generate_keys
+
+    made = generate_keys(path)
+    if as_json:
+        emit_json(made)
+    else:
+        click.echo(f"{made['private']} (private, mode 0600) and {made['public']} (public); "
+                   f"keyid {made['keyid']}")
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -1185,8 +1243,12 @@ def server_status_command(as_json: bool) -> None:
               help="Also (or only) a unix socket, mode 0600; requests there need no key.")
 @click.option("--reap-every", "reap_every", default="30s", show_default=True, metavar="DUR",
               help="Reconcile, reap and deliver events this often ('0' for never).")
+@click.option("--evidence-key", "evidence_key", type=click.Path(dir_okay=False),
+              metavar="PATH", help="Sign evidence on request (GET .../evidence?signed=true) "
+                                   "with this ed25519 private key (sbx keys generate).")
 @command
-def serve_command(listen: str | None, socket_path: str | None, reap_every: str) -> None:
+def serve_command(listen: str | None, socket_path: str | None, reap_every: str,
+                  evidence_key: str | None = None) -> None:
     """The library over HTTP, with API keys, streams and metrics (docs/service.md)."""
     from core.durations import parse_duration
     from sandboxer_tui.server.prepared import service_url
@@ -1203,9 +1265,16 @@ def serve_command(listen: str | None, socket_path: str | None, reap_every: str) 
 
         raise Unavailable(f"sbx serve needs {exc.name}: pip install 'sandboxer[service]'"
                           ) from None
+    if evidence_key is not None:
+        import os
+
+        from core.signing import load_signer
+
+        evidence_key = os.path.abspath(evidence_key)
+        load_signer(evidence_key)  # a bad key file is said now (exit 2), not at a request
     from sandboxer_tui.service.server import serve
 
-    serve(listen, socket_path, every)
+    serve(listen, socket_path, every, evidence_key)
 
 
 @cli.group("api-keys")
@@ -1276,6 +1345,10 @@ def main(args: list[str] | None = None) -> None:
     import gc
 
     args = sys.argv[1:] if args is None else args
+    if any(name.startswith("OTEL_") for name in os.environ):
+        import logging  # an exporter's retries say nothing; only a batch it gave up on
+
+        logging.getLogger("opentelemetry").setLevel(logging.ERROR)
     for arg in args:
         if not arg.isascii() and _not_utf8(arg):  # ids, names, labels, commands: all UTF-8
             fail(BadInput(f"argument {arg!r} is not UTF-8 text"), "--json" in args)
@@ -1290,6 +1363,8 @@ def main(args: list[str] | None = None) -> None:
     except click.ClickException as exc:
         fail(BadInput(exc.format_message()), "--json" in args)
     finally:
+        if "core.telemetry" in sys.modules:  # the command's spans and metrics go out now
+            sys.modules["core.telemetry"].shutdown()
         gc.freeze()  # nothing left to collect: skip the costly sweep at interpreter exit
     sys.exit(code if isinstance(code, int) else 0)
 

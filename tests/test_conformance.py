@@ -53,6 +53,9 @@ class TestStubConformance(AdapterConformance):
     def argv_stderr(self, text: str) -> None:
         return None
 
+    def argv_print_env(self, name: str) -> list[str]:
+        return ["printenv", name]
+
 
 # -- docker: the real engine --------------------------------------------------------------
 

@@ -145,7 +145,8 @@ def test_fast_paths_import_no_textual_e2b_or_modal(args, sbx_home):
     modules = _imported(args, dict(os.environ))
     heavy = {m for m in modules if m.split(".")[0] in {
         "textual", "e2b", "modal", "fastapi", "starlette", "uvicorn", "httpx", "httpx_sse",
-        "prometheus_client"}}  # the service's and the remote client's load only for them
+        "prometheus_client",  # the service's and the remote client's load only for them
+        "opentelemetry", "securesystemslib", "grpc", "google"}}  # telemetry, signing
     assert heavy == set()
     if args[0] in ("--help", "ls", "events"):
         assert "docker" not in modules  # no backend SDK to read the inventory
@@ -157,3 +158,28 @@ def test_import_linter_contracts_hold():
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "0 broken" in proc.stdout
+
+
+def _without_otel() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACEPARENT"))}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["ls"], ["reap"]])
+def test_unset_otel_variables_load_no_opentelemetry(args, sbx_home):
+    """No OTEL_ variable: no opentelemetry module at all (docs/telemetry.md)."""
+    _imported(["ls"], _without_otel())
+    modules = _imported(args, _without_otel())
+    assert {m for m in modules if m.startswith("opentelemetry")} == set()
+
+
+@pytest.mark.parametrize(("args", "traced"), [(["--help"], False), (["ls"], False),
+                                              (["reap"], True)])
+def test_set_otel_variables_load_opentelemetry_only_for_an_operation(args, traced, sbx_home):
+    """With an endpoint set, `sbx ls` and `--help` (no lifecycle operation) still load none;
+    `sbx reap` does, for its span (sent to a port where nothing listens: the command still
+    succeeds)."""
+    env = {**_without_otel(), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+           "OTEL_SERVICE_NAME": "sbx-import-test", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    _imported(["ls"], env)
+    modules = _imported(args, env)
+    assert any(m.startswith("opentelemetry.sdk") for m in modules) is traced

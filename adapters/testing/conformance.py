@@ -201,6 +201,11 @@ class AdapterConformance:
         """Prints the numeric user id it runs as (run-as-user is checked)."""
         return ["id", "-u"]
 
+    def argv_print_env(self, name: str) -> list[str] | None:
+        """Prints the value of the environment variable `name` and a newline; None: the
+        `env` of exec is not checked."""
+        return ["sh", "-c", f'echo "${name}"']
+
     # the user a backend declaring run-as-user is asked to run as (`user:` of a profile)
     run_as_user: str = "4242"
 
@@ -402,6 +407,36 @@ class AdapterConformance:
             again = await adapter.exec(obj.ref, self.argv_echo("still here"))
             assert (again.exit_code, again.stdout) == (0, b"still here\n"), (
                 f"after a timed-out command, the next one failed: {again}")
+
+        self.run(adapter, create_request, body)
+
+    def test_exec_environment(self, adapter: Adapter, create_request) -> None:
+        """`exec(..., env=)` adds the variables to that command's environment only (the core
+        passes TRACEPARENT this way), in `exec` and `exec_stream` alike."""
+        if not adapter.supports(Capability.EXEC):
+            pytest.skip(f"{adapter.name} does not declare exec")
+        argv = self.argv_print_env("SBX_CONFORMANCE_ENV")
+        if argv is None:
+            pytest.skip("argv_print_env() is None: this backend has no command that prints "
+                        "a variable")
+        if "env" not in inspect.signature(adapter.exec).parameters:
+            pytest.skip(f"{type(adapter).__name__}.exec takes no `env`: sbx runs its commands "
+                        "without the trace context (add the parameter, docs/adapters.md)")
+
+        async def body(kit: Kit) -> None:
+            obj = await kit.create()
+            value = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+            result = await adapter.exec(obj.ref, argv, env={"SBX_CONFORMANCE_ENV": value})
+            assert (result.exit_code, result.stdout) == (0, f"{value}\n".encode()), (
+                f"exec(env=...) did not reach the command: {result}")
+            streamed = b""
+            async for item in adapter.exec_stream(obj.ref, argv,
+                                                  env={"SBX_CONFORMANCE_ENV": value[::-1]}):
+                if isinstance(item, tuple) and item[0] == "stdout":
+                    streamed += item[1]
+            assert streamed == f"{value[::-1]}\n".encode(), "exec_stream(env=...) did not"
+            again = await adapter.exec(obj.ref, argv)
+            assert again.stdout.strip() == b"", "one exec's env stayed for the next one"
 
         self.run(adapter, create_request, body)
 

@@ -158,7 +158,10 @@ def _warm_up_on(db, stop: Callable[[], bool]) -> None:
         finally:
             await mgr.close()
 
-    asyncio.run(commands())
+    from core import telemetry
+
+    with telemetry.suppressed():  # throwaway state: nothing to trace, and no exporter thread
+        asyncio.run(commands())
 
 
 def _warm_up_adapter():

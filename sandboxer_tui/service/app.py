@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from core.apikeys import Scope
-from core.errors import BadInput, SbxError
+from core.errors import BadInput, Conflict, SbxError
 from sandboxer import AsyncSandboxer, ExecExit, OutputChunk, ReapReport
 from sandboxer._records import output_doc
 from sandboxer_tui.service import schemas as s
@@ -33,6 +33,8 @@ log = logging.getLogger("sbx.serve")
 API_VERSION = "1"
 ARCHIVE = "application/gzip"
 MAX_UPLOAD = 4 * 1024**3  # an imported archive is checked against the core's caps too
+# a running sandbox's live reading for a scrape of /metrics: within a scrape's usual timeout
+SCRAPE_READ_TIMEOUT = timedelta(seconds=5)
 
 ERRORS = {status: {"model": s.ErrorBody, "description": what} for status, what in (
     (400, "bad input: nothing was written"), (401, "no API key, or not one of ours"),
@@ -48,9 +50,10 @@ Accept = Annotated[str | None, Header(include_in_schema=False)]
 
 
 def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = None,
-              reap_every: timedelta | None = None) -> FastAPI:
+              reap_every: timedelta | None = None, evidence_key: str | None = None) -> FastAPI:
     """The service over `client` (which the caller owns and closes). With `reap_every`, a
-    reaper cycle and a delivery run on that timer while the app runs."""
+    reaper cycle and a delivery run on that timer while the app runs. With `evidence_key`
+    (an ed25519 private key file, read at each use), it signs evidence on request."""
     metrics = ServiceMetrics()
     inventory = InventoryVersions(client)
 
@@ -80,6 +83,7 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     app.state.socket_path = socket_path
     app.state.metrics = metrics
     app.state.inventory = inventory
+    app.state.evidence_key = evidence_key
     _errors(app)
     _routes(app, metrics)
     _document_keys(app)
@@ -228,6 +232,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         metrics.count_sandboxes(await who.client.sandbox_counts())
+        metrics.set_containers(await who.client.current_metrics(timeout=SCRAPE_READ_TIMEOUT))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # -- sandboxes ---------------------------------------------------------------------------
@@ -407,9 +412,27 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
 
     @app.get("/v1/sandboxes/{ref}/evidence", tags=sandbox_tag,
              summary="The supervision evidence bundle", responses=ERRORS)
-    async def evidence(who: Read, ref: str) -> JSONResponse:
+    async def evidence(who: Read, request: Request, ref: str,
+                       signed: Annotated[bool, Query(description=(
+                           "a DSSE envelope signed with the service's key (sbx serve "
+                           "--evidence-key); 409 when it has none"))] = False) -> JSONResponse:
         box = await who.client.get(ref)
-        return JSONResponse(await box.evidence())
+        key = request.app.state.evidence_key
+        if signed and key is None:
+            raise Conflict("this service signs no evidence: start it with sbx serve "
+                           "--evidence-key PATH (or sign with your own key)")
+        return JSONResponse(await box.evidence(sign=key if signed else None))
+
+    @app.get("/v1/evidence/key", tags=sandbox_tag, summary="The public key the service signs "
+             "evidence with", responses=ERRORS)
+    async def evidence_key(who: Read, request: Request) -> dict[str, str]:
+        key = request.app.state.evidence_key
+        if key is None:
+            raise Conflict("this service signs no evidence (sbx serve --evidence-key PATH)")
+        from core.signing import keyid, public_key_pem
+
+        pem = public_key_pem(key)
+        return {"keyid": keyid(pem.encode()), "public_key": pem}
 
     @app.post("/v1/sandboxes/{ref}/snapshot", tags=ckpt_tag, status_code=201,
               summary="Save a sandbox's filesystem as a checkpoint",

@@ -1,6 +1,7 @@
-"""`GET /metrics`: Prometheus text (prometheus-client), one registry per app. Sandbox ids are
-never label values: every label (state, backend, kind, result, reason, sink) has a handful of
-values."""
+"""`GET /metrics`: Prometheus text (prometheus-client), one registry per app. The service's
+own families never take a sandbox id as a label value: every label (state, backend, kind,
+result, reason, sink) has a handful of values. The per-sandbox container families
+(core.containermetrics) are the exception by nature: one series per running sandbox."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class ServiceMetrics:
         self.deliveries = Counter("sbx_event_deliveries", "Events the service delivered to "
                                   "its sinks (the webhook, the JSON Lines file), by result",
                                   ["sink", "result"], registry=self.registry)
+        # the per-sandbox container families, as `sbx metrics --all --format prometheus`
+        # prints them (core.containermetrics), read live at each scrape
+        self.containers = _Containers()
+        self.registry.register(self.containers)
 
     async def timed(self, kind: str, call: Awaitable[T], backend: str | None = None) -> T:
         """Await `call`, counting it with its duration under `kind`."""
@@ -69,6 +74,9 @@ class ServiceMetrics:
         for row in counts:
             self.sandboxes.labels(row["state"], row["backend"]).set(row["count"])
 
+    def set_containers(self, readings: list[dict[str, Any]]) -> None:
+        self.containers.readings = readings
+
     def count_deliveries(self, reports: Iterable[dict[str, Any]]) -> None:
         for report in reports:
             if report.get("delivered"):
@@ -77,3 +85,15 @@ class ServiceMetrics:
                 self.deliveries.labels(report["sink"], "parked").inc(report["parked"])
             if report.get("error"):
                 self.deliveries.labels(report["sink"], "failed").inc()
+
+
+class _Containers:
+    """The container families of the last readings (core.containermetrics), one scrape's."""
+
+    def __init__(self) -> None:
+        self.readings: list[dict[str, Any]] = []
+
+    def collect(self) -> Any:
+        from core.containermetrics import collector
+
+        return collector(self.readings).collect()

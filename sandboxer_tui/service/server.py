@@ -119,13 +119,14 @@ def _server_class():
     return Server
 
 
-def serve(listen: str | None, socket_path: str | None, reap_every: timedelta | None) -> None:
+def serve(listen: str | None, socket_path: str | None, reap_every: timedelta | None,
+          evidence_key: str | None = None) -> None:
     """Run until SIGINT or SIGTERM."""
-    asyncio.run(_serve(listen, socket_path, reap_every))
+    asyncio.run(_serve(listen, socket_path, reap_every, evidence_key))
 
 
 async def _serve(listen_text: str | None, socket_path: str | None,
-                 reap_every: timedelta | None) -> None:
+                 reap_every: timedelta | None, evidence_key: str | None = None) -> None:
     import uvicorn
 
     from core import settings
@@ -153,7 +154,8 @@ async def _serve(listen_text: str | None, socket_path: str | None,
             socket_path = os.path.abspath(socket_path)
             sockets.append(unix_socket(socket_path))
             bound = socket_path
-        app = build_app(client, actor=actor, socket_path=socket_path, reap_every=reap_every)
+        app = build_app(client, actor=actor, socket_path=socket_path, reap_every=reap_every,
+                        evidence_key=evidence_key)
         config = uvicorn.Config(app, log_level="warning", lifespan="on", http="h11",
                                 ws="none", access_log=False, timeout_graceful_shutdown=5,
                                 proxy_headers=False, server_header=False)

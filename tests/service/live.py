@@ -26,6 +26,7 @@ class LiveService:
     home: Path
     reap_every: timedelta | None = None
     socket_path: str | None = None
+    evidence_key: str | None = None
     url: str = ""
     client: sandboxer.AsyncSandboxer | None = None
     _server: object = None
@@ -45,7 +46,7 @@ class LiveService:
             self._sockets.append(unix_socket(self.socket_path))
         self.url = f"http://127.0.0.1:{tcp.getsockname()[1]}"
         app = build_app(self.client, actor=SERVICE_ACTOR, socket_path=self.socket_path,
-                        reap_every=self.reap_every)
+                        reap_every=self.reap_every, evidence_key=self.evidence_key)
         config = uvicorn.Config(app, log_level="warning", lifespan="on", http="h11",
                                 ws="none", access_log=False, timeout_graceful_shutdown=2)
         server = uvicorn.Server(config)

@@ -667,6 +667,8 @@ class TaskRouter(_Service, TaskCommandRouterBase):
             if request.exec_id in sandbox.execs:  # idempotent retry
                 return router_pb2.TaskExecStartResponse()
             env = {e.key: e.value for e in request.env} if request.env else {}
+            for source in request.secret_sources:  # exec(env=...): an inline secret
+                env.update(source.env.contents)
             process = await self.standin._spawn(sandbox, list(request.command_args), env,
                                                 capture=True)
             job = Exec(process)

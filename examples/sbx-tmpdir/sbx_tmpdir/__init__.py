@@ -120,15 +120,16 @@ class TmpdirAdapter(Adapter):
                 found.append(obj)
         return found
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout_s: float | None = None) -> ExecResult:
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
         work = self._folder(ref) / "work"
         if not work.is_dir():
             raise BackendObjectGone(f"tmpdir sandbox {ref} is gone")
         started = time.perf_counter()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=work, stdin=asyncio.subprocess.DEVNULL,
+                *argv, cwd=work, env={**os.environ, **env} if env else None,
+                stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True)
         except FileNotFoundError:
