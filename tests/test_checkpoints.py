@@ -15,9 +15,9 @@ import gzip
 import io
 import json
 import os
-import resource
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -912,12 +912,14 @@ def _run_bounded(runner: SbxRunner, *args: str, env: dict[str, str],
     """Run `sbx` unable to write any file past `max_file` bytes (RLIMIT_FSIZE: a longer write
     fails); its result and its peak resident memory in MiB."""
 
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file, max_file))
-
+    # The limit is set by a small Python that then becomes sbx: a child forked from pytest
+    # itself (preexec_fn) would count pytest's own pages in its peak before it execs.
+    bounded = ("import os, resource, sys; "
+               f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file}, {max_file})); "
+               "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([*SBX, *args], cwd=runner.cwd, env=runner.env(env),
-                                stdout=out, stderr=err, preexec_fn=limit)
+        proc = subprocess.Popen([sys.executable, "-c", bounded, *SBX[1:], *args],
+                                cwd=runner.cwd, env=runner.env(env), stdout=out, stderr=err)
         deadline = time.monotonic() + 120
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
