@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from tests.conftest import RUN_LABEL
+from support import RUN_LABEL
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 

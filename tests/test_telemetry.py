@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.conftest import (
+from support import (
     RUN_LABEL,
     SBX,
     containers_of,
