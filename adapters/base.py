@@ -45,6 +45,7 @@ LABEL_HARD_DEADLINE = "sbx.hard-deadline"
 LABEL_CHECKPOINT = "sbx.checkpoint"
 LABEL_SERVICE = "sbx.service"  # a service container: its name in the profile
 LABEL_POD = "sbx.pod"  # a service container: the backend ref of the main container
+LABEL_POOL = "sbx.pool"  # a warm pool member: the profile whose pool it was made for
 RESERVED_LABEL_PREFIX = "sbx."
 
 

@@ -489,6 +489,17 @@ class RemoteTransport:
     async def ready(self) -> dict[str, Any]:
         return await self._json("GET", "/readyz")
 
+    # -- warm pools -------------------------------------------------------------------------
+
+    async def pools(self) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/pools")
+
+    async def set_pool_size(self, profile: str, size: int) -> dict[str, Any]:
+        return await self._json("PUT", f"/v1/pools/{_seg(profile)}", json_body={"size": size})
+
+    async def drain_pool(self, profile: str) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/pools/{_seg(profile)}/drain")
+
 
 def _seg(text: str) -> str:
     return urllib.parse.quote(str(text), safe="")
