@@ -15,6 +15,8 @@ POINTS = (
     "snapshot.after-intent",  # the checkpoint row is pending; no artifact yet
     "snapshot.after-backend",  # the artifact exists; the row is still pending
     "deliver.after-send",     # a sink took a batch; its cursor has not moved yet
+    "claim.before-claim",     # a create from a pooled profile is about to look for a warm
+                              # member; nothing is written yet (racers line up here)
     "claim.after-claim",      # a warm pool member is the caller's (running); the backend's
                               # own deadline is not set yet and the caller has no answer
 )

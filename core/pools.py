@@ -103,6 +103,7 @@ async def claim(mgr: Manager, profile: Profile, adapter: Adapter, instance: str 
     sandboxes = manager_module.SANDBOXES
     doc = dump(profile)
     key = member_key(doc)
+    failpoint("claim.before-claim")
     mgr.db.require_room()
     now = mgr.clock.now()
     now_iso = to_iso(now)
