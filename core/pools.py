@@ -24,6 +24,7 @@ failed and removed, never made warm half set up.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -150,10 +151,8 @@ async def claim(mgr: Manager, profile: Profile, adapter: Adapter, instance: str 
         try:
             await adapter.set_deadline(row["backend_ref"], effective_deadline(row))
         except Exception:  # the member is no good: end it, and serve the create cold
-            try:
+            with contextlib.suppress(Exception):  # else it is on the clock: reaped on time
                 await mgr._destroy(row["id"], adapter, reason="failed")
-            except Exception:  # noqa: S110 (it is on the clock: the reaper ends it)
-                pass
             return None
     return row
 
@@ -197,9 +196,10 @@ async def finish_member(mgr: Manager, lease: Lease, obj: BackendObject, adapter:
                         profile: Profile) -> dict[str, Any]:
     """The backend made the member: run the profile's setup (each command recorded as an
     exec), then make it warm, claimable. Setup runs while the row says creating, under the
-    lease: nobody can claim a member half set up. A failing command fails and removes it."""
+    lease: nobody can claim a member half set up. A command that fails (or cannot run)
+    fails the member, which is then destroyed."""
     from core.errors import LeaseLost, OperationFailed
-    from core.manager import SANDBOXES
+    from core.manager import SANDBOXES, _digest
     from core.profiles import dump
 
     values = {"backend_ref": obj.ref, "started_at": mgr.now_iso()}
@@ -209,33 +209,32 @@ async def finish_member(mgr: Manager, lease: Lease, obj: BackendObject, adapter:
                 SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
                 SANDBOXES.c.lease_owner == mgr.lease_owner).values(backend_ref=obj.ref))
         as_recorded = {"profile_json": json.dumps(dump(profile))}
-        masked = [mgr._masked_argv(as_recorded, ["sh", "-c", c]) for c in profile.setup]
-        async with mgr.leases.holding(lease):
-            for command, recorded in zip(profile.setup, masked, strict=True):
-                result = await adapter.exec(obj.ref, ["sh", "-c", command])
-                mgr._record_exec(lease.sandbox_id, recorded, result,
-                                 _digest(result.stdout), _digest(result.stderr))
-                if result.exit_code != 0:
-                    said = (result.stderr or result.stdout).decode(errors="replace").strip()
-                    message = (f"setup command {command!r} exited {result.exit_code} "
-                               f"({said.splitlines()[-1] if said else 'no output'})")
-                    try:
-                        mgr.leases.finish(lease, State.FAILED, reason="failed",
-                                          payload={"error": message},
-                                          values={**values, "error": message,
-                                                  "ended_at": mgr.now_iso()})
-                    except LeaseLost:
-                        raise OperationFailed(f"pool member {lease.sandbox_id}: {message}"
-                                              ) from None
-                    await mgr._destroy(lease.sandbox_id, adapter, reason="failed")
-                    raise OperationFailed(f"pool member {lease.sandbox_id}: {message}; it "
-                                          "was destroyed")
+        try:
+            async with mgr.leases.holding(lease):
+                for command in profile.setup:
+                    argv = ["sh", "-c", command]
+                    result = await adapter.exec(obj.ref, argv)
+                    mgr._record_exec(lease.sandbox_id, mgr._masked_argv(as_recorded, argv),
+                                     result, _digest(result.stdout), _digest(result.stderr))
+                    if result.exit_code != 0:
+                        said = (result.stderr or result.stdout).decode(errors="replace").strip()
+                        raise OperationFailed(
+                            f"setup command {command!r} exited {result.exit_code} "
+                            f"({said.splitlines()[-1] if said else 'no output'})")
+        except BaseException as exc:
+            message = str(exc) or type(exc).__name__
+            try:
+                mgr.leases.finish(lease, State.FAILED, reason="failed", payload={"error": message},
+                                  values={**values, "error": message, "ended_at": mgr.now_iso()})
+            except LeaseLost:
+                raise OperationFailed(f"pool member {lease.sandbox_id}: {message}") from exc
+            if not isinstance(exc, Exception):
+                raise
+            await mgr._destroy(lease.sandbox_id, adapter, reason="failed")
+            raise OperationFailed(f"pool member {lease.sandbox_id}: {message}; it was "
+                                  "destroyed") from exc
     return mgr.leases.finish(lease, State.WARM, values=values,
                              payload={"backend_ref": obj.ref, "pool": profile.name})
-
-
-def _digest(data: bytes) -> dict[str, Any]:
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
 # -- planning (pure: the reaper calls it with what it read) ---------------------------------
