@@ -342,10 +342,11 @@ def profile_folders() -> list[Path]:
     a superset read without importing the profile schema: the built-in profiles, the user
     config folder's, the working folder's (trusted or not), $SBX_PROFILE_PATH's."""
     import os
+    from importlib.resources import files
 
     from core.settings import user_config_dir
 
-    builtin = Path(__file__).resolve().parent.parent / "profiles"
+    builtin = Path(str(files("profiles")))
     folders = [builtin, user_config_dir() / "profiles", Path.cwd() / ".sbx" / "profiles"]
     extra = os.environ.get("SBX_PROFILE_PATH", "")
     return folders + [Path(p).expanduser() for p in extra.split(":") if p]
