@@ -48,6 +48,7 @@ LABEL_POD = "sbx.pod"  # a service container: the backend ref of the main contai
 # every container, network, volume and checkpoint image of a Compose project (the compose
 # backend): the sandbox's backend ref; the docker backend leaves such objects alone
 LABEL_COMPOSE = "sbx.compose"
+LABEL_POOL = "sbx.pool"  # a warm pool member: the profile whose pool it was made for
 RESERVED_LABEL_PREFIX = "sbx."
 
 

@@ -22,6 +22,8 @@ class EventType(enum.StrEnum):
     SANDBOX_LOST = "sandbox.lost"
     SANDBOX_ADOPTED = "sandbox.adopted"
     SANDBOX_RESTARTED = "sandbox.restarted"  # the backend started it again (an engine restart)
+    SANDBOX_WARMED = "sandbox.warmed"  # a pool member is made and waits to be claimed
+    SANDBOX_CLAIMED = "sandbox.claimed"  # a create took a warm pool member
     # what happens to a sandbox without changing its state
     SANDBOX_EXEC = "sandbox.exec"
     SANDBOX_EXTENDED = "sandbox.extended"
@@ -36,6 +38,9 @@ class EventType(enum.StrEnum):
     CHECKPOINT_REMOVED = "checkpoint.removed"
     CHECKPOINT_IMPORTED = "checkpoint.imported"
     CHECKPOINT_ORPHAN_REMOVED = "checkpoint.orphan-removed"
+    # warm pools (about a profile's pool, not one sandbox)
+    POOL_RESIZED = "pool.resized"
+    POOL_DRAINED = "pool.drained"
 
 
 class Reason(enum.StrEnum):
@@ -51,6 +56,12 @@ class Reason(enum.StrEnum):
     RESTARTED = "restarted"  # the backend brought it back after its engine restarted
     STOPPED = "stopped"  # lost: its backend object stopped, and nothing started it again
     GONE = "gone"  # lost: its backend object is no longer there
+    # a warm pool member retired (core/pools.py)
+    MAX_AGE = "max-age"  # older than its pool's max_age
+    POOL_DRAINED = "pool-drained"  # `sbx pool drain`
+    POOL_SHRUNK = "pool-shrunk"  # its pool holds more members than its size
+    POOL_CHANGED = "pool-changed"  # its profile changed since it was made: it fits no create
+    POOL_REMOVED = "pool-removed"  # its profile is gone, or declares no pool any more
 
 
-EXPIRY_REASONS = (Reason.TTL, Reason.IDLE, Reason.MAX_TTL)
+EXPIRY_REASONS = (Reason.TTL, Reason.IDLE, Reason.MAX_TTL, Reason.MAX_AGE)

@@ -18,7 +18,7 @@ from core.errors import BadInput, Conflict, OperationFailed
 
 # parents before children; each table's rows in primary-key order
 TABLES = ("sandboxes", "checkpoints", "events", "sink_cursors", "deliveries", "metric_samples",
-          "api_keys", "idempotency_keys")
+          "api_keys", "idempotency_keys", "pools")
 BATCH = 2000
 
 

@@ -16,6 +16,10 @@ POINTS = (
     "deliver.after-send",     # a sink took a batch; its cursor has not moved yet
     "compose.after-up",       # the compose backend: `compose up` made the project; create
                               # has not returned (the row says creating, no backend ref)
+    "claim.before-claim",     # a create from a pooled profile is about to look for a warm
+                              # member; nothing is written yet (racers line up here)
+    "claim.after-claim",      # a warm pool member is the caller's (running); the backend's
+                              # own deadline is not set yet and the caller has no answer
 )
 
 

@@ -40,11 +40,15 @@ def list_sandboxes(
     columns: tuple[str, ...] | None = None,
     after: tuple[str, str] | None = None,
     limit: int | None = None,
+    pool_members: bool = True,
 ) -> list[dict[str, Any]]:
     """Sandboxes, oldest first: not destroyed unless `include_all` or a `state` is given.
     `columns` narrows what is fetched (every column by default). `after` (created_at, id)
-    and `limit` give one page (see page_cursor)."""
+    and `limit` give one page (see page_cursor). `pool_members=False`: users' sandboxes
+    only, without the warm pool members nobody has claimed (core.pools)."""
     where, params = [], []
+    if not pool_members:
+        where.append("(pool IS NULL OR launch IS NOT NULL)")
     if after is not None:
         where.append(f"(created_at > {placeholder} OR (created_at = {placeholder} "
                      f"AND id > {placeholder}))")

@@ -28,6 +28,7 @@ from adapters.base import (
     LABEL_HARD_DEADLINE,
     LABEL_ID,
     LABEL_INSTALL,
+    LABEL_POOL,
     Adapter,
     AdapterError,
     BackendObject,
@@ -174,12 +175,14 @@ class Manager:
         state: str | None = None,
         backend: str | None = None,
         labels: Mapping[str, str] | None = None,
+        pool_members: bool = True,
     ) -> list[dict[str, Any]]:
         placeholder = "?" if self.db.engine.dialect.paramstyle == "qmark" else "%s"
         with self.db.read() as conn:
             return inventory.list_sandboxes(
                 conn.connection.driver_connection, include_all=include_all, state=state,
-                backend=backend, labels=labels, placeholder=placeholder)
+                backend=backend, labels=labels, placeholder=placeholder,
+                pool_members=pool_members)
 
     def rows_by_ids(self, ids) -> dict[str, dict[str, Any]]:
         placeholder = "?" if self.db.engine.dialect.paramstyle == "qmark" else "%s"
@@ -256,9 +259,12 @@ class Manager:
         owner: str | None = None,
         task: str | None = None,
         restore_from: Mapping[str, Any] | None = None,
+        pool_member: bool = False,
     ) -> dict[str, Any]:
         """Validate everything, then intent -> backend create -> fenced result.
-        With `restore_from` (a checkpoint row), the sandbox starts from its artifact."""
+        With `restore_from` (a checkpoint row), the sandbox starts from its artifact.
+        A profile with a pool is served by a warm member that fits, if one waits (core.pools);
+        `pool_member`: make such a member (the reaper's fill), not a sandbox for the caller."""
         from core.profiles import dump
 
         ttl = ttl or profile.ttl.default
@@ -276,10 +282,15 @@ class Manager:
         now = self.clock.now()
         sandbox_id = new_sandbox_id()
         deadline, hard_deadline = now + ttl, now + profile.ttl.max
+        if pool_member:
+            from core import pools
+
+            deadline, hard_deadline = pools.member_deadlines(profile, now)
         request = CreateRequest(
             sandbox_id=sandbox_id,
             labels={**all_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install_id,
-                    LABEL_HARD_DEADLINE: to_iso(hard_deadline)},
+                    LABEL_HARD_DEADLINE: to_iso(hard_deadline),
+                    **({LABEL_POOL: profile.name} if pool_member else {})},
             image=profile.image or profile.template,
             command=profile.command,
             resources=ResourceLimits(
@@ -294,7 +305,7 @@ class Manager:
             env=env,
             deadline=deadline,
             hard_deadline=hard_deadline,
-            idle=profile.ttl.idle,
+            idle=None if pool_member else profile.ttl.idle,  # a member's idle clock is sbx's, from its claim
             services=tuple(ServiceSpec(name, svc.image, svc.command, dict(svc.environment))
                            for name, svc in profile.services.items()),
             options=profile.options,
@@ -325,6 +336,13 @@ class Manager:
             raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")
         await adapter.ensure_available()
         instance = await adapter.instance_id()
+        if profile.pool is not None and not pool_member and restore_from is None:
+            from core import pools
+
+            claimed = await pools.claim(self, profile, adapter, instance, ttl=ttl, name=name,
+                                        labels=all_labels, owner=owner, task=task)
+            if claimed is not None:  # served warm
+                return claimed
         row = {
             "id": sandbox_id,
             "name": name,
@@ -348,24 +366,24 @@ class Manager:
             "lease_owner": self.lease_owner,
             "lease_expires_at": to_iso(now + self.lease_ttl),
             "fence": 1,
+            "launch": "cold",
         }
+        if pool_member:
+            row.update(pools.member_row(profile))
         telemetry.note_sandbox(row)
         self.db.require_room()  # a full disk: exit 5 before anything is written or made
         with self.db.write() as conn:
             if name is not None:
-                serialise(conn, LOCK_SANDBOX_NAMES)  # a name is unique among live sandboxes
-            if name is not None and conn.execute(
-                sa.select(SANDBOXES.c.id).where(
-                    SANDBOXES.c.name == name, SANDBOXES.c.state != State.DESTROYED
-                )
-            ).first():
-                raise Conflict(f"name {name!r} is taken by a sandbox that is not destroyed")
+                refuse_taken_name(conn, name)
+            if pool_member and not pools.room(conn, profile, self.install_id, row["created_at"]):
+                raise NotDue(f"pool {profile.name} is full")
             conn.execute(SANDBOXES.insert().values(**row))
             self.event(conn, sandbox_id, CREATED_EVENT, payload={
                 "profile": profile.name, "backend": profile.backend, "name": name,
                 "owner": row["owner"], "task": task, "labels": all_labels,
                 "deadline": row["deadline"], "hard_deadline": row["hard_deadline"],
                 **({"restored_from": restore_from["id"]} if restore_from else {}),
+                **({"pool": profile.name} if pool_member else {"launch": "cold"}),
             })
         lease = Lease(sandbox_id, 1)
         failpoint("create.after-intent")
@@ -384,6 +402,8 @@ class Manager:
                 raise
             raise OperationFailed(f"create failed on {profile.backend}: {message}") from exc
         failpoint("create.after-backend")
+        if pool_member:  # its setup runs before it can be claimed
+            return await pools.finish_member(self, lease, obj, adapter, profile)
         running = self.leases.finish(
             lease, State.RUNNING,
             values={"backend_ref": obj.ref, "started_at": self._now()},
@@ -887,6 +907,15 @@ class Manager:
                 self.touch(row["id"], event=False)  # someone is watching: that is activity
                 last_touch = now
             yield chunk
+
+
+def refuse_taken_name(conn: Connection, name: str) -> None:
+    """Conflict when a sandbox that is not destroyed has `name` (unique among live ones);
+    inside the transaction that gives the name."""
+    serialise(conn, LOCK_SANDBOX_NAMES)
+    if conn.execute(sa.select(SANDBOXES.c.id).where(
+            SANDBOXES.c.name == name, SANDBOXES.c.state != State.DESTROYED)).first():
+        raise Conflict(f"name {name!r} is taken by a sandbox that is not destroyed")
 
 
 def _sample_view(sample: Any) -> dict[str, Any]:

@@ -39,6 +39,10 @@ class Sandbox(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: str | None = Field(default=None, max_length=TIME)
     fence: int = Field(default=0)
+    # warm pools (core/pools.py): the pool (a profile's name) a member was made for, and how
+    # a create was served, "warm" (a member claimed) or "cold"; None while a member waits
+    pool: str | None = Field(default=None, max_length=128)
+    launch: str | None = Field(default=None, max_length=8)
 
 
 class Checkpoint(SQLModel, table=True):
@@ -153,3 +157,17 @@ class IdempotencyKey(SQLModel, table=True):
     request_hash: str = Field(max_length=64)  # the request it was first used with
     sandbox_id: str | None = Field(default=None, max_length=40)  # None while in progress
     created_at: str = Field(max_length=TIME)
+
+
+class Pool(SQLModel, table=True):
+    """What a warm pool keeps beyond its profile: the size `sbx pool set` (or `drain`) gave
+    it, which overrides the profile's, and since when it runs (what `sbx pool ls` counts
+    claims from). A row is made when the pool is first filled or sized."""
+
+    __tablename__ = "pools"
+
+    profile: str = Field(primary_key=True, max_length=128)
+    size: int | None = Field(default=None)  # None: the profile's own `pool.size`
+    started_at: str = Field(max_length=TIME)
+    set_at: str | None = Field(default=None, max_length=TIME)
+    set_by: str | None = Field(default=None, max_length=256)

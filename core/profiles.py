@@ -34,7 +34,9 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     StrictBool,
+    StrictInt,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -113,6 +115,18 @@ class CheckpointPolicy(_Strict):
     ttl: Duration | None = None
 
 
+MAX_POOL_SIZE = 100  # warm members one pool may keep (cloud members cost money while they wait)
+PoolSize = Annotated[StrictInt, Field(ge=0, le=MAX_POOL_SIZE)]
+
+
+class PoolPolicy(_Strict):
+    """Warm members kept ready, so a create claims one instead of waiting for the backend
+    (docs/pools.md). `max_age` is short by default: a member past it is replaced."""
+
+    size: PoolSize
+    max_age: Duration = timedelta(minutes=10)
+
+
 class Service(_Strict):
     """A container beside the sandbox's main one, in its network namespace (as in a pod):
     the main container reaches it on localhost; the pod keeps the profile's network policy."""
@@ -175,6 +189,17 @@ class Profile(_Strict):
         if self.compose is None and self.backend == "compose":
             raise ValueError("backend: compose needs compose: {file: PATH, service: NAME}")
         return self
+    # warm members of this profile kept ready (core/pools.py); not inherited by a profile
+    # of another name that extends this one
+    pool: PoolPolicy | None = None
+
+    @field_validator("pool")
+    @classmethod
+    def _poolable(cls, v: PoolPolicy | None, info: ValidationInfo) -> PoolPolicy | None:
+        if v is not None and info.data.get("secrets"):
+            raise ValueError("a profile with secrets cannot keep a pool: its members would "
+                             "carry the secret values of the process that made them")
+        return v
 
     @field_validator("user", mode="before")
     @classmethod
@@ -509,6 +534,8 @@ class ProfileLoader:
         base = self._resolve(_read_yaml(parent_path, self._pinned), parent_path, parent_layer,
                              parent, (*stack, parent))
         base.pop("name", None)
+        if parent != name:
+            base.pop("pool", None)  # a pool is a profile's own (docs/pools.md)
         return _merge(base, own)
 
     def _validate(self, merged: dict[str, Any], path: Path, name: str) -> Profile:

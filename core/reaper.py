@@ -46,10 +46,12 @@ RESTART = "restart"              # the backend started it again (an engine resta
 ADOPT = "adopt"                  # an object of ours with no row, before its hard deadline
 DESTROY = "destroy"              # expired, failed with leftovers, or an interrupted destroy
 DESTROY_OBJECT = "destroy-object"  # an object whose row is gone or destroyed (orphan)
+RETIRE = "retire"                # a warm pool member its pool no longer wants (core.pools)
+FILL = "fill"                    # one new warm member for a pool short of its size
 WARN = "warn"                    # sandbox.expiring
 CHECKPOINTS = "checkpoints"      # expired, interrupted or orphaned checkpoints on a backend
-ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, RESTART, ADOPT, DESTROY, DESTROY_OBJECT, WARN,
-         CHECKPOINTS)
+ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, RESTART, ADOPT, DESTROY, DESTROY_OBJECT, RETIRE,
+         FILL, WARN, CHECKPOINTS)
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,12 @@ class Action:
     target: str | None = None  # the state for LOSE / SYNC / FAIL
     expect: str | None = None  # the state the plan saw; re-checked when applied
     obj: BackendObject | None = None
+    pool: str | None = None  # the pool (profile) of a pool member, or that FILL fills
 
     def describe(self) -> dict[str, Any]:
-        return {"action": self.kind, "id": self.sandbox_id, "backend": self.backend,
-                "ref": self.ref, "reason": self.reason, "state": self.target}
+        described = {"action": self.kind, "id": self.sandbox_id, "backend": self.backend,
+                     "ref": self.ref, "reason": self.reason, "state": self.target}
+        return {**described, "pool": self.pool} if self.pool else described
 
 
 def _young(obj: BackendObject, now: datetime, grace: timedelta) -> bool:
@@ -101,6 +105,8 @@ def plan_reconcile(
     now_iso = to_iso(now)
     rows_outside = rows_outside or {}
     restarts_seen = restarts_seen or {}
+    from core.pools import is_member
+
     by_id = {r["id"]: r for r in rows if r["backend"] == backend}
     actions: list[Action] = []
     seen: set[str] = set()
@@ -121,14 +127,18 @@ def plan_reconcile(
         if leased(row, now_iso, dead):
             continue
         state, actual = row["state"], _object_state(obj)
-        if state == State.CREATING:
+        if state == State.CREATING and is_member(row):
+            # a pool member's maker died: its setup may not have run, so it is never made warm
+            actions.append(Action(FAIL, backend, row["id"], obj.ref, reason="failed",
+                                  target=State.FAILED, expect=state))
+        elif state == State.CREATING:
             actions.append(Action(FINISH_CREATE, backend, row["id"], obj.ref, obj=obj))
         elif state == State.DESTROYING:
             actions.append(Action(DESTROY, backend, row["id"], obj.ref))
         elif state == State.FAILED:
             actions.append(Action(DESTROY, backend, row["id"], obj.ref, "failed"))
-        elif (state in (State.RUNNING, State.PAUSED) and obj.running and obj.restarted_at
-              and to_iso(obj.restarted_at) != restarts_seen.get(row["id"])):
+        elif (state in (State.RUNNING, State.PAUSED, State.WARM) and obj.running
+              and obj.restarted_at and to_iso(obj.restarted_at) != restarts_seen.get(row["id"])):
             # back after a restart; a paused one is paused again
             actions.append(Action(RESTART, backend, row["id"], obj.ref, "restarted",
                                   target=state, expect=state, obj=obj))
@@ -137,6 +147,9 @@ def plan_reconcile(
             actions.append(Action(LOSE if stopped else SYNC, backend, row["id"], obj.ref,
                                   "stopped" if stopped else None,
                                   target=State.LOST if stopped else actual, expect=state))
+        elif state == State.WARM and actual != State.RUNNING:  # stopped or paused behind our
+            actions.append(Action(LOSE, backend, row["id"], obj.ref, "stopped",  # back: no use
+                                  target=State.LOST, expect=state))
     for row in by_id.values():
         if row["id"] in seen or leased(row, now_iso, dead):
             continue
@@ -147,7 +160,7 @@ def plan_reconcile(
                                   expect=state))
         elif state == State.DESTROYING:
             actions.append(Action(DESTROY, backend, row["id"]))
-        elif state in (State.RUNNING, State.PAUSED):
+        elif state in (State.RUNNING, State.PAUSED, State.WARM):
             actions.append(Action(LOSE, backend, row["id"], reason="gone", target=State.LOST,
                                   expect=state))
     return actions
@@ -164,7 +177,8 @@ def plan_reap(rows: Iterable[Mapping[str, Any]], now: datetime,
             continue
         reason = expiry_reason(row, now)
         if reason:
-            actions.append(Action(DESTROY, row["backend"], row["id"], row["backend_ref"], reason))
+            actions.append(Action(DESTROY, row["backend"], row["id"], row["backend_ref"], reason,
+                                  pool=row.get("pool") if reason == "max-age" else None))
         elif warning_due(row, now, warn_before):
             actions.append(Action(WARN, row["backend"], row["id"], reason="ttl"))
     return actions
@@ -217,14 +231,18 @@ class Report:
     reconciled: list[dict[str, Any]] = field(default_factory=list)
     warned: list[str] = field(default_factory=list)
     planned: list[dict[str, Any]] = field(default_factory=list)
+    pools: list[dict[str, Any]] = field(default_factory=list)  # members warmed or retired
 
     def as_json(self) -> dict[str, Any]:
         return {"destroyed": self.destroyed, "failed": self.failed, "orphans": self.orphans,
                 "skipped": self.skipped, "reconciled": self.reconciled, "warned": self.warned,
-                **({"planned": self.planned} if self.planned else {})}
+                **({"planned": self.planned} if self.planned else {}),
+                **({"pools": self.pools} if self.pools else {})}
 
 
 RowSource = Callable[[], tuple[list[dict[str, Any]], Callable[[Iterable[str]], dict[str, dict]]]]
+# (pool specs by name, their profiles) given the pools that have members (core.pools)
+PoolSource = Callable[[set[str]], tuple[dict[str, Any], dict[str, Any]]]
 
 
 class Reaper:
@@ -246,6 +264,7 @@ class Reaper:
         concurrency: int = 16,
         make_room: Callable[[], bool] = lambda: False,
         read_restarts: Callable[[list[str]], dict[str, str]] | None = None,
+        read_pools: PoolSource | None = None,
     ) -> None:
         self.install_id = install_id
         self.clock = clock
@@ -260,6 +279,8 @@ class Reaper:
         self.concurrency = concurrency
         self.make_room = make_room  # on a nearly full disk: release the reserve (core.reserve)
         self.read_restarts = read_restarts  # None: through the Manager
+        self.read_pools = read_pools  # None: pools are not kept by this reaper
+        self.pool_profiles: dict[str, Any] = {}  # the profiles FILL makes members from
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
 
@@ -337,8 +358,30 @@ class Reaper:
         if self.reap:
             reachable += await self._fleet_rows(rows, unreachable, now)
         reap = plan_reap(reachable, now, self.warn_before, dead) if self.reap else []
+        pools = self._plan_pools(mine, now, dead, unreachable, unreachable_rows, report) \
+            if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
-        return merge(reconcile, [*reap, *orphans])
+        return merge(reconcile, [*reap, *pools, *orphans])
+
+    def _plan_pools(self, mine: list[dict[str, Any]], now: datetime, dead: Collection[str],
+                    unreachable: set[str], unreachable_rows: set[str],
+                    report: Report) -> list[Action]:
+        """Fill and retire warm pool members (core.pools.plan_pools). A pool whose profile
+        cannot be loaded is reported and left as it is."""
+        if self.read_pools is None:
+            return []
+        from core.pools import is_member, plan_pools
+
+        member_pools = {r["pool"] for r in mine if is_member(r) and r["state"] != State.DESTROYED}
+        specs, self.pool_profiles = self.read_pools(member_pools)
+        if not specs and not member_pools:
+            return []
+        for spec in specs.values():
+            if spec.error:
+                report.skipped.append({"id": f"pool:{spec.name}", "error": "its profile "
+                                       f"cannot be loaded, so it was not checked: {spec.error}"})
+        return plan_pools(specs, mine, now, install_id=self.install_id, dead=dead,
+                          skip_backends=unreachable, skip_rows=unreachable_rows)
 
     def _restarts_seen(self, ids: list[str]) -> dict[str, str]:
         """The start time each of these sandboxes' last `sandbox.restarted` event recorded."""
@@ -437,6 +480,9 @@ class Reaper:
                                             reason=action.reason)
                 if done is None:
                     report.skipped.append({"id": label, "error": "no longer due"})
+                elif action.reason == "max-age":
+                    report.pools.append({"pool": action.pool, "action": "retired", "id": label,
+                                         "reason": action.reason})
                 elif action.reason in EXPIRY_REASONS:
                     report.destroyed.append(label)
                 else:
@@ -456,6 +502,18 @@ class Reaper:
                 for ckpt in (await store.prune()) if self.reap else []:
                     report.reconciled.append({**action.describe(), "checkpoint": ckpt,
                                               "action": "expired checkpoint removed"})
+            elif action.kind == RETIRE:
+                from core.pools import retire
+
+                if await retire(mgr, action.sandbox_id, mgr.adapter(action.backend),
+                                reason=action.reason) is None:
+                    report.skipped.append({"id": label, "error": "no longer a warm member"})
+                else:
+                    report.pools.append({"pool": action.pool, "action": "retired", "id": label,
+                                         "reason": action.reason})
+            elif action.kind == FILL:
+                made = await mgr.create(self.pool_profiles[action.pool], pool_member=True)
+                report.pools.append({"pool": action.pool, "action": "warmed", "id": made["id"]})
             elif action.kind == WARN:
                 if mgr.warn_expiring(action.sandbox_id, self.warn_before):
                     report.warned.append(label)
@@ -590,7 +648,24 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
 
     options.setdefault("read_checkpoints", read_checkpoints)
     options.setdefault("make_room", make_room)
+    def read_pools(member_pools: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        from core import pools
+
+        names = set(pools.candidate_files(pools.profile_folders()))
+        if not names:  # no file mentions a pool: nothing to load (a pool with members is gone)
+            return {}, {}
+        fast = inventory.open_readonly(url)
+        if fast is None:
+            sizes = pools.sizes_of(reaper.manager())
+        else:
+            try:
+                sizes = pools.read_sizes(fast[0])
+            finally:
+                fast[0].close()
+        return pools.read_specs(names, sizes, member_pools)
+
     options.setdefault("read_restarts", read_restarts)
+    options.setdefault("read_pools", read_pools)
     options.setdefault("warn_before", settings.expiry_warning())
     options.setdefault("grace", settings.reconcile_grace())
     reaper = Reaper(install_id=settings.install_id(),

@@ -23,16 +23,18 @@ class State(enum.StrEnum):
     DESTROYED = "destroyed"
     FAILED = "failed"
     LOST = "lost"
+    WARM = "warm"  # a pool member: made from its profile, waiting for a create to claim it
 
 
 S = State
-LIVE = frozenset({S.CREATING, S.RUNNING, S.PAUSED, S.DESTROYING})
+LIVE = frozenset({S.CREATING, S.RUNNING, S.PAUSED, S.DESTROYING, S.WARM})
 # Holding resources on a deadline: extend applies, the TTL counts down.
 ON_THE_CLOCK = frozenset({S.CREATING, S.RUNNING, S.PAUSED})
 # Up and usable: touch applies, the expiry warning fires.
 ACTIVE = frozenset({S.RUNNING, S.PAUSED})
-# What the reaper destroys when due (a creating row only once its lease has lapsed).
-REAPABLE = frozenset({S.CREATING, S.RUNNING, S.PAUSED, S.LOST})
+# What the reaper destroys when due (a creating row only once its lease has lapsed; a warm
+# pool member once it is past its pool's max_age).
+REAPABLE = frozenset({S.CREATING, S.RUNNING, S.PAUSED, S.LOST, S.WARM})
 
 # (from, to) -> event type written with the transition.
 TRANSITIONS: dict[tuple[State, State], str] = {
@@ -51,6 +53,11 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (S.RUNNING, S.LOST): "sandbox.lost",
     (S.PAUSED, S.LOST): "sandbox.lost",
     (S.DESTROYING, S.LOST): "sandbox.lost",
+    # pool members (core/pools.py): made warm, claimed by a create, or retired
+    (S.CREATING, S.WARM): "sandbox.warmed",
+    (S.WARM, S.RUNNING): "sandbox.claimed",
+    (S.WARM, S.DESTROYING): "sandbox.destroying",
+    (S.WARM, S.LOST): "sandbox.lost",
 }
 
 # The event type of a new row, which has no "from" state.

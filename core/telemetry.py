@@ -239,11 +239,11 @@ def _span(name: str, attrs: Mapping[str, Any]) -> Iterator[_Operation]:
 
 
 def _record_error(operation: _Operation, exc: BaseException, status: Any, code: Any) -> None:
-    from core.errors import classify
+    from core.errors import classify, one_line
 
     if isinstance(exc, Exception):
         kind = classify(exc)[1]
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        message = one_line(exc)
     else:
         kind, message = "cancelled", type(exc).__name__
     operation.set({RESULT: kind})

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.clock import from_iso, to_iso
-from core.states import ACTIVE
+from core.states import ACTIVE, State
 
-EXPIRY_REASONS = ("ttl", "idle", "max-ttl")
+EXPIRY_REASONS = ("ttl", "idle", "max-ttl", "max-age")
 
 
 def idle_deadline(row: Mapping[str, Any]) -> datetime | None:
@@ -27,8 +27,11 @@ def effective_deadline(row: Mapping[str, Any]) -> datetime:
 
 
 def expiry_reason(row: Mapping[str, Any], now: datetime) -> str | None:
-    """`ttl`, `idle` or `max-ttl` when the sandbox is past its time; None otherwise."""
+    """`ttl`, `idle` or `max-ttl` when the sandbox is past its time (`max-age` for a warm
+    pool member, whose deadline is its pool's max_age); None otherwise."""
     deadline = from_iso(row["deadline"])
+    if row.get("state") == State.WARM:
+        return "max-age" if deadline <= now else None
     idle = idle_deadline(row)
     if idle is not None and idle <= now and idle < deadline:
         return "idle"

@@ -13,7 +13,8 @@ from core.ttl import effective_deadline, idle_deadline
 # The columns sandbox_view reads: a listing fetches only these (not the stored profile).
 VIEW_COLUMNS = ("id", "name", "profile", "backend", "backend_ref", "state", "owner", "task",
                 "labels_json", "install_id", "host", "created_at", "started_at", "deadline",
-                "hard_deadline", "last_activity_at", "idle_timeout_s", "ended_at", "error")
+                "hard_deadline", "last_activity_at", "idle_timeout_s", "ended_at", "error",
+                "pool", "launch")
 
 
 def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
@@ -38,6 +39,10 @@ def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str
         "idle_deadline": to_iso(idle_deadline(row)),
         "ended_at": row["ended_at"],
         "error": row["error"],
+        # how its create was served: "warm" (a pool member claimed) or "cold"; None for a
+        # pool member nobody has claimed
+        "launch": row.get("launch") or (None if row.get("pool") else "cold"),
+        "pool": row.get("pool"),
     }
     if now_iso is not None:
         left = None

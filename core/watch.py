@@ -76,7 +76,7 @@ class InventoryWatcher:
             if version == self._version:
                 return InventoryDelta()  # nobody committed: nothing to read
             rows = inventory.list_sandboxes(self._conn, include_all=self.include_destroyed,
-                                            columns=VIEW_COLUMNS)
+                                            columns=VIEW_COLUMNS, pool_members=False)
             self._version = version
             return self._diff(rows)
 

@@ -17,6 +17,7 @@ from sandboxer._records import (
     InventoryChange,
     MetricSample,
     OutputChunk,
+    PoolInfo,
     ProfileInfo,
     ReapReport,
     SandboxRecord,
@@ -385,6 +386,24 @@ class AsyncSandboxer:
         with no reading within `timeout` (default 10s) is left out. Sent over OTLP too when
         that is configured (docs/telemetry.md)."""
         return await self._transport.current_metrics(_duration(timeout, "timeout"))
+    # -- warm pools (docs/pools.md) ---------------------------------------------------------
+
+    async def pools(self) -> list[PoolInfo]:
+        """This installation's warm pools: every profile on the search path that declares
+        `pool:`, and any pool with members left (`sbx pool ls`)."""
+        return [PoolInfo(d) for d in await self._transport.pools()]
+
+    async def set_pool_size(self, profile: str, size: int) -> PoolInfo:
+        """Keep `size` warm members of `profile` (a name on the search path that declares a
+        pool), whatever its file says, until set again (`sbx pool set`). The next reap fills
+        or shrinks the pool."""
+        return PoolInfo(await self._transport.set_pool_size(profile, size))
+
+    async def drain_pool(self, profile: str) -> dict[str, Any]:
+        """Empty the pool of `profile` now and keep it empty (its size becomes 0 until
+        `set_pool_size`): `{"profile", "destroyed": [ids], "failed": [{"id", "code", "kind",
+        "error"}]}` (`sbx pool drain`)."""
+        return await self._transport.drain_pool(profile)
 
 
 class _Creating:

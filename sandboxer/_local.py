@@ -237,7 +237,7 @@ class LocalTransport:
         """Read with the driver alone when the schema is current (no ORM: `sbx ls` stays
         fast from a fresh process), else through the Manager, which migrates."""
         filters = dict(include_all=include_destroyed, state=state, backend=backend,
-                       labels=labels)
+                       labels=labels, pool_members=False)
 
         def fast() -> list[dict[str, Any]] | None:
             from core import inventory, settings
@@ -618,7 +618,7 @@ class LocalTransport:
                 rows = inventory.list_sandboxes(
                     conn.connection.driver_connection, include_all=include_destroyed,
                     state=state, backend=backend, labels=labels, placeholder=placeholder,
-                    columns=VIEW_COLUMNS, after=after, limit=size + 1)
+                    columns=VIEW_COLUMNS, after=after, limit=size + 1, pool_members=False)
             more = len(rows) > size
             rows = rows[:size]
             now = mgr.now_iso()
@@ -729,6 +729,39 @@ class LocalTransport:
 
         return await self.call(go)
 
+    # -- warm pools (core/pools.py) ---------------------------------------------------------
+
+    async def pools(self) -> list[dict[str, Any]]:
+        def go(mgr: Manager) -> list[dict[str, Any]]:
+            from core import pools
+
+            return pools.statuses(mgr)
+
+        return await self.call(go)
+
+    async def set_pool_size(self, profile: str, size: int) -> dict[str, Any]:
+        def go(mgr: Manager) -> dict[str, Any]:
+            from core import pools
+
+            resolved = _load_profile(profile)
+            pools.set_size(mgr, resolved, size)
+            return pools.statuses(mgr, {resolved.name: resolved}, only=resolved.name)[0]
+
+        return await self.call(go)
+
+    async def drain_pool(self, profile: str) -> dict[str, Any]:
+        async def go(mgr: Manager) -> dict[str, Any]:
+            from core import pools
+            from core.errors import NotFound
+
+            try:
+                resolved = _load_profile(profile)
+            except NotFound:  # gone from the search path: what is left can still go
+                resolved = None
+            return await pools.drain(mgr, profile, resolved)
+
+        return await self.call(go)
+
 
 def _load_profile(profile: str | Profile) -> Profile:
     from core.profiles import Profile, ProfileLoader
@@ -776,7 +809,8 @@ class LocalWatch:
         delta = await self._transport.call(fast, needs_manager=False)
         if delta is None:  # no current SQLite database (yet): the Manager's way
             delta = await self._transport.call(
-                lambda mgr: self._watcher.apply(mgr.list(include_all=include)))
+                lambda mgr: self._watcher.apply(mgr.list(include_all=include,
+                                                         pool_members=False)))
         return {"added": [sandbox_view(r) for r in delta.added],
                 "changed": [sandbox_view(r) for r in delta.changed],
                 "removed": list(delta.removed)}

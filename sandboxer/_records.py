@@ -96,6 +96,10 @@ class SandboxRecord:
     def __hash__(self) -> int:
         return hash(self._view["id"])
 
+    # how its create was served: "warm" (a pool member was claimed, docs/pools.md) or "cold"
+    launch = property(lambda self: self._view.get("launch", "cold"))
+    pool = property(lambda self: self._view.get("pool"))  # the pool it came from, if any
+
 
 class CheckpointRecord:
     """A checkpoint's fields. `sandbox` is the id of the sandbox it was taken from and
@@ -257,17 +261,21 @@ class ReapReport:
     reconciled: tuple[Mapping[str, Any], ...] = ()
     warned: tuple[str, ...] = ()
     planned: tuple[Mapping[str, Any], ...] = field(default=())
+    pools: tuple[Mapping[str, Any], ...] = field(default=())  # pool members warmed, retired
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ReapReport:
         return cls(**{k: tuple(doc.get(k) or ()) for k in (
-            "destroyed", "failed", "orphans", "skipped", "reconciled", "warned", "planned")})
+            "destroyed", "failed", "orphans", "skipped", "reconciled", "warned", "planned",
+            "pools")})
 
     def to_dict(self) -> dict[str, Any]:
         doc = {k: list(getattr(self, k)) for k in (
             "destroyed", "failed", "orphans", "skipped", "reconciled", "warned")}
         if self.planned:
             doc["planned"] = list(self.planned)
+        if self.pools:
+            doc["pools"] = list(self.pools)
         return doc
 
 
@@ -369,3 +377,57 @@ class BackendStatus:
                 "capabilities": sorted(self.capabilities), "checked": self.checked,
                 "reachable": self.reachable, "credentials": self.credentials,
                 "detail": self.detail}
+
+
+class PoolInfo:
+    """One warm pool of this installation (`AsyncSandboxer.pools()`, `sbx pool ls`): its
+    profile and backend, the `size` it keeps (`size_set`: given by `set_pool_size`, else the
+    profile's), how many members are `ready` (warm, fitting the profile as it is now) and
+    `starting`, how many creates it served since it started (`claimed`, `since`), and when its
+    `oldest` ready member was made. `declared` is False for a pool whose profile no longer
+    declares one (its members are being removed); `error` says why its profile cannot be
+    loaded, if it cannot. docs/pools.md."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: Mapping[str, Any]) -> None:
+        self._view = dict(view)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as `sbx pool ls --json` prints it."""
+        return dict(self._view)
+
+    profile = property(lambda self: self._view["profile"])
+    backend = property(lambda self: self._view["backend"])
+    declared = property(lambda self: bool(self._view["declared"]))
+    size = property(lambda self: self._view["size"])
+    size_set = property(lambda self: bool(self._view["size_set"]))
+    ready = property(lambda self: self._view["ready"])
+    starting = property(lambda self: self._view["starting"])
+    claimed = property(lambda self: self._view["claimed"])
+    since = property(lambda self: _time(self._view.get("since")))
+    oldest = property(lambda self: _time(self._view.get("oldest")))
+    error = property(lambda self: self._view.get("error"))
+
+    @property
+    def max_age(self) -> timedelta | None:
+        if not self._view.get("max_age"):
+            return None
+        from core.durations import parse_duration
+
+        return parse_duration(self._view["max_age"])
+
+    @property
+    def members(self) -> tuple[Mapping[str, Any], ...]:
+        """This installation's members nobody has claimed: `{"id", "state", "created_at",
+        "ready"}` each, oldest first."""
+        return tuple(MappingProxyType(dict(m)) for m in self._view.get("members") or ())
+
+    def __repr__(self) -> str:
+        return (f"<PoolInfo {self.profile} {self.ready}/{self.size} ready on {self.backend}>")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PoolInfo) and other._view == self._view
+
+    def __hash__(self) -> int:
+        return hash(self._view["profile"])

@@ -531,6 +531,17 @@ class RemoteTransport:
         raise BadInput("every sandbox's metrics at once are the service's own: scrape its "
                        "/metrics (Prometheus text), or run sbx metrics --all there")
 
+    # -- warm pools -------------------------------------------------------------------------
+
+    async def pools(self) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/pools")
+
+    async def set_pool_size(self, profile: str, size: int) -> dict[str, Any]:
+        return await self._json("PUT", f"/v1/pools/{_seg(profile)}", json_body={"size": size})
+
+    async def drain_pool(self, profile: str) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/pools/{_seg(profile)}/drain")
+
 
 class RemoteWatch:
     """A watch over the service: each read is a conditional GET of `/v1/inventory` (the

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
 from support import RUN_LABEL
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"

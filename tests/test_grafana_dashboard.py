@@ -10,8 +10,8 @@ import re
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from support import ROOT, write_profile
+
 from tests.service.live import LiveService
 
 DASHBOARD = ROOT / "docs" / "grafana-dashboard.json"

@@ -14,7 +14,6 @@ import subprocess
 import time
 
 import pytest
-
 from support import (
     RUN_LABEL,
     SBX,
@@ -23,6 +22,7 @@ from support import (
     table_rows,
     write_profile,
 )
+
 from tests.otlp_receiver import GRPCReceiver, HTTPReceiver
 
 pytestmark = pytest.mark.docker

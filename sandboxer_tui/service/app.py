@@ -620,6 +620,25 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         source = next((p.source for p in await who.client.profiles() if p.name == name), None)
         return {**dump(resolved), "source": source}
 
+    # -- warm pools (docs/pools.md) ----------------------------------------------------------
+
+    @app.get("/v1/pools", tags=["pools"], summary="The warm pools",
+             response_model=list[s.PoolRecord], responses=ERRORS)
+    async def pools(who: Read) -> JSONResponse:
+        return JSONResponse([p.to_dict() for p in await who.client.pools()])
+
+    @app.put("/v1/pools/{profile}", tags=["pools"],
+             summary="Set a pool's size (the next reap fills or shrinks it)",
+             response_model=s.PoolRecord, responses=ERRORS)
+    async def set_pool_size(who: Write, profile: str, body: s.PoolSize) -> JSONResponse:
+        return JSONResponse((await who.client.set_pool_size(profile, body.size)).to_dict())
+
+    @app.post("/v1/pools/{profile}/drain", tags=["pools"],
+              summary="Destroy a pool's members and keep it empty",
+              response_model=s.PoolDrained, responses=ERRORS)
+    async def drain_pool(who: Write, profile: str) -> dict[str, Any]:
+        return await timed("drain", who.client.drain_pool(profile), backend="many")
+
     # -- health of the backends, and the keys ------------------------------------------------
 
     @app.get("/v1/doctor", tags=["health"], summary="Backends, the database, versions",

@@ -77,6 +77,10 @@ class Redeliver(Body):
     event_ids: list[int] | None = None
 
 
+class PoolSize(Body):
+    size: int = Field(ge=0, description="warm members to keep (docs/pools.md)")
+
+
 class CreateKey(Body):
     scope: str = Field(description="read, write or admin")
     owner: str | None = Field(None, description="who its requests are recorded as "
@@ -125,6 +129,9 @@ class SandboxRecord(SandboxFields):
     """`sbx show --json`; `profile_resolved` only when asked for."""
 
     ttl_left_s: int | None
+    launch: str | None = Field(None, description="how its create was served: \"warm\" (a "
+                                                 "pool member was claimed) or \"cold\"")
+    pool: str | None = Field(None, description="the pool it came from, if any")
     profile_resolved: dict[str, Any] | None = None
 
 
@@ -239,3 +246,42 @@ class ApiKey(BaseModel):
 class NewApiKey(BaseModel):
     key: ApiKey
     token: str = Field(description="the key itself: shown only here")
+
+
+class PoolMember(BaseModel):
+    id: str
+    state: str
+    created_at: str
+    ready: bool
+
+
+class PoolRecord(BaseModel):
+    """`sbx pool ls --json`: one warm pool of the service's installation."""
+
+    profile: str
+    backend: str | None
+    declared: bool = Field(description="false: its profile no longer declares a pool")
+    size: int
+    size_set: bool = Field(description="the size was set (sbx pool set), not the profile's")
+    max_age: str | None
+    ready: int
+    starting: int
+    claimed: int = Field(description="creates it served since it started (`since`)")
+    since: str | None
+    oldest: str | None
+    oldest_age_s: int | None
+    members: list[PoolMember]
+    error: str | None = None
+
+
+class PoolFailure(BaseModel):
+    id: str
+    code: int
+    kind: str
+    error: str
+
+
+class PoolDrained(BaseModel):
+    profile: str
+    destroyed: list[str]
+    failed: list[PoolFailure]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from support import SBX
+
 from tests.service.live import LiveService, start_process, stop_process
 from tests.test_evidence_signing import independently_verified
 

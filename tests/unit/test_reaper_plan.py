@@ -17,10 +17,12 @@ from core.reaper import (
     DESTROY,
     DESTROY_OBJECT,
     FAIL,
+    FILL,
     FINISH_CREATE,
     LOSE,
     ORDER,
     RESTART,
+    RETIRE,
     SYNC,
     WARN,
     Action,
@@ -455,8 +457,9 @@ def test_merge_sorts_by_order_and_keeps_input_order_within_a_kind():
     assert [a.kind for a in out] == [FINISH_CREATE, FAIL, LOSE, SYNC, ADOPT, DESTROY, DESTROY,
                                      DESTROY_OBJECT, WARN]
     assert [a.sandbox_id for a in out if a.kind == DESTROY] == ["sbx-d2", "sbx-d1"]
-    assert ORDER[:9] == (FINISH_CREATE, FAIL, LOSE, SYNC, RESTART, ADOPT, DESTROY,
-                         DESTROY_OBJECT, WARN)
+    # pool members are retired before pools are filled (room first), both before warnings
+    assert ORDER[:11] == (FINISH_CREATE, FAIL, LOSE, SYNC, RESTART, ADOPT, DESTROY,
+                          DESTROY_OBJECT, RETIRE, FILL, WARN)
 
 
 def test_merge_of_nothing_is_nothing():
