@@ -47,7 +47,7 @@ async def run(rounds: int, ctx: BenchContext) -> dict[str, Any]:
 
     import sandboxer
 
-    client = docker.from_env(version="auto")
+    client = docker.from_env(version="auto", max_pool_size=2 * CONCURRENCY)
     spec = docker_spec(ctx)
     pool = concurrent.futures.ThreadPoolExecutor(CONCURRENCY)
     times: dict[str, list[float]] = {k: [] for k in (
