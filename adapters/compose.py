@@ -36,8 +36,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from docker import errors as docker_errors
-
 from adapters.base import (
     LABEL_CHECKPOINT,
     LABEL_COMPOSE,
@@ -69,6 +67,7 @@ from adapters.docker import (
     _restarted_at,
     _short,
     build_base_image,
+    docker_errors,  # docker-py as adapters.docker imports it: no paramiko for a local engine
     engine_url,
     sample_from_stats,
 )
