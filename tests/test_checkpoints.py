@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -912,29 +913,31 @@ def _run_bounded(runner: SbxRunner, *args: str, env: dict[str, str],
     """Run `sbx` unable to write any file past `max_file` bytes (RLIMIT_FSIZE: a longer write
     fails); its result and its peak resident memory in MiB."""
 
-    # The limit is set by a small Python that then becomes sbx: a child forked from pytest
-    # itself (preexec_fn) would count pytest's own pages in its peak before it execs.
+    # sbx is forked by a small Python that sets the limit and reports the peak. A process
+    # forked from pytest itself (or exec'd in a child of it) starts its peak at pytest's own
+    # resident size, which Linux counts at exec: 300 MiB late in a run.
     bounded = ("import os, resource, sys; "
                f"resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file}, {max_file})); "
-               "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-c", bounded, *SBX[1:], *args],
-                                cwd=runner.cwd, env=runner.env(env), stdout=out, stderr=err)
-        deadline = time.monotonic() + 120
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+               "pid = os.fork(); "
+               "pid or os.execv(sys.executable, [sys.executable, *sys.argv[2:]]); "
+               "_, status, usage = os.wait4(pid, 0); "
+               "open(sys.argv[1], 'w').write(str(usage.ru_maxrss)); "
+               "sys.exit(os.waitstatus_to_exitcode(status))")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as peak:
+        proc = subprocess.Popen([sys.executable, "-c", bounded, peak.name, *SBX[1:], *args],
+                                cwd=runner.cwd, env=runner.env(env), stdout=out, stderr=err,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         out.seek(0)
         err.seek(0)
+        peak_kib = int(peak.read() or 0)
         return (Result(proc.returncode, out.read().decode(), err.read().decode()),
-                usage.ru_maxrss // 1024)
+                peak_kib // 1024)
 
 
 def _files(folder: Path) -> dict[str, int]:
