@@ -15,7 +15,7 @@ run: setup
 test: setup test-setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 setup: venv launcher bytecode docker image
 
@@ -29,7 +29,7 @@ launcher: venv
 # launcher is imported by every command, and compiling it each time (PYTHONDONTWRITEBYTECODE
 # set, say) costs about 2 ms. Python recompiles whatever changed since.
 bytecode: venv
-	$(BIN)/python -m compileall -q core adapters sandboxer_tui profiles
+	$(BIN)/python -m compileall -q core adapters sandboxer sandboxer_tui profiles
 
 test-setup: postgres sshd tmux compose service-image
 
