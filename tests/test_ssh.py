@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from sshd import free_port, sshd_server, start_sshd  # noqa: F401 (sshd_server: a fixture)
-from support import SBX, events_of, show, table_rows, write_profile
+from support import SBX, events_of, query, show, table_rows, write_profile
 
 pytestmark = pytest.mark.sshd
 
@@ -255,6 +255,51 @@ def test_an_expired_lease_is_reaped_running_its_cleanup(sbx, one_host, tmp_path)
     assert leases(sbx.home) == []
     assert [e["reason"] for e in events_of(sbx, box["id"]) if e["type"] == "sandbox.destroyed"] \
         == ["ttl"]
+
+
+def test_a_pool_on_ssh_hosts_leases_members_ahead_and_a_create_claims_one(sbx, three_hosts,
+                                                                          tmp_path):
+    """Warm pools on the ssh backend (docs/pools.md): members lease hosts ahead of need, with
+    their setup run; a create claims one; the reaper refills; drain runs their cleanup."""
+    work = tmp_path / "on-host"
+    folder = sbx.cwd / "xdg-config" / "sandboxer" / "profiles"  # on the search path
+    folder.mkdir(parents=True, exist_ok=True)
+    options = {"inventory": str(three_hosts), "connect_timeout": 3,
+               "setup": [f"mkdir -p {work}/$SBX_SANDBOX_ID"],
+               "cleanup": [f"rm -rf {work}/$SBX_SANDBOX_ID"]}
+    (folder / "attach-warm.yaml").write_text(
+        "backend: ssh\nnetwork: {mode: full}\nresources: {memory: null, pids: null}\n"
+        "pool: {size: 2, max_age: 10m}\n" + yaml.safe_dump({"options": options}))
+
+    filled = sbx("reap", "--json")
+    assert filled.code == 0, filled.err
+    warmed = sorted(p["id"] for p in filled.json()["pools"] if p["action"] == "warmed")
+    assert len(warmed) == 2
+    assert sorted(lease["sandbox_id"] for lease in leases(sbx.home)) == warmed
+    assert sorted(p.name for p in work.iterdir()) == warmed  # setup ran before they were warm
+    refs = {r["backend_ref"] for r in query(sbx.home, "SELECT backend_ref FROM sandboxes")}
+    assert sbx("ls", "--json").json() == []  # members are nobody's
+
+    box = sbx.create("--profile", "attach-warm", "--ttl", "5m", "--label", "team=infra")
+    assert (box["launch"], box["backend"], box["state"]) == ("warm", "ssh", "running")
+    assert box["backend_ref"] in refs and box["labels"]["team"] == "infra"
+    ran = sbx("exec", box["id"], "--", "sh", "-c", "echo claimed")
+    assert (ran.code, ran.out) == (0, "claimed\n")
+
+    refilled = sbx("reap", "--json")
+    assert refilled.code == 0, refilled.err
+    assert [p["action"] for p in refilled.json()["pools"]] == ["warmed"]
+    assert len(leases(sbx.home)) == 3  # the third host, for the new member
+
+    drained = sbx("pool", "drain", "attach-warm", "--json")
+    assert drained.code == 0, drained.err
+    assert len(drained.json()["destroyed"]) == 2 and drained.json()["failed"] == []
+    assert [lease["address"] for lease in leases(sbx.home)] == [
+        lease["address"] for lease in leases(sbx.home) if lease["sandbox_id"] == box["id"]]
+    assert len(leases(sbx.home)) == 1
+    assert [p.name for p in work.iterdir()] == [box["backend_ref"].split("/", 1)[1]]
+    assert sbx("destroy", box["id"], "--yes").code == 0
+    assert leases(sbx.home) == [] and list(work.iterdir()) == []
 
 
 def test_reconcile_adopts_a_lease_when_the_database_is_lost(sbx, one_host, tmp_path):
