@@ -10,6 +10,7 @@ Each mutation follows one pattern (docs/design.md, "How an operation runs"):
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
@@ -41,6 +42,7 @@ from adapters.base import (
 )
 from core import events as eventlog
 from core import inventory, settings, telemetry
+from core.after_reply import after_reply
 from core.anchor import read_anchor
 from core.clock import Clock, clock_from_env, from_iso, to_iso
 from core.db import LOCK_SANDBOX_NAMES, Database, serialise
@@ -559,7 +561,9 @@ class Manager:
 
     def touch(self, ref: str, *, event: bool = True) -> dict[str, Any]:
         """Record activity now: the idle clock starts again."""
-        sandbox_id = self.resolve(ref)["id"]
+        return self._mark_active(self.resolve(ref)["id"], event=event)
+
+    def _mark_active(self, sandbox_id: str, *, event: bool = False) -> dict[str, Any]:
         with self.db.write() as conn:
             row = conn.execute(
                 SANDBOXES.update()
@@ -787,12 +791,18 @@ class Manager:
         self._usable(row, Capability.EXEC, "exec")
         recorded = self._masked_argv(row, argv)  # a bad mask pattern stops it before it runs
         adapter = await self.adapter_for(row)
-        self.touch(row["id"], event=False)  # a long command is activity from its start
-        result = await adapter.exec(row["backend_ref"], list(argv),
-                                    timeout.total_seconds() if timeout else None,
-                                    **_exec_env(adapter.exec))
-        self._record_exec(row["id"], recorded, result, _digest(result.stdout),
-                          _digest(result.stderr))
+        job = asyncio.ensure_future(adapter.exec(row["backend_ref"], list(argv),
+                                                 timeout.total_seconds() if timeout else None,
+                                                 **_exec_env(adapter.exec)))
+        await asyncio.sleep(0)  # the engine has the command now: the write below overlaps it
+        try:
+            self._mark_active(row["id"])  # a long command is activity from its start
+        except BaseException:
+            job.cancel()
+            raise
+        result = await job
+        after_reply(lambda: self._record_exec(row["id"], recorded, result,
+                                              _digest(result.stdout), _digest(result.stderr)))
         return result
 
     @telemetry.traced("sbx.exec")
@@ -807,7 +817,7 @@ class Manager:
         self._usable(row, Capability.EXEC, "exec")
         recorded = self._masked_argv(row, argv)  # a bad mask pattern stops it before it runs
         adapter = await self.adapter_for(row)
-        self.touch(row["id"], event=False)
+        self._mark_active(row["id"])
         digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
         sizes = {"stdout": 0, "stderr": 0}
         async for item in adapter.exec_stream(row["backend_ref"], list(argv),
@@ -904,7 +914,7 @@ class Manager:
         async for chunk in adapter.logs(row["backend_ref"], follow=follow, tail=tail):
             now = self.clock.now()
             if follow and (last_touch is None or now - last_touch >= ACTIVITY_EVERY):
-                self.touch(row["id"], event=False)  # someone is watching: that is activity
+                self._mark_active(row["id"])  # someone is watching: that is activity
                 last_touch = now
             yield chunk
 

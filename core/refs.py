@@ -9,6 +9,7 @@ not wildcards.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,13 @@ def like_prefix(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
+@functools.cache
+def _by_id(table: sa.Table) -> sa.Select:
+    """One statement per table, built once: most references are whole ids, and SQLAlchemy
+    builds and keys a new statement each time in about as long as SQLite runs it."""
+    return sa.select(table).where(table.c.id == sa.bindparam("id"))
+
+
 def resolve(conn: Connection, table: sa.Table, ref: str, *, id_prefix: str, what: str,
             live: Callable[[Mapping[str, Any]], bool] = lambda row: True) -> dict[str, Any]:
     """The one row `ref` names; NotFound when none, BadInput when empty or ambiguous."""
@@ -31,7 +39,7 @@ def resolve(conn: Connection, table: sa.Table, ref: str, *, id_prefix: str, what
         raise BadInput(f"empty {what} id")
     lowered = text.lower()
     full = lowered if lowered.startswith(id_prefix) else id_prefix + lowered
-    exact = conn.execute(sa.select(table).where(table.c.id == full)).mappings().first()
+    exact = conn.execute(_by_id(table), {"id": full}).mappings().first()
     if exact:
         return dict(exact)
     named = conn.execute(sa.select(table).where(table.c.name == text)

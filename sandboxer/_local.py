@@ -10,15 +10,19 @@ caller's loop hops to the core loop and back (tens of microseconds; bench/bench_
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import inspect
+import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from adapters.base import HOME_OVERRIDE
+from core.after_reply import PENDING as AFTER_REPLY
 from core.errors import as_error
 
 if TYPE_CHECKING:
@@ -26,8 +30,22 @@ if TYPE_CHECKING:
     from core.profiles import Profile
 
 T = TypeVar("T")
+_log = logging.getLogger("sandboxer")
 # Backend SDKs block a worker thread per call: enough for many operations at once.
 IO_THREADS = 64
+
+
+def _finish_at_exit() -> None:
+    """At exit, wait (a little) for what core loops still run: a client never closed may
+    have a record left for after its last answer (core/after_reply.py)."""
+    for core in list(_running):
+        if core.loop.is_running() and not core.here():
+            with contextlib.suppress(Exception):
+                core.submit(asyncio.sleep(0)).result(timeout=5)
+
+
+_running: weakref.WeakSet[CoreLoop] = weakref.WeakSet()
+atexit.register(_finish_at_exit)
 
 
 class CoreLoop:
@@ -39,6 +57,7 @@ class CoreLoop:
             concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="sbx-io"))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _running.add(self)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -49,6 +68,41 @@ class CoreLoop:
 
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def answer_first(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        """`coro` on this loop, its answer given as soon as it has one; then, before the
+        loop takes anything else, the writes it left for after (core.manager.after_reply).
+        Cancelling the answer cancels the work."""
+        answer: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        async def run() -> None:
+            pending: list[Callable[[], None]] = []
+            token = AFTER_REPLY.set(pending)
+            try:
+                result = await coro
+            except BaseException as exc:
+                if not answer.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        answer.cancel()
+                    else:
+                        answer.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                if not answer.done():
+                    answer.set_result(result)
+            finally:
+                AFTER_REPLY.reset(token)
+                for work in pending:
+                    try:
+                        work()
+                    except Exception:
+                        _log.exception("sbx: a record left for after the answer was not "
+                                       "written")
+
+        work = self.submit(run())
+        answer.add_done_callback(lambda done: work.cancel() if done.cancelled() else None)
+        return answer
 
     def stop(self) -> None:
         if self.loop.is_closed():
@@ -128,7 +182,7 @@ class LocalTransport:
         core = self.core
         if core.here():
             return await coro
-        return await asyncio.wrap_future(core.submit(coro))
+        return await asyncio.wrap_future(core.answer_first(coro))
 
     def call_blocking(self, awaitable: Awaitable[T]) -> T:
         """Run `awaitable` on the core loop and wait for it (the sync API)."""
@@ -145,7 +199,7 @@ class LocalTransport:
         async def run() -> T:
             return await awaitable
 
-        return core.submit(run()).result()
+        return core.answer_first(run()).result()
 
     async def stream(self, make: Callable[[Manager], AsyncIterator[T]]) -> AsyncIterator[T]:
         """Items of the async iterator `make(manager)` runs on the core loop, one hop each."""

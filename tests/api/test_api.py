@@ -256,6 +256,98 @@ async def test_reap_reports_and_destroys_what_is_past_its_deadline(client, stub_
     assert destroyed[-1].reason == sandboxer.Reason.TTL
 
 
+async def test_exec_answers_before_its_record_and_every_later_call_sees_the_record(
+        sbx_home, stub_profile, monkeypatch):
+    """The exec's event is written after the caller has the result (docs/reliability.md),
+    but before the core takes the caller's next call: events() after exec() has it."""
+    from core.manager import Manager
+
+    release = threading.Event()
+    real = Manager._record_exec
+
+    def held(self, *args, **kwargs):
+        assert release.wait(10), "the test never released the record"
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Manager, "_record_exec", held)
+    async with AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
+        box = await sbx.create(stub_profile)
+        result = await asyncio.wait_for(box.exec(["echo", "early"]), 5)  # record still held
+        assert result.stdout == b"early\n"
+        listing = asyncio.ensure_future(box.events())
+        await asyncio.sleep(0.2)
+        assert not listing.done(), "a call ran before the record left for after exec"
+        release.set()
+        types = [e.type for e in await asyncio.wait_for(listing, 10)]
+        assert types[-1] == sandboxer.EventType.SANDBOX_EXEC
+
+
+def test_closing_right_after_exec_still_writes_its_record(sbx_home, stub_profile):
+    with Sandboxer(home=sbx_home, actor="api-test") as sbx:
+        box = sbx.create(stub_profile)
+        box.exec(["true"])
+        box_id = box.id
+    with Sandboxer(home=sbx_home) as again:
+        assert again.events(box_id)[-1].type == sandboxer.EventType.SANDBOX_EXEC
+
+
+NEVER_CLOSED = """
+import sys, time
+from core.manager import Manager
+from core.profiles import ProfileLoader
+import sandboxer
+
+real = Manager._record_exec
+def slow(self, *args, **kwargs):
+    time.sleep(0.5)  # the record is still being written when the script ends
+    return real(self, *args, **kwargs)
+Manager._record_exec = slow
+sbx = sandboxer.Sandboxer(home=sys.argv[1])  # never closed
+from pathlib import Path
+box = sbx.create(ProfileLoader().load_file(Path(sys.argv[2])))
+box.exec(["true"])
+print(box.id)
+"""
+
+
+def test_a_client_never_closed_still_writes_its_last_record_at_exit(sbx_home, stub_profile,
+                                                                    tmp_path):
+    profile = tmp_path / "stubby.yaml"  # the stub_profile fixture's file
+    ran = subprocess.run([sys.executable, "-c", NEVER_CLOSED, str(sbx_home), str(profile)],
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    with Sandboxer(home=sbx_home) as sbx:
+        assert sbx.events(ran.stdout.strip())[-1].type == sandboxer.EventType.SANDBOX_EXEC
+
+
+async def test_a_record_that_fails_after_the_answer_is_logged_and_the_next_call_works(
+        sbx_home, stub_profile, monkeypatch, caplog):
+    from core.manager import Manager
+
+    def broken(self, *args, **kwargs):
+        raise OSError("disk gone")
+
+    async with AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
+        box = await sbx.create(stub_profile)
+        monkeypatch.setattr(Manager, "_record_exec", broken)
+        with caplog.at_level("ERROR", logger="sandboxer"):
+            assert (await box.exec(["true"])).exit_code == 0
+            await box.refresh()  # runs after the failed record: the core goes on
+        assert "not written" in caplog.text and "disk gone" in caplog.text
+        assert sandboxer.EventType.SANDBOX_EXEC not in [e.type for e in await box.events()]
+
+
+async def test_exec_marks_activity_while_the_command_runs(client, stub_profile):
+    """The idle clock starts again when a command starts, not when it ends."""
+    box = await client.create(stub_profile, ttl="5m")
+    before = box.idle_deadline
+    run = asyncio.ensure_future(box.exec(["sleep", "1.5"]))
+    await asyncio.sleep(0.7)
+    await box.refresh()
+    assert box.idle_deadline > before
+    assert (await run).exit_code == 0
+
+
 # -- the loop the caller runs ---------------------------------------------------------------
 
 
