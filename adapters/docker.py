@@ -398,8 +398,11 @@ class DockerAdapter(Adapter):
         def run() -> Any:
             try:
                 api = self._client()
-                return fn(api)
+                result = fn(api)
+                self._pinged_at = time.monotonic()  # it answered: as good as a ping
+                return result
             except docker_errors.APIError:  # the engine answered: the caller decides
+                self._pinged_at = time.monotonic()
                 raise
             except docker_errors.DockerException as exc:
                 raise BackendUnavailable(
@@ -440,14 +443,18 @@ class DockerAdapter(Adapter):
         return Health(True, True, f"Docker {version.get('Version')} at {self.base_url}")
 
     async def ensure_available(self) -> None:
+        """Pings, unless the engine answered this past second (a ping, making the client,
+        or any call): then there is nothing to ask, nor a thread to hop to."""
         def ping(api: docker.APIClient) -> None:
-            fresh = self._pinged_at is not None and \
-                time.monotonic() - self._pinged_at < PING_FRESH_S
-            if not fresh:  # a ping this past second (making the client is one) stands
+            if not self._answered_lately():
                 api.ping()
                 self._pinged_at = time.monotonic()
 
-        await self._call(ping)
+        if not self._answered_lately():
+            await self._call(ping)
+
+    def _answered_lately(self) -> bool:
+        return self._pinged_at is not None and time.monotonic() - self._pinged_at < PING_FRESH_S
 
     async def instance_id(self) -> str | None:
         """The engine's own ID (`docker info`), so a DOCKER_HOST that reaches another engine
@@ -560,9 +567,11 @@ class DockerAdapter(Adapter):
             raise AdapterError(f"image {image!r} is not on the engine and cannot be pulled: "
                                f"{_short(exc)}") from exc
 
-    async def destroy(self, ref: str) -> None:
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
+        """`services=False` (the core knows the sandbox was made without any): no looking
+        for them, which is a container listing as long as the removal's own call."""
         def remove(api: docker.APIClient) -> None:
-            for member in _pod_members(api, ref):  # its services first, then itself
+            for member in _pod_members(api, ref) if services else ():  # services first
                 remove_one(api, member)
             remove_one(api, ref)
 

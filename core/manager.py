@@ -518,7 +518,7 @@ class Manager:
                     obj.ref for obj in await adapter.list({LABEL_ID: row["id"]})
                 ]
                 for backend_ref in refs:
-                    await adapter.destroy(backend_ref)
+                    await adapter.destroy(backend_ref, **_destroy_hints(adapter.destroy, row))
         except BaseException as exc:
             message = str(exc) or type(exc).__name__
             self.leases.release(lease, message)
@@ -944,11 +944,24 @@ def _exec_env(method: Callable[..., Any]) -> dict[str, Any]:
     return {"env": env}
 
 
-@functools.cache
+def _destroy_hints(method: Callable[..., Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """`services=` for an adapter's destroy that takes it: whether the sandbox was made with
+    services beside it (its profile as recorded at create), so one made without any is not
+    looked through for them."""
+    if not _takes(getattr(method, "__func__", method), "services"):
+        return {}
+    return {"services": bool(json.loads(row["profile_json"] or "{}").get("services"))}
+
+
 def _takes_env(function: Callable[..., Any]) -> bool:
+    return _takes(function, "env")
+
+
+@functools.cache
+def _takes(function: Callable[..., Any], name: str) -> bool:
     import inspect
 
-    return "env" in inspect.signature(function).parameters
+    return name in inspect.signature(function).parameters
 
 
 def _digest(data: bytes) -> dict[str, Any]:
