@@ -48,13 +48,27 @@ _running: weakref.WeakSet[CoreLoop] = weakref.WeakSet()
 atexit.register(_finish_at_exit)
 
 
-class CoreLoop:
-    """An event loop running on a daemon thread until `stop()`."""
+def _do_pending(pending: list[Callable[[], None]]) -> None:
+    for work in pending:
+        try:
+            work()
+        except Exception:
+            _log.exception("sbx: a record left for after the answer was not written")
 
-    def __init__(self, name: str = "sbx-core") -> None:
-        self.loop = asyncio.new_event_loop()
+
+class CoreLoop:
+    """An event loop running on a daemon thread until `stop()`; or, with `loop`, the
+    caller's own running loop, adopted (no thread of its own, and `stop()` leaves it)."""
+
+    def __init__(self, name: str = "sbx-core",
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.adopted = loop is not None
+        self.loop = loop or asyncio.new_event_loop()
         self.loop.set_default_executor(
             concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="sbx-io"))
+        if loop is not None:
+            self._thread = threading.current_thread()
+            return
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         _running.add(self)
@@ -93,19 +107,14 @@ class CoreLoop:
                     answer.set_result(result)
             finally:
                 AFTER_REPLY.reset(token)
-                for work in pending:
-                    try:
-                        work()
-                    except Exception:
-                        _log.exception("sbx: a record left for after the answer was not "
-                                       "written")
+                _do_pending(pending)
 
         work = self.submit(run())
         answer.add_done_callback(lambda done: work.cancel() if done.cancelled() else None)
         return answer
 
     def stop(self) -> None:
-        if self.loop.is_closed():
+        if self.adopted or self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         if not self.here():
@@ -121,7 +130,9 @@ class LocalTransport:
     backends installed here."""
 
     def __init__(self, *, home: str | None = None, database_url: str | None = None,
-                 actor: str | None = None, manager: Manager | None = None) -> None:
+                 actor: str | None = None, manager: Manager | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop  # the core on this running loop, not a thread: see docs/design.md
         self.home = None if home is None else str(home)
         self.database_url = database_url
         self.actor = actor
@@ -141,7 +152,7 @@ class LocalTransport:
         if self._core is None:
             with self._lock:
                 if self._core is None:
-                    self._core = CoreLoop()
+                    self._core = CoreLoop(loop=self._loop)
         return self._core
 
     def _manager(self) -> Manager:
@@ -180,9 +191,18 @@ class LocalTransport:
         """`fn(manager, *args)` (awaited if a coroutine) on the core loop."""
         coro = self._in_core(fn, *args, needs_manager=needs_manager)
         core = self.core
-        if core.here():
+        if not core.here():
+            return await asyncio.wrap_future(core.answer_first(coro))
+        if AFTER_REPLY.get() is not None:  # inside a call that answers first already
             return await coro
-        return await asyncio.wrap_future(core.answer_first(coro))
+        pending: list[Callable[[], None]] = []  # the caller's own loop, adopted (sbx serve)
+        token = AFTER_REPLY.set(pending)
+        try:
+            return await coro
+        finally:
+            AFTER_REPLY.reset(token)
+            if pending:  # the next turn of the loop: after this answer is on its way
+                core.loop.call_soon(_do_pending, pending)
 
     def call_blocking(self, awaitable: Awaitable[T]) -> T:
         """Run `awaitable` on the core loop and wait for it (the sync API)."""

@@ -2,9 +2,12 @@
 
 It has the methods of `LocalTransport` and returns the same dicts, so the handles, records
 and errors are the same: an error body `{"error": {"code", "kind", "message"}}` becomes the
-`sandboxer.Error` class of its kind with its message. Requests run on a loop and a thread of
-the transport's own (the core loop of `sandboxer._local`), so one httpx client serves the
-async API on any loop and the sync API alike.
+`sandboxer.Error` class of its kind with its message. The async API sends its requests on
+the caller's own loop (an httpx client for each loop it is used on: a hop to a thread and
+back costs about a millisecond a request, bench/bench_service.py); the sync API sends them
+on a loop and a thread of the transport's own (the core loop of `sandboxer._local`), where
+streams run too, whichever API reads them: a stream the caller leaves unfinished is then
+never closed on a loop that has gone.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import contextlib
 import json
 import os
 import urllib.parse
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -71,7 +75,8 @@ class RemoteTransport:
         self.url = url.rstrip("/")
         self.token = token
         self._core: CoreLoop | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._http: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = \
+            weakref.WeakKeyDictionary()  # one per loop it is used on
         self._closed = False
         self._served: dict[str, dict[str, Any]] = {}  # profiles read from the service
 
@@ -88,7 +93,11 @@ class RemoteTransport:
         return self._core
 
     def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
+        if self._closed:
+            raise Conflict("this Sandboxer is closed")
+        loop = asyncio.get_running_loop()
+        http = self._http.get(loop)
+        if http is None:
             import httpx
 
             headers = {"User-Agent": "sandboxer"}
@@ -96,13 +105,13 @@ class RemoteTransport:
                 headers["Authorization"] = f"Bearer {self.token}"
             timeout = httpx.Timeout(connect=10.0, read=None, write=120.0, pool=None)
             if self.url.startswith("unix://"):
-                self._http = httpx.AsyncClient(
+                http = httpx.AsyncClient(
                     base_url="http://sbx", headers=headers, timeout=timeout,
                     transport=httpx.AsyncHTTPTransport(uds=self.url[len("unix://"):]))
             else:
-                self._http = httpx.AsyncClient(base_url=self.url, headers=headers,
-                                               timeout=timeout)
-        return self._http
+                http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+            self._http[loop] = http
+        return http
 
     async def _on_core(self, make: Callable[[], Awaitable[T]]) -> T:
         core = self.core
@@ -130,19 +139,23 @@ class RemoteTransport:
     async def close(self) -> None:
         if self._closed:
             return
-        if self._core is not None and self._http is not None:
+        here = self._http.pop(asyncio.get_running_loop(), None)
+        if here is not None:
             with contextlib.suppress(Exception):
-                await self._on_core(self._http.aclose)
-        self._closed = True
-        if self._core is not None:
-            self._core.stop()
+                await here.aclose()
+        self.close_blocking()
 
     def close_blocking(self) -> None:
+        """Closes the clients of the core loop; one on another loop is left to the
+        collector (it can only be closed on its own loop)."""
         if self._closed:
             return
-        if self._core is not None and self._http is not None:
-            with contextlib.suppress(Exception):
-                self._core.submit(self._http.aclose()).result()
+        if self._core is not None:
+            http = self._http.pop(self._core.loop, None)
+            if http is not None:
+                with contextlib.suppress(Exception):
+                    self._core.submit(http.aclose()).result()
+        self._http.clear()
         self._closed = True
         if self._core is not None:
             self._core.stop()
@@ -170,7 +183,7 @@ class RemoteTransport:
                 raise error_from(response.status_code, _json_or_none(response), self.url)
             return response
 
-        return await self._on_core(go)
+        return await go()  # on the caller's loop (the sync API's is the core loop)
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return (await self._send(method, path, **kwargs)).json()

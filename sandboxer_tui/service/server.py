@@ -140,8 +140,13 @@ async def _serve(listen_text: str | None, socket_path: str | None,
     else:  # loopback by default; only the socket when just --socket is given
         listen = None if socket_path else parse_listen(DEFAULT_LISTEN)
     bound: str | None = None  # the socket file this service made (and removes)
+    from sandboxer._local import LocalTransport
+
     actor = settings.actor()
-    client = AsyncSandboxer(actor=actor)
+    # The core on uvicorn's own loop: no hop to a core thread and back on every call
+    # (docs/design.md, "The service").
+    client = AsyncSandboxer(_transport=LocalTransport(actor=actor,
+                                                      loop=asyncio.get_running_loop()))
     sockets: list[socket.socket] = []
     try:
         await client.ready()  # the database answers and is migrated before anyone calls
