@@ -144,7 +144,7 @@ async def _serve(listen_text: str | None, socket_path: str | None,
 
     actor = settings.actor()
     # The core on uvicorn's own loop: no hop to a core thread and back on every call
-    # (docs/design.md, "The service").
+    # (docs/design.md, "The library").
     client = AsyncSandboxer(_transport=LocalTransport(actor=actor,
                                                       loop=asyncio.get_running_loop()))
     sockets: list[socket.socket] = []
