@@ -17,13 +17,13 @@ import secrets
 from typing import Any
 
 import sqlalchemy as sa
+from sqlmodel import col, select
 from ulid import ULID
 
 from core.db import Database
 from core.errors import BadInput, NotFound
 from core.models import ApiKey
 
-API_KEYS = ApiKey.__table__
 ID_PREFIX = "key-"
 TOKEN_PREFIX = "sbxk_"
 _TOKEN = re.compile(r"sbxk_([0-9a-z]{26})_([A-Za-z0-9_-]{43})")
@@ -54,11 +54,11 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def key_view(row: Any) -> dict[str, Any]:
+def key_view(key: ApiKey) -> dict[str, Any]:
     """A key as `sbx api-keys ls --json` shows it (never its hash)."""
-    return {"id": row["id"], "owner": row["owner"], "scope": row["scope"],
-            "created_at": row["created_at"], "created_by": row["created_by"],
-            "revoked_at": row["revoked_at"]}
+    return {"id": key.id, "owner": key.owner, "scope": key.scope,
+            "created_at": key.created_at, "created_by": key.created_by,
+            "revoked_at": key.revoked_at}
 
 
 def create(db: Database, *, scope: str, owner: str, created_by: str,
@@ -71,39 +71,37 @@ def create(db: Database, *, scope: str, owner: str, created_by: str,
                        f"{MAX_OWNER} characters")
     ulid = str(ULID()).lower()
     token = f"{TOKEN_PREFIX}{ulid}_{secrets.token_urlsafe(32)}"
-    row = {"id": ID_PREFIX + ulid, "owner": owner, "scope": parsed.value,
-           "key_hash": _digest(token), "created_at": now, "created_by": created_by,
-           "revoked_at": None}
-    with db.write() as conn:
-        conn.execute(API_KEYS.insert().values(**row))
-    return key_view(row), token
+    key = ApiKey(id=ID_PREFIX + ulid, owner=owner, scope=parsed.value,
+                 key_hash=_digest(token), created_at=now, created_by=created_by)
+    with db.session(write=True) as session:
+        session.add(key)
+    return key_view(key), token
 
 
 def list_keys(db: Database) -> list[dict[str, Any]]:
-    with db.read() as conn:
-        rows = conn.execute(sa.select(API_KEYS).order_by(API_KEYS.c.created_at,
-                                                         API_KEYS.c.id)).mappings()
-        return [key_view(r) for r in rows]
+    with db.session() as session:
+        return [key_view(k) for k in session.exec(
+            select(ApiKey).order_by(ApiKey.created_at, ApiKey.id))]
 
 
 def revoke(db: Database, key_id: str, *, now: str) -> tuple[dict[str, Any], bool]:
     """Revoke a key by id: (its record, whether it was revoked just now)."""
-    with db.write() as conn:
-        row = conn.execute(sa.select(API_KEYS).where(API_KEYS.c.id == key_id)
-                           .with_for_update()).mappings().first()
-        if row is None:
+    with db.session(write=True) as session:
+        key = session.exec(select(ApiKey).where(ApiKey.id == key_id).with_for_update()).first()
+        if key is None:
             raise NotFound(f"no API key {key_id!r} (sbx api-keys ls lists them)")
-        if row["revoked_at"] is not None:
-            return key_view(row), False
-        conn.execute(API_KEYS.update().where(API_KEYS.c.id == key_id).values(revoked_at=now))
-        return key_view({**row, "revoked_at": now}), True
+        if key.revoked_at is not None:
+            return key_view(key), False
+        key.revoked_at = now
+        session.add(key)
+        return key_view(key), True
 
 
 def usable_keys(db: Database) -> int:
     """How many keys are not revoked (`sbx serve` beyond loopback needs one)."""
-    with db.read() as conn:
-        return conn.execute(sa.select(sa.func.count()).select_from(API_KEYS)
-                            .where(API_KEYS.c.revoked_at.is_(None))).scalar() or 0
+    with db.session() as session:
+        return session.exec(select(sa.func.count()).select_from(ApiKey)
+                            .where(col(ApiKey.revoked_at).is_(None))).one() or 0
 
 
 def authenticate(db: Database, token: str) -> dict[str, Any] | None:
@@ -111,11 +109,10 @@ def authenticate(db: Database, token: str) -> dict[str, Any] | None:
     match = _TOKEN.fullmatch(token or "")
     if match is None:
         return None
-    with db.read() as conn:
-        row = conn.execute(sa.select(API_KEYS).where(
-            API_KEYS.c.id == ID_PREFIX + match.group(1))).mappings().first()
-    if row is None or not hmac.compare_digest(row["key_hash"], _digest(token)):
+    with db.session() as session:
+        key = session.get(ApiKey, ID_PREFIX + match.group(1))
+    if key is None or not hmac.compare_digest(key.key_hash, _digest(token)):
         return None
-    if row["revoked_at"] is not None:
+    if key.revoked_at is not None:
         return None
-    return key_view(row)
+    return key_view(key)

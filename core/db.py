@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -26,6 +26,9 @@ from core import reserve
 from core.anchor import HEAD_KEY, commit_anchor, discard_anchor, stage_anchor
 from core.errors import BadInput, DiskFull, OperationFailed, Unavailable, is_disk_full
 from core.migrations import SCHEMA_HEAD
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
 
 BUSY_TIMEOUT_MS = 30_000
 T = TypeVar("T")
@@ -233,6 +236,17 @@ class Database:
         except Exception as exc:
             self._refuse_if_full(exc, _sqlite_path(self.engine.url))
             raise
+
+    @contextmanager
+    def session(self, *, write: bool = False) -> Iterator[Session]:
+        """Typed rows: a SQLModel session inside one `read()` or `write()` transaction
+        (which commits it; the session only flushes into it)."""
+        from sqlmodel import Session
+
+        with (self.write() if write else self.read()) as conn:
+            with Session(bind=conn, expire_on_commit=False) as session:
+                yield session
+                session.flush()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
