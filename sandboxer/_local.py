@@ -14,7 +14,6 @@ import atexit
 import concurrent.futures
 import contextlib
 import inspect
-import logging
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
     from core.profiles import Profile
 
 T = TypeVar("T")
-_log = logging.getLogger("sandboxer")
 # Backend SDKs block a worker thread per call: enough for many operations at once.
 IO_THREADS = 64
 
@@ -53,7 +51,10 @@ def _do_pending(pending: list[Callable[[], None]]) -> None:
         try:
             work()
         except Exception:
-            _log.exception("sbx: a record left for after the answer was not written")
+            import logging  # only here: `sbx ls` and the other fast paths never load it
+
+            logging.getLogger("sandboxer").exception(
+                "sbx: a record left for after the answer was not written")
 
 
 class CoreLoop:
