@@ -445,13 +445,8 @@ class DockerAdapter(Adapter):
     async def ensure_available(self) -> None:
         """Pings, unless the engine answered this past second (a ping, making the client,
         or any call): then there is nothing to ask, nor a thread to hop to."""
-        def ping(api: docker.APIClient) -> None:
-            if not self._answered_lately():
-                api.ping()
-                self._pinged_at = time.monotonic()
-
         if not self._answered_lately():
-            await self._call(ping)
+            await self._call(lambda api: api.ping())  # _call notes the answer
 
     def _answered_lately(self) -> bool:
         return self._pinged_at is not None and time.monotonic() - self._pinged_at < PING_FRESH_S

@@ -559,9 +559,9 @@ class Manager:
             await adapter.set_deadline(row["backend_ref"], new)
         return dict(updated), capped
 
-    def touch(self, ref: str, *, event: bool = True) -> dict[str, Any]:
+    def touch(self, ref: str) -> dict[str, Any]:
         """Record activity now: the idle clock starts again."""
-        return self._mark_active(self.resolve(ref)["id"], event=event)
+        return self._mark_active(self.resolve(ref)["id"], event=True)
 
     def _mark_active(self, sandbox_id: str, *, event: bool = False) -> dict[str, Any]:
         with self.db.write() as conn:
@@ -939,7 +939,7 @@ def _exec_env(method: Callable[..., Any]) -> dict[str, Any]:
     """`env=` for an adapter's exec: the trace context of the exec's span (docs/telemetry.md),
     when tracing is on and the adapter takes an environment (adapters.base.Adapter.exec)."""
     env = telemetry.trace_env()
-    if not env or not _takes_env(getattr(method, "__func__", method)):
+    if not env or not _takes(getattr(method, "__func__", method), "env"):
         return {}
     return {"env": env}
 
@@ -951,10 +951,6 @@ def _destroy_hints(method: Callable[..., Any], row: Mapping[str, Any]) -> dict[s
     if not _takes(getattr(method, "__func__", method), "services"):
         return {}
     return {"services": bool(json.loads(row["profile_json"] or "{}").get("services"))}
-
-
-def _takes_env(function: Callable[..., Any]) -> bool:
-    return _takes(function, "env")
 
 
 @functools.cache

@@ -4,7 +4,8 @@ own, on a thread of its own.
 The core's store is SQLite (or PostgreSQL) through a blocking driver. Running the core on
 its own loop keeps the caller's loop free of that I/O whatever the caller does, and gives
 the sync API the loop it runs on, so both APIs share one implementation. A call from the
-caller's loop hops to the core loop and back (tens of microseconds; bench/bench_api.py).
+caller's loop hops to the core loop and back: two thread wake-ups, about a millisecond on a
+2-vCPU machine (docs/design.md, "The library"), which is why `sbx serve` adopts its own loop.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from adapters.base import HOME_OVERRIDE
-from core.after_reply import PENDING as AFTER_REPLY
+from core import after_reply
 from core.errors import as_error
 
 if TYPE_CHECKING:
@@ -44,17 +45,6 @@ def _finish_at_exit() -> None:
 
 _running: weakref.WeakSet[CoreLoop] = weakref.WeakSet()
 atexit.register(_finish_at_exit)
-
-
-def _do_pending(pending: list[Callable[[], None]]) -> None:
-    for work in pending:
-        try:
-            work()
-        except Exception:
-            import logging  # only here: `sbx ls` and the other fast paths never load it
-
-            logging.getLogger("sandboxer").exception(
-                "sbx: a record left for after the answer was not written")
 
 
 class CoreLoop:
@@ -86,15 +76,15 @@ class CoreLoop:
 
     def answer_first(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         """`coro` on this loop, its answer given as soon as it has one; then, before the
-        loop takes anything else, the writes it left for after (core.manager.after_reply).
+        loop takes anything else, the writes it left for after (core/after_reply.py).
         Cancelling the answer cancels the work."""
         answer: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         async def run() -> None:
             pending: list[Callable[[], None]] = []
-            token = AFTER_REPLY.set(pending)
             try:
-                result = await coro
+                with after_reply.collected() as pending:
+                    result = await coro
             except BaseException as exc:
                 if not answer.done():
                     if isinstance(exc, asyncio.CancelledError):
@@ -107,8 +97,7 @@ class CoreLoop:
                 if not answer.done():
                     answer.set_result(result)
             finally:
-                AFTER_REPLY.reset(token)
-                _do_pending(pending)
+                after_reply.run(pending)
 
         work = self.submit(run())
         answer.add_done_callback(lambda done: work.cancel() if done.cancelled() else None)
@@ -194,16 +183,15 @@ class LocalTransport:
         core = self.core
         if not core.here():
             return await asyncio.wrap_future(core.answer_first(coro))
-        if AFTER_REPLY.get() is not None:  # inside a call that answers first already
+        if after_reply.collecting():  # inside a call that answers first already
             return await coro
         pending: list[Callable[[], None]] = []  # the caller's own loop, adopted (sbx serve)
-        token = AFTER_REPLY.set(pending)
         try:
-            return await coro
+            with after_reply.collected() as pending:
+                return await coro
         finally:
-            AFTER_REPLY.reset(token)
             if pending:  # the next turn of the loop: after this answer is on its way
-                core.loop.call_soon(_do_pending, pending)
+                core.loop.call_soon(after_reply.run, pending)
 
     def call_blocking(self, awaitable: Awaitable[T]) -> T:
         """Run `awaitable` on the core loop and wait for it (the sync API)."""
