@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from core import reserve
-from core.anchor import HEAD_KEY, commit_anchor, discard_anchor, stage_anchor
+from core.anchor import HEAD_KEY, commit_anchor, stage_anchor
 from core.errors import BadInput, DiskFull, OperationFailed, Unavailable, is_disk_full
 from core.migrations import SCHEMA_HEAD
 
@@ -133,7 +133,9 @@ def make_engine(url: str) -> Engine:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn):
-        conn.exec_driver_sql(
+        # on the driver's connection: through exec_driver_sql it cost as much as the
+        # statement the transaction is for
+        conn.connection.dbapi_connection.execute(
             "BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN"
         )
 
@@ -228,7 +230,6 @@ class Database:
                     # rolled back: its events were never written, so its head must not be left
                     # on this pooled connection for the next transaction to anchor
                     conn.info.pop(HEAD_KEY, None)
-                    discard_anchor(staged)
                     raise
                 head = conn.info.pop(HEAD_KEY, None)  # committed: move the anchor
                 if head and self.anchor_path:

@@ -111,3 +111,41 @@ def test_a_rolled_back_event_never_reaches_the_anchor(tmp_path):
     assert len(rows) == 2
     assert read_anchor(db.anchor_path) == (2, rows[-1]["hash"])
     assert events.verify(iter(rows), read_anchor(db.anchor_path)).intact
+
+
+def test_an_anchor_of_an_older_sbx_keeps_its_head_and_then_moves_in_place(tmp_path):
+    """An anchor written by an sbx that renamed a short file into place is brought to the
+    full width once, before a commit, with the head it had; later moves overwrite it."""
+    from core.anchor import WIDTH, read_anchor
+
+    db = _db(tmp_path)
+    _fill(db, 2)
+    head = read_anchor(db.anchor_path)
+    db.anchor_path.write_text(f"{head[0]} {head[1]}\n")  # the older, short form
+    assert read_anchor(db.anchor_path) == head
+    _fill(db, 1)
+    inode = db.anchor_path.stat().st_ino
+    assert db.anchor_path.stat().st_size == WIDTH
+    assert read_anchor(db.anchor_path) == (3, _rows(db)[-1]["hash"])
+    _fill(db, 1)
+    assert db.anchor_path.stat().st_ino == inode  # moved in place, not replaced
+    assert read_anchor(db.anchor_path) == (4, _rows(db)[-1]["hash"])
+    assert events.verify(iter(_rows(db)), read_anchor(db.anchor_path)).intact
+
+
+def test_a_link_planted_as_the_anchor_is_not_followed_and_is_replaced(tmp_path):
+    import os
+
+    from core.anchor import read_anchor
+
+    db = _db(tmp_path)
+    _fill(db, 1)
+    target = tmp_path / "elsewhere"
+    target.write_text("7 planted\n")
+    db.anchor_path.unlink()
+    os.symlink(target, db.anchor_path)
+    assert read_anchor(db.anchor_path) is None  # a link reads as no anchor
+    _fill(db, 1)
+    assert not db.anchor_path.is_symlink()
+    assert read_anchor(db.anchor_path) == (2, _rows(db)[-1]["hash"])
+    assert target.read_text() == "7 planted\n"  # what the link pointed at is untouched
