@@ -34,6 +34,17 @@ SANDBOXES = Sandbox.__table__
 EVENTS = Event.__table__
 EventWriter = Callable[..., None]
 
+# Built once: every operation runs these (a statement built per call cost SQLAlchemy about
+# as long again as SQLite's work on it). Bound names are b_*: SQLAlchemy keeps column names for what an update sets.
+_ONE = SANDBOXES.c.id == sa.bindparam("b_id")
+_ROW = sa.select(SANDBOXES).where(_ONE).with_for_update()
+_ROW_UNLESS_LOCKED = sa.select(SANDBOXES).where(_ONE).with_for_update(skip_locked=True)
+_FENCED = SANDBOXES.update().where(_ONE, SANDBOXES.c.fence == sa.bindparam("b_fence"))
+_TAKE = _FENCED.values(lease_owner=sa.bindparam("b_owner"), fence=SANDBOXES.c.fence + 1,
+                       lease_expires_at=sa.bindparam("b_until")).returning(SANDBOXES.c.fence)
+_BEGIN = _TAKE.values(state=sa.bindparam("b_state"))
+_FINISH = _FENCED.returning(SANDBOXES)  # what it sets comes with the parameters
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -92,10 +103,8 @@ class Leases:
         with self.db.write() as conn:
             # The reaper (a precondition) skips a row another process has locked right now;
             # everyone else waits the few milliseconds for it (PostgreSQL; SQLite has one writer).
-            row = conn.execute(
-                sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id)
-                .with_for_update(skip_locked=precondition is not None)
-            ).mappings().first()
+            row = conn.execute(_ROW if precondition is None else _ROW_UNLESS_LOCKED,
+                               {"b_id": sandbox_id}).mappings().first()
             if row is None and precondition is not None and conn.execute(
                     sa.select(SANDBOXES.c.id).where(SANDBOXES.c.id == sandbox_id)).first():
                 raise NotDue(f"sandbox {sandbox_id}: another process is acting on it")
@@ -123,17 +132,9 @@ class Leases:
                     f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
                     f"until {row['lease_expires_at']}"
                 )
-            fence = conn.execute(
-                SANDBOXES.update()
-                .where(SANDBOXES.c.id == sandbox_id, SANDBOXES.c.fence == row["fence"])
-                .values(
-                    state=intent,
-                    lease_owner=self.owner,
-                    lease_expires_at=to_iso(self.clock.now() + self.ttl),
-                    fence=SANDBOXES.c.fence + 1,
-                )
-                .returning(SANDBOXES.c.fence)
-            ).scalar()
+            fence = conn.execute(_BEGIN, {
+                "b_id": sandbox_id, "b_fence": row["fence"], "b_state": intent,
+                "b_owner": self.owner, "b_until": to_iso(self.clock.now() + self.ttl)}).scalar()
             if fence is None:
                 raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
             if not resuming:
@@ -150,8 +151,7 @@ class Leases:
         if conn is None:
             with self.db.write() as conn:
                 return self.take(sandbox_id, states, verb, conn)
-        row = conn.execute(sa.select(SANDBOXES).where(SANDBOXES.c.id == sandbox_id).with_for_update()
-                           ).mappings().first()
+        row = conn.execute(_ROW, {"b_id": sandbox_id}).mappings().first()
         if row is None:
             raise NotFound(f"no sandbox {sandbox_id!r}")
         if row["state"] not in states:
@@ -159,12 +159,9 @@ class Leases:
         if self.held_by_another(row):
             raise Conflict(f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
                            f"until {row['lease_expires_at']}")
-        fence = conn.execute(
-            SANDBOXES.update()
-            .where(SANDBOXES.c.id == sandbox_id, SANDBOXES.c.fence == row["fence"])
-            .values(lease_owner=self.owner, fence=SANDBOXES.c.fence + 1,
-                    lease_expires_at=to_iso(self.clock.now() + self.ttl))
-            .returning(SANDBOXES.c.fence)).scalar()
+        fence = conn.execute(_TAKE, {
+            "b_id": sandbox_id, "b_fence": row["fence"], "b_owner": self.owner,
+            "b_until": to_iso(self.clock.now() + self.ttl)}).scalar()
         if fence is None:
             raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
         return Lease(sandbox_id, fence)
@@ -186,20 +183,16 @@ class Leases:
                 ) -> dict[str, Any]:
         """Step 3: record the result and its event, fenced by the token; release the lease."""
         with self.db.write() as conn:
-            row = conn.execute(
-                sa.select(SANDBOXES).where(SANDBOXES.c.id == lease.sandbox_id).with_for_update()
-            ).mappings().first()
+            row = conn.execute(_ROW, {"b_id": lease.sandbox_id}).mappings().first()
             if row is None or row["fence"] != lease.fence or row["lease_owner"] != self.owner:
                 raise LeaseLost(
                     f"sandbox {lease.sandbox_id}: another process took it over; "
                     "this result was not recorded"
                 )
             event_type = transition_event(row["state"], result) if row["state"] != result else None
-            updated = conn.execute(
-                SANDBOXES.update()
-                .where(SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence)
-                .values(state=result, lease_owner=None, lease_expires_at=None, **(values or {}))
-                .returning(SANDBOXES)
+            updated = conn.execute(_FINISH, {
+                "b_id": lease.sandbox_id, "b_fence": lease.fence, "state": result,
+                "lease_owner": None, "lease_expires_at": None, **(values or {})}
             ).mappings().first()
             if event_type:
                 self.event(conn, lease.sandbox_id, event_type, reason=reason, payload=payload)

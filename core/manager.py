@@ -10,14 +10,13 @@ Each mutation follows one pattern (docs/design.md, "How an operation runs"):
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import hashlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +80,19 @@ if TYPE_CHECKING:  # profiles (pydantic, yaml) load only where a profile is used
 SANDBOXES = Sandbox.__table__
 ACTIVITY_EVERY = timedelta(seconds=30)
 EVENTS = Event.__table__
+
+
+def _marking_activity(states: Iterable[State]) -> sa.Update:
+    """Built once (as core/refs.py's `_by_id`): a sandbox in one of `states` is active now."""
+    return (SANDBOXES.update()
+            .where(SANDBOXES.c.id == sa.bindparam("sandbox_id"),
+                   sa.or_(*(SANDBOXES.c.state == state for state in sorted(states))))
+            .values(last_activity_at=sa.bindparam("at")).returning(SANDBOXES))
+
+
+_MARK_ACTIVE = _marking_activity(ACTIVE)
+_INSERT = SANDBOXES.insert()
+_MARK_RUNNING = _marking_activity({State.RUNNING})
 
 
 class Manager:
@@ -379,7 +391,7 @@ class Manager:
                 refuse_taken_name(conn, name)
             if pool_member and not pools.room(conn, profile, self.install_id, row["created_at"]):
                 raise NotDue(f"pool {profile.name} is full")
-            conn.execute(SANDBOXES.insert().values(**row))
+            conn.execute(_INSERT, row)
             self.event(conn, sandbox_id, CREATED_EVENT, payload={
                 "profile": profile.name, "backend": profile.backend, "name": name,
                 "owner": row["owner"], "task": task, "labels": all_labels,
@@ -565,12 +577,8 @@ class Manager:
 
     def _mark_active(self, sandbox_id: str, *, event: bool = False) -> dict[str, Any]:
         with self.db.write() as conn:
-            row = conn.execute(
-                SANDBOXES.update()
-                .where(SANDBOXES.c.id == sandbox_id,
-                       SANDBOXES.c.state.in_(ACTIVE))
-                .values(last_activity_at=self._now()).returning(SANDBOXES)
-            ).mappings().first()
+            row = conn.execute(_MARK_ACTIVE, {"sandbox_id": sandbox_id, "at": self._now()}
+                               ).mappings().first()
             if row is None:
                 state = conn.execute(sa.select(SANDBOXES.c.state)
                                      .where(SANDBOXES.c.id == sandbox_id)).scalar()
@@ -781,26 +789,40 @@ class Manager:
             raise Conflict(f"the {row['backend']} backend cannot {verb}")
         return adapter
 
+    def _start_using(self, ref: str, capability: Capability, verb: str,
+                     argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+        """The sandbox `ref` names, checked usable for `verb` and marked active (a long
+        command is activity from its start), with `argv` as the log keeps it: one write
+        transaction, so a refusal (not running, a bad mask pattern) changes nothing."""
+        from core.refs import resolve, whole_id
+
+        at = self._now()
+        with self.db.write() as conn:
+            row = conn.execute(_MARK_RUNNING, {"sandbox_id": whole_id(ref, PREFIX), "at": at}
+                               ).mappings().first()
+            if row is None:  # a name or an id prefix, or not running: resolve says which
+                row = resolve(conn, SANDBOXES, ref, id_prefix=PREFIX, what="sandbox",
+                              live=lambda row: row["state"] != State.DESTROYED)
+                self._usable(row, capability, verb)
+                row = conn.execute(_MARK_RUNNING, {"sandbox_id": row["id"], "at": at}
+                                   ).mappings().one()
+            else:
+                self._usable(row, capability, verb)
+            recorded = self._masked_argv(row, argv)
+        telemetry.note_sandbox(row)
+        return dict(row), recorded
+
     @telemetry.traced("sbx.exec")
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout: timedelta | None = None) -> ExecResult:
         """Run a command; record it as an event (argv, exit code, duration, output digests)."""
         if not argv:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
-        row = self.resolve(ref)
-        self._usable(row, Capability.EXEC, "exec")
-        recorded = self._masked_argv(row, argv)  # a bad mask pattern stops it before it runs
+        row, recorded = self._start_using(ref, Capability.EXEC, "exec", argv)
         adapter = await self.adapter_for(row)
-        job = asyncio.ensure_future(adapter.exec(row["backend_ref"], list(argv),
-                                                 timeout.total_seconds() if timeout else None,
-                                                 **_exec_env(adapter.exec)))
-        await asyncio.sleep(0)  # the engine has the command now: the write below overlaps it
-        try:
-            self._mark_active(row["id"])  # a long command is activity from its start
-        except BaseException:
-            job.cancel()
-            raise
-        result = await job
+        result = await adapter.exec(row["backend_ref"], list(argv),
+                                    timeout.total_seconds() if timeout else None,
+                                    **_exec_env(adapter.exec))
         after_reply(lambda: self._record_exec(row["id"], recorded, result,
                                               _digest(result.stdout), _digest(result.stderr)))
         return result
@@ -813,11 +835,8 @@ class Manager:
         then `("exit", {"exit_code", "duration", "timed_out"})`; recorded as exec is."""
         if not argv:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
-        row = self.resolve(ref)
-        self._usable(row, Capability.EXEC, "exec")
-        recorded = self._masked_argv(row, argv)  # a bad mask pattern stops it before it runs
+        row, recorded = self._start_using(ref, Capability.EXEC, "exec", argv)
         adapter = await self.adapter_for(row)
-        self._mark_active(row["id"])
         digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
         sizes = {"stdout": 0, "stderr": 0}
         async for item in adapter.exec_stream(row["backend_ref"], list(argv),

@@ -31,14 +31,20 @@ def _by_id(table: sa.Table) -> sa.Select:
     return sa.select(table).where(table.c.id == sa.bindparam("id"))
 
 
+def whole_id(ref: str, id_prefix: str) -> str:
+    """The id `ref` is if it is a whole id (with or without its prefix): the first thing
+    `resolve` tries."""
+    lowered = ref.strip().lower()
+    return lowered if lowered.startswith(id_prefix) else id_prefix + lowered
+
+
 def resolve(conn: Connection, table: sa.Table, ref: str, *, id_prefix: str, what: str,
             live: Callable[[Mapping[str, Any]], bool] = lambda row: True) -> dict[str, Any]:
     """The one row `ref` names; NotFound when none, BadInput when empty or ambiguous."""
     text = ref.strip()
     if not text:
         raise BadInput(f"empty {what} id")
-    lowered = text.lower()
-    full = lowered if lowered.startswith(id_prefix) else id_prefix + lowered
+    full = whole_id(text, id_prefix)
     exact = conn.execute(_by_id(table), {"id": full}).mappings().first()
     if exact:
         return dict(exact)

@@ -15,7 +15,7 @@ import os
 import socket
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import APP_NAME, open_state_file, state_folder
 
@@ -164,7 +164,25 @@ def metrics_retention():
 def mask_patterns() -> list[re.Pattern[str]]:
     """`[events] mask` of the settings file: regular expressions whose matches in an exec's
     argv are masked before the event is written. BadInput naming a pattern that does not
-    compile, or that matches the empty text (it would mask between every character)."""
+    compile, or that matches the empty text (it would mask between every character).
+    Read again whenever the file changes (every exec asks)."""
+    path = settings_file()
+    try:
+        st = path.stat()
+        version = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except OSError:
+        version = (str(path),)
+    if _mask_cache and _mask_cache[0] == version:
+        return list(_mask_cache[1])
+    patterns = _read_mask_patterns()
+    _mask_cache[:] = [version, patterns]
+    return list(patterns)
+
+
+_mask_cache: list[Any] = []  # [the settings file's version, its patterns]
+
+
+def _read_mask_patterns() -> list[re.Pattern[str]]:
     import re
 
     from core.errors import BadInput

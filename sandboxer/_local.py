@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # Backend SDKs block a worker thread per call: enough for many operations at once.
 IO_THREADS = 64
+# How long the core loop waits, after an answer, before the writes it left for after: long
+# enough for the caller's thread to wake and take the answer first (docs/design.md).
+AFTER_REPLY_DELAY_S = 0.001
 
 
 def _finish_at_exit() -> None:
@@ -55,6 +58,8 @@ class CoreLoop:
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.adopted = loop is not None
         self.loop = loop or asyncio.new_event_loop()
+        self._left: list[Callable[[], None]] = []  # what answers given left for after them
+        self._left_timer: asyncio.TimerHandle | None = None
         self.loop.set_default_executor(
             concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="sbx-io"))
         if loop is not None:
@@ -72,12 +77,28 @@ class CoreLoop:
         return threading.current_thread() is self._thread
 
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        """`coro` on this loop, after the writes that answers given before it left."""
+        self.loop.call_soon_threadsafe(self.finish_left)  # runs before the task's first step
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def finish_left(self) -> None:
+        """On this loop: the writes that answers given so far left for after them."""
+        if self._left_timer is not None:
+            self._left_timer.cancel()
+            self._left_timer = None
+        left, self._left = self._left, []
+        after_reply.run(left)
+
+    def _leave(self, pending: list[Callable[[], None]]) -> None:
+        if pending:
+            self._left.extend(pending)
+            if self._left_timer is None:
+                self._left_timer = self.loop.call_later(AFTER_REPLY_DELAY_S, self.finish_left)
+
     def answer_first(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
-        """`coro` on this loop, its answer given as soon as it has one; then, before the
-        loop takes anything else, the writes it left for after (core/after_reply.py).
-        Cancelling the answer cancels the work."""
+        """`coro` on this loop, its answer given as soon as it has one; the writes it left
+        for after (core/after_reply.py) a moment later, or before the next call this loop
+        takes, whichever comes first. Cancelling the answer cancels the work."""
         answer: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         async def run() -> None:
@@ -97,7 +118,7 @@ class CoreLoop:
                 if not answer.done():
                     answer.set_result(result)
             finally:
-                after_reply.run(pending)
+                self._leave(pending)
 
         work = self.submit(run())
         answer.add_done_callback(lambda done: work.cancel() if done.cancelled() else None)
@@ -247,6 +268,7 @@ class LocalTransport:
             mgr = self._mgr
             with contextlib.suppress(Exception):
                 if self._core.here():
+                    self._core.finish_left()
                     await mgr.close()
                 else:
                     await asyncio.wrap_future(self._core.submit(mgr.close()))

@@ -170,6 +170,25 @@ async def test_conflict_on_an_operation_the_state_forbids(client, stub_profile):
     await box.destroy()  # already destroyed counts as done
 
 
+async def test_a_refused_exec_changes_nothing(client, stub_profile, tmp_path):
+    """The write that finds a running sandbox for an exec also marks its activity; a refusal
+    (a bad mask pattern in the settings) rolls that back with the rest (docs/reliability.md
+    §12): the record, its idle deadline and the event log stay as they were."""
+    box = await client.create(stub_profile)
+    await box.exec(["true"])  # its record, left for just after the answer, is settled below
+    async def state():
+        return (await client.get(box.id)).to_dict(), [e.to_dict() for e in await client.events()]
+
+    before = await state()
+    settings = tmp_path / "xdg-config" / "sandboxer" / "settings.toml"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text('[events]\nmask = ["(unclosed"]\n')
+    with pytest.raises(sandboxer.BadInput, match="not a valid regular expression"):
+        await box.exec(["true"])
+    settings.write_text("")
+    assert await state() == before
+
+
 # -- exec, deadlines, activity --------------------------------------------------------------
 
 
