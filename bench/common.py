@@ -42,6 +42,21 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+def ratio_interval(ours: Sequence[float], theirs: Sequence[float], *, level: float = 0.9,
+                   resamples: int = 2000) -> tuple[float, float]:
+    """A bootstrap interval for median(ours) / median(theirs): how far the ratio of medians
+    could move from run to run at this spread and this many samples (seeded: the same
+    samples give the same interval)."""
+    import random
+
+    rng = random.Random(0)
+    ratios = sorted(statistics.median(rng.choices(ours, k=len(ours)))
+                    / statistics.median(rng.choices(theirs, k=len(theirs)))
+                    for _ in range(resamples))
+    tail = (1 - level) / 2
+    return ratios[int(tail * resamples)], ratios[int((1 - tail) * resamples) - 1]
+
+
 def p90(xs: Sequence[float]) -> float:
     """Nearest-rank 90th percentile (for 10 samples: the 9th smallest)."""
     if not xs:
