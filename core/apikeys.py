@@ -23,11 +23,13 @@ from ulid import ULID
 from core.db import Database
 from core.errors import BadInput, NotFound
 from core.models import ApiKey
+from core.refs import by_id
 
 ID_PREFIX = "key-"
 TOKEN_PREFIX = "sbxk_"
 _TOKEN = re.compile(r"sbxk_([0-9a-z]{26})_([A-Za-z0-9_-]{43})")
 MAX_OWNER = 256
+KEYS = ApiKey.__table__
 
 
 class Scope(enum.StrEnum):
@@ -109,8 +111,11 @@ def authenticate(db: Database, token: str) -> dict[str, Any] | None:
     match = _TOKEN.fullmatch(token or "")
     if match is None:
         return None
-    with db.session() as session:
-        key = session.get(ApiKey, ID_PREFIX + match.group(1))
+    # every request asks: the row through a statement built once, then typed
+    # (docs/design.md, "The model")
+    with db.read() as conn:
+        row = conn.execute(by_id(KEYS), {"id": ID_PREFIX + match.group(1)}).mappings().first()
+    key = ApiKey(**row) if row is not None else None
     if key is None or not hmac.compare_digest(key.key_hash, _digest(token)):
         return None
     if key.revoked_at is not None:

@@ -83,7 +83,7 @@ EVENTS = Event.__table__
 
 
 def _marking_activity(states: Iterable[State]) -> sa.Update:
-    """Built once (as core/refs.py's `_by_id`): a sandbox in one of `states` is active now."""
+    """Built once (as core/refs.py's `by_id`): a sandbox in one of `states` is active now."""
     return (SANDBOXES.update()
             .where(SANDBOXES.c.id == sa.bindparam("sandbox_id"),
                    sa.or_(*(SANDBOXES.c.state == state for state in sorted(states))))

@@ -25,7 +25,7 @@ def like_prefix(text: str) -> str:
 
 
 @functools.cache
-def _by_id(table: sa.Table) -> sa.Select:
+def by_id(table: sa.Table) -> sa.Select:
     """One statement per table, built once: most references are whole ids, and SQLAlchemy
     builds and keys a new statement each time in about as long as SQLite runs it."""
     return sa.select(table).where(table.c.id == sa.bindparam("id"))
@@ -45,7 +45,7 @@ def resolve(conn: Connection, table: sa.Table, ref: str, *, id_prefix: str, what
     if not text:
         raise BadInput(f"empty {what} id")
     full = whole_id(text, id_prefix)
-    exact = conn.execute(_by_id(table), {"id": full}).mappings().first()
+    exact = conn.execute(by_id(table), {"id": full}).mappings().first()
     if exact:
         return dict(exact)
     named = conn.execute(sa.select(table).where(table.c.name == text)
@@ -53,13 +53,13 @@ def resolve(conn: Connection, table: sa.Table, ref: str, *, id_prefix: str, what
     alive = [r for r in named if live(r)]
     if alive:
         return dict(alive[0])
-    by_id = conn.execute(sa.select(table).where(
+    by_prefix = conn.execute(sa.select(table).where(
         table.c.id.like(like_prefix(full), escape="\\"))).mappings().all()
-    if not by_id:
+    if not by_prefix:
         if named:  # only ended ones bear the name: the newest
             return dict(named[0])
         raise NotFound(f"no {what} {ref!r}")
-    if len(by_id) > 1:
-        ids = ", ".join(sorted(r["id"] for r in by_id)[:5])
+    if len(by_prefix) > 1:
+        ids = ", ".join(sorted(r["id"] for r in by_prefix)[:5])
         raise BadInput(f"{what} {ref!r} is ambiguous: it matches {ids}")
-    return dict(by_id[0])
+    return dict(by_prefix[0])

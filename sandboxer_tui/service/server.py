@@ -161,7 +161,7 @@ async def _serve(listen_text: str | None, socket_path: str | None,
             bound = socket_path
         app = build_app(client, actor=actor, socket_path=socket_path, reap_every=reap_every,
                         evidence_key=evidence_key)
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", http="h11",
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools",
                                 ws="none", access_log=False, timeout_graceful_shutdown=5,
                                 proxy_headers=False, server_header=False)
         server = _Server(config)

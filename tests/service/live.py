@@ -47,7 +47,7 @@ class LiveService:
         self.url = f"http://127.0.0.1:{tcp.getsockname()[1]}"
         app = build_app(self.client, actor=SERVICE_ACTOR, socket_path=self.socket_path,
                         reap_every=self.reap_every, evidence_key=self.evidence_key)
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", http="h11",
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools",
                                 ws="none", access_log=False, timeout_graceful_shutdown=2)
         server = uvicorn.Server(config)
         self._server = server
