@@ -4,7 +4,11 @@
 
 Three measurements, rounds interleaved so drift cancels, in ABBA order (sbx first in one
 round, docker-py in the next) so what one arm leaves the engine to tidy falls on both alike.
-Each ratio comes with a bootstrap 90% interval: how far it could move run to run.
+Each ratio comes with a bootstrap 90% interval: how far it could move run to run. For
+information, a second figure without the engine's spread: every engine call both arms make
+goes through docker-py's `APIClient` (`ENGINE_CALLS`), so the time outside those calls is
+each side's own; docker-py's median plus the difference of the two own times, over
+docker-py's median, is the ratio with the engine's share taken as equal.
 
 1. `AsyncSandboxer.create("default")` + `Sandbox.destroy()` against docker-py's
    `containers.run(detach=True)` + `remove(force=True)` with the same image, command and
@@ -47,10 +51,42 @@ def docker_spec(ctx: BenchContext) -> dict[str, Any]:
                 labels=dict(ctx.labels))
 
 
+# The engine calls both arms make through docker-py's low-level client. Time inside them is
+# the engine's (and the same docker-py code's); the rest of a timed call is each side's own.
+ENGINE_CALLS = ("create_container", "start", "inspect_container", "remove_container",
+                "exec_create", "exec_start", "exec_inspect")
+
+
+def timing_engine_calls() -> list[float]:
+    """Wrap `ENGINE_CALLS` of docker-py's APIClient; the list returned holds their total time
+    so far (one element; the timed calls run one at a time)."""
+    import functools
+
+    import docker
+
+    spent = [0.0]
+
+    def timed(method):
+        @functools.wraps(method)
+        def call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - started
+        return call
+
+    for name in ENGINE_CALLS:
+        setattr(docker.APIClient, name, timed(getattr(docker.APIClient, name)))
+    return spent
+
+
 async def run(rounds: int, ctx: BenchContext) -> dict[str, Any]:
     import docker
 
     import sandboxer
+
+    in_engine = timing_engine_calls()
 
     client = docker.from_env(version="auto", max_pool_size=2 * CONCURRENCY)
     spec = docker_spec(ctx)
@@ -58,6 +94,13 @@ async def run(rounds: int, ctx: BenchContext) -> dict[str, Any]:
     times: dict[str, list[float]] = {k: [] for k in (
         "sbx_create_destroy", "docker_create_destroy", "sbx_exec", "docker_exec",
         "sbx_concurrent", "docker_concurrent")}
+    own: dict[str, list[float]] = {k: [] for k in (  # each timed call less its engine calls
+        "sbx_create_destroy", "docker_create_destroy", "sbx_exec", "docker_exec")}
+
+    def record(arm: str, started: float, engine_before: float) -> None:
+        elapsed = time.perf_counter() - started
+        times[arm].append(elapsed)
+        own[arm].append(elapsed - (in_engine[0] - engine_before))
 
     def docker_run() -> Any:
         container = client.containers.run(**spec)
@@ -77,29 +120,29 @@ async def run(rounds: int, ctx: BenchContext) -> dict[str, Any]:
         box = await sbx.create("default", labels=ctx.labels)  # for exec
         peer = docker_run()
         async def sbx_create_destroy() -> None:
-            started = time.perf_counter()
+            engine, started = in_engine[0], time.perf_counter()
             made = await sbx.create("default", labels=ctx.labels)
             await made.destroy()
-            times["sbx_create_destroy"].append(time.perf_counter() - started)
+            record("sbx_create_destroy", started, engine)
 
         async def docker_create_destroy() -> None:
-            started = time.perf_counter()
+            engine, started = in_engine[0], time.perf_counter()
             docker_remove(docker_run())
-            times["docker_create_destroy"].append(time.perf_counter() - started)
+            record("docker_create_destroy", started, engine)
 
         async def sbx_exec() -> None:
-            started = time.perf_counter()
+            engine, started = in_engine[0], time.perf_counter()
             result = await box.exec(["true"])
-            times["sbx_exec"].append(time.perf_counter() - started)
+            record("sbx_exec", started, engine)
             assert result.exit_code == 0, result
             # untimed: the exec's record, written just after its answer, is done before
             # the core takes this call, so it lands in neither arm's time
             await box.refresh()
 
         async def docker_exec() -> None:
-            started = time.perf_counter()
+            engine, started = in_engine[0], time.perf_counter()
             code, _ = peer.exec_run("true")
-            times["docker_exec"].append(time.perf_counter() - started)
+            record("docker_exec", started, engine)
             assert code == 0
 
         for round_ in range(rounds):
@@ -131,7 +174,7 @@ async def run(rounds: int, ctx: BenchContext) -> dict[str, Any]:
         docker_remove(peer)
     pool.shutdown()
     client.close()
-    return times
+    return times, own
 
 
 def main() -> None:
@@ -146,7 +189,7 @@ def main() -> None:
     common.print_banner("api", ctx, meta)
     started = time.perf_counter()
     try:
-        times = asyncio.run(run(args.rounds, ctx))
+        times, own = asyncio.run(run(args.rounds, ctx))
     finally:
         ctx.cleanup()
         common.print_notes(ctx)
@@ -166,10 +209,26 @@ def main() -> None:
     print_table(["measurement", "sbx (median)", "docker-py (median)", "ratio",
                  "90% interval", "target"], rows,
                 title=f"{args.rounds} interleaved rounds (ABBA)")
-    results = {"meta": meta, "rounds": args.rounds, "times": times,
+    # Without the engine's spread: the engine's share taken as docker-py's median, each side's
+    # own time (outside the engine calls) added to it.
+    info, own_rows, estimates = [], [], {}
+    for key in ("create_destroy", "exec"):
+        ours, theirs = pairs[key]
+        mine, peer = median(own[ours]), median(own[theirs])
+        base = median(times[theirs])
+        estimates[key] = (base + mine - peer) / base
+        own_rows.append([key, ms(mine), ms(peer), ms(mine - peer), f"{estimates[key]:.3f}"])
+        info.append([f"{key}: sbx's own time outside the engine calls (median)", ms(mine),
+                     "-", "info"])
+        info.append([f"{key}: ratio with the engine's share as docker-py's",
+                     f"{estimates[key]:.3f}", "-", "info"])
+    print_table(["measurement", "sbx own (median)", "docker-py own (median)", "sbx adds",
+                 "ratio, engine's spread taken out"], own_rows,
+                title="time outside the engine calls both make (docker-py's APIClient)")
+    results = {"meta": meta, "rounds": args.rounds, "times": times, "own_times": own,
                "medians": {k: median(v) for k, v in times.items()},
-               "intervals": intervals}
-    common.finish(results, summary, [], run_id=ctx.run_id, started=started,
+               "intervals": intervals, "ratio_without_engine_spread": estimates}
+    common.finish(results, summary, info, run_id=ctx.run_id, started=started,
                   json_path=args.json)
 
 
