@@ -42,13 +42,15 @@ CONCURRENT_ROUNDS = 8
 
 
 def docker_spec(ctx: BenchContext) -> dict[str, Any]:
-    """docker-py's `containers.run` arguments for what the default profile makes."""
-    from adapters.docker import KEEPALIVE
+    """docker-py's `containers.run` arguments for the container adapters/docker.py makes of
+    the default profile: its limits, its restart policy and init=False too (as
+    bench_service.py's)."""
+    from adapters.docker import KEEPALIVE, RESTART_POLICY
 
     return dict(image=common.IMAGE, command=KEEPALIVE, detach=True, network_mode="none",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=512 * 1024**2,
-                memswap_limit=512 * 1024**2, nano_cpus=10**9, pids_limit=256,
-                labels=dict(ctx.labels))
+                memswap_limit=512 * 1024**2, nano_cpus=10**9, pids_limit=256, init=False,
+                restart_policy=dict(RESTART_POLICY), labels=dict(ctx.labels))
 
 
 # The engine calls both arms make through docker-py's low-level client. Time inside them is
