@@ -11,8 +11,9 @@ each side's own; docker-py's median plus the difference of the two own times, ov
 docker-py's median, is the ratio with the engine's share taken as equal.
 
 1. `AsyncSandboxer.create("default")` + `Sandbox.destroy()` against docker-py's
-   `containers.run(detach=True)` + `remove(force=True)` with the same image, command and
-   limits as the default profile. Target: ratio of medians <= 1.03.
+   `containers.run(detach=True)` + `remove(force=True)` of the container the docker adapter
+   makes of the default profile (image, command, limits, restart policy, init=False).
+   Target: ratio of medians <= 1.03.
 2. `Sandbox.exec(["true"])` against docker-py's `exec_run("true")` on a running container
    each; after each exec an untimed `refresh()`, which the core takes only once the exec's
    record (written just after its answer) is done, so that lands in neither arm. Target:
