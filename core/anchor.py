@@ -17,16 +17,33 @@ import fcntl
 import os
 import secrets
 import stat
+import time
 from pathlib import Path
 
 HEAD_KEY = "sbx_event_head"  # where an append leaves its (id, hash) on the connection
 WIDTH = 128  # bytes of a record: a 20-digit id, a space, a SHA-256 in hex, room to spare
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a link or a FIFO planted is not used
+LOCK_WAIT_S = 0.5  # a lock held longer (a reader stopped with ^Z): go on without it
 
 
 def _record(head: tuple[int, str] | None) -> bytes:
     text = "" if head is None else f"{head[0]} {head[1]}"
+    if len(text) >= WIDTH:
+        raise ValueError(f"an anchor record holds {WIDTH - 1} characters: {text[:40]}...")
     return (text.ljust(WIDTH - 1) + "\n").encode()
+
+
+def _locked(fd: int, kind: int) -> bool:
+    """`flock(kind)` within LOCK_WAIT_S; False when another holds it that long."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
 
 
 def _parse(data: bytes) -> tuple[int, str] | None:
@@ -38,11 +55,14 @@ def _parse(data: bytes) -> tuple[int, str] | None:
 
 
 def _open_regular(path: Path, flags: int) -> int | None:
+    """The anchor if it is a regular file of this user's with no other name (a hard link
+    planted there would have the overwrite land in the file it names)."""
     try:
         fd = os.open(path, flags | _OPEN)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != os.geteuid():
         os.close(fd)
         return None
     return fd
@@ -55,7 +75,7 @@ def read_anchor(path: Path) -> tuple[int, str] | None:
     if fd is None:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        _locked(fd, fcntl.LOCK_SH)  # held by a writer for microseconds, if at all
         return _parse(os.pread(fd, 4 * WIDTH, 0))
     except OSError:
         return None
@@ -73,6 +93,7 @@ def stage_anchor(path: Path, head: tuple[int, str]) -> Path:
     that the move after the commit overwrites in place. Making it (the first time, or in
     place of a link or a short file of an older sbx) is what can fail for want of space,
     and fails now, rolling the transaction back. It keeps the head it had."""
+    _record(head)  # one that cannot be written fails before the commit too
     fd = _open_regular(path, os.O_RDONLY)
     if fd is not None:
         try:
@@ -105,7 +126,8 @@ def commit_anchor(path: Path, staged: Path | None, head: tuple[int, str]) -> Non
     if fd is None:
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not _locked(fd, fcntl.LOCK_EX):
+            return  # the anchor stays behind this once; the next write moves it
         current = _parse(os.pread(fd, 4 * WIDTH, 0))
         if current is None or current[0] < head[0]:
             os.pwrite(fd, _record(head), 0)

@@ -805,7 +805,9 @@ class Manager:
                               live=lambda row: row["state"] != State.DESTROYED)
                 self._usable(row, capability, verb)
                 row = conn.execute(_MARK_RUNNING, {"sandbox_id": row["id"], "at": at}
-                                   ).mappings().one()
+                                   ).mappings().first()
+                if row is None:  # it changed state since it was read (PostgreSQL)
+                    raise Conflict(f"sandbox {ref} changed meanwhile: cannot {verb}")
             else:
                 self._usable(row, capability, verb)
             recorded = self._masked_argv(row, argv)

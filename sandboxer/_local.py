@@ -14,6 +14,8 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import contextvars
+import functools
 import inspect
 import threading
 import weakref
@@ -91,7 +93,10 @@ class CoreLoop:
 
     def _leave(self, pending: list[Callable[[], None]]) -> None:
         if pending:
-            self._left.extend(pending)
+            # each in the context of the call that left it (its actor, its trace), whoever
+            # runs it: the timer, or the next call, which may act as someone else
+            context = contextvars.copy_context()
+            self._left.extend(functools.partial(context.run, work) for work in pending)
             if self._left_timer is None:
                 self._left_timer = self.loop.call_later(AFTER_REPLY_DELAY_S, self.finish_left)
 

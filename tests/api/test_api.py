@@ -189,6 +189,22 @@ async def test_a_refused_exec_changes_nothing(client, stub_profile, tmp_path):
     assert await state() == before
 
 
+async def test_an_exec_record_keeps_the_actor_of_its_call_whoever_calls_next(
+        sbx_home, stub_profile, monkeypatch):
+    """The record left for after an exec's answer is written by whatever the core does next
+    (here the next call, acting as someone else), yet in the exec's own context: its actor."""
+    import sandboxer._local
+
+    monkeypatch.setattr(sandboxer._local, "AFTER_REPLY_DELAY_S", 30)  # the next call writes it
+    async with sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
+        alice = sbx.acting_as("alice")
+        box = await alice.get((await alice.create(stub_profile)).id)
+        await box.exec(["true"])
+        events = await sbx.events(box.id)  # the next call, as the client's own actor
+        assert [(e.type, e.actor) for e in events if e.type == "sandbox.exec"] == [
+            ("sandbox.exec", "alice")]
+
+
 # -- exec, deadlines, activity --------------------------------------------------------------
 
 

@@ -149,3 +149,33 @@ def test_a_link_planted_as_the_anchor_is_not_followed_and_is_replaced(tmp_path):
     assert not db.anchor_path.is_symlink()
     assert read_anchor(db.anchor_path) == (2, _rows(db)[-1]["hash"])
     assert target.read_text() == "7 planted\n"  # what the link pointed at is untouched
+
+
+def test_a_hard_link_planted_as_the_anchor_is_replaced_not_written_through(tmp_path):
+    import os
+
+    from core.anchor import WIDTH, read_anchor
+
+    db = _db(tmp_path)
+    _fill(db, 1)
+    victim = tmp_path / "victim"
+    victim.write_text("x" * (2 * WIDTH))
+    db.anchor_path.unlink()
+    os.link(victim, db.anchor_path)
+    assert read_anchor(db.anchor_path) is None  # a file with another name is not the anchor
+    _fill(db, 1)
+    assert victim.read_text() == "x" * (2 * WIDTH)  # never written through the link
+    assert db.anchor_path.stat().st_nlink == 1
+    assert read_anchor(db.anchor_path) == (2, _rows(db)[-1]["hash"])
+
+
+def test_a_head_too_long_for_the_anchor_fails_before_the_commit(tmp_path):
+    import pytest
+
+    from core.anchor import WIDTH, move_anchor, read_anchor
+
+    path = tmp_path / "head"
+    move_anchor(path, (7, "b"))
+    with pytest.raises(ValueError):
+        move_anchor(path, (8, "h" * WIDTH))
+    assert read_anchor(path) == (7, "b")
