@@ -91,8 +91,8 @@ def _marking_activity(states: Iterable[State]) -> sa.Update:
 
 
 _MARK_ACTIVE = _marking_activity(ACTIVE)
-_INSERT = SANDBOXES.insert()
 _MARK_RUNNING = _marking_activity({State.RUNNING})
+_INSERT = SANDBOXES.insert()
 
 
 class Manager:
@@ -801,15 +801,14 @@ class Manager:
             row = conn.execute(_MARK_RUNNING, {"sandbox_id": whole_id(ref, PREFIX), "at": at}
                                ).mappings().first()
             if row is None:  # a name or an id prefix, or not running: resolve says which
-                row = resolve(conn, SANDBOXES, ref, id_prefix=PREFIX, what="sandbox",
-                              live=lambda row: row["state"] != State.DESTROYED)
-                self._usable(row, capability, verb)
-                row = conn.execute(_MARK_RUNNING, {"sandbox_id": row["id"], "at": at}
+                found = resolve(conn, SANDBOXES, ref, id_prefix=PREFIX, what="sandbox",
+                                live=lambda row: row["state"] != State.DESTROYED)
+                self._usable(found, capability, verb)  # why not, when it is not running
+                row = conn.execute(_MARK_RUNNING, {"sandbox_id": found["id"], "at": at}
                                    ).mappings().first()
                 if row is None:  # it changed state since it was read (PostgreSQL)
                     raise Conflict(f"sandbox {ref} changed meanwhile: cannot {verb}")
-            else:
-                self._usable(row, capability, verb)
+            self._usable(row, capability, verb)
             recorded = self._masked_argv(row, argv)
         telemetry.note_sandbox(row)
         return dict(row), recorded

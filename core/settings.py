@@ -10,12 +10,13 @@ autostart ones with built-in modules only. docs/cli.md lists them all."""
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import socket
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from adapters.base import APP_NAME, open_state_file, state_folder
 
@@ -169,17 +170,17 @@ def mask_patterns() -> list[re.Pattern[str]]:
     path = settings_file()
     try:
         st = path.stat()
-        version = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     except OSError:
-        version = (str(path),)
-    if _mask_cache and _mask_cache[0] == version:
-        return list(_mask_cache[1])
-    patterns = _read_mask_patterns()
-    _mask_cache[:] = [version, patterns]
-    return list(patterns)
+        version = None
+    return list(_mask_patterns_of(str(path), version))
 
 
-_mask_cache: list[Any] = []  # [the settings file's version, its patterns]
+@functools.lru_cache(maxsize=1)
+def _mask_patterns_of(path: str, version: tuple[int, ...] | None) -> tuple[re.Pattern[str], ...]:
+    """The patterns of the settings file at `path` as it is in `version` (a refusal is
+    raised, and so not kept)."""
+    return tuple(_read_mask_patterns())
 
 
 def _read_mask_patterns() -> list[re.Pattern[str]]:
