@@ -1,4 +1,5 @@
-"""The one parser for durations: `90s`, `15m`, `2h`, `1d`, `1h30m`. Zero and negative are refused."""
+"""The one parser for durations: `90s`, `15m`, `2h`, `1d`, `1h30m`. Zero and negative are refused,
+and so is anything longer than LONGEST: a deadline is a date, and a date ends in year 9999."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from core.errors import BadInput
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+)([dhms])")
 _WHOLE = re.compile(r"(?:\d+[dhms])+")
+# 1000 years: past any deadline anyone means, and far enough from the calendar's end that a
+# deadline computed from it (now + ttl) is always a date
+LONGEST = timedelta(days=365_000)
 
 
 def parse_duration(text: str, what: str = "duration") -> timedelta:
@@ -22,9 +26,15 @@ def parse_duration(text: str, what: str = "duration") -> timedelta:
     units = [u for _, u in _PART.findall(raw)]
     if len(set(units)) != len(units) or units != sorted(units, key=lambda u: -_UNITS[u]):
         raise BadInput(f"bad {what} {text!r}: give each unit once, largest first (like 1h30m)")
-    seconds = sum(int(n) * _UNITS[u] for n, u in _PART.findall(raw))
-    if seconds <= 0:
+    try:
+        seconds = sum(int(n) * _UNITS[u] for n, u in _PART.findall(raw))
+    except ValueError:  # more digits than int() reads: too long anyway
+        seconds = None
+    if seconds is not None and seconds <= 0:
         raise BadInput(f"bad {what} {text!r}: must be longer than zero")
+    if seconds is None or seconds > LONGEST.total_seconds():
+        raise BadInput(f"bad {what} {text!r}: longer than sbx takes (at most "
+                       f"{format_duration(LONGEST)}, 1000 years)")
     return timedelta(seconds=seconds)
 
 

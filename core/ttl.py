@@ -41,8 +41,12 @@ def expiry_reason(row: Mapping[str, Any], now: datetime) -> str | None:
 
 
 def extended(deadline: datetime, hard_deadline: datetime, by: timedelta) -> tuple[datetime, bool]:
-    """(new deadline, capped): adds `by`, never past the hard deadline, never earlier."""
-    wanted = max(deadline, deadline + by)  # a non-positive `by` changes nothing
+    """(new deadline, capped): adds `by`, never past the hard deadline, never earlier. A `by`
+    too long for the calendar (past year 9999) is past the hard deadline too: capped, never
+    an OverflowError."""
+    if by > hard_deadline - deadline:  # checked before adding, which could overflow
+        return max(deadline, hard_deadline), True
+    wanted = deadline + max(by, timedelta(0))  # a non-positive `by` changes nothing
     if wanted > hard_deadline:
         return max(deadline, hard_deadline), True
     return wanted, False

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-Duration = str | float | int  # "30m", "1h30m", or seconds
+# "30m", "1h30m", or seconds; strict numbers, so JSON `true` is refused, not read as 1 s
+Duration = str | StrictFloat | StrictInt
 
 
 class Body(BaseModel):
