@@ -13,6 +13,7 @@ import base64
 import binascii
 import json
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -74,13 +75,24 @@ def _read_key_file(path: str | Path) -> bytes:
         raise BadInput(f"key file {path}: cannot read: {exc.strerror or exc}") from None
 
 
+def _read_private_key_file(path: str | Path) -> tuple[bytes, int]:
+    """The file's bytes and mode, both of the file opened (what is checked is what is read)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(), os.fstat(file.fileno()).st_mode
+    except OSError as exc:
+        raise BadInput(f"key file {path}: cannot read: {exc.strerror or exc}") from None
+
+
 def load_signer(path: str | Path) -> Any:
-    """The signer of the ed25519 private key in `path` (BadInput naming what is wrong)."""
+    """The signer of the ed25519 private key in `path` (BadInput naming what is wrong). A key
+    that group or others may read or write is refused, as ssh refuses one: a signature
+    vouches for something only while the key is its owner's alone."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from securesystemslib.signer import CryptoSigner, SSlibKey
 
-    data = _read_key_file(path)
+    data, mode = _read_private_key_file(path)
     try:
         key = load_pem_private_key(data, password=None)
     except (ValueError, TypeError, binascii.Error):
@@ -89,6 +101,10 @@ def load_signer(path: str | Path) -> Any:
     if not isinstance(key, Ed25519PrivateKey):
         raise BadInput(f"key file {path}: a {type(key).__name__.removeprefix('_')} key; sbx "
                        "signs with ed25519 (sbx keys generate PATH)")
+    if mode & 0o077:
+        raise BadInput(f"key file {path}: group or others may read or write it (mode "
+                       f"{mode & 0o777:04o}); a private key must be yours alone: "
+                       f"chmod 600 {shlex.quote(str(path))}")
     return CryptoSigner(key, SSlibKey.from_crypto(key.public_key()))
 
 
