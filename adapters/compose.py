@@ -7,8 +7,10 @@ an override file of its own (in `$SBX_HOME/compose/<project>/`) that puts sbx's 
 every service, network and named volume, keeps the project's networks internal under
 `network: none`, gives every service the profile's limits, and names the profile's env and
 secrets for the named service: their values reach Compose in its environment, never a file.
-What a compose file asks of the host (binds, privileged mode, host networking, ...) is
-refused before anything is written unless the profile allows it.
+Every key of the compose file (as `compose config` prints it) must be on an allow-list of
+keys known to keep a project inside its sandbox; any other is refused by its key path. What a
+listed key asks of the host (binds, privileged mode, host networking, ...) is refused too,
+before anything is written, unless the profile allows it.
 
 Everything after `up` goes through the engine's API, as the docker backend does, finding the
 project's objects by the `sbx.compose` label alone: get, list, exec and logs (the named
@@ -127,15 +129,148 @@ def compose_says(err: bytes | str) -> str:
 
 @dataclass(frozen=True)
 class Refusal:
-    service: str
-    field: str
+    service: str  # "" for a key outside any service's own checks
+    field: str  # the field, or the whole key path (services.app.build.network)
     what: str
-    allowance: str
+    allowance: str | None  # what compose.allow must list; None: nothing allows it
 
     def message(self, where: str) -> str:
-        return (f"{where}: service {self.service!r}: {self.field}: {self.what} is refused "
+        if self.allowance is None:
+            return (f"{where}: {self.field}: {self.what} is refused: sbx accepts only the "
+                    "compose keys and values it knows keep a project inside its sandbox "
+                    "(docs/adapters.md lists them)")
+        service = f"service {self.service!r}: " if self.service else ""
+        return (f"{where}: {service}{self.field}: {self.what} is refused "
                 f"(it reaches outside the sandbox); allow it in the profile with "
                 f"compose: {{allow: [{self.allowance}]}}")
+
+
+# The allow-list: every key a compose file may use, level by level, as Compose prints the
+# file (`compose config`, 1.x and 2.x). A key not listed is refused, naming its path; what is
+# listed is safe in itself or has its value checked by `refusals` below. A key's entry is ANY
+# (any value), a mapping (the keys allowed inside it), Each(...) (the keys allowed in each
+# mapping of a list; plain strings are checked by `refusals`), Named(...) (a mapping of the
+# file's own names, each as given), Only(...) (these values and no other), or Needs(name)
+# (allowed when compose.allow lists `name`). Keys starting `x-` are extensions Compose ignores.
+ANY = None
+
+
+@dataclass(frozen=True)
+class Each:
+    keys: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Named:
+    spec: Any
+
+
+@dataclass(frozen=True)
+class Only:
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Needs:
+    allowance: str
+    what: str
+
+
+# the checked keys: safe or refused by their value in `refusals` (binds, ports, namespaces...)
+_CHECKED = {key: ANY for key in (
+    "privileged", "network_mode", "pid", "ipc", "uts", "userns_mode", "cgroup", "cap_add",
+    "devices", "device_cgroup_rules", "security_opt", "ports", "volumes_from")}
+_HEALTHCHECK = {key: ANY for key in ("test", "interval", "timeout", "retries", "start_period",
+                                     "start_interval", "disable")}
+SERVICE_KEYS: dict[str, Any] = {
+    **_CHECKED,
+    # what runs, and as whom, inside the service's own container
+    **{key: ANY for key in (
+        "image", "command", "entrypoint", "environment", "working_dir", "user", "group_add",
+        "init", "tty", "stdin_open", "read_only", "cap_drop", "stop_signal",
+        "stop_grace_period", "restart", "labels", "annotations", "profiles", "platform",
+        "pull_policy", "attach", "hostname", "domainname", "mac_address")},
+    "healthcheck": _HEALTHCHECK,
+    # limits: they only take from the container (the profile's own are added to each service)
+    **{key: ANY for key in (
+        "cpus", "cpu_shares", "cpu_quota", "cpu_period", "cpuset", "mem_limit",
+        "mem_reservation", "memswap_limit", "mem_swappiness", "pids_limit", "shm_size",
+        "ulimits", "tmpfs")},
+    # kernel settings of the container's own namespaces (a host namespace is refused above)
+    "sysctls": ANY,
+    # variables from a file, read by Compose where sbx runs, as `environment:` gives them
+    "env_file": ANY,
+    # names and order inside the project; the project's networks decide what is reached
+    **{key: ANY for key in ("depends_on", "links", "expose", "extra_hosts", "dns", "dns_opt",
+                            "dns_search")},
+    "networks": Named({key: ANY for key in (
+        "aliases", "ipv4_address", "ipv6_address", "link_local_ips", "mac_address", "priority",
+        "gw_priority", "interface_name")}),
+    "external_links": Needs("external", "links to containers outside the project"),
+    # the engine's own log files; a driver that sends logs elsewhere reaches the network
+    "logging": {"driver": Only(("json-file", "local", "none")), "options": ANY},
+    # volumes, secrets and configs: which source each one is, checked in `refusals`
+    "volumes": Each({"type": Only(("volume", "bind", "tmpfs", "npipe")), "source": ANY,
+                     "target": ANY, "read_only": ANY, "consistency": ANY, "bind": ANY,
+                     "volume": {"nocopy": ANY, "subpath": ANY},
+                     "tmpfs": {"size": ANY, "mode": ANY}}),
+    **{key: Each({k: ANY for k in ("source", "target", "uid", "gid", "mode")})
+       for key in ("secrets", "configs")},
+    # deploy: limits and restart only (reservations.devices would hand out the host's GPUs)
+    "deploy": {"resources": {"limits": {"cpus": ANY, "memory": ANY, "pids": ANY},
+                             "reservations": {"cpus": ANY, "memory": ANY}},
+               "restart_policy": ANY, "labels": ANY},
+    # a build from the file's context with its own arguments (no host network, secrets, ssh
+    # agent, extra contexts, privileged steps or tags over the engine's other images)
+    "build": {"context": ANY, "dockerfile": ANY, "dockerfile_inline": ANY, "args": ANY,
+              "target": ANY, "labels": ANY, "cache_from": ANY, "shm_size": ANY,
+              "no_cache": ANY, "pull": ANY, "network": Only(("default", "none"))},
+}
+# the project's own networks and volumes: private bridges and local volumes (checked in
+# `refusals`); ipam and driver options (bridge names, subnets) would touch the host's
+NETWORK_KEYS = {key: ANY for key in ("driver", "external", "name", "internal", "attachable",
+                                     "labels", "enable_ipv6", "enable_ipv4")}
+VOLUME_KEYS = {key: ANY for key in ("driver", "driver_opts", "external", "name", "labels")}
+# a secret's or config's source: a file (binds) or an external one, checked in `refusals`,
+# or inline content (`environment:` would read a variable of sbx's own environment)
+SECRET_KEYS = {key: ANY for key in ("file", "external", "name", "labels", "content")}
+TOP_KEYS: dict[str, Any] = {
+    "version": ANY, "name": ANY,
+    "services": Named(SERVICE_KEYS), "networks": Named(NETWORK_KEYS),
+    "volumes": Named(VOLUME_KEYS), "secrets": Named(SECRET_KEYS), "configs": Named(SECRET_KEYS),
+}
+
+
+def unknown_keys(value: Any, spec: Any = TOP_KEYS, path: str = "") -> list[Refusal]:
+    """Every key of `value` the allow-list (`spec`) does not list, or lists with a value or
+    an allowance it does not have, by its key path."""
+    if spec is ANY:
+        return []
+    if isinstance(spec, Only):
+        said = " ".join(str(value).split())[:80]
+        return [] if value in spec.values else [Refusal(
+            "", path, f"{said} (accepted: {', '.join(map(str, spec.values))})", None)]
+    if isinstance(spec, Needs):
+        return [Refusal("", path, spec.what, spec.allowance)] if value else []
+    if isinstance(spec, Each):
+        items = value if isinstance(value, list) else []
+        return [found for index, item in enumerate(items) if isinstance(item, Mapping)
+                for found in unknown_keys(item, spec.keys, f"{path}[{index}]")]
+    if not isinstance(value, Mapping):
+        return []
+    if isinstance(spec, Named):
+        return [found for key, item in value.items()
+                for found in unknown_keys(item, spec.spec, f"{path}.{key}".lstrip("."))]
+    found: list[Refusal] = []
+    for key, item in value.items():
+        where = f"{path}.{key}".lstrip(".")
+        if str(key).startswith("x-"):
+            continue
+        if key not in spec:
+            found.append(Refusal("", where, "this key", None))
+            continue
+        found += unknown_keys(item, spec[key], where)
+    return found
 
 
 HOST_PATH_PREFIXES = ("/", ".", "~", "\\\\")
@@ -158,9 +293,9 @@ def _external(spec: Any) -> bool:
 
 
 def refusals(config: Mapping[str, Any], project: str) -> list[Refusal]:
-    """What the normalized compose file (`compose config`) asks of the host, service by
-    service, in the order of the file."""
-    found: list[Refusal] = []
+    """What the normalized compose file (`compose config`) asks of the host: any key the
+    allow-list does not know first, then service by service, in the order of the file."""
+    found: list[Refusal] = unknown_keys(config)
     networks = config.get("networks") or {}
     volumes = config.get("volumes") or {}
     secrets = {**(config.get("configs") or {}), **(config.get("secrets") or {})}

@@ -352,6 +352,81 @@ def test_what_reaches_the_host_is_refused_naming_the_service_and_field(
     assert f"compose: {{allow: [{allowance}]}}" in err, err
 
 
+# keys the allow-list does not have (or values it does not take), each refused by its path
+UNLISTED = [
+    ("build-network-host", {"build": {"context": ".", "network": "host"}},
+     "services.web.build.network: host (accepted: default, none) is refused"),
+    ("gpu-reservation", {"deploy": {"resources": {"reservations": {
+        "devices": [{"capabilities": ["gpu"], "count": 1}]}}}},
+     "services.web.deploy.resources.reservations.devices: this key is refused"),
+    ("runtime", {"runtime": "runc"}, "services.web.runtime: this key is refused"),
+    ("cgroup-parent", {"cgroup_parent": "/sbx-test"},
+     "services.web.cgroup_parent: this key is refused"),
+    ("unknown-key", {"oom_kill_disable": True},
+     "services.web.oom_kill_disable: this key is refused"),
+    ("logging-driver", {"logging": {"driver": "syslog",
+                                    "options": {"syslog-address": "udp://127.0.0.1:9"}}},
+     "services.web.logging.driver: syslog (accepted: json-file, local, none) is refused"),
+]
+
+
+@pytest.mark.parametrize(("asks", "said"), [u[1:] for u in UNLISTED], ids=[u[0] for u in UNLISTED])
+def test_a_key_the_allow_list_does_not_have_is_refused_by_its_path(
+        sbx, docker_api, tmp_path, asks, said):
+    """`compose.allow: [everything it offers]` does not unlock these: nothing does."""
+    sbx("ls")
+    project = {"services": {"app": TWO_SERVICES["services"]["app"], "web": {**WEB, **asks}},
+               "volumes": {"data": {}}}
+    allow = {"allow": ["binds", "privileged", "host-network", "host-namespaces", "cap-add",
+                       "devices", "security-opt", "ports", "external"]}
+    folder = tmp_path / "profiles"
+    env = stack(folder, project, compose=allow)
+    (folder / "stack" / "Dockerfile").write_text("FROM sandboxer/base:busybox\n")
+    err = _refused(sbx, docker_api, env)
+    assert said in err, err
+    assert "docs/adapters.md" in err, err
+
+
+def test_a_top_level_key_the_allow_list_does_not_have_is_refused(sbx, docker_api, tmp_path):
+    sbx("ls")
+    project = {**TWO_SERVICES, "networks": {"default": {"ipam": {
+        "config": [{"subnet": "10.213.0.0/24"}]}}}}
+    err = _refused(sbx, docker_api, stack(tmp_path / "profiles", project))
+    assert "networks.default.ipam: this key is refused" in err, err
+
+
+def test_a_key_that_needs_an_allowance_names_it(sbx, docker_api, tmp_path):
+    sbx("ls")
+    project = {"services": {"app": {**TWO_SERVICES["services"]["app"],
+                                    "external_links": ["elsewhere"]}},
+               "volumes": {"data": {}}}
+    err = _refused(sbx, docker_api, stack(tmp_path / "profiles", project))
+    assert "services.app.external_links: links to containers outside the project" in err, err
+    assert "compose: {allow: [external]}" in err, err
+
+
+def test_a_build_from_context_dockerfile_and_args_still_works(sbx, docker_api, tmp_path):
+    """A build of the file's own context (the keys the allow-list keeps for builds), with an
+    extension key Compose ignores."""
+    image = f"sbx-test-build:{os.urandom(4).hex()}"
+    project = {"services": {"app": {
+        "build": {"context": "ctx", "dockerfile": "Dockerfile", "args": {"GREETING": "built"}},
+        "image": image, "command": ["sh", "-c", KEEPALIVE], "x-note": "ignored by Compose"}}}
+    folder = tmp_path / "profiles"
+    env = stack(folder, project)
+    (folder / "stack" / "ctx").mkdir()
+    (folder / "stack" / "ctx" / "Dockerfile").write_text(
+        "FROM sandboxer/base:busybox\nARG GREETING\nRUN echo \"$GREETING\" > /greeting\n")
+    try:
+        box = sbx.create("--profile", "stack", env=env)
+        assert sbx("exec", box["id"], "--", "cat", "/greeting").out == "built\n"
+        assert sbx("destroy", "--yes", box["id"]).code == 0
+        assert nothing_left(docker_api, sbx.home), objects(docker_api, sbx.home)
+    finally:
+        if docker_api.images(name=image):
+            docker_api.remove_image(image, force=True)
+
+
 def test_a_bind_is_accepted_once_the_profile_allows_it(sbx, docker_api, tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
