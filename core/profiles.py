@@ -8,8 +8,9 @@ path. Secrets are references (`env:NAME`) and stay references; the value is read
 The working folder's `.sbx/profiles` comes with whatever folder one stands in (a cloned
 repository, say), and a profile there can replace `default` and name any host variable as a
 secret. So it is used only while the user trusts it: `sbx profiles trust` records the folder
-with a digest of its profile files (as direnv's `allow`), and a folder that is not recorded,
-or whose files changed since, is left out with one line on stderr.
+with a digest of its profile files and of the files they name (as direnv's `allow`), and a
+folder that is not recorded, or whose files changed since, is left out with one line on
+stderr.
 """
 
 from __future__ import annotations
@@ -310,11 +311,114 @@ def profile_files(folder: Path) -> dict[str, bytes]:
     return files
 
 
-def digest_of(files: dict[str, bytes]) -> str:
-    """One digest of every file's name and content."""
+def named_files(folder: Path, files: dict[str, bytes]) -> dict[str, bytes | None]:
+    """Every other file the folder's profiles have sbx or a backend read (absolute path ->
+    content, None when absent or unreadable), resolved as the backends resolve them, so that
+    trusting the folder covers them too: a profile's `compose.file` (relative to the profile)
+    or inline `compose.project`, and what a compose file reads (`env_file:`, `extends:` and
+    `include:` files, secret and config files, the `.env` beside it); an ssh inventory or
+    Packer manifest (`options.inventory`, `options.packer_manifest`, relative to the working
+    folder the profiles are used from) and the `key` and `known_hosts` files in it."""
+    found: dict[str, bytes | None] = {}
+    root = folder.parent.parent  # the folder is <working folder>/.sbx/profiles
+
+    def read(path: Path | None) -> bytes | None:
+        if path is None:
+            return None
+        if str(path) not in found:
+            try:
+                found[str(path)] = path.read_bytes() if path.is_file() else None
+            except OSError:
+                found[str(path)] = None
+        return found[str(path)]
+
+    def at(base: Path | None, value: Any, variables: bool = False) -> Path | None:
+        if not isinstance(value, str) or not value:
+            return None
+        path = Path(os.path.expandvars(value) if variables else value).expanduser()
+        if not path.is_absolute():
+            if base is None:  # an inline project's relative path names nothing
+                return None
+            path = base / path
+        return Path(os.path.abspath(path))
+
+    def parsed(content: bytes | None, as_json: bool = False) -> Any:
+        try:
+            return (json.loads(content) if as_json else yaml.load(content, Loader=_SAFE_LOADER)
+                    ) if content else None
+        except (ValueError, yaml.YAMLError):
+            return None
+
+    def compose_file(path: Path | None, depth: int) -> None:
+        if path is not None and depth < 8 and str(path) not in found:
+            content = read(path)
+            read(path.parent / ".env")  # Compose's variables for the file
+            compose(parsed(content), path.parent, depth)
+
+    def compose(doc: Any, base: Path | None, depth: int = 0) -> None:
+        if not isinstance(doc, dict):
+            return
+        services = doc.get("services")
+        for svc in services.values() if isinstance(services, dict) else ():
+            envs = svc.get("env_file") if isinstance(svc, dict) else None
+            for item in envs if isinstance(envs, list) else [envs]:
+                read(at(base, item.get("path") if isinstance(item, dict) else item, True))
+            extends = svc.get("extends") if isinstance(svc, dict) else None
+            if isinstance(extends, dict):
+                compose_file(at(base, extends.get("file"), True), depth + 1)
+        for section in ("secrets", "configs"):
+            specs = doc.get(section)
+            for spec in specs.values() if isinstance(specs, dict) else ():
+                if isinstance(spec, dict):
+                    read(at(base, spec.get("file"), True))
+        includes = doc.get("include")
+        for item in includes if isinstance(includes, list) else ():
+            paths = item.get("path") if isinstance(item, dict) else item
+            for path in paths if isinstance(paths, list) else [paths]:
+                compose_file(at(base, path, True), depth + 1)
+
+    def hosts(path: Path | None, manifest: bool) -> None:
+        if path is None:
+            return
+        doc = parsed(read(path), as_json=manifest)
+        base = path.resolve().parent  # as the ssh backend reads an entry's key files
+        entries = (doc or {}).get("builds" if manifest else "hosts") if isinstance(doc, dict) \
+            else doc
+        for entry in entries if isinstance(entries, list) else ():
+            entry = entry.get("custom_data") if manifest and isinstance(entry, dict) else entry
+            if isinstance(entry, dict):
+                read(at(base, entry.get("key")))
+                read(at(base, entry.get("known_hosts")))
+
+    for name, content in files.items():
+        data = parsed(content)
+        if not isinstance(data, dict):
+            continue
+        spec = _anchor_compose_file(data, folder / name).get("compose")
+        if isinstance(spec, dict):
+            compose_file(at(folder, spec.get("file")), 0)
+            compose(spec.get("project"), None)
+        options = data.get("options")
+        if isinstance(options, dict):
+            hosts(at(root, options.get("inventory")), manifest=False)
+            hosts(at(root, options.get("packer_manifest")), manifest=True)
+    return found
+
+
+def folder_digest(folder: Path, files: dict[str, bytes]) -> str:
+    """What trust records of a folder: one digest of its profile files' names and contents
+    and of every file they name (`named_files`), so a change to any of them shows."""
+    return digest_of({**files, **named_files(folder, files)})
+
+
+def digest_of(files: dict[str, bytes | None]) -> str:
+    """One digest of every file's name and content (None: the file is absent)."""
     sha = hashlib.sha256()
     for name in sorted(files):
         data = files[name]
+        if data is None:
+            sha.update(f"{name}\0absent\0".encode())
+            continue
         sha.update(f"{name}\0{len(data)}\0".encode())
         sha.update(data)
     return f"sha256:{sha.hexdigest()}"
@@ -366,7 +470,7 @@ def trust(folder: Path | None = None) -> tuple[Path, list[str], str]:
     files = profile_files(folder)
     if not files:
         raise BadInput(f"{folder}: holds no profiles (*.yaml, *.yml): nothing to trust")
-    digest = digest_of(files)
+    digest = folder_digest(folder, files)
     _write_trusted({**_trusted(), str(folder): digest})
     return folder, sorted(Path(n).stem for n in files), digest
 
@@ -391,13 +495,13 @@ def trusted_project_files() -> tuple[Path, dict[str, bytes]] | None:
     if not files:
         return None
     resolved = folder.resolve()
-    digest = digest_of(files)
+    digest = folder_digest(resolved, files)
     recorded = _trusted().get(str(resolved))
     if recorded == digest:
         return resolved, files
     if (str(resolved), digest) not in _announced:
         _announced.add((str(resolved), digest))
-        why = ("its profiles changed since you trusted them" if recorded
+        why = ("its profiles or a file they name changed since you trusted them" if recorded
                else "the folder is not trusted")
         print(f"sbx: ignoring the profiles in {resolved}: {why}; review them, then run "
               f"`sbx profiles trust {resolved}` to use them", file=sys.stderr)
