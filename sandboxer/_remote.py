@@ -107,7 +107,12 @@ class RemoteTransport:
             if self.url.startswith("unix://"):
                 http = httpx.AsyncClient(
                     base_url="http://sbx", headers=headers, timeout=timeout,
-                    transport=httpx.AsyncHTTPTransport(uds=self.url[len("unix://"):]))
+                    transport=_own_users_socket(self.url[len("unix://"):], self.url))
+            elif _loopback(self.url):
+                # given a transport, httpx reads no proxy from the environment (HTTP_PROXY,
+                # ALL_PROXY): the key goes straight to this machine's service
+                http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout,
+                                         transport=httpx.AsyncHTTPTransport())
             else:
                 http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
             self._http[loop] = http
@@ -586,6 +591,48 @@ class RemoteWatch:
 
     async def close(self) -> None:
         """Nothing is held open between reads."""
+
+
+def _loopback(url: str) -> bool:
+    """Whether `url`'s host is this machine (127.0.0.0/8, ::1, localhost, 0.0.0.0): never
+    reached through a proxy, which would see the key and could answer for the service."""
+    import ipaddress
+
+    host = (urllib.parse.urlsplit(url).hostname or "").rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1
+    return address.is_loopback or address.is_unspecified
+
+
+def _own_users_socket(path: str, url: str) -> httpx.AsyncHTTPTransport:
+    """A transport to the service's unix socket that sends nothing to a listener of another
+    user (SO_PEERCRED, checked on each connection before a byte is sent): whoever bound the
+    path first would get the key and every request. Unavailable (exit 5) names the uid."""
+    import httpcore
+    import httpx
+
+    from core.peercred import peer_uid_pid
+
+    class OwnUserOnly(httpcore.AnyIOBackend):
+        async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                      socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+            stream = await super().connect_unix_socket(path, timeout=timeout,
+                                                       socket_options=socket_options)
+            uid = peer_uid_pid(stream.get_extra_info("socket"))[0]
+            if uid != os.geteuid():
+                await stream.aclose()
+                raise Unavailable(f"{url} is a socket of another user (uid {uid}), not an sbx "
+                                  "service of yours: nothing was sent to it")
+            return stream
+
+    transport = httpx.AsyncHTTPTransport(uds=path)
+    transport._pool._network_backend = OwnUserOnly()  # httpx has no option for it
+    return transport
 
 
 def _seg(text: str) -> str:

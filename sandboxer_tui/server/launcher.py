@@ -7,8 +7,8 @@ its own stdin/stdout/stderr, forwards signals and exits with the child's code. W
 server, or one that cannot take the command, the command runs here as it always did.
 
 Every millisecond here is paid by every command, so this file imports only modules built
-into the interpreter (`_socket`, `_signal`, `marshal`): not `socket`, `signal` or `json`,
-which pull in `enum` and `re`, nor `pathlib`.
+into the interpreter (`_socket`, `_signal`, `marshal`), and core.peercred, which imports
+nothing else: not `socket`, `signal` or `json`, which pull in `enum` and `re`, nor `pathlib`.
 
 The protocol: the request is a 4-byte big-endian length and a `marshal`led dict. Replies
 are text lines: `pid N` when a child took the command, then `exit N`; or `declined REASON`
@@ -33,6 +33,8 @@ import _socket
 import marshal
 import os
 import sys
+
+from core.peercred import peer_uid_pid  # built-in modules only; the remote client's check too
 
 SOCKET_NAME = "server.sock"
 PROTOCOL = 3
@@ -75,13 +77,6 @@ def private_folder(folder: str) -> bool:
         return False
     return (st.st_mode & 0o170000 == 0o040000 and st.st_uid == os.geteuid()
             and not st.st_mode & 0o022)
-
-
-def peer_uid_pid(sock) -> tuple[int, int]:
-    """The uid and pid of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
-    return (int.from_bytes(cred[4:8], sys.byteorder),
-            int.from_bytes(cred[0:4], sys.byteorder, signed=True))
 
 
 def reply_number(text: str, low: int, high: int) -> int | None:

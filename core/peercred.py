@@ -1,0 +1,18 @@
+"""Who is at the other end of a Unix socket (SO_PEERCRED, Linux): a client checks it before
+it sends anything there, since whoever could bind the path first gets what is sent.
+
+It imports only modules built into the interpreter: the `sbx` launcher
+(sandboxer_tui/server/launcher.py), whose every millisecond is paid by every command, uses it
+too, and so does the remote client (sandboxer/_remote.py)."""
+
+from __future__ import annotations
+
+import _socket
+import sys
+
+
+def peer_uid_pid(sock) -> tuple[int, int]:
+    """The uid and pid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
+    return (int.from_bytes(cred[4:8], sys.byteorder),
+            int.from_bytes(cred[0:4], sys.byteorder, signed=True))
