@@ -354,7 +354,8 @@ def test_what_reaches_the_host_is_refused_naming_the_service_and_field(
 
 # keys the allow-list does not have (or values it does not take), each refused by its path
 UNLISTED = [
-    ("build-network-host", {"build": {"context": ".", "network": "host"}},
+    ("build-network-host", {"build": {"context": ".", "network": "host"},
+                            "image": "sbx-test-build:refused"},
      "services.web.build.network: host (accepted: default, none) is refused"),
     ("gpu-reservation", {"deploy": {"resources": {"reservations": {
         "devices": [{"capabilities": ["gpu"], "count": 1}]}}}},
