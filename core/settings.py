@@ -236,6 +236,56 @@ def import_max_artifact() -> int:
 def clock_offset() -> str:
     """`SBX_CLOCK_OFFSET`: a duration, optionally `-`, that shifts this process's clock (tests)."""
     return os.environ.get("SBX_CLOCK_OFFSET", "").strip()
+def _count_env(name: str, default: int) -> int:
+    raw = os.environ.get(name) or str(default)
+    if not raw.strip().isdigit() or int(raw) <= 0:
+        from core.errors import BadInput
+
+        raise BadInput(f"{name}: bad count {raw!r}: a whole number above 0, e.g. {default}")
+    return int(raw)
+
+
+# `sbx serve`'s limits (docs/security.md, "The service's limits"), read when it starts.
+
+def serve_max_body() -> int:
+    """The largest request body the service reads, but an archive to import
+    (`SBX_SERVE_MAX_BODY`, 1MiB)."""
+    return _size_env("SBX_SERVE_MAX_BODY", "1MiB")
+
+
+def serve_max_upload() -> int:
+    """The largest archive `POST /v1/checkpoints/import` takes (`SBX_SERVE_MAX_UPLOAD`, 4GiB)."""
+    return _size_env("SBX_SERVE_MAX_UPLOAD", "4GiB")
+
+
+def serve_max_exec_output() -> int:
+    """The stdout, and the stderr, an exec answered in one reply keeps
+    (`SBX_SERVE_MAX_EXEC_OUTPUT`, 1MiB each); the rest is counted, not kept."""
+    return _size_env("SBX_SERVE_MAX_EXEC_OUTPUT", "1MiB")
+
+
+def serve_max_streams() -> int:
+    """Open event streams of the service in all (`SBX_SERVE_MAX_STREAMS`, 128)."""
+    return _count_env("SBX_SERVE_MAX_STREAMS", 128)
+
+
+def serve_max_streams_per_key() -> int:
+    """Open event streams of one API key (`SBX_SERVE_MAX_STREAMS_PER_KEY`, 16)."""
+    return _count_env("SBX_SERVE_MAX_STREAMS_PER_KEY", 16)
+
+
+def serve_max_connections() -> int:
+    """Open connections the service serves in full (`SBX_SERVE_MAX_CONNECTIONS`, 512); past
+    them only /healthz and /readyz answer."""
+    return _count_env("SBX_SERVE_MAX_CONNECTIONS", 512)
+
+
+def serve_header_timeout():
+    """How long a connection has to send a request's headers (`SBX_SERVE_HEADER_TIMEOUT`,
+    10s)."""
+    return _duration_env("SBX_SERVE_HEADER_TIMEOUT", "10s")
+
+
 
 
 def profile_path() -> list[str]:

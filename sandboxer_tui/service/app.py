@@ -32,7 +32,7 @@ from sandboxer_tui.service.watching import InventoryVersions, matches
 log = logging.getLogger("sbx.serve")
 API_VERSION = "1"
 ARCHIVE = "application/gzip"
-MAX_UPLOAD = 4 * 1024**3  # an imported archive is checked against the core's caps too
+EXPORT_CHUNK = 1024**2  # an exported archive leaves in pieces this big
 # a running sandbox's live reading for a scrape of /metrics: within a scrape's usual timeout
 SCRAPE_READ_TIMEOUT = timedelta(seconds=5)
 
@@ -87,7 +87,23 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     _errors(app)
     _routes(app, metrics)
     _document_keys(app)
+    _limits(app)
     return app
+
+
+def _limits(app: FastAPI) -> None:
+    """The service's limits (limits.py), from the settings as it starts: bad ones stop it."""
+    from core import settings
+    from sandboxer_tui.service.limits import Limits, Streams
+
+    app.state.max_exec_output = settings.serve_max_exec_output()
+    app.add_middleware(Limits, max_body=settings.serve_max_body(),
+                       max_upload=settings.serve_max_upload(),
+                       streams=Streams(settings.serve_max_streams(),
+                                       settings.serve_max_streams_per_key()),
+                       max_connections=settings.serve_max_connections())
+
+
 
 
 def _document_keys(app: FastAPI) -> None:
@@ -191,6 +207,39 @@ async def _exec_frames(items: AsyncIterator[OutputChunk | ExecExit], metrics: Se
         raise
     finally:
         metrics.observe("exec", backend, result, time.monotonic() - started)
+
+
+async def _capped_exec(items: AsyncIterator[OutputChunk | ExecExit],
+                       cap: int) -> dict[str, Any]:
+    """An exec's JSON reply: stdout and stderr each kept up to `cap` bytes, the rest counted
+    but not kept (32 MiB of output once cost the service 610 MB), and whether each was cut."""
+    kept = {"stdout": bytearray(), "stderr": bytearray()}
+    sizes = {"stdout": 0, "stderr": 0}
+    end: ExecExit | None = None
+    async for item in items:
+        if isinstance(item, OutputChunk):
+            sizes[item.stream] += len(item.data)
+            room = cap - len(kept[item.stream])
+            if room > 0:
+                kept[item.stream] += item.data[:room]
+        else:
+            end = item
+    if end is None:
+        from core.errors import OperationFailed
+
+        raise OperationFailed("the command's output ended without its exit status")
+    reply = end.to_dict()
+    for name in ("stdout", "stderr"):
+        data, cut = bytes(kept[name]), sizes[name] > len(kept[name])
+        if cut:  # not a character split in two at the cut: that would make it all base64
+            try:
+                data.decode()
+            except UnicodeDecodeError as exc:
+                if exc.reason == "unexpected end of data":
+                    data = data[:exc.start]
+        reply.update({name: output_doc(data), f"{name}_bytes": sizes[name],
+                      f"{name}_truncated": cut})
+    return reply
 
 
 async def _log_frames(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -327,14 +376,17 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
                                                  ", `stdout` and `stderr` events as the output "
                                                  "comes, then one `exit` event",
                                   "content": {"text/event-stream": {}}}})
-    async def exec_(who: Write, ref: str, body: s.Exec, accept: Accept = None) -> Response:
+    async def exec_(who: Write, request: Request, ref: str, body: s.Exec,
+                    accept: Accept = None) -> Response:
         box = await who.client.get(ref)
         if sse.wants_stream(accept):
             items = await sse.primed(box.exec_stream(body.argv, timeout=body.timeout))
             return sse.stream(_exec_frames(items, metrics, box.backend))
-        result = await timed("exec", box.exec(body.argv, timeout=body.timeout),
-                             backend=box.backend)
-        return JSONResponse(result.to_dict())
+        # the stream form, kept up to the cap: the whole output never sits in the service
+        result = await timed("exec", _capped_exec(box.exec_stream(
+            body.argv, timeout=body.timeout), request.app.state.max_exec_output),
+            backend=box.backend)
+        return JSONResponse(result)
 
     @app.get("/v1/sandboxes/{ref}/logs", tags=sandbox_tag, summary="The main process's output",
              response_class=Response, responses={
@@ -468,13 +520,9 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         folder = tempfile.mkdtemp(prefix="sbx-import-")
         path = os.path.join(folder, "checkpoint.tar.gz")
         try:
-            size = 0
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
+            with os.fdopen(fd, "wb") as out:  # capped as it comes (limits.py: 413)
                 async for piece in request.stream():
-                    size += len(piece)
-                    if size > MAX_UPLOAD:
-                        raise BadInput(f"the archive is larger than {MAX_UPLOAD} bytes")
                     out.write(piece)
             ckpt = await timed("import", who.client.import_checkpoint(path, name=name))
         finally:
@@ -527,14 +575,22 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         path = os.path.join(folder, "checkpoint.tar.gz")
         try:
             await timed("export", ckpt.export(path), backend=ckpt.backend)
-            with open(path, "rb") as archive:  # noqa: ASYNC230 (a local file)
-                data = archive.read()
-        finally:
+            archive = open(path, "rb")  # noqa: ASYNC230, SIM115 (a local file, read below)
+        finally:  # gone from the disk at once; the open file reads on until it is closed
             with contextlib.suppress(OSError):
                 os.unlink(path)
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
-        return Response(data, media_type=ARCHIVE, headers={
+        size = os.fstat(archive.fileno()).st_size
+
+        async def pieces() -> AsyncIterator[bytes]:
+            """The archive a piece at a time: a 158 MB export once held it all in memory."""
+            with archive:
+                while piece := await asyncio.to_thread(archive.read, EXPORT_CHUNK):
+                    yield piece
+
+        return StreamingResponse(pieces(), media_type=ARCHIVE, headers={
+            "Content-Length": str(size),
             "Content-Disposition": f'attachment; filename="{ckpt.id}.tar.gz"'})
 
     # -- events ------------------------------------------------------------------------------

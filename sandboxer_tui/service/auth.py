@@ -60,7 +60,9 @@ async def caller(request: Request, needed: Scope) -> Caller:
     if not token:
         raise Refused(401, "this service needs an API key: send `Authorization: Bearer KEY` "
                            "(sbx api-keys create makes one)")
-    key = await client.authenticate(token)
+    # looked up once a request: the limits middleware's lookup is kept in its state
+    key = getattr(request.state, "api_key", None) or await client.authenticate(token)
+    request.state.api_key = key
     if key is None:
         raise Refused(401, "the API key is not one of this service's, or it was revoked")
     scope = Scope(key["scope"])

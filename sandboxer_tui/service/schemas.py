@@ -161,8 +161,9 @@ class Output(BaseModel):
 
 class ExecResult(BaseModel):
     exit_code: int
-    stdout: str | Output = Field(description="text, or {\"base64\"} when not UTF-8")
-    stderr: str | Output
+    stdout: str | Output = Field(description="text, or {\"base64\"} when not UTF-8; at most "
+                                             "SBX_SERVE_MAX_EXEC_OUTPUT bytes (1MiB)")
+    stderr: str | Output = Field(description="as stdout")
     duration: float
     timed_out: bool
 
@@ -171,6 +172,11 @@ class CheckpointRecord(BaseModel):
     id: str
     name: str | None
     sandbox_id: str | None
+    stdout_bytes: int = Field(description="how much stdout the command wrote")
+    stderr_bytes: int = Field(description="how much stderr the command wrote")
+    stdout_truncated: bool = Field(description="stdout holds only the first part: the stream "
+                                               "form (Accept: text/event-stream) sends it all")
+    stderr_truncated: bool = Field(description="as stdout_truncated")
     parent_id: str | None
     kind: str
     state: str

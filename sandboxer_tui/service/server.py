@@ -119,6 +119,21 @@ def _server_class():
     return Server
 
 
+def uvicorn_config(app, *, graceful_shutdown_s: int = 5):
+    """The one uvicorn configuration, the service's limits included (limits.py, settings
+    read now): `sbx serve` and the tests' live service both run on it."""
+    import uvicorn
+
+    from core import settings
+    from sandboxer_tui.service.limits import KEEP_ALIVE_S, protocol
+
+    return uvicorn.Config(
+        app, log_level="warning", lifespan="on", ws="none", access_log=False,
+        http=protocol(settings.serve_header_timeout().total_seconds()),
+        timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=graceful_shutdown_s,
+        proxy_headers=False, server_header=False)
+
+
 def serve(listen: str | None, socket_path: str | None, reap_every: timedelta | None,
           evidence_key: str | None = None) -> None:
     """Run until SIGINT or SIGTERM."""
@@ -127,8 +142,6 @@ def serve(listen: str | None, socket_path: str | None, reap_every: timedelta | N
 
 async def _serve(listen_text: str | None, socket_path: str | None,
                  reap_every: timedelta | None, evidence_key: str | None = None) -> None:
-    import uvicorn
-
     from core import settings
 
     _Server = _server_class()
@@ -161,10 +174,7 @@ async def _serve(listen_text: str | None, socket_path: str | None,
             bound = socket_path
         app = build_app(client, actor=actor, socket_path=socket_path, reap_every=reap_every,
                         evidence_key=evidence_key)
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools",
-                                ws="none", access_log=False, timeout_graceful_shutdown=5,
-                                proxy_headers=False, server_header=False)
-        server = _Server(config)
+        server = _Server(uvicorn_config(app))
         where = [listen.url] if listen else []
         where += [f"unix://{socket_path}"] if socket_path else []
         timer = (f"reaper every {int(reap_every.total_seconds())}s" if reap_every

@@ -20,6 +20,17 @@ def wants_stream(accept: str | None) -> bool:
     return MEDIA in (accept or "")
 
 
+def asks_for_stream(scope: Any) -> bool:
+    """Whether an HTTP request asks for a stream (`Accept: text/event-stream`, or
+    `follow=true`): while it runs it holds one of the service's stream slots (limits.py)."""
+    from starlette.requests import Request
+
+    request = Request(scope)
+    follow = request.query_params.get("follow", "").lower() in ("true", "1", "yes", "on", "t",
+                                                                "y")
+    return follow or wants_stream(request.headers.get("accept"))
+
+
 def frame(event: str, data: Any, event_id: int | str | None = None) -> bytes:
     lines = [f"event: {event}"]
     if event_id is not None:

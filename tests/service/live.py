@@ -37,7 +37,7 @@ class LiveService:
         import uvicorn
 
         from sandboxer_tui.service.app import build_app
-        from sandboxer_tui.service.server import Listen, tcp_socket, unix_socket
+        from sandboxer_tui.service.server import Listen, tcp_socket, unix_socket, uvicorn_config
 
         self.client = sandboxer.AsyncSandboxer(home=self.home, actor=SERVICE_ACTOR)
         tcp = tcp_socket(Listen("127.0.0.1", 0))
@@ -47,9 +47,7 @@ class LiveService:
         self.url = f"http://127.0.0.1:{tcp.getsockname()[1]}"
         app = build_app(self.client, actor=SERVICE_ACTOR, socket_path=self.socket_path,
                         reap_every=self.reap_every, evidence_key=self.evidence_key)
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools",
-                                ws="none", access_log=False, timeout_graceful_shutdown=2)
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(uvicorn_config(app, graceful_shutdown_s=2))  # what ships
         self._server = server
         self._thread = threading.Thread(
             target=lambda: asyncio.run(server.serve(sockets=self._sockets)),

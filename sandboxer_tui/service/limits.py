@@ -1,0 +1,222 @@
+"""What keeps `sbx serve` standing against a hostile client (docs/security.md, "The service's
+limits"): the key is checked and the body's size judged before a byte of the body is read;
+bodies, event streams (per key and in all) and connections are capped; a connection has a
+deadline for its headers and a cap on their size. Refusals are the service's error body."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from core.errors import SbxError, Unavailable
+from sandboxer_tui.service import sse
+from sandboxer_tui.service.errors import error_body, error_response, refusal
+
+PUBLIC = frozenset({"/healthz", "/readyz", "/openapi.json"})  # no key, and served past the
+# connection limit (the document is public: it says what the service is, not what it holds)
+UPLOAD = ("POST", "/v1/checkpoints/import")  # the one route whose body is an archive
+MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this: 431
+KEEP_ALIVE_S = 5  # an idle connection between requests is closed after this
+CONNECTIONS = "sbx.connections"  # scope key: connections open when this request began
+
+
+def _size(n: int) -> str:
+    for unit, step in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= step and n % step == 0:
+            return f"{n // step} {unit}"
+    return f"{n} bytes"
+
+
+class Streams:
+    """Open event streams, per key (a key's id; `local` over the unix socket) and in all."""
+
+    def __init__(self, most: int, per_key: int) -> None:
+        self.most, self.per_key = most, per_key
+        self.open: Counter[str] = Counter()
+
+    def claim(self, principal: str) -> str | None:
+        """Take a slot for `principal`; None when taken, else why not."""
+        if self.open[principal] >= self.per_key:
+            return (f"this key has {self.per_key} event streams open, the most one key may "
+                    "(SBX_SERVE_MAX_STREAMS_PER_KEY): close one first")
+        if self.open.total() >= self.most:
+            return (f"the service has {self.most} event streams open, the most it serves "
+                    "(SBX_SERVE_MAX_STREAMS): try again later")
+        self.open[principal] += 1
+        return None
+
+    def release(self, principal: str) -> None:
+        self.open[principal] -= 1
+        if self.open[principal] <= 0:
+            del self.open[principal]
+
+
+class Limits:
+    """The pure ASGI middleware in front of every route (FastAPI would read and parse a body
+    before its dependencies check the key: one unauthenticated 300 MiB POST cost 900 MB)."""
+
+    def __init__(self, app: ASGIApp, *, max_body: int, max_upload: int, streams: Streams,
+                 max_connections: int) -> None:
+        self.app = app
+        self.max_body, self.max_upload = max_body, max_upload
+        self.streams = streams
+        self.max_connections = max_connections
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        public = scope["path"] in PUBLIC
+        body = _Body(scope, receive, send)
+        if not public and scope.get(CONNECTIONS, 0) > self.max_connections:
+            await body.answer(JSONResponse(error_body(Unavailable(
+                f"the service has {self.max_connections} connections open, the most it serves "
+                "(SBX_SERVE_MAX_CONNECTIONS): try again later")), status_code=503,
+                headers={"Retry-After": "1"}))
+            return
+        principal = None
+        if not public:
+            from core.apikeys import Scope as KeyScope
+            from sandboxer_tui.service.auth import Refused, caller
+
+            try:  # the key is looked up once: caller() finds it in the request's state
+                principal = (await caller(Request(scope), KeyScope.READ)).principal
+            except Refused as exc:
+                await body.answer(refusal(401, "unauthorized", str(exc),
+                                          **{"WWW-Authenticate": "Bearer"}))
+                return
+            except SbxError as exc:  # the database cannot be reached, say
+                await body.answer(error_response(exc))
+                return
+        upload = (scope["method"], scope["path"]) == UPLOAD
+        body.limit = self.max_upload if upload else self.max_body
+        body.setting = "SBX_SERVE_MAX_UPLOAD" if upload else "SBX_SERVE_MAX_BODY"
+        if body.length is not None and body.length > body.limit:
+            await body.answer(refusal(413, "bad_input", body.too_large()))
+            return
+        if principal is None or not sse.asks_for_stream(scope):
+            await self.app(scope, body.receive, body.send)
+            return
+        refused = self.streams.claim(principal)
+        if refused is not None:
+            await body.answer(JSONResponse(error_body(Unavailable(refused)), status_code=429,
+                                           headers={"Retry-After": "1"}))
+            return
+        try:
+            await self.app(scope, body.receive, body.send)
+        finally:
+            self.streams.release(principal)
+
+
+class _Body:
+    """A request's body as the app reads it: counted against its limit while it is read,
+    and the connection closed after an answer given before all of it came."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        self.length = int(length) if length and length.isdigit() else None
+        self.unread = bool(self.length) or b"chunked" in headers.get(b"transfer-encoding", b"")
+        self._scope, self._receive, self._send = scope, receive, send
+        self.limit, self.setting, self.read = 0, "", 0
+
+    def too_large(self) -> str:
+        return (f"the request's body is larger than {_size(self.limit)}, the most this route "
+                f"takes ({self.setting})")
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.read += len(message.get("body", b""))
+            if self.read > self.limit:  # FastAPI passes an HTTPException on as it is
+                raise HTTPException(413, self.too_large())
+            if not message.get("more_body", False):
+                self.unread = False
+        else:
+            self.unread = False
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and self.unread:
+            # the rest of the body is not wanted: close rather than read it to the end
+            message = {**message, "headers": [*message.get("headers", []),
+                                              (b"connection", b"close")]}
+        await self._send(message)
+
+    async def answer(self, response: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        await response(self._scope, self._receive, self.send)
+
+
+def protocol(header_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES) -> type:
+    """uvicorn's httptools protocol, with a deadline for each request's headers (uvicorn has
+    none: a connection that never finished its headers stayed open for good), a cap on their
+    size (llhttp has none), and the count of open connections in each request's scope."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class Protocol(HttpToolsProtocol):
+        _deadline: Any = None
+        _awaiting = False
+        _header_bytes = 0
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_headers()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_waiting()
+            super().connection_lost(exc)
+
+        def _await_headers(self) -> None:
+            self._stop_waiting()
+            self._awaiting, self._header_bytes = True, 0
+            self._deadline = self.loop.call_later(header_timeout_s, self._too_slow)
+
+        def _stop_waiting(self) -> None:
+            self._awaiting = False
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            if self._awaiting and not self.transport.is_closing():
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            if self._awaiting:
+                self._header_bytes += len(data)
+            super().data_received(data)
+            if (self._awaiting and self._header_bytes > max_header_bytes
+                    and not self.transport.is_closing()):
+                self._stop_waiting()
+                text = json.dumps({"error": {"code": 2, "kind": "bad_input", "message": (
+                    f"the request's line and headers are larger than {_size(max_header_bytes)}"
+                )}}).encode()
+                self.transport.write(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
+                    b"application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+                    % (len(text), text))
+                self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope[CONNECTIONS] = len(self.connections)  # type: ignore[literal-required]
+
+        def on_headers_complete(self) -> None:
+            self._stop_waiting()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            waiting = not self.pipeline  # a pipelined request's headers are all here
+            super().on_response_complete()
+            if waiting and not self.transport.is_closing():
+                self._await_headers()
+
+    return Protocol
+
