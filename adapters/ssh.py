@@ -5,7 +5,8 @@ of a Packer manifest (`options: {packer_manifest: PATH, build: NAME}`: the manif
 post-processor's file, read again at each create); a profile picks them by labels
 (`options: {match: {pool: ci}}`). Create leases a free matching host, checks
 that it answers and runs the profile's setup commands on it; exec runs commands over SSH and
-returns their exit codes; destroy runs the cleanup commands and releases the host.
+returns their exit codes; destroy runs the cleanup commands, ends the user's processes and
+removes its temporary files (SWEEP), and releases the host.
 
 Leases are rows of a small SQLite file of this adapter's own (`$SBX_HOME/ssh-leases.db`), one
 per host address (user@host:port, the primary key), taken inside BEGIN IMMEDIATE: two sbx
@@ -79,6 +80,47 @@ LEASED, RELEASING = "leased", "releasing"
 PID_MARKER = b"sbx-pid "
 REPORT_PID_THEN_EXEC = 'printf "sbx-pid %s\\n" "$$" >&2; exec "$@"'
 NO_CLIENT = "no OpenSSH client (`ssh`) on PATH: install it (on Debian: apt-get install openssh-client)"
+# Run on the host (POSIX sh, Linux /proc) as a lease ends, after the profile's cleanup, so the
+# next lessee meets nothing of this one: every process of the user ends but this script's own
+# session (its ancestors: the ssh connection carrying it), in rounds until none is left (a
+# process may fork while it is killed), and what the user owns in the shared temporary
+# folders goes. Nothing forks in the rounds, so nothing of the script's own is killed. Not
+# for root, whose processes are the host's own.
+SWEEP = r"""
+me=$(id -u)
+[ "$me" = 0 ] && exit 0
+keep=" " p=$$
+while [ -n "$p" ] && [ "$p" -gt 1 ]; do
+  keep="$keep$p " next=
+  while read -r key value _; do
+    if [ "$key" = PPid: ]; then next=$value; break; fi
+  done < "/proc/$p/status"
+  p=$next
+done
+round=0 left=1
+while [ -n "$left" ] && [ "$round" -lt 100 ]; do
+  round=$((round + 1)) left=
+  for dir in /proc/[0-9]*; do
+    pid=${dir#/proc/}
+    case "$keep" in *" $pid "*) continue ;; esac
+    state= uids=
+    { while read -r key a b _; do
+        case "$key" in State:) state=$a ;; Uid:) uids=" $a $b "; break ;; esac
+      done < "$dir/status"; } 2>/dev/null
+    case "$state" in Z|X|"") continue ;; esac
+    case "$uids" in *" $me "*) kill -KILL "$pid" 2>/dev/null && left=1 ;; esac
+  done
+  [ -n "$left" ] && { sleep 0.05 2>/dev/null || sleep 1; }
+done
+if [ -n "$left" ]; then echo "processes of uid $me would not end" >&2; exit 1; fi
+for dir in /tmp /var/tmp /dev/shm; do
+  [ -d "$dir" ] || continue
+  find "$dir" -xdev -mindepth 1 -user "$me" -prune -exec rm -rf -- {} + 2>/dev/null
+  if [ -n "$(find "$dir" -xdev -mindepth 1 -user "$me" -print 2>/dev/null | head -n 1)" ]; then
+    echo "cannot remove what uid $me left in $dir" >&2; exit 1
+  fi
+done
+"""
 
 
 class BadConfiguration(InvalidRequest):
@@ -792,6 +834,17 @@ class SSHAdapter(Adapter):
             raise AdapterError(f"{step} command {command!r} failed on ssh host "
                                f"{lease.host.describe()} ({why}): {_last_line(result.stderr)}")
 
+    async def _sweep(self, lease: Lease) -> None:
+        """End the lease user's processes and remove its temporary files (SWEEP)."""
+        result = await self.run(lease.host, ["sh", "-c", SWEEP],
+                                connect_timeout=lease.connect_timeout,
+                                timeout_s=lease.command_timeout)
+        if result.exit_code != 0:
+            why = "timed out" if result.timed_out else f"exit {result.exit_code}"
+            raise AdapterError(f"ending the lease's processes and removing its temporary files "
+                               f"failed on ssh host {lease.host.describe()} ({why}): "
+                               f"{_last_line(result.stderr)}")
+
     async def _clean_and_release(self, lease: Lease) -> None:
         """Cleanup, then release: a host whose cleanup failed is not handed out again."""
         async with _file_lock(self._lock_path(lease.host, "release"),
@@ -802,6 +855,7 @@ class SSHAdapter(Adapter):
             self.leases.mark_releasing(lease.ref)
             for command in current.cleanup:
                 await self._run_checked(current, command, "cleanup")
+            await self._sweep(current)
             self.leases.release(lease.ref)
 
     # -- contract ---------------------------------------------------------------------------
@@ -872,6 +926,7 @@ class SSHAdapter(Adapter):
                 with contextlib.suppress(Exception):
                     for command in lease.cleanup:
                         await self._run_checked(lease, command, "cleanup")
+                    await self._sweep(lease)
             self.leases.release(lease.ref)
             raise
         return lease.object()
