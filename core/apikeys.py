@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,7 +23,7 @@ from ulid import ULID
 
 from core.db import Database
 from core.errors import BadInput, NotFound
-from core.models import ApiKey
+from core.models import ApiKey, Tenant
 from core.refs import by_id
 
 ID_PREFIX = "key-"
@@ -30,6 +31,7 @@ TOKEN_PREFIX = "sbxk_"
 _TOKEN = re.compile(r"sbxk_([0-9a-z]{26})_([A-Za-z0-9_-]{43})")
 MAX_OWNER = 256
 KEYS = ApiKey.__table__
+QUOTA_FIELDS = ("max_sandboxes", "max_ttl_s", "max_execs")
 
 
 class Scope(enum.StrEnum):
@@ -63,21 +65,54 @@ def key_view(key: ApiKey) -> dict[str, Any]:
             "revoked_at": key.revoked_at}
 
 
-def create(db: Database, *, scope: str, owner: str, created_by: str,
-           now: str) -> tuple[dict[str, Any], str]:
-    """A new key: (its record, the key itself, which is stored nowhere)."""
+Record = Callable[[sa.Connection, str, dict[str, Any]], None]  # writes an event (type, payload)
+
+
+def check_quotas(quotas: Mapping[str, Any]) -> dict[str, int]:
+    """The quotas given (max_sandboxes, max_ttl_s, max_execs), each a whole number >= 1."""
+    checked = {}
+    for field in QUOTA_FIELDS:
+        value = quotas.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BadInput(f"bad {field} {value!r}: a whole number of at least 1")
+        checked[field] = value
+    return checked
+
+
+def create(db: Database, *, scope: str, owner: str, created_by: str, now: str,
+           record: Record, quotas: Mapping[str, Any] | None = None,
+           ) -> tuple[dict[str, Any], str]:
+    """A new key: (its record, the key itself, which is stored nowhere). `quotas` set the
+    owner's (docs/security.md, "Tenants"); the key and the quotas are events of the chain,
+    in the same transaction."""
     parsed = parse_scope(scope)
     owner = (owner or "").strip()
     if not owner or len(owner) > MAX_OWNER or not owner.isprintable():
         raise BadInput(f"bad owner {owner!r}: give who the key is for, printable, at most "
                        f"{MAX_OWNER} characters")
+    limits = check_quotas(quotas or {})
     ulid = str(ULID()).lower()
     token = f"{TOKEN_PREFIX}{ulid}_{secrets.token_urlsafe(32)}"
     key = ApiKey(id=ID_PREFIX + ulid, owner=owner, scope=parsed.value,
                  key_hash=_digest(token), created_at=now, created_by=created_by)
     with db.session(write=True) as session:
         session.add(key)
-    return key_view(key), token
+        if limits:
+            tenant = session.get(Tenant, owner) or Tenant(owner=owner, set_at=now,
+                                                          set_by=created_by)
+            for field, value in limits.items():
+                setattr(tenant, field, value)
+            tenant.set_at, tenant.set_by = now, created_by
+            session.add(tenant)
+        session.flush()
+        record(session.connection(), "apikey.created", {
+            "key": key.id, "owner": owner, "scope": parsed.value, **limits})
+    view = key_view(key)
+    if limits:
+        view["quotas"] = limits
+    return view, token
 
 
 def list_keys(db: Database) -> list[dict[str, Any]]:
@@ -86,8 +121,10 @@ def list_keys(db: Database) -> list[dict[str, Any]]:
             select(ApiKey).order_by(ApiKey.created_at, ApiKey.id))]
 
 
-def revoke(db: Database, key_id: str, *, now: str) -> tuple[dict[str, Any], bool]:
-    """Revoke a key by id: (its record, whether it was revoked just now)."""
+def revoke(db: Database, key_id: str, *, now: str,
+           record: Record) -> tuple[dict[str, Any], bool]:
+    """Revoke a key by id: (its record, whether it was revoked just now); an event of the
+    chain in the same transaction."""
     with db.session(write=True) as session:
         key = session.exec(select(ApiKey).where(ApiKey.id == key_id).with_for_update()).first()
         if key is None:
@@ -96,6 +133,9 @@ def revoke(db: Database, key_id: str, *, now: str) -> tuple[dict[str, Any], bool
             return key_view(key), False
         key.revoked_at = now
         session.add(key)
+        session.flush()
+        record(session.connection(), "apikey.revoked", {
+            "key": key.id, "owner": key.owner, "scope": key.scope})
         return key_view(key), True
 
 

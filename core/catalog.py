@@ -41,6 +41,9 @@ class EventType(enum.StrEnum):
     # warm pools (about a profile's pool, not one sandbox)
     POOL_RESIZED = "pool.resized"
     POOL_DRAINED = "pool.drained"
+    # the service's keys (an admin acts), with the owner's quotas when a create set them
+    APIKEY_CREATED = "apikey.created"
+    APIKEY_REVOKED = "apikey.revoked"
 
 
 class Reason(enum.StrEnum):

@@ -34,10 +34,11 @@ from ulid import ULID
 
 from adapters.archives import BoundedTar, TooLarge, format_size
 from adapters.base import LABEL_CHECKPOINT, LABEL_ID, LABEL_INSTALL, Capability
-from core import settings, telemetry
+from core import settings, telemetry, tenancy
 from core.clock import from_iso, to_iso
 from core.errors import BadInput, Conflict
 from core.failpoints import failpoint
+from core.ids import CHECKPOINT_PREFIX, validate_name
 from core.models import Checkpoint
 from core.states import ACTIVE, leased
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from core.profiles import Profile, ProfileLoader
 
 CHECKPOINTS = Checkpoint.__table__
-PREFIX = "ckpt-"
+PREFIX = CHECKPOINT_PREFIX
 ARCHIVE_FORMAT = "sandboxer-checkpoint/1"
 ARCHIVE_MEMBERS = ("manifest.json", "artifact.tar")  # in this order, nothing else
 NAME_MAX = 128
@@ -115,15 +116,18 @@ def restore_profile(ckpt: Mapping[str, Any], profile_name: str | None = None,
     """The profile a restore of `ckpt` runs under: the one rule for every front end.
 
     `profile_name` names a profile of this host. Without it, a checkpoint made here runs
-    under the resolved profile it was taken under (this host's own record), and an imported
-    one under this host's profile of the name it records: the profile embedded in an archive
-    was written by someone else and never supplies secrets, network, limits, TTL, command or
-    setup. No such profile here: BadInput naming --profile."""
-    from core.profiles import Profile, ProfileLoader
+    under the resolved profile it was taken under (this host's own record). An imported one
+    needs `profile_name`, or this host's profile of the name it records when that profile
+    says `checkpoints: {accept_imports: true}`: the archive was written by someone else, and
+    neither its embedded profile nor its choice of name supplies secrets, network, limits,
+    TTL, command or setup. Otherwise: BadInput naming --profile."""
+    from core.profiles import Profile, ProfileLoader, check_profile_name
 
     loader = loader or ProfileLoader()
     if profile_name is None and not is_imported(ckpt):
         return Profile.model_validate(json.loads(ckpt["profile_json"]))
+    if profile_name is not None:
+        check_profile_name(profile_name, "--profile")
     name = profile_name or ckpt["profile"]
     if name not in loader.names():
         if profile_name is not None:
@@ -132,6 +136,12 @@ def restore_profile(ckpt: Mapping[str, Any], profile_name: str | None = None,
         raise BadInput(f"checkpoint {ckpt['id']} was imported and this host has no profile "
                        f"named {name!r}: choose one of yours with --profile NAME")
     profile = loader.load(name)
+    if profile_name is None and not profile.checkpoints.accept_imports:
+        # the archive's author chose the name: it must not pick a profile whose secrets,
+        # network or limits were meant for something else
+        raise BadInput(f"checkpoint {ckpt['id']} was imported: choose the profile it runs "
+                       f"under with --profile NAME (or mark profile {name!r} with "
+                       "checkpoints: {accept_imports: true})")
     if profile.backend != ckpt["backend"]:
         raise BadInput(f"--profile: profile {name!r} runs on {profile.backend}; checkpoint "
                        f"{ckpt['id']} is a {ckpt['backend']} checkpoint")
@@ -162,7 +172,8 @@ class Checkpoints:
             return resolve(conn, CHECKPOINTS, ref, id_prefix=PREFIX, what="checkpoint")
 
     def list(self, sandbox_ref: str | None = None) -> list[dict[str, Any]]:
-        query = sa.select(CHECKPOINTS).order_by(CHECKPOINTS.c.created_at, CHECKPOINTS.c.id)
+        query = tenancy.narrow(sa.select(CHECKPOINTS), CHECKPOINTS).order_by(
+            CHECKPOINTS.c.created_at, CHECKPOINTS.c.id)
         if sandbox_ref:
             query = query.where(CHECKPOINTS.c.sandbox_id == self.mgr.resolve(sandbox_ref)["id"])
         with self.db.read() as conn:
@@ -184,6 +195,8 @@ class Checkpoints:
     @telemetry.traced("sbx.snapshot")
     async def snapshot(self, ref: str, name: str | None = None) -> dict[str, Any]:
         mgr = self.mgr
+        if name is not None:
+            validate_name(name, "snapshot name")
         sandbox = mgr.resolve(ref)
         adapter = mgr.adapter(sandbox["backend"])
         if not adapter.supports(Capability.SNAPSHOT):
@@ -200,7 +213,7 @@ class Checkpoints:
             "name": name, "kind": "filesystem", "state": "pending",
             "backend": sandbox["backend"], "backend_ref": None, "install_id": mgr.install_id,
             "profile": sandbox["profile"], "profile_json": sandbox["profile_json"],
-            "created_at": to_iso(now),
+            "created_at": to_iso(now), "owner": sandbox["owner"],
             "expires_at": to_iso(now + _duration(keep_for)) if keep_for else None,
         }
         # The lease and the intent in one transaction, the result and the release in another:
@@ -386,12 +399,14 @@ class Checkpoints:
         checkpoint of its own: its time is now, and it joins no local sandbox's lineage,
         events or evidence."""
         if name is not None:
-            name = _checkpoint_name(name, "--name")
+            name = validate_name(name, "--name")
         max_manifest, max_artifact = settings.import_max_manifest(), settings.import_max_artifact()
         with _archive_members(path) as (members, tar):
             manifest = _read_manifest(path, members, tar, max_manifest)
             claims = manifest.checkpoint
             chosen = name if name is not None else claims.name
+            if chosen is not None and name is None:
+                validate_name(chosen, "checkpoint name in the archive (import it with --name N)")
             self._refuse_taken(claims.id, chosen)
             adapter = self.mgr.adapter(claims.backend)
             if not adapter.supports(Capability.SNAPSHOT):
@@ -419,6 +434,7 @@ class Checkpoints:
             "expires_at": None, "origin_sandbox_id": claims.sandbox_id,
             "origin_parent_id": claims.parent_id, "origin_install_id": claims.install_id,
             "exported_at": manifest.exported_at or claims.created_at,
+            "owner": tenancy.owner_for(None) or self.mgr.actor,
         }
         try:
             with self.db.write() as conn:
@@ -446,19 +462,12 @@ class Checkpoints:
         if conn.execute(sa.select(CHECKPOINTS.c.id).where(CHECKPOINTS.c.id == ckpt_id)).first():
             raise Conflict(f"checkpoint {ckpt_id} is already here")
         if name is not None:
-            holder = conn.execute(sa.select(CHECKPOINTS.c.id).where(
-                CHECKPOINTS.c.name == name)).first()
+            holder = conn.execute(tenancy.narrow(sa.select(CHECKPOINTS.c.id).where(
+                CHECKPOINTS.c.name == name), CHECKPOINTS)).first()
             if holder:
                 raise Conflict(f"checkpoint name {name!r} is taken by {holder[0]} here: "
                                "import it under another with --name NAME")
         return None
-
-
-def _checkpoint_name(text: str, what: str) -> str:
-    if not text.strip() or len(text) > NAME_MAX or not text.isprintable():
-        raise BadInput(f"{what}: bad checkpoint name {text!r}: 1 to {NAME_MAX} printable "
-                       "characters")
-    return text
 
 
 def _not_ours(path: str, name: str) -> BadInput:

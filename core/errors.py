@@ -69,6 +69,13 @@ class Conflict(SbxError):
     kind = "conflict"
 
 
+class QuotaExceeded(Conflict):
+    """A tenant's quota would be passed (docs/security.md, "Tenants"): nothing was done.
+    Exit 4 as a conflict; the service answers 429."""
+
+    kind = "quota_exceeded"
+
+
 class Unavailable(SbxError):
     exit_code = EXIT_UNAVAILABLE
     kind = "unavailable"
@@ -154,7 +161,7 @@ def as_error(exc: BaseException) -> SbxError:
         return exc
     if not _KINDS:
         _KINDS.update({cls.kind: cls for cls in (OperationFailed, BadInput, NotFound,
-                                                  Conflict, Unavailable)})
+                                                  Conflict, QuotaExceeded, Unavailable)})
     _, kind = classify(exc)
     error = _KINDS[kind](one_line(exc))
     error.__cause__ = exc

@@ -41,12 +41,17 @@ def list_sandboxes(
     after: tuple[str, str] | None = None,
     limit: int | None = None,
     pool_members: bool = True,
+    owner: str | None = None,
 ) -> list[dict[str, Any]]:
     """Sandboxes, oldest first: not destroyed unless `include_all` or a `state` is given.
     `columns` narrows what is fetched (every column by default). `after` (created_at, id)
     and `limit` give one page (see page_cursor). `pool_members=False`: users' sandboxes
-    only, without the warm pool members nobody has claimed (core.pools)."""
+    only, without the warm pool members nobody has claimed (core.pools). `owner`: that
+    tenant's only (core/tenancy.py)."""
     where, params = [], []
+    if owner is not None:
+        where.append(f"owner = {placeholder}")
+        params.append(owner)
     if not pool_members:
         where.append("(pool IS NULL OR launch IS NOT NULL)")
     if after is not None:
@@ -219,11 +224,18 @@ def list_checkpoints(dbapi_conn: Any) -> list[dict[str, Any]]:
         cursor.close()
 
 
-def count_sandboxes(dbapi_conn: Any) -> list[dict[str, Any]]:
-    """How many sandboxes are in each (state, backend), destroyed ones included."""
+def count_sandboxes(dbapi_conn: Any, owner: str | None = None,
+                    placeholder: str = "?") -> list[dict[str, Any]]:
+    """How many sandboxes are in each (state, backend), destroyed ones included; `owner`:
+    that tenant's only."""
     cursor = dbapi_conn.cursor()
     try:
-        cursor.execute("SELECT state, backend, COUNT(*) FROM sandboxes GROUP BY state, backend")
+        if owner is None:
+            cursor.execute("SELECT state, backend, COUNT(*) FROM sandboxes "
+                           "GROUP BY state, backend")
+        else:
+            cursor.execute(f"SELECT state, backend, COUNT(*) FROM sandboxes WHERE owner = "
+                           f"{placeholder} GROUP BY state, backend", [owner])
         return [{"state": s, "backend": b, "count": n} for s, b, n in cursor.fetchall()]
     finally:
         cursor.close()

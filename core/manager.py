@@ -10,6 +10,8 @@ Each mutation follows one pattern (docs/design.md, "How an operation runs"):
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -40,11 +42,11 @@ from adapters.base import (
     ServiceSpec,
 )
 from core import events as eventlog
-from core import inventory, settings, telemetry
+from core import inventory, settings, telemetry, tenancy
 from core.after_reply import after_reply
 from core.anchor import read_anchor
 from core.clock import Clock, clock_from_env, from_iso, to_iso
-from core.db import LOCK_SANDBOX_NAMES, Database, serialise
+from core.db import LOCK_SANDBOX_NAMES, LOCK_TENANT_QUOTAS, Database, serialise
 from core.durations import format_duration
 from core.errors import (
     BadInput,
@@ -53,6 +55,7 @@ from core.errors import (
     NotDue,
     NotFound,
     OperationFailed,
+    QuotaExceeded,
     Unavailable,
     one_line,
 )
@@ -65,6 +68,7 @@ from core.states import (
     ACTIVE,
     ADOPTED_EVENT,
     CREATED_EVENT,
+    LIVE,
     ON_THE_CLOCK,
     REAPABLE,
     RESTARTED_EVENT,
@@ -118,6 +122,9 @@ class Manager:
         self.lease_ttl = lease_ttl or settings.lease_ttl()
         self.lease_owner = lease_owner(self.install_id)
         self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
+        # each owner's commands running in this process, and its quota (core/tenancy.py)
+        self._execs_running: collections.Counter[str] = collections.Counter()
+        self._exec_limits: dict[str, int | None] = {}
         self.leases = Leases(self.db, self.clock, owner=self.lease_owner, ttl=self.lease_ttl,
                              install_id=self.install_id, event=self.event)
 
@@ -196,7 +203,7 @@ class Manager:
             return inventory.list_sandboxes(
                 conn.connection.driver_connection, include_all=include_all, state=state,
                 backend=backend, labels=labels, placeholder=placeholder,
-                pool_members=pool_members)
+                pool_members=pool_members, owner=tenancy.current())
 
     def rows_by_ids(self, ids) -> dict[str, dict[str, Any]]:
         placeholder = "?" if self.db.engine.dialect.paramstyle == "qmark" else "%s"
@@ -209,6 +216,10 @@ class Manager:
         query = sa.select(EVENTS).where(EVENTS.c.id > after_id).order_by(EVENTS.c.id)
         if sandbox_id:
             query = query.where(EVENTS.c.sandbox_id == sandbox_id)
+        if tenancy.current() is not None:  # the tenant's sandboxes' events, and its own acts
+            query = query.where(sa.or_(
+                EVENTS.c.sandbox_id.in_(tenancy.narrow(sa.select(SANDBOXES.c.id), SANDBOXES)),
+                sa.and_(EVENTS.c.sandbox_id.is_(None), EVENTS.c.actor == tenancy.current())))
         if since:
             query = query.where(EVENTS.c.time >= since)
         with self.db.read() as conn:
@@ -290,6 +301,13 @@ class Manager:
         if name is not None:
             validate_name(name)
         all_labels = {**profile.labels, **validate_labels(labels or {})}
+        owner = tenancy.owner_for(owner) or self.actor
+        limits = None
+        if not pool_member:  # a tenant's quotas, refused before anything is read or made
+            with self.db.read() as conn:
+                limits = tenancy.quotas(conn, owner)
+                tenancy.check_ttl(limits, owner, ttl)
+                tenancy.check_live(conn, limits, owner, SANDBOXES, LIVE)
         env = {**profile.env, **self._read_secrets(profile.secrets)}
         if profile.setup and not restore_from:
             settings.mask_patterns()  # the setup's exec events need them: refused before
@@ -368,7 +386,7 @@ class Manager:
             "install_id": self.install_id,
             "host": settings.host_name(),
             "state": State.CREATING,
-            "owner": owner or self.actor,
+            "owner": owner,
             "task": task,
             "labels_json": json.dumps(all_labels, sort_keys=True),
             "created_at": to_iso(now),
@@ -388,9 +406,12 @@ class Manager:
         self.db.require_room()  # a full disk: exit 5 before anything is written or made
         with self.db.write() as conn:
             if name is not None:
-                refuse_taken_name(conn, name)
+                refuse_taken_name(conn, name, owner)
             if pool_member and not pools.room(conn, profile, self.install_id, row["created_at"]):
                 raise NotDue(f"pool {profile.name} is full")
+            if limits is not None and limits["max_sandboxes"] is not None:
+                serialise(conn, LOCK_TENANT_QUOTAS)  # two creates cannot both take the last
+                tenancy.check_live(conn, limits, owner, SANDBOXES, LIVE)
             conn.execute(_INSERT, row)
             self.event(conn, sandbox_id, CREATED_EVENT, payload={
                 "profile": profile.name, "backend": profile.backend, "name": name,
@@ -558,6 +579,9 @@ class Manager:
             if row["state"] not in ON_THE_CLOCK:
                 raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot extend")
             new, capped = extended(from_iso(row["deadline"]), from_iso(row["hard_deadline"]), by)
+            # a tenant's longest TTL counts from the sandbox's start
+            tenancy.check_ttl(tenancy.quotas(conn, row["owner"]), row["owner"],
+                              new - from_iso(row["created_at"]))
             new_iso = to_iso(new)
             updated = conn.execute(  # asking for more time is activity: the idle clock restarts
                 SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
@@ -808,10 +832,28 @@ class Manager:
                                    ).mappings().first()
                 if row is None:  # it changed state since it was read (PostgreSQL)
                     raise Conflict(f"sandbox {ref} changed meanwhile: cannot {verb}")
+            tenancy.check(row, "sandbox", ref)  # a whole id of another tenant's: not found
             self._usable(row, capability, verb)
             recorded = self._masked_argv(row, argv)
+            if capability is Capability.EXEC:
+                limits = tenancy.quotas(conn, row["owner"])
+                self._exec_limits[row["owner"]] = None if limits is None else \
+                    limits["max_execs"]
         telemetry.note_sandbox(row)
         return dict(row), recorded
+
+    @contextlib.contextmanager
+    def _exec_slot(self, owner: str) -> Iterator[None]:
+        """One of the owner's concurrent execs in this process (its quota max_execs)."""
+        most = self._exec_limits.get(owner)
+        if most is not None and self._execs_running[owner] >= most:
+            raise QuotaExceeded(f"tenant {owner!r} runs {self._execs_running[owner]} commands: "
+                                f"its quota max_execs is {most}")
+        self._execs_running[owner] += 1
+        try:
+            yield
+        finally:
+            self._execs_running[owner] -= 1
 
     @telemetry.traced("sbx.exec")
     async def exec(self, ref: str, argv: Sequence[str],
@@ -820,10 +862,11 @@ class Manager:
         if not argv:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
         row, recorded = self._start_using(ref, Capability.EXEC, "exec", argv)
-        adapter = await self.adapter_for(row)
-        result = await adapter.exec(row["backend_ref"], list(argv),
-                                    timeout.total_seconds() if timeout else None,
-                                    **_exec_env(adapter.exec))
+        with self._exec_slot(row["owner"]):
+            adapter = await self.adapter_for(row)
+            result = await adapter.exec(row["backend_ref"], list(argv),
+                                        timeout.total_seconds() if timeout else None,
+                                        **_exec_env(adapter.exec))
         after_reply(lambda: self._record_exec(row["id"], recorded, result,
                                               _digest(result.stdout), _digest(result.stderr)))
         return result
@@ -837,23 +880,24 @@ class Manager:
         if not argv:
             raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
         row, recorded = self._start_using(ref, Capability.EXEC, "exec", argv)
-        adapter = await self.adapter_for(row)
-        digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
-        sizes = {"stdout": 0, "stderr": 0}
-        async for item in adapter.exec_stream(row["backend_ref"], list(argv),
-                                              timeout.total_seconds() if timeout else None,
-                                              **_exec_env(adapter.exec_stream)):
-            if isinstance(item, ExecResult):
-                self._record_exec(row["id"], recorded, item, *(
-                    {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
-                    for s in ("stdout", "stderr")))
-                yield "exit", {"exit_code": item.exit_code, "duration": item.duration_s,
-                               "timed_out": item.timed_out}
-                return
-            stream, data = item
-            digests[stream].update(data)
-            sizes[stream] += len(data)
-            yield stream, data
+        with self._exec_slot(row["owner"]):
+            adapter = await self.adapter_for(row)
+            digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
+            sizes = {"stdout": 0, "stderr": 0}
+            async for item in adapter.exec_stream(row["backend_ref"], list(argv),
+                                                  timeout.total_seconds() if timeout else None,
+                                                  **_exec_env(adapter.exec_stream)):
+                if isinstance(item, ExecResult):
+                    self._record_exec(row["id"], recorded, item, *(
+                        {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
+                        for s in ("stdout", "stderr")))
+                    yield "exit", {"exit_code": item.exit_code, "duration": item.duration_s,
+                                   "timed_out": item.timed_out}
+                    return
+                stream, data = item
+                digests[stream].update(data)
+                sizes[stream] += len(data)
+                yield stream, data
 
     def _record_exec(self, sandbox_id: str, recorded: Sequence[str], result: ExecResult,
                      stdout: Mapping[str, Any], stderr: Mapping[str, Any]) -> None:
@@ -939,12 +983,14 @@ class Manager:
             yield chunk
 
 
-def refuse_taken_name(conn: Connection, name: str) -> None:
-    """Conflict when a sandbox that is not destroyed has `name` (unique among live ones);
-    inside the transaction that gives the name."""
+def refuse_taken_name(conn: Connection, name: str, owner: str) -> None:
+    """Conflict when a sandbox of `owner` that is not destroyed has `name` (unique among an
+    owner's live ones: tenants name theirs freely, core/tenancy.py); inside the transaction
+    that gives the name."""
     serialise(conn, LOCK_SANDBOX_NAMES)
     if conn.execute(sa.select(SANDBOXES.c.id).where(
-            SANDBOXES.c.name == name, SANDBOXES.c.state != State.DESTROYED)).first():
+            SANDBOXES.c.name == name, SANDBOXES.c.owner == owner,
+            SANDBOXES.c.state != State.DESTROYED)).first():
         raise Conflict(f"name {name!r} is taken by a sandbox that is not destroyed")
 
 

@@ -23,7 +23,7 @@ class Sandbox(SQLModel, table=True):
     install_id: str = Field(max_length=64)  # the installation (host) that made it
     host: str | None = Field(default=None, max_length=255)  # that installation's machine name
     state: str = Field(index=True, max_length=16)
-    owner: str = Field(max_length=256)
+    owner: str = Field(index=True, max_length=256)  # its tenant (core/tenancy.py)
     task: str | None = Field(default=None, sa_type=Text)
     labels_json: str = Field(default="{}", sa_type=Text)
     created_at: str = Field(index=True, max_length=TIME)
@@ -71,6 +71,9 @@ class Checkpoint(SQLModel, table=True):
     origin_parent_id: str | None = Field(default=None, max_length=40)
     origin_install_id: str | None = Field(default=None, max_length=64)
     exported_at: str | None = Field(default=None, max_length=TIME)  # set only on an import
+    # its tenant (core/tenancy.py): the sandbox's owner, or who imported it; None for rows
+    # written before tenants existed, which only the local user and admin keys see
+    owner: str | None = Field(default=None, index=True, max_length=256)
 
 
 class Event(SQLModel, table=True):
@@ -144,6 +147,20 @@ class ApiKey(SQLModel, table=True):
     created_at: str = Field(max_length=TIME)
     created_by: str = Field(max_length=256)
     revoked_at: str | None = Field(default=None, max_length=TIME)
+
+
+class Tenant(SQLModel, table=True):
+    """A tenant's quotas (docs/security.md, "Tenants"), set by an admin with
+    `sbx api-keys create --max-sandboxes N --max-ttl DUR --max-execs N`; None: no limit."""
+
+    __tablename__ = "tenants"
+
+    owner: str = Field(primary_key=True, max_length=256)
+    max_sandboxes: int | None = Field(default=None)  # live (not destroyed) at once
+    max_ttl_s: int | None = Field(default=None)  # the longest TTL a create or extend may give
+    max_execs: int | None = Field(default=None)  # commands running at once, per service
+    set_at: str = Field(max_length=TIME)
+    set_by: str = Field(max_length=256)
 
 
 class IdempotencyKey(SQLModel, table=True):

@@ -119,7 +119,7 @@ async def claim(mgr: Manager, profile: Profile, adapter: Adapter, instance: str 
     }
     with mgr.db.write() as conn:
         if name is not None:
-            manager_module.refuse_taken_name(conn, name)
+            manager_module.refuse_taken_name(conn, name, values["owner"])
         candidates = conn.execute(  # this installation's members, oldest first
             sa.select(sandboxes).where(sandboxes.c.state == State.WARM,
                                        sandboxes.c.pool == profile.name,

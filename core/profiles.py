@@ -114,6 +114,9 @@ class TTLPolicy(_Strict):
 class CheckpointPolicy(_Strict):
     keep: PositiveInt | None = None
     ttl: Duration | None = None
+    accept_imports: StrictBool = Field(False, description=(
+        "an imported checkpoint that records this profile's name may restore under it "
+        "without --profile (docs/security.md, \"Imported checkpoints\")"))
 
 
 MAX_POOL_SIZE = 100  # warm members one pool may keep (cloud members cost money while they wait)
@@ -581,6 +584,37 @@ def _anchor_compose_file(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return {**data, "compose": {**compose, "file": str(where)}}
 
 
+def check_profile_name(name: Any, what: str = "profile") -> str:
+    """A profile is named, never a path: a name on the search path is the only way a caller
+    (a service request above all) picks one, so `/etc/x` or `../x` reads no file."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        shown = repr(name)[:80]
+        raise BadInput(f"bad {what} name {shown}: a profile is named by lower-case letters, "
+                       "digits, '.', '_' or '-' (at most 63), never by a path")
+    return name
+
+
+# Fields of a profile that name a file on the host that runs sbx. A document sent to the
+# service (docs/service.md) may name none of them: the service's files are not the caller's.
+HOST_FILE_FIELDS = (("compose", "file"), ("options", "inventory"),
+                    ("options", "packer_manifest"))
+
+
+def refuse_host_files(document: Any) -> None:
+    """BadInput naming the first field of `document` that names a host file (compose.file,
+    options.inventory, options.packer_manifest), or an `extends:` that is not a name."""
+    if not isinstance(document, dict):
+        return
+    if "extends" in document:
+        check_profile_name(document["extends"], "extends: profile")
+    for section, field in HOST_FILE_FIELDS:
+        holder = document.get(section)
+        if isinstance(holder, dict) and holder.get(field) is not None:
+            raise BadInput(f"{section}.{field}: a profile sent to the service may not name a "
+                           "file on the service's host; put the profile on its search path, "
+                           "or give the compose project inline (compose.project)")
+
+
 def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(profile)"
 
@@ -632,8 +666,9 @@ class ProfileLoader:
         parent = data.get("extends")
         if parent is None:
             return own
-        if not isinstance(parent, str):
-            raise ProfileError([f"{path}: extends: must be a profile name"])
+        if not isinstance(parent, str) or not _NAME.fullmatch(parent):
+            raise ProfileError([f"{path}: extends: must be a profile name (lower-case "
+                                "letters, digits, '.', '_' or '-'), never a path"])
         if parent != name and parent in stack:
             raise ProfileError([f"{path}: extends: cycle {' -> '.join((*stack, parent))}"])
         hit = self._find(parent, below=layer if parent == name else None)
@@ -659,7 +694,9 @@ class ProfileLoader:
             raise ProfileError(problems) from None
 
     def load(self, name: str) -> Profile:
-        """The named profile, resolved. NotFound (exit 3) when no file has that name."""
+        """The named profile, resolved. BadInput (exit 2) for a name that is not one (a
+        path), NotFound (exit 3) when no file has that name."""
+        check_profile_name(name)
         hit = self._find(name)
         if hit is None:
             raise NotFound(

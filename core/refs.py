@@ -1,6 +1,9 @@
 """How a reference names a sandbox or a checkpoint, in one place: the whole id, a name, or a
 unique id prefix (with or without the `sbx-` / `ckpt-` prefix), in that order.
 
+Within a tenant (core/tenancy.py) only that owner's records are looked at: another owner's
+record is not found, as if it did not exist.
+
 A name is explicit, so a live record of that name wins over an id prefix that happens to
 match; records of that name that have all ended come after a matching id prefix. Among records
 of one name the newest wins. A prefix is matched literally: `_` and `%` in it are characters,
@@ -41,20 +44,24 @@ def whole_id(ref: str, id_prefix: str) -> str:
 def resolve(conn: Connection, table: sa.Table, ref: str, *, id_prefix: str, what: str,
             live: Callable[[Mapping[str, Any]], bool] = lambda row: True) -> dict[str, Any]:
     """The one row `ref` names; NotFound when none, BadInput when empty or ambiguous."""
+    from core import tenancy
+
     text = ref.strip()
     if not text:
         raise BadInput(f"empty {what} id")
+    if not text.isprintable():
+        raise NotFound(f"no {what} {ref!r}")  # a NUL or a control character names nothing
     full = whole_id(text, id_prefix)
     exact = conn.execute(by_id(table), {"id": full}).mappings().first()
-    if exact:
+    if exact and (tenancy.current() is None or exact["owner"] == tenancy.current()):
         return dict(exact)
-    named = conn.execute(sa.select(table).where(table.c.name == text)
+    named = conn.execute(tenancy.narrow(sa.select(table).where(table.c.name == text), table)
                          .order_by(table.c.created_at.desc())).mappings().all()
     alive = [r for r in named if live(r)]
     if alive:
         return dict(alive[0])
-    by_prefix = conn.execute(sa.select(table).where(
-        table.c.id.like(like_prefix(full), escape="\\"))).mappings().all()
+    by_prefix = conn.execute(tenancy.narrow(sa.select(table).where(
+        table.c.id.like(like_prefix(full), escape="\\")), table)).mappings().all()
     if not by_prefix:
         if named:  # only ended ones bear the name: the newest
             return dict(named[0])

@@ -117,6 +117,9 @@ def host_name() -> str:
 # Who acts in the operation running in this context (sandboxer's `acting_as` sets it): many
 # callers share one Manager in a service, and each asyncio task keeps its own value.
 ACTING_AS: ContextVar[str | None] = ContextVar("sbx_acting_as", default=None)
+# Whose records the operation running in this context may see and touch (core/tenancy.py):
+# a service request made with a read or write key sets it to the key's owner; None sees all.
+TENANT: ContextVar[str | None] = ContextVar("sbx_tenant", default=None)
 
 
 def actor() -> str:
@@ -233,9 +236,6 @@ def import_max_artifact() -> int:
     return _size_env("SBX_IMPORT_MAX_ARTIFACT", "8GiB")
 
 
-def clock_offset() -> str:
-    """`SBX_CLOCK_OFFSET`: a duration, optionally `-`, that shifts this process's clock (tests)."""
-    return os.environ.get("SBX_CLOCK_OFFSET", "").strip()
 def _count_env(name: str, default: int) -> int:
     raw = os.environ.get(name) or str(default)
     if not raw.strip().isdigit() or int(raw) <= 0:
@@ -286,6 +286,9 @@ def serve_header_timeout():
     return _duration_env("SBX_SERVE_HEADER_TIMEOUT", "10s")
 
 
+def clock_offset() -> str:
+    """`SBX_CLOCK_OFFSET`: a duration, optionally `-`, that shifts this process's clock (tests)."""
+    return os.environ.get("SBX_CLOCK_OFFSET", "").strip()
 
 
 def profile_path() -> list[str]:

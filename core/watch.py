@@ -122,11 +122,15 @@ def recent_samples(mgr: Manager, since: datetime) -> list[dict[str, Any]]:
     what this process, another (`sbx metrics --all`) or an earlier session recorded."""
     import sqlalchemy as sa
 
+    from core import tenancy
     from core.clock import to_iso
-    from core.models import MetricSample
+    from core.models import MetricSample, Sandbox
 
-    samples = MetricSample.__table__
+    samples, sandboxes = MetricSample.__table__, Sandbox.__table__
+    query = sa.select(samples).where(samples.c.time >= to_iso(since))
+    if tenancy.current() is not None:
+        query = query.where(samples.c.sandbox_id.in_(
+            tenancy.narrow(sa.select(sandboxes.c.id), sandboxes)))
     with mgr.db.read() as conn:
         return [dict(r) for r in conn.execute(
-            sa.select(samples).where(samples.c.time >= to_iso(since))
-            .order_by(samples.c.time, samples.c.id)).mappings()]
+            query.order_by(samples.c.time, samples.c.id)).mappings()]

@@ -20,6 +20,7 @@ from core.errors import (
     ExitCode,
     NotFound,
     OperationFailed,
+    QuotaExceeded,
     Unavailable,
 )
 from core.errors import SbxError as Error
@@ -74,6 +75,7 @@ __all__ = [
     "PoolInfo",
     "Profile",
     "ProfileInfo",
+    "QuotaExceeded",
     "Reason",
     "ReapReport",
     "Sandbox",

@@ -309,16 +309,19 @@ class AsyncSandboxer:
 
     # -- what a service needs (docs/service.md) ---------------------------------------------
 
-    def acting_as(self, actor: str) -> AsyncSandboxer:
+    def acting_as(self, actor: str, *, tenant: bool = False) -> AsyncSandboxer:
         """A client sharing this one's database, backends and loop whose operations the
-        event log records as done by `actor` (and whose creates default to that owner). Each
-        call carries its own actor, so concurrent callers acting as different actors never
-        mix. Closing it leaves this client open."""
+        event log records as done by `actor` (and whose creates default to that owner). With
+        `tenant=True` it sees and acts on `actor`'s own sandboxes, checkpoints and events
+        only; another owner's are not found (docs/security.md, "Tenants"). Each call carries
+        its own actor, so concurrent callers acting as different actors never mix. Closing
+        it leaves this client open."""
         from core.errors import BadInput
 
         if not isinstance(actor, str) or not actor.strip():
             raise BadInput("acting_as needs the actor's name")
-        return AsyncSandboxer(_transport=self._transport.acting_as(actor))
+        return AsyncSandboxer(_transport=self._transport.acting_as(
+            actor, actor if tenant else None))
 
     async def list_page(self, *, state: str | None = None, backend: str | None = None,
                         labels: Mapping[str, str] | None = None,
@@ -348,10 +351,20 @@ class AsyncSandboxer:
             labels=dict(labels) if labels else None, owner=owner, task=task)
         return AsyncSandbox(self, view)
 
-    async def create_api_key(self, scope: str, *,
-                             owner: str | None = None) -> tuple[dict[str, Any], str]:
+    async def create_api_key(self, scope: str, *, owner: str | None = None,
+                             max_sandboxes: int | None = None,
+                             max_ttl: Duration | None = None,
+                             max_execs: int | None = None) -> tuple[dict[str, Any], str]:
         """A key of the HTTP service with `scope` (read, write, admin) for `owner` (default:
-        the actor): (its record, the key). The key is shown only here; only its hash is kept."""
+        the actor): (its record, the key). The key is shown only here; only its hash is kept.
+        `max_sandboxes` (live at once), `max_ttl` and `max_execs` (commands at once) set the
+        owner's quotas, which bind every key of that owner (docs/security.md, "Tenants")."""
+        longest = _duration(max_ttl, "max_ttl")
+        quotas = {"max_sandboxes": max_sandboxes, "max_execs": max_execs,
+                  "max_ttl_s": None if longest is None else int(longest.total_seconds())}
+        quotas = {k: v for k, v in quotas.items() if v is not None}
+        if quotas:
+            return tuple(await self._transport.create_api_key(scope, owner, quotas))
         return tuple(await self._transport.create_api_key(scope, owner))
 
     async def api_keys(self) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import functools
 import inspect
 import threading
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -326,8 +326,10 @@ class LocalTransport:
                    include_destroyed: bool) -> list[dict[str, Any]]:
         """Read with the driver alone when the schema is current (no ORM: `sbx ls` stays
         fast from a fresh process), else through the Manager, which migrates."""
+        from core import tenancy
+
         filters = dict(include_all=include_destroyed, state=state, backend=backend,
-                       labels=labels, pool_members=False)
+                       labels=labels, pool_members=False, owner=tenancy.current())
 
         def fast() -> list[dict[str, Any]] | None:
             from core import inventory, settings
@@ -347,6 +349,7 @@ class LocalTransport:
 
         rows = await self.call(fast, needs_manager=False)
         if rows is None:
+            filters.pop("owner")  # the Manager narrows to the tenant itself
             rows = await self.call(lambda mgr: mgr.list(**filters))
         return views(rows)
 
@@ -691,15 +694,15 @@ class LocalTransport:
 
     # -- for the service: acting as a caller, pages, idempotent creates, keys -------------
 
-    def acting_as(self, actor: str) -> ActingTransport:
-        return ActingTransport(self, actor)
+    def acting_as(self, actor: str, tenant: str | None = None) -> ActingTransport:
+        return ActingTransport(self, actor, tenant)
 
     async def list_page(self, *, state: str | None, backend: str | None,
                         labels: Mapping[str, str] | None, include_destroyed: bool,
                         limit: int | None, cursor: str | None,
                         ) -> tuple[list[dict[str, Any]], str | None]:
         def go(mgr: Manager):
-            from core import inventory
+            from core import inventory, tenancy
             from core.views import VIEW_COLUMNS, sandbox_view
 
             after, size = inventory.parse_page(cursor, limit)
@@ -708,7 +711,8 @@ class LocalTransport:
                 rows = inventory.list_sandboxes(
                     conn.connection.driver_connection, include_all=include_destroyed,
                     state=state, backend=backend, labels=labels, placeholder=placeholder,
-                    columns=VIEW_COLUMNS, after=after, limit=size + 1, pool_members=False)
+                    columns=VIEW_COLUMNS, after=after, limit=size + 1, pool_members=False,
+                    owner=tenancy.current())
             more = len(rows) > size
             rows = rows[:size]
             now = mgr.now_iso()
@@ -746,12 +750,15 @@ class LocalTransport:
 
         return await self.call(go)
 
-    async def create_api_key(self, scope: str, owner: str | None) -> tuple[dict[str, Any], str]:
+    async def create_api_key(self, scope: str, owner: str | None,
+                             quotas: Mapping[str, Any] | None = None,
+                             ) -> tuple[dict[str, Any], str]:
         def go(mgr: Manager):
             from core import apikeys
 
             return apikeys.create(mgr.db, scope=scope, owner=owner or mgr.actor,
-                                  created_by=mgr.actor, now=mgr.now_iso())
+                                  created_by=mgr.actor, now=mgr.now_iso(), quotas=quotas,
+                                  record=_recorder(mgr))
 
         return await self.call(go)
 
@@ -767,7 +774,7 @@ class LocalTransport:
         def go(mgr: Manager):
             from core import apikeys
 
-            view, _ = apikeys.revoke(mgr.db, key_id, now=mgr.now_iso())
+            view, _ = apikeys.revoke(mgr.db, key_id, now=mgr.now_iso(), record=_recorder(mgr))
             return view
 
         return await self.call(go)
@@ -790,10 +797,12 @@ class LocalTransport:
 
     async def sandbox_counts(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
-            from core import inventory
+            from core import inventory, tenancy
 
+            placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
             with mgr.db.read() as conn:
-                return inventory.count_sandboxes(conn.connection.driver_connection)
+                return inventory.count_sandboxes(conn.connection.driver_connection,
+                                                 tenancy.current(), placeholder)
 
         return await self.call(go)
 
@@ -851,6 +860,11 @@ class LocalTransport:
             return await pools.drain(mgr, profile, resolved)
 
         return await self.call(go)
+
+
+def _recorder(mgr: Manager) -> Callable[[Any, str, dict[str, Any]], None]:
+    """An event of no sandbox, written in the caller's transaction as the acting actor."""
+    return lambda conn, type, payload: mgr.event(conn, None, type, payload=payload)
 
 
 def _load_profile(profile: str | Profile) -> Profile:
@@ -911,17 +925,19 @@ class LocalWatch:
 
 
 class ActingTransport:
-    """A transport recording every operation as done by `actor`, sharing `inner`'s loop,
-    database and backends. It sets settings.ACTING_AS for each call only, in the calling
-    task's context, which the call carries to the core loop: concurrent callers acting as
-    different actors never mix. Closing it leaves `inner` open."""
+    """A transport recording every operation as done by `actor`, and, with `tenant`, seeing
+    and touching that owner's records only (core/tenancy.py), sharing `inner`'s loop,
+    database and backends. It sets settings.ACTING_AS and settings.TENANT for each call only,
+    in the calling task's context, which the call carries to the core loop: concurrent
+    callers acting as different actors never mix. Closing it leaves `inner` open."""
 
-    def __init__(self, inner: Any, actor: str) -> None:
+    def __init__(self, inner: Any, actor: str, tenant: str | None = None) -> None:
         self._inner = inner
         self._actor = actor
+        self._tenant = tenant
 
-    def acting_as(self, actor: str) -> ActingTransport:
-        return ActingTransport(self._inner, actor)
+    def acting_as(self, actor: str, tenant: str | None = None) -> ActingTransport:
+        return ActingTransport(self._inner, actor, tenant)
 
     def call_blocking(self, awaitable: Awaitable[T]) -> T:
         return self._inner.call_blocking(awaitable)
@@ -936,48 +952,50 @@ class ActingTransport:
         target = getattr(self._inner, name)
         if not callable(target):
             return target
-        actor = self._actor
+        who = (self._actor, self._tenant)
 
         def acting(*args: Any, **kwargs: Any) -> Any:
-            from core.settings import ACTING_AS
-
-            token = ACTING_AS.set(actor)
-            try:
+            with _acting(who):
                 result = target(*args, **kwargs)
-            finally:
-                ACTING_AS.reset(token)
             if inspect.isawaitable(result):
-                return _as_actor(actor, result)
+                return _as_actor(who, result)
             if hasattr(result, "__anext__"):
-                return _ActingIterator(actor, result)
+                return _ActingIterator(who, result)
             return result
 
         return acting
 
 
-async def _as_actor(actor: str, awaitable: Awaitable[T]) -> T:
-    from core.settings import ACTING_AS
+@contextlib.contextmanager
+def _acting(who: tuple[str, str | None]) -> Iterator[None]:
+    from core.settings import ACTING_AS, TENANT
 
-    token = ACTING_AS.set(actor)
+    actor_token, tenant_token = ACTING_AS.set(who[0]), TENANT.set(who[1])
     try:
-        return await awaitable
+        yield
     finally:
-        ACTING_AS.reset(token)
+        TENANT.reset(tenant_token)
+        ACTING_AS.reset(actor_token)
+
+
+async def _as_actor(who: tuple[str, str | None], awaitable: Awaitable[T]) -> T:
+    with _acting(who):
+        return await awaitable
 
 
 class _ActingIterator:
-    def __init__(self, actor: str, agen: Any) -> None:
-        self._actor, self._agen = actor, agen
+    def __init__(self, who: tuple[str, str | None], agen: Any) -> None:
+        self._who, self._agen = who, agen
 
     def __aiter__(self) -> _ActingIterator:
         return self
 
     async def __anext__(self) -> Any:
-        return await _as_actor(self._actor, self._agen.__anext__())
+        return await _as_actor(self._who, self._agen.__anext__())
 
     async def aclose(self) -> None:
         if hasattr(self._agen, "aclose"):
-            await _as_actor(self._actor, self._agen.aclose())
+            await _as_actor(self._who, self._agen.aclose())
 
 
 def _flush_telemetry() -> None:

@@ -27,6 +27,7 @@ from core.errors import (
     Conflict,
     NotFound,
     OperationFailed,
+    QuotaExceeded,
     SbxError,
     Unavailable,
 )
@@ -39,8 +40,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 KINDS: dict[str, type[SbxError]] = {c.kind: c for c in (
+    OperationFailed, BadInput, NotFound, Conflict, QuotaExceeded, Unavailable)}
+CODES: dict[int, type[SbxError]] = {int(c.exit_code): c for c in (
     OperationFailed, BadInput, NotFound, Conflict, Unavailable)}
-CODES: dict[int, type[SbxError]] = {int(c.exit_code): c for c in KINDS.values()}
 PAGE = 1000
 SSE = "text/event-stream"
 FOLLOW_RETRIES = 5  # a followed stream that drops reconnects this many times in a row
@@ -495,7 +497,7 @@ class RemoteTransport:
 
     # -- for the service --------------------------------------------------------------------
 
-    def acting_as(self, actor: str) -> Any:
+    def acting_as(self, actor: str, tenant: str | None = None) -> Any:
         raise BadInput("a client of a service acts as its API key's owner; make a key for "
                        f"{actor!r} (sbx api-keys create --owner) and use it")
 
@@ -517,9 +519,11 @@ class RemoteTransport:
         return await self.create(profile, ttl=ttl, name=name, labels=labels, owner=owner,
                                  task=task, idempotency_key=key)
 
-    async def create_api_key(self, scope: str, owner: str | None) -> tuple[dict[str, Any], str]:
-        made = await self._json("POST", "/v1/api-keys", json_body={"scope": scope,
-                                                                   "owner": owner})
+    async def create_api_key(self, scope: str, owner: str | None,
+                             quotas: Mapping[str, Any] | None = None,
+                             ) -> tuple[dict[str, Any], str]:
+        made = await self._json("POST", "/v1/api-keys", json_body={
+            "scope": scope, "owner": owner, **(quotas or {})})
         return made["key"], made["token"]
 
     async def api_keys(self) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from core.errors import EXIT_BAD_INPUT, BadInput, classify, one_line
+from sandboxer_tui.formatting import printable
 
 # -- output ---------------------------------------------------------------------------------
 
@@ -37,7 +38,7 @@ def progress(message: str) -> None:
 
 
 def table(rows: Iterable[Iterable[Any]], headers: list[str]) -> str:
-    body = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    body = [[("-" if v is None else printable(v)) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in body]
@@ -404,10 +405,10 @@ def show_command(sandbox_id: str, as_json: bool) -> None:
                 "install", "created_at", "started_at", "deadline", "hard_deadline",
                 "last_activity_at", "idle_deadline", "ended_at", "error"):
         if view.get(key) is not None:
-            click.echo(f"{key:<17} {view[key]}")
+            click.echo(f"{key:<17} {printable(view[key])}")
     click.echo(f"{'ttl_left':<17} {human_left(view['ttl_left_s'])}")
     labels = ", ".join(f"{k}={v}" for k, v in view["labels"].items()) or "-"
-    click.echo(f"{'labels':<17} {labels}")
+    click.echo(f"{'labels':<17} {printable(labels)}")
 
 
 # -- exec / logs / destroy ------------------------------------------------------------------
@@ -1357,13 +1358,21 @@ def api_keys_group() -> None:
 @api_keys_group.command("create")
 @click.option("--scope", required=True, type=click.Choice(["read", "write", "admin"]),
               help="read: look; write: also act; admin: also manage keys.")
-@click.option("--owner", metavar="WHO", help="Who its requests are recorded as (default: you).")
+@click.option("--owner", metavar="WHO", help="Who its requests are recorded as (default: you): "
+              "its tenant, whose sandboxes a read or write key alone sees.")
+@click.option("--max-sandboxes", type=click.IntRange(min=1), metavar="N",
+              help="The owner's quota: live sandboxes at once.")
+@click.option("--max-ttl", metavar="DUR", help="The owner's quota: the longest TTL.")
+@click.option("--max-execs", type=click.IntRange(min=1), metavar="N",
+              help="The owner's quota: commands running at once.")
 @JSON_OPTION
 @command
-def api_keys_create(scope: str, owner: str | None, as_json: bool) -> None:
+def api_keys_create(scope: str, owner: str | None, max_sandboxes: int | None,
+                    max_ttl: str | None, max_execs: int | None, as_json: bool) -> None:
     """A new key; printed once (the last word), only its hash is kept."""
     with client() as sbx:
-        key, token = sbx.create_api_key(scope, owner=owner)
+        key, token = sbx.create_api_key(scope, owner=owner, max_sandboxes=max_sandboxes,
+                                        max_ttl=max_ttl, max_execs=max_execs)
     if as_json:
         emit_json({**key, "token": token})
     else:

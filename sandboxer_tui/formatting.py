@@ -76,3 +76,13 @@ def one_line(exc: BaseException) -> str:
     from core.errors import one_line as rule
 
     return rule(exc)
+
+
+def printable(value: object) -> str:
+    """`value` as text a terminal shows and does not obey: a control character (an escape
+    sequence from a name, an owner, a task or a label) is written out as `\\x1b`, never sent.
+    The JSON output escapes them by itself."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

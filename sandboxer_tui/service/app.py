@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from core.apikeys import Scope
 from core.errors import BadInput, Conflict, SbxError
+from core.profiles import refuse_host_files
 from sandboxer import AsyncSandboxer, ExecExit, OutputChunk, ReapReport
 from sandboxer._records import output_doc
 from sandboxer_tui.service import schemas as s
@@ -102,8 +103,6 @@ def _limits(app: FastAPI) -> None:
                        streams=Streams(settings.serve_max_streams(),
                                        settings.serve_max_streams_per_key()),
                        max_connections=settings.serve_max_connections())
-
-
 
 
 def _document_keys(app: FastAPI) -> None:
@@ -277,7 +276,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics (text format)",
              response_class=Response, responses={401: ERRORS[401],
                                                  200: {"content": {"text/plain": {}}}})
-    async def prometheus(who: Read) -> Response:
+    async def prometheus(who: Admin) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         metrics.count_sandboxes(await who.client.sandbox_counts())
@@ -293,6 +292,8 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         if isinstance(body.profile, dict):
             who.require(Scope.ADMIN, "a profile document (it may read the service's "
                                      "environment); a write key names a profile")
+            refuse_host_files(body.profile)
+        who.may_own(body.owner)
         args = dict(ttl=body.ttl, name=body.name, labels=body.labels, owner=body.owner,
                     task=body.task)
         if idempotency_key is not None:
@@ -323,7 +324,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
                                                 "ETag came in If-None-Match"}})
     async def inventory(who: Read, request: Request, include_destroyed: bool = False,
                         if_none_match: Annotated[str | None, Header()] = None) -> Response:
-        etag, items = await request.app.state.inventory.current(include_destroyed)
+        etag, items = await request.app.state.inventory.current(include_destroyed, who.tenant)
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if matches(if_none_match, etag):
             return Response(status_code=304, headers=headers)
@@ -506,7 +507,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
 
     @app.post("/v1/checkpoints/prune", tags=ckpt_tag, summary="Remove expired checkpoints",
               responses=ERRORS)
-    async def prune(who: Write) -> dict[str, list[str]]:
+    async def prune(who: Admin) -> dict[str, list[str]]:
         return {"removed": await timed("prune", who.client.prune_checkpoints(),
                                        backend="many")}
 
@@ -551,6 +552,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     async def restore(who: Write, ref: str,
                       body: Annotated[s.Restore | None, Body()] = None) -> JSONResponse:
         body = body or s.Restore()
+        who.may_own(body.owner)
         ckpt = await who.client.checkpoint(ref)
         box = await timed("restore", ckpt.restore(
             ttl=body.ttl, name=body.name, labels=body.labels, owner=body.owner,
@@ -561,6 +563,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
               summary="n sandboxes from a checkpoint", response_model=list[s.SandboxRecord],
               responses=ERRORS)
     async def fork(who: Write, ref: str, body: s.Fork) -> JSONResponse:
+        who.may_own(body.owner)
         ckpt = await who.client.checkpoint(ref)
         boxes = await timed("fork", ckpt.fork(body.n, ttl=body.ttl, labels=body.labels,
                                                owner=body.owner, task=body.task))
@@ -569,7 +572,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     @app.get("/v1/checkpoints/{ref}/archive", tags=ckpt_tag,
              summary="Export: the checkpoint as a portable .tar.gz", response_class=Response,
              responses={**ERRORS, 200: {"content": {ARCHIVE: {}}}})
-    async def export(who: Read, ref: str) -> Response:
+    async def export(who: Write, ref: str) -> Response:
         ckpt = await who.client.checkpoint(ref)
         folder = tempfile.mkdtemp(prefix="sbx-export-")
         path = os.path.join(folder, "checkpoint.tar.gz")
@@ -622,19 +625,19 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
 
     @app.post("/v1/events/deliver", tags=event_tag, summary="Deliver to the sinks now",
               responses=ERRORS)
-    async def deliver(who: Write) -> list[dict[str, Any]]:
+    async def deliver(who: Admin) -> list[dict[str, Any]]:
         reports = await who.client.deliver_events()
         metrics.count_deliveries(reports)
         return reports
 
     @app.get("/v1/events/undelivered", tags=event_tag, summary="What a sink refused",
              responses=ERRORS)
-    async def undelivered(who: Read) -> list[dict[str, Any]]:
+    async def undelivered(who: Admin) -> list[dict[str, Any]]:
         return await who.client.undelivered()
 
     @app.post("/v1/events/redeliver", tags=event_tag, summary="Try parked events again",
               responses=ERRORS)
-    async def redeliver(who: Write,
+    async def redeliver(who: Admin,
                         body: Annotated[s.Redeliver | None, Body()] = None) -> list[dict]:
         return await who.client.redeliver(body.event_ids if body else None)
 
@@ -642,7 +645,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
 
     @app.post("/v1/reap", tags=["reaper"], summary="One reconcile-and-reap cycle now",
               responses=ERRORS)
-    async def reap(who: Write, body: Annotated[s.Reap | None, Body()] = None) -> dict:
+    async def reap(who: Admin, body: Annotated[s.Reap | None, Body()] = None) -> dict:
         body = body or s.Reap()
         report = await who.client.reap(body.dry_run, orphans=body.orphans,
                                        timeout=body.timeout)
@@ -650,7 +653,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
 
     @app.post("/v1/reconcile", tags=["reaper"], summary="Repair the inventory now",
               responses=ERRORS)
-    async def reconcile(who: Write, body: Annotated[s.Reconcile | None, Body()] = None) -> dict:
+    async def reconcile(who: Admin, body: Annotated[s.Reconcile | None, Body()] = None) -> dict:
         return (await who.client.reconcile(body.dry_run if body else False)).to_dict()
 
     # -- profiles ----------------------------------------------------------------------------
@@ -665,6 +668,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     async def validate(who: Read, body: dict[str, Any]) -> dict[str, Any]:
         from core.profiles import ProfileLoader, dump
 
+        refuse_host_files(body)
         return {"ok": True, "profile": dump(ProfileLoader().load_mapping(body, "(profile)"))}
 
     @app.get("/v1/profiles/{name}", tags=["profiles"],
@@ -686,13 +690,13 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     @app.put("/v1/pools/{profile}", tags=["pools"],
              summary="Set a pool's size (the next reap fills or shrinks it)",
              response_model=s.PoolRecord, responses=ERRORS)
-    async def set_pool_size(who: Write, profile: str, body: s.PoolSize) -> JSONResponse:
+    async def set_pool_size(who: Admin, profile: str, body: s.PoolSize) -> JSONResponse:
         return JSONResponse((await who.client.set_pool_size(profile, body.size)).to_dict())
 
     @app.post("/v1/pools/{profile}/drain", tags=["pools"],
               summary="Destroy a pool's members and keep it empty",
               response_model=s.PoolDrained, responses=ERRORS)
-    async def drain_pool(who: Write, profile: str) -> dict[str, Any]:
+    async def drain_pool(who: Admin, profile: str) -> dict[str, Any]:
         return await timed("drain", who.client.drain_pool(profile), backend="many")
 
     # -- health of the backends, and the keys ------------------------------------------------
@@ -725,7 +729,10 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     @app.post("/v1/api-keys", tags=["keys"], status_code=201, summary="A new key (shown once)",
               response_model=s.NewApiKey, responses=ERRORS)
     async def create_api_key(who: Admin, body: s.CreateKey) -> JSONResponse:
-        key, token = await who.client.create_api_key(body.scope, owner=body.owner)
+        ttl = None if body.max_ttl_s is None else timedelta(seconds=body.max_ttl_s)
+        key, token = await who.client.create_api_key(
+            body.scope, owner=body.owner, max_sandboxes=body.max_sandboxes, max_ttl=ttl,
+            max_execs=body.max_execs)
         return JSONResponse({"key": key, "token": token}, status_code=201)
 
     @app.delete("/v1/api-keys/{key_id}", tags=["keys"], summary="Revoke a key",

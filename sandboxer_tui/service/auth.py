@@ -24,9 +24,24 @@ class Caller:
     scope: Scope
     actor: str
 
+    @property
+    def tenant(self) -> str | None:
+        """The owner this caller is narrowed to (docs/security.md, "Tenants"); None: all."""
+        return None if self.scope is Scope.ADMIN else self.actor
+
     def require(self, needed: Scope, what: str) -> None:
         if not self.scope.allows(needed):
-            raise Refused(403, f"{what} needs a {needed} key, not a {self.scope} one")
+            raise Refused(403, f"{what} needs {_a(needed)} key, not {_a(self.scope)} one")
+
+    def may_own(self, owner: str | None) -> None:
+        """A key records its own owner: naming another is for admin keys (403 otherwise)."""
+        if owner is not None and self.tenant is not None and owner != self.tenant:
+            raise Refused(403, f"owner {owner!r}: a {self.scope} key records its own owner "
+                               f"({self.tenant!r}); naming another needs an admin key")
+
+
+def _a(scope: Scope) -> str:
+    return f"an {scope}" if scope is Scope.ADMIN else f"a {scope}"
 
 
 class Refused(Exception):
@@ -67,8 +82,12 @@ async def caller(request: Request, needed: Scope) -> Caller:
         raise Refused(401, "the API key is not one of this service's, or it was revoked")
     scope = Scope(key["scope"])
     if not scope.allows(needed):
-        raise Refused(403, f"a {scope} key cannot do this: it needs a {needed} key")
-    return Caller(client.acting_as(key["owner"]), key["id"], scope, key["owner"])
+        raise Refused(403, f"{_a(scope).capitalize()} key cannot do this: it needs "
+                           f"{_a(needed)} key")
+    # a read or write key is its owner's tenant; an admin key sees every owner's
+    tenant = scope is not Scope.ADMIN
+    return Caller(client.acting_as(key["owner"], tenant=tenant), key["id"], scope,
+                  key["owner"])
 
 
 def need(scope: Scope):

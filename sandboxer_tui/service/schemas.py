@@ -85,7 +85,13 @@ class PoolSize(Body):
 class CreateKey(Body):
     scope: str = Field(description="read, write or admin")
     owner: str | None = Field(None, description="who its requests are recorded as "
-                                                "(default: the caller)")
+                                                "(default: the caller): its tenant")
+    max_sandboxes: int | None = Field(None, ge=1, description="the owner's quota: live "
+                                                              "sandboxes at once")
+    max_ttl_s: int | None = Field(None, ge=1, description="the owner's quota: the longest "
+                                                          "TTL, in seconds")
+    max_execs: int | None = Field(None, ge=1, description="the owner's quota: commands "
+                                                          "running at once")
 
 
 # -- responses (documentation) --------------------------------------------------------------
@@ -166,17 +172,19 @@ class ExecResult(BaseModel):
     stderr: str | Output = Field(description="as stdout")
     duration: float
     timed_out: bool
+    stdout_bytes: int = Field(description="how much stdout the command wrote")
+    stderr_bytes: int = Field(description="how much stderr the command wrote")
+    stdout_truncated: bool = Field(description="stdout holds only the first part: the stream "
+                                               "form (Accept: text/event-stream) sends it all")
+    stderr_truncated: bool = Field(description="as stdout_truncated")
 
 
 class CheckpointRecord(BaseModel):
     id: str
     name: str | None
     sandbox_id: str | None
-    stdout_bytes: int = Field(description="how much stdout the command wrote")
-    stderr_bytes: int = Field(description="how much stderr the command wrote")
-    stdout_truncated: bool = Field(description="stdout holds only the first part: the stream "
-                                               "form (Accept: text/event-stream) sends it all")
-    stderr_truncated: bool = Field(description="as stdout_truncated")
+    owner: str | None = Field(description="its tenant: the sandbox's owner, or who imported "
+                                           "it")
     parent_id: str | None
     kind: str
     state: str

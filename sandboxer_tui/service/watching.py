@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import secrets
 from typing import Any
 
@@ -29,12 +30,30 @@ class InventoryVersions:
         self._items: dict[bool, list[dict[str, Any]]] = {}
         self._lock = asyncio.Lock()
         self._closed = False
+        self._tenant_items: dict[tuple[bool, str], list[dict[str, Any]]] = {}
+        self._tenant_generation: dict[tuple[bool, str], int] = {}
 
-    def etag(self, include_destroyed: bool, generation: int) -> str:
-        return f'"inv-{self._boot}-{"all" if include_destroyed else "live"}-{generation}"'
+    def etag(self, include_destroyed: bool, generation: int, tenant: str | None = None) -> str:
+        view = "all" if include_destroyed else "live"
+        if tenant is not None:  # a tenant's own generation: another's changes never move it
+            view += "-t" + hashlib.sha256(tenant.encode()).hexdigest()[:12]
+        return f'"inv-{self._boot}-{view}-{generation}"'
 
-    async def current(self, include_destroyed: bool) -> tuple[str, list[dict[str, Any]]]:
-        """(the ETag, every sandbox of that view, oldest first) as of now."""
+    async def current(self, include_destroyed: bool, tenant: str | None = None,
+                      ) -> tuple[str, list[dict[str, Any]]]:
+        """(the ETag, every sandbox of that view, oldest first) as of now; with `tenant`,
+        that owner's sandboxes only (docs/security.md, "Tenants")."""
+        etag, items = await self._everyone(include_destroyed)
+        if tenant is None:
+            return etag, items
+        own = [item for item in items if item["owner"] == tenant]
+        key = (include_destroyed, tenant)
+        if self._tenant_items.get(key) != own:
+            self._tenant_items[key] = own
+            self._tenant_generation[key] = self._tenant_generation.get(key, 0) + 1
+        return self.etag(include_destroyed, self._tenant_generation[key], tenant), own
+
+    async def _everyone(self, include_destroyed: bool) -> tuple[str, list[dict[str, Any]]]:
         async with self._lock:
             if self._closed:
                 from core.errors import Unavailable

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+import pytest
+
 import sandboxer
 from tests.service.conftest import Api
 from tests.service.live import LiveService
@@ -27,7 +29,8 @@ def test_the_services_timer_fills_the_pool_and_remote_creates_say_how_they_were_
     live = LiveService(sbx_home, reap_every=timedelta(seconds=0.5)).start()
     try:
         token = live.key("write", owner="writer")
-        with sandboxer.Sandboxer(url=live.url, token=token) as sbx:
+        with sandboxer.Sandboxer(url=live.url, token=token) as sbx, \
+                sandboxer.Sandboxer(url=live.url, token=live.key("admin", owner="ops")) as ops:
             wait_for(lambda: sbx.pools()[0].ready == 2, "full pool")
             (pool,) = sbx.pools()
             assert (pool.profile, pool.backend, pool.size, pool.declared) == (
@@ -44,18 +47,20 @@ def test_the_services_timer_fills_the_pool_and_remote_creates_say_how_they_were_
             wait_for(lambda: sbx.pools()[0].claimed == 1 and sbx.pools()[0].ready == 2,
                      "the timer's refill")
 
-            resized = sbx.set_pool_size("warmstub", 1)
+            with pytest.raises(sandboxer.BadInput, match="admin"):  # pools are the operator's
+                sbx.set_pool_size("warmstub", 1)
+            resized = ops.set_pool_size("warmstub", 1)
             assert (resized.size, resized.size_set) == (1, True)
             wait_for(lambda: sbx.pools()[0].ready == 1, "the timer's shrink")
-            drained = sbx.drain_pool("warmstub")
+            drained = ops.drain_pool("warmstub")
             assert len(drained["destroyed"]) == 1 and drained["failed"] == []
             assert sbx.pools()[0].size == 0
             time.sleep(1.5)  # a few timer cycles: a drained pool stays empty
             assert sbx.pools()[0].ready == 0
 
-            with_errors = [(sandboxer.BadInput, lambda: sbx.set_pool_size("warmstub", 500)),
-                           (sandboxer.BadInput, lambda: sbx.set_pool_size("stubby", 1)),
-                           (sandboxer.NotFound, lambda: sbx.drain_pool("nosuch"))]
+            with_errors = [(sandboxer.BadInput, lambda: ops.set_pool_size("warmstub", 500)),
+                           (sandboxer.BadInput, lambda: ops.set_pool_size("stubby", 1)),
+                           (sandboxer.NotFound, lambda: ops.drain_pool("nosuch"))]
             for error, call in with_errors:
                 try:
                     call()
@@ -65,9 +70,11 @@ def test_the_services_timer_fills_the_pool_and_remote_creates_say_how_they_were_
         api = Api(live.url, token)
         made = api.post("/v1/sandboxes", json={"profile": "warmstub"})
         assert made.status_code == 201 and made.json()["launch"] == "cold"  # drained
-        assert api.put("/v1/pools/warmstub", json={"size": -1}).status_code == 422
-        assert api.put("/v1/pools/warmstub", json={"size": 500}).status_code == 400
-        assert api.post("/v1/pools/nosuch/drain").status_code == 404
+        admin = Api(live.url, live.key("admin", owner="ops"))
+        assert admin.put("/v1/pools/warmstub", json={"size": -1}).status_code == 422
+        assert admin.put("/v1/pools/warmstub", json={"size": 500}).status_code == 400
+        assert admin.post("/v1/pools/nosuch/drain").status_code == 404
+        assert api.put("/v1/pools/warmstub", json={"size": 1}).status_code == 403
         reader = Api(live.url, live.key("read", owner="reader"))
         assert reader.get("/v1/pools").status_code == 200
         assert reader.put("/v1/pools/warmstub", json={"size": 1}).status_code == 403

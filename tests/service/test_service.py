@@ -60,7 +60,7 @@ def test_no_key_or_a_bad_one_is_401_and_changes_nothing(live, sbx_home, stub_nam
 
 def test_a_read_key_reads_and_may_not_mutate(live, sbx_home, stub_named, api):
     made = api.post("/v1/sandboxes", json={"profile": stub_named}).json()
-    reader = Api(live.url, live.key("read", owner="reader"))
+    reader = Api(live.url, live.key("read", owner="writer"))  # the writer's tenant
     assert reader.get(f"/v1/sandboxes/{made['id']}").json()["id"] == made["id"]
     before = everything(sbx_home)
     for method, path, body in (("POST", "/v1/sandboxes", {"profile": stub_named}),
@@ -120,10 +120,10 @@ def test_the_keys_owner_is_the_actor_and_concurrent_keys_never_mix(live, stub_na
                                           for i in range(40)))
 
     made = asyncio.run(burst())
-    reader = Api(live.url, tokens["alice"])
+    readers = {who: Api(live.url, token) for who, token in tokens.items()}
     for box in made:
         assert box["owner"] == box["task"]
-        events = reader.get("/v1/events", params={"sandbox": box["id"]}).json()
+        events = readers[box["owner"]].get("/v1/events", params={"sandbox": box["id"]}).json()
         assert {e["actor"] for e in events} == {box["task"]}, box["id"]
 
 
@@ -318,7 +318,8 @@ def test_health_and_prometheus_metrics_without_sandbox_ids(live, api, stub_named
                     headers={"Accept": "text/event-stream"}) as streamed:
         assert sse_events(streamed, until="exit")[-1][0] == "exit"
     api.post("/v1/sandboxes", json={"profile": "no-such"})
-    text = api.get("/metrics").text
+    assert api.get("/metrics").status_code == 403  # the service's whole count: an operator's
+    text = Api(live.url, live.key("admin", owner="scraper")).get("/metrics").text
     assert 'sbx_sandboxes{backend="stub",state="running"} 2.0' in text
     assert 'sbx_sandboxes{backend="stub",state="destroyed"} 1.0' in text
     assert 'sbx_operation_duration_seconds_count{backend="stub",kind="create",result="ok"} 3.0' \
@@ -342,8 +343,9 @@ def test_the_service_reaps_and_delivers_on_its_timer(sbx_home, stub_named):
         destroying = [e for e in events if e["type"] == "sandbox.destroying"]
         assert destroying[0]["reason"] == "ttl" and destroying[0]["actor"] == "the-service"
         deadline = time.monotonic() + 30
+        scraper = Api(live.url, live.key("admin", owner="scraper"))
         while True:
-            text = api.get("/metrics").text
+            text = scraper.get("/metrics").text
             if 'sbx_reaped_sandboxes_total{reason="ttl"} 1.0' in text and \
                     'sbx_event_deliveries_total{result="delivered",sink="jsonl"}' in text:
                 break
