@@ -207,6 +207,8 @@ def protocol(header_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES) 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self.scope[CONNECTIONS] = len(self.connections)  # type: ignore[literal-required]
+            if not self._awaiting:  # pipelined behind a running request: its size is capped
+                self._awaiting, self._header_bytes = True, 0
 
         def on_headers_complete(self) -> None:
             self._stop_waiting()

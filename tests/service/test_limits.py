@@ -164,6 +164,20 @@ def test_a_chunked_body_past_the_cap_is_413_and_the_service_does_not_grow(sbx, t
     assert _sandbox_rows(sbx.home) == 0
 
 
+def test_the_key_is_looked_up_once_a_request(live, api, monkeypatch):
+    calls = []
+    authenticate = live.client.authenticate
+
+    async def counted(token):
+        calls.append(token)
+        return await authenticate(token)
+
+    monkeypatch.setattr(live.client, "authenticate", counted)
+    assert api.get("/v1/sandboxes").status_code == 200
+    assert api.post("/v1/sandboxes", json={"profile": "stubby"}).status_code == 201
+    assert len(calls) == 2
+
+
 def test_a_declared_body_past_the_cap_is_413_before_it_is_read(live, api, sbx_home):
     sock = _connect(live.url)
     sock.sendall(_request("POST", "/v1/sandboxes", {
@@ -242,10 +256,10 @@ def test_streams_are_capped_per_key_and_in_all(limited):
             sock, status, _ = _open_stream(service.url, alice)
             assert status == 200
             held.append(sock)
-        sock, status, data = _open_stream(service.url, alice)
-        sock.close()
-        assert status == 429
-        assert b"SBX_SERVE_MAX_STREAMS_PER_KEY" in data
+        refused = httpx.get(f"{service.url}/v1/events", timeout=30, headers={
+            "Authorization": f"Bearer {alice}", "Accept": "text/event-stream"})
+        assert refused.status_code == 429
+        assert "(SBX_SERVE_MAX_STREAMS_PER_KEY)" in refused.json()["error"]["message"]
         for _ in range(2):
             sock, status, _ = _open_stream(service.url, bob)
             assert status == 200
