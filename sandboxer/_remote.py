@@ -299,8 +299,16 @@ class RemoteTransport:
 
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout: timedelta | None) -> dict[str, Any]:
-        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/exec",
-                                json_body={"argv": list(argv), "timeout": _seconds(timeout)})
+        """The whole output, as in process: read from the stream form, since the JSON reply
+        keeps only the first part of a large output (docs/service.md, "Limits")."""
+        chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        ended: dict[str, Any] = {}
+        async for stream, data in self.exec_stream(ref, argv, timeout):
+            if stream == "exit":
+                ended = data
+            else:
+                chunks[stream].append(data)
+        return {**ended, **{stream: b"".join(parts) for stream, parts in chunks.items()}}
 
     async def exec_stream(self, ref: str, argv: Sequence[str],
                           timeout: timedelta | None) -> AsyncIterator[tuple[str, Any]]:

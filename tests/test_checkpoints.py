@@ -448,7 +448,8 @@ def test_export_then_import_in_a_fresh_home_restores_the_same_file(sbx, docker_a
     assert imported["install_id"] == install_id_of(other.home) != install_id_of(sbx.home)
     assert [r["id"] for r in checkpoint_rows(other.home)] == [ckpt["id"]]
 
-    fresh = ok(other("restore", ckpt["id"], "--label", RUN_LABEL, "--json")).json()
+    fresh = ok(other("restore", ckpt["id"], "--profile", "default", "--label", RUN_LABEL,
+                     "--json")).json()
     assert fresh["install"] == install_id_of(other.home)
     out = ok(other("exec", fresh["id"], "--", "sha256sum", "/work/blob")).out
     assert out.split()[0] == digest
@@ -738,19 +739,31 @@ def test_restore_of_an_import_runs_under_a_profile_of_this_host(sbx, docker_api,
         assert _utc(view["deadline"]) - _utc(view["created_at"]) == timedelta(minutes=30)
         assert show(other, view["id"])["profile"] == "default"
 
-    def restore_in_other(*args: str) -> Result:
-        return other("restore", *args, "--label", RUN_LABEL, "--json", env=host)
+    def restore_in_other(*args: str, env: dict[str, str] | None = None) -> Result:
+        return other("restore", *args, "--label", RUN_LABEL, "--json", env={**host, **(env or {})})
 
-    # the recorded name is a profile here: that one, not the archive's
-    runs_under_local_default(ok(restore_in_other(first["id"])).json())
-    too_long = restore_in_other(first["id"], "--ttl", "100d")
-    assert too_long.code == 2 and "4h" in too_long.json()["error"]["message"], too_long
-
-    # a recorded name this host does not have: the user chooses
     def state() -> tuple:
         return (table_rows(other.home, "sandboxes"), table_rows(other.home, "events"),
                 sorted(c["Id"] for c in containers_of(docker_api, install_id_of(other.home))))
 
+    # the recorded name is a profile here, but the archive's author chose that name: the
+    # user names the profile, unless this host's profile of that name accepts imports
+    before = state()
+    refused = other("restore", first["id"], "--label", RUN_LABEL, env=host)
+    assert refused.code == 2 and "--profile" in one_line(refused), refused
+    assert "accept_imports" in one_line(refused)
+    assert state() == before
+    runs_under_local_default(ok(restore_in_other(first["id"], "--profile", "default")).json())
+    too_long = restore_in_other(first["id"], "--profile", "default", "--ttl", "100d")
+    assert too_long.code == 2 and "4h" in too_long.json()["error"]["message"], too_long
+    accepting = tmp_path / "accepting"
+    accepting.mkdir()
+    (accepting / "default.yaml").write_text(
+        "extends: default\ncheckpoints: {accept_imports: true}\n")
+    runs_under_local_default(ok(restore_in_other(
+        first["id"], env={"SBX_PROFILE_PATH": str(accepting)})).json())
+
+    # a recorded name this host does not have: the user chooses
     before = state()
     for args in ((second["id"],), (second["id"], "--profile", f"nope-{RUN_ID}")):
         refused = other("restore", *args, "--label", RUN_LABEL, env=host)

@@ -45,7 +45,7 @@ def test_the_service_signs_with_its_own_key(sbx_home, stub_named, tmp_path, keys
         live.stop()
     unkeyed = LiveService(sbx_home).start()
     try:
-        headers = {"Authorization": f"Bearer {unkeyed.key('read')}"}
+        headers = {"Authorization": f"Bearer {unkeyed.key('read', owner='svc-user')}"}
         refused = httpx.get(f"{unkeyed.url}/v1/sandboxes/{box['id']}/evidence",
                             params={"signed": "true"}, headers=headers)
         assert refused.status_code == 409

@@ -20,7 +20,7 @@ from tests.service.test_service import everything
 
 @pytest.fixture
 def reader(live: LiveService):
-    client = Api(live.url, live.key("read", owner="watcher"))
+    client = Api(live.url, live.key("read", owner="writer"))  # the api fixture's tenant
     yield client
     client.http.close()
 
@@ -122,7 +122,7 @@ def test_metric_samples_of_every_sandbox_refuse_what_makes_no_sense(live, reader
 def test_a_client_of_a_service_is_refused_an_interactive_shell_and_told_why(live, api,
                                                                              stub_named):
     made = api.post("/v1/sandboxes", json={"profile": stub_named}).json()
-    with sandboxer.Sandboxer(url=live.url, token=live.key("write")) as remote:
+    with sandboxer.Sandboxer(url=live.url, token=live.key("write", owner="writer")) as remote:
         box = remote.get(made["id"])
         with pytest.raises(sandboxer.Conflict) as refused:
             box.shell_command()
