@@ -602,17 +602,49 @@ HOST_FILE_FIELDS = (("compose", "file"), ("options", "inventory"),
 
 def refuse_host_files(document: Any) -> None:
     """BadInput naming the first field of `document` that names a host file (compose.file,
-    options.inventory, options.packer_manifest), or an `extends:` that is not a name."""
+    options.inventory, options.packer_manifest; in an inline compose project, env files,
+    builds, included, extended, secret and config files, and bind mounts, with
+    `compose.allow: [binds]`), or an `extends:` that is not a name."""
     if not isinstance(document, dict):
         return
     if "extends" in document:
         check_profile_name(document["extends"], "extends: profile")
-    for section, field in HOST_FILE_FIELDS:
-        holder = document.get(section)
-        if isinstance(holder, dict) and holder.get(field) is not None:
-            raise BadInput(f"{section}.{field}: a profile sent to the service may not name a "
-                           "file on the service's host; put the profile on its search path, "
-                           "or give the compose project inline (compose.project)")
+    found = [f"{section}.{field}" for section, field in HOST_FILE_FIELDS
+             if isinstance(document.get(section), dict)
+             and document[section].get(field) is not None]
+    compose = document.get("compose")
+    if isinstance(compose, dict):
+        if "binds" in (compose.get("allow") or []):
+            found.append("compose.allow: binds")
+        found += _project_host_files(compose.get("project"))
+    if found:
+        raise BadInput(f"{found[0]}: a profile sent to the service may not name a file or "
+                       "folder of the service's host; put the profile on its search path")
+
+
+def _project_host_files(project: Any) -> list[str]:
+    """The keys of an inline compose project that would read the host's files."""
+    if not isinstance(project, dict):
+        return []
+    found = [f"compose.project.{key}" for key in ("include",) if key in project]
+    for section in ("secrets", "configs"):
+        specs = project.get(section)
+        found += [f"compose.project.{section}.{name}.file"
+                  for name, spec in (specs.items() if isinstance(specs, dict) else ())
+                  if isinstance(spec, dict) and "file" in spec]
+    services = project.get("services")
+    for name, svc in services.items() if isinstance(services, dict) else ():
+        if not isinstance(svc, dict):
+            continue
+        where = f"compose.project.services.{name}"
+        found += [f"{where}.{key}" for key in ("env_file", "build", "extends") if key in svc]
+        for volume in svc.get("volumes") or []:
+            source = volume.get("source") if isinstance(volume, dict) else \
+                str(volume).split(":")[0]
+            kind = volume.get("type") if isinstance(volume, dict) else None
+            if kind == "bind" or (isinstance(source, str) and source.startswith(("/", ".", "~"))):
+                found.append(f"{where}.volumes")
+    return found
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

@@ -245,7 +245,16 @@ def test_a_profile_is_a_name_never_a_path(live, sbx_home, stub_named, tenants, t
                      {"extends": f"../{planted.stem}"},
                      {"backend": "compose", "compose": {"file": str(planted),
                                                         "service": "x"}},
-                     {"backend": "ssh", "options": {"inventory": str(planted)}}):
+                     {"backend": "ssh", "options": {"inventory": str(planted)}},
+                     *({"backend": "compose", "compose": {"service": "app", **compose}}
+                       for compose in (
+                           {"allow": ["binds"], "project": {"services": {"app": {
+                               "image": "sandboxer/base:busybox"}}}},
+                           {"project": {"services": {"app": {
+                               "image": "sandboxer/base:busybox", "env_file": str(planted)}}}},
+                           {"project": {"services": {"app": {
+                               "image": "sandboxer/base:busybox",
+                               "volumes": [f"{tmp_path}:/host"]}}}}))):
         for who in (tenants["bob-reader"], admin):
             answer = who.post("/v1/profiles/validate", json=document)
             assert answer.status_code == 400, (document, answer.text)
