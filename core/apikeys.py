@@ -23,13 +23,13 @@ from ulid import ULID
 
 from core.db import Database
 from core.errors import BadInput, NotFound
+from core.ids import validate_owner
 from core.models import ApiKey, Tenant
 from core.refs import by_id
 
 ID_PREFIX = "key-"
 TOKEN_PREFIX = "sbxk_"
 _TOKEN = re.compile(r"sbxk_([0-9a-z]{26})_([A-Za-z0-9_-]{43})")
-MAX_OWNER = 256
 KEYS = ApiKey.__table__
 QUOTA_FIELDS = ("max_sandboxes", "max_ttl_s", "max_execs")
 
@@ -88,10 +88,7 @@ def create(db: Database, *, scope: str, owner: str, created_by: str, now: str,
     owner's (docs/security.md, "Tenants"); the key and the quotas are events of the chain,
     in the same transaction."""
     parsed = parse_scope(scope)
-    owner = (owner or "").strip()
-    if not owner or len(owner) > MAX_OWNER or not owner.isprintable():
-        raise BadInput(f"bad owner {owner!r}: give who the key is for, printable, at most "
-                       f"{MAX_OWNER} characters")
+    owner = validate_owner((owner or "").strip())
     limits = check_quotas(quotas or {})
     ulid = str(ULID()).lower()
     token = f"{TOKEN_PREFIX}{ulid}_{secrets.token_urlsafe(32)}"

@@ -37,3 +37,28 @@ def validate_name(name: str, what: str = "name") -> str:
         raise BadInput(f"bad {what} {name!r}: it could be the start of an id; give a name "
                        "with a letter that ids never hold (i, l, o, u) or a mark")
     return name
+
+
+MAX_OWNER = 256  # the column's width (core/models.py)
+MAX_TASK = 4096  # a task says what a sandbox is for; the event log keeps it forever
+
+
+def validate_owner(owner: str) -> str:
+    """Who a sandbox or a key belongs to (its tenant): printable text, so no NUL reaches the
+    store and no escape a terminal, at most MAX_OWNER characters."""
+    if not isinstance(owner, str) or not owner.strip() or len(owner) > MAX_OWNER \
+            or not owner.isprintable():
+        raise BadInput(f"bad owner {str(owner)[:80]!r}: printable text of 1 to {MAX_OWNER} "
+                       "characters")
+    return owner
+
+
+def validate_task(task: str | None) -> str | None:
+    """What a sandbox is for: free text (tabs and newlines too), no NUL or other control
+    character a terminal would obey, at most MAX_TASK characters."""
+    if task is None:
+        return None
+    if len(task) > MAX_TASK or any(not c.isprintable() and c not in "\t\n" for c in task):
+        raise BadInput(f"bad task ({len(task)} characters): text of at most {MAX_TASK} "
+                       "characters, without control characters")
+    return task

@@ -60,7 +60,7 @@ from core.errors import (
     one_line,
 )
 from core.failpoints import failpoint
-from core.ids import PREFIX, new_sandbox_id, validate_name
+from core.ids import PREFIX, new_sandbox_id, validate_name, validate_owner, validate_task
 from core.labels import validate_labels
 from core.leases import Lease, Leases, making_room
 from core.models import Event, Sandbox
@@ -301,7 +301,8 @@ class Manager:
         if name is not None:
             validate_name(name)
         all_labels = {**profile.labels, **validate_labels(labels or {})}
-        owner = tenancy.owner_for(owner) or self.actor
+        owner = validate_owner(tenancy.owner_for(owner) or self.actor)
+        validate_task(task)
         limits = None
         if not pool_member:  # a tenant's quotas, refused before anything is read or made
             with self.db.read() as conn:

@@ -6,6 +6,8 @@ key names profiles, never files of the service's host."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -283,18 +285,32 @@ def test_names_follow_one_rule(live, sbx_home, stub_named, tenants):
 
 
 def test_ls_and_show_never_send_a_terminal_escape(sbx, stub_env):
+    """An owner or task with a control character is refused at create (exit 2, nothing
+    written); one already stored (by an older sbx) is written out by ls and show, not sent."""
     nasty = "\x1b]0;owned\x07\x1b[31m"
-    made_ = sbx("create", "--profile", "stubby", "--task", f"task{nasty}", "--owner",
-                f"owner{nasty}", "--label", "k=v", "--json", env=stub_env)
+    before = table_rows(sbx.home, "sandboxes")
+    for option in ("--task", "--owner"):
+        refused = sbx("create", "--profile", "stubby", option, f"x{nasty}", env=stub_env)
+        assert refused.code == 2 and refused.err.count("\n") == 1, refused
+        assert "\x1b" not in refused.err
+    long_task = sbx("create", "--profile", "stubby", "--task", "t" * 4097, env=stub_env)
+    assert long_task.code == 2 and "4096" in long_task.err
+    assert table_rows(sbx.home, "sandboxes") == before
+    made_ = sbx("create", "--profile", "stubby", "--task", "fine", "--json", env=stub_env)
     assert made_.code == 0, made_.err
     box = made_.json()
+    conn = sqlite3.connect(sbx.home / "sbx.db")
+    with conn:
+        conn.execute("UPDATE sandboxes SET task = ?, owner = ?, labels_json = ? WHERE id = ?",
+                     (f"task{nasty}", f"owner{nasty}", json.dumps({"k": nasty}), box["id"]))
+    conn.close()
     for argv in (("ls",), ("ls", "--all"), ("show", box["id"])):
         shown = sbx(*argv, env=stub_env)
         assert shown.code == 0, shown.err
         assert "\x1b" not in shown.out and "\x07" not in shown.out, argv
         assert "\\x1b" in shown.out  # written out, not sent
     shown = sbx("show", box["id"], "--json", env=stub_env).json()
-    assert shown["task"] == f"task{nasty}"  # kept as given
+    assert shown["task"] == f"task{nasty}"  # JSON keeps the value, escaped by JSON itself
 
 
 # -- checkpoints (a real engine) ----------------------------------------------------------
