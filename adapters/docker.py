@@ -109,6 +109,11 @@ START_HINT = (
 
 PLAINTEXT_ENV = "SBX_DOCKER_ALLOW_PLAINTEXT"  # =1: an engine over the network without TLS
 NETWORK_SCHEMES = ("tcp://", "http://", "https://")
+# Connections kept per engine URL: more than the threads that call at once (the library's 64
+# sbx-io threads, the reaper's workers). docker-py keeps one urllib3 pool per request URL and
+# closes the least recent past 25; a pool that overflows its size logs its qsize(), and an
+# overflow racing that close is an AttributeError in the middle of a create.
+ENGINE_CONNECTIONS = 128
 EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a kill inside the container finds
 
 
@@ -388,7 +393,8 @@ class DockerAdapter(Adapter):
                                        # ssh://user@host goes through paramiko, which reads
                                        # ~/.ssh/config and known_hosts. (docker-py's system-ssh
                                        # mode breaks pipes when exec streams close.)
-                                       use_ssh_client=False)
+                                       use_ssh_client=False,
+                                       max_pool_size=ENGINE_CONNECTIONS)
                 if tls is not None and tls.verify and tls.ca_cert:
                     _keep_engine_ca(api)
                 response = api._get(api.base_url + "/_ping")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING, Any
 
 from core import settings
 from core.errors import NotFound, QuotaExceeded
+
+if TYPE_CHECKING:  # `sbx ls` reads current() and loads no SQLAlchemy (tests/test_import_hygiene.py)
+    import sqlalchemy as sa
 
 
 def current() -> str | None:
@@ -54,6 +55,8 @@ def owner_for(asked: str | None) -> str | None:
 
 
 def quotas(conn: sa.Connection, owner: str) -> Mapping[str, Any] | None:
+    import sqlalchemy as sa
+
     from core.models import Tenant
 
     table = Tenant.__table__
@@ -76,6 +79,8 @@ def check_live(conn: sa.Connection, limits: Mapping[str, Any] | None, owner: str
     most = None if limits is None else limits.get("max_sandboxes")
     if most is None:
         return
+    import sqlalchemy as sa
+
     held = conn.execute(sa.select(sa.func.count()).select_from(table).where(
         table.c.owner == owner, table.c.state.in_([str(s) for s in live_states]))).scalar() or 0
     if held >= most:
