@@ -1,23 +1,34 @@
-"""Creates made under an `Idempotency-Key` (docs/service.md): the first request with a key
-records it, with a digest of what it asked for, before the sandbox is made; a retry with the
-same key and the same request gets that sandbox instead of a second one, after a restart
-too. The same key with another request is refused; one still in progress is a conflict.
-A claim whose request died with its process lapses after the lease time, as leases do."""
+"""Creates made under an `Idempotency-Key` (docs/service.md, "Idempotent creates").
+
+The first request with a key claims it, with a digest of what it asked for and the process
+that holds the claim. The claim is bound to the sandbox in the same transaction that records
+the sandbox (or hands out a warm pool member), before the backend is called: whatever
+crashes after that, a retry with the same key gets that one sandbox, or its failure, never a
+second one. The same key with another request is refused; one still in progress is a
+conflict. A claim whose process died (core.states.holder_gone) is taken over at once, one
+whose holder cannot be checked (another host) after the lease time, as leases are.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from core.clock import from_iso, to_iso
-from core.db import Database
-from core.errors import BadInput, Conflict
+from core.errors import BadInput, Conflict, OperationFailed
+from core.failpoints import failpoint
 from core.models import IdempotencyKey
+from core.states import State, holder_gone
+
+if TYPE_CHECKING:
+    from core.manager import Manager
 
 KEYS = IdempotencyKey.__table__
 MAX_KEY = 255
@@ -38,42 +49,89 @@ def check_key(key: str) -> str:
     return key
 
 
-def claim(db: Database, principal: str, key: str, digest: str, *, now: str,
-          lapse: timedelta) -> str | None:
-    """The sandbox a completed earlier request made (None: this request goes on, and its
-    claim is recorded). KeyReused for another request, Conflict while one is in progress."""
+@dataclass(frozen=True)
+class Claim:
+    """A key this process holds: `bind` ties it to the sandbox the create records."""
+
+    principal: str
+    key: str
+    holder: str
+
+    def _where(self) -> sa.ColumnElement[bool]:
+        return sa.and_(KEYS.c.principal == self.principal, KEYS.c.key == self.key)
+
+    def bind(self, conn: Connection, sandbox_id: str) -> None:
+        """Inside the transaction that records `sandbox_id`: a claim another process took
+        over (this one was thought dead) is a Conflict, and nothing is recorded."""
+        bound = conn.execute(KEYS.update().where(  # again after a warm claim fell through
+            self._where(), KEYS.c.holder == self.holder).values(sandbox_id=sandbox_id))
+        if bound.rowcount != 1:
+            raise Conflict("another request with this Idempotency-Key took it over; retry to "
+                           "get its sandbox")
+
+
+def claim(conn: Connection, principal: str, key: str, digest: str, *, now: str,
+          lapse: timedelta, holder: str, install_id: str) -> Claim | str:
+    """The sandbox an earlier request with this key is bound to, or a new Claim for this
+    request. KeyReused for another request, Conflict while one is in progress."""
     check_key(key)
     moment = from_iso(now)
-    where = sa.and_(KEYS.c.principal == principal, KEYS.c.key == key)
-    with db.write() as conn:
-        conn.execute(KEYS.delete().where(KEYS.c.created_at < to_iso(moment - KEEP)))
-        row = conn.execute(sa.select(KEYS).where(where).with_for_update()).mappings().first()
-        if row is not None:
-            if row["request_hash"] != digest:
-                raise KeyReused("this Idempotency-Key was used with another request; use a "
-                                "new key for a new request")
-            if row["sandbox_id"] is not None:
-                return row["sandbox_id"]
-            if from_iso(row["created_at"]) + lapse > moment:
-                raise Conflict("a request with this Idempotency-Key is still in progress; "
-                               "retry when it has finished")
-            conn.execute(KEYS.update().where(where).values(created_at=now))
-            return None
+    mine = Claim(principal, key, holder)
+    where = mine._where()
+    conn.execute(KEYS.delete().where(KEYS.c.created_at < to_iso(moment - KEEP)))
+    row = conn.execute(sa.select(KEYS).where(where).with_for_update()).mappings().first()
+    if row is None:
         conn.execute(KEYS.insert().values(principal=principal, key=key, request_hash=digest,
-                                          sandbox_id=None, created_at=now))
-    return None
+                                          sandbox_id=None, created_at=now, holder=holder))
+        return mine
+    if row["request_hash"] != digest:
+        raise KeyReused("this Idempotency-Key was used with another request; use a new key "
+                        "for a new request")
+    if row["sandbox_id"] is not None:
+        return row["sandbox_id"]
+    if from_iso(row["created_at"]) + lapse > moment and not holder_gone(row["holder"],
+                                                                        install_id):
+        raise Conflict("a request with this Idempotency-Key is still in progress; retry when "
+                       "it has finished")
+    # its request died before anything was recorded: this one goes on in its place
+    conn.execute(KEYS.update().where(where).values(created_at=now, holder=holder))
+    return mine
 
 
-def complete(db: Database, principal: str, key: str, sandbox_id: str) -> None:
-    with db.write() as conn:
-        conn.execute(KEYS.update().where(sa.and_(KEYS.c.principal == principal,
-                                                 KEYS.c.key == key))
-                     .values(sandbox_id=sandbox_id))
+def release(conn: Connection, held: Claim) -> None:
+    """The request failed before it recorded a sandbox: the key may be used again."""
+    conn.execute(KEYS.delete().where(held._where(), KEYS.c.sandbox_id.is_(None),
+                                     KEYS.c.holder == held.holder))
 
 
-def release(db: Database, principal: str, key: str) -> None:
-    """The request failed: the key may be used again (for this request or another)."""
-    with db.write() as conn:
-        conn.execute(KEYS.delete().where(sa.and_(KEYS.c.principal == principal,
-                                                 KEYS.c.key == key,
-                                                 KEYS.c.sandbox_id.is_(None))))
+async def create_once(mgr: Manager, principal: str, key: str, asked: Mapping[str, Any],
+                      create: Callable[..., Any]) -> dict[str, Any]:
+    """`create(bind=...)` run at most once for `key` of `principal`; a retry gets the sandbox
+    the first run recorded (settling it first if its maker died mid-create), or its failure.
+    `asked` is the request as the digest sees it."""
+    with mgr.db.write() as conn:
+        held = claim(conn, principal, key, request_digest(asked), now=mgr.now_iso(),
+                     lapse=mgr.lease_ttl, holder=mgr.lease_owner, install_id=mgr.install_id)
+    if isinstance(held, str):
+        return await _answer_for(mgr, held)
+    failpoint("idempotency.after-claim")
+    try:
+        return await create(bind=held.bind)
+    except BaseException:
+        with mgr.db.write() as conn:  # gone if the sandbox was recorded (bound): kept then
+            release(conn, held)
+        raise
+
+
+async def _answer_for(mgr: Manager, sandbox_id: str) -> dict[str, Any]:
+    """What a retry gets: the bound sandbox as it stands, once its create has settled."""
+    row = mgr.resolve(sandbox_id)
+    if row["state"] == State.CREATING:
+        if mgr.leases.held_by_another(row):
+            raise Conflict("a request with this Idempotency-Key is still in progress; retry "
+                           "when it has finished")
+        row = await mgr.settle_interrupted_create(row)
+    if row["state"] == State.FAILED:
+        raise OperationFailed(f"create failed on {row['backend']}: "
+                              f"{row.get('error') or 'its maker stopped'} (sandbox {row['id']})")
+    return row

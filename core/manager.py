@@ -285,11 +285,14 @@ class Manager:
         task: str | None = None,
         restore_from: Mapping[str, Any] | None = None,
         pool_member: bool = False,
+        bind: Callable[[Connection, str], None] | None = None,
     ) -> dict[str, Any]:
         """Validate everything, then intent -> backend create -> fenced result.
         With `restore_from` (a checkpoint row), the sandbox starts from its artifact.
         A profile with a pool is served by a warm member that fits, if one waits (core.pools);
-        `pool_member`: make such a member (the reaper's fill), not a sandbox for the caller."""
+        `pool_member`: make such a member (the reaper's fill), not a sandbox for the caller.
+        `bind(conn, id)` runs in the transaction that records the sandbox, before the backend
+        is called (core.idempotency ties a key to it there)."""
         from core.profiles import dump
 
         ttl = ttl or profile.ttl.default
@@ -373,7 +376,7 @@ class Manager:
             from core import pools
 
             claimed = await pools.claim(self, profile, adapter, instance, ttl=ttl, name=name,
-                                        labels=all_labels, owner=owner, task=task)
+                                        labels=all_labels, owner=owner, task=task, bind=bind)
             if claimed is not None:  # served warm
                 return claimed
         row = {
@@ -414,6 +417,8 @@ class Manager:
                 serialise(conn, LOCK_TENANT_QUOTAS)  # two creates cannot both take the last
                 tenancy.check_live(conn, limits, owner, SANDBOXES, LIVE)
             conn.execute(_INSERT, row)
+            if bind is not None:
+                bind(conn, sandbox_id)
             self.event(conn, sandbox_id, CREATED_EVENT, payload={
                 "profile": profile.name, "backend": profile.backend, "name": name,
                 "owner": row["owner"], "task": task, "labels": all_labels,
@@ -447,6 +452,7 @@ class Manager:
         )
         if profile.setup and not restore_from:  # a restored filesystem has had its setup
             await self._run_setup(running, adapter, profile.setup)
+        failpoint("create.after-running")
         return running
 
     async def _run_setup(self, row: Mapping[str, Any], adapter: Adapter,
@@ -665,6 +671,17 @@ class Manager:
         return True
 
     @making_room
+    async def settle_interrupted_create(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """A create whose maker stopped (its lease lapsed, or its process is gone), settled
+        now as reconcile would: running if its backend object exists, failed if not."""
+        adapter = await self.adapter_for(row)
+        found = await adapter.list({LABEL_ID: row["id"]})
+        if found:
+            self.finish_interrupted_create(row["id"], found[0])
+        else:
+            self.record_backend_state(row["id"], State.CREATING, State.FAILED, reason="failed")
+        return self.resolve(row["id"])
+
     def finish_interrupted_create(self, sandbox_id: str, obj: BackendObject) -> bool:
         """A create that died after the backend made the object: the sandbox is running."""
         with self.db.write() as conn:

@@ -172,8 +172,9 @@ class IdempotencyKey(SQLModel, table=True):
     principal: str = Field(primary_key=True, max_length=64)  # the API key's id, or "local"
     key: str = Field(primary_key=True, max_length=255)
     request_hash: str = Field(max_length=64)  # the request it was first used with
-    sandbox_id: str | None = Field(default=None, max_length=40)  # None while in progress
+    sandbox_id: str | None = Field(default=None, max_length=40)  # bound before the backend call
     created_at: str = Field(max_length=TIME)
+    holder: str | None = Field(default=None, max_length=128)  # the claiming process (a lease owner)
 
 
 class Pool(SQLModel, table=True):

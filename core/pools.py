@@ -28,7 +28,7 @@ import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -92,9 +92,11 @@ def fits(row: Mapping[str, Any], key: str, ttl_max: timedelta, now: datetime) ->
 
 async def claim(mgr: Manager, profile: Profile, adapter: Adapter, instance: str | None, *,
                 ttl: timedelta, name: str | None, labels: Mapping[str, str],
-                owner: str | None, task: str | None) -> dict[str, Any] | None:
+                owner: str | None, task: str | None,
+                bind: Callable[[Any, str], None] | None = None) -> dict[str, Any] | None:
     """The oldest warm member of `profile`'s pool that fits, made the caller's sandbox (state
-    running, the deadline from now); None when no member fits (then create it cold)."""
+    running, the deadline from now); None when no member fits (then create it cold).
+    `bind(conn, id)` runs in the claim's transaction (an idempotent create's key)."""
     import sqlalchemy as sa
 
     from core import manager as manager_module
@@ -140,6 +142,8 @@ async def claim(mgr: Manager, profile: Profile, adapter: Adapter, instance: str 
                 break
         if row is None:
             return None
+        if bind is not None:
+            bind(conn, row["id"])
         mgr.event(conn, row["id"], "sandbox.claimed", payload={
             "profile": profile.name, "pool": profile.name, "backend_ref": row["backend_ref"],
             "name": name, "owner": row["owner"], "task": task, "labels": dict(labels),

@@ -733,19 +733,10 @@ class LocalTransport:
             resolved = _load_profile(profile)
             asked = {"profile": dump(resolved), "ttl": ttl.total_seconds() if ttl else None,
                      "name": name, "labels": dict(labels or {}), "owner": owner, "task": task}
-            digest = idempotency.request_digest(asked)
-            done = idempotency.claim(mgr.db, caller, key, digest, now=mgr.now_iso(),
-                                     lapse=mgr.lease_ttl)
-            if done is not None:
-                return sandbox_view(mgr.resolve(done), mgr.now_iso())
-            try:
-                row = await mgr.create(resolved, ttl=ttl, name=name, labels=labels, owner=owner,
-                                       task=task)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    idempotency.release(mgr.db, caller, key)
-                raise
-            idempotency.complete(mgr.db, caller, key, row["id"])
+            row = await idempotency.create_once(
+                mgr, caller, key, asked,
+                lambda bind: mgr.create(resolved, ttl=ttl, name=name, labels=labels,
+                                        owner=owner, task=task, bind=bind))
             return sandbox_view(row, mgr.now_iso())
 
         return await self.call(go)
@@ -839,11 +830,11 @@ class LocalTransport:
         return await self.call(go)
 
     async def set_pool_size(self, profile: str, size: int) -> dict[str, Any]:
-        def go(mgr: Manager) -> dict[str, Any]:
+        async def go(mgr: Manager) -> dict[str, Any]:
             from core import pools
 
             resolved = _load_profile(profile)
-            pools.set_size(mgr, resolved, size)
+            await pools.set_size(mgr, resolved, size)  # made (or retired) now
             return pools.statuses(mgr, {resolved.name: resolved}, only=resolved.name)[0]
 
         return await self.call(go)

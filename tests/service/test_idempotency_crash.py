@@ -1,0 +1,68 @@
+"""An idempotent create survives `sbx serve` killed (-9) at each of its steps: the retry with
+the same Idempotency-Key gets the one sandbox the first request recorded (or its failure),
+and the engine holds at most one container for the key (docs/service.md, "Idempotent
+creates")."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+from support import RUN_ID, SBX, containers_of, install_id_of, query
+
+from tests.service.live import start_process, stop_process
+
+# step -> what the retry gets: the sandbox, made by the first request or by the retry itself,
+# or the first request's failure (its row was recorded, and nothing reached the engine)
+STEPS = {
+    "idempotency.after-claim": "made by the retry",
+    "create.after-intent": "its failure",
+    "create.after-backend": "the first request's sandbox",
+    "create.after-running": "the first request's sandbox",
+}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("step", list(STEPS))
+def test_kill_9_at_each_step_of_a_create_then_the_retry_gets_one_sandbox(step, sbx, tmp_path,
+                                                                         docker_api):
+    made = sbx("api-keys", "create", "--scope", "write", "--owner", "retrier")
+    assert made.code == 0, made.err
+    headers = {"Authorization": f"Bearer {made.out.split()[-1]}",
+               "Idempotency-Key": f"job-{step}"}
+    body = {"profile": "default", "ttl": "10m", "labels": {"sbx-test-run": RUN_ID}}
+
+    crashing, url = start_process(SBX, sbx.env({"SBX_FAILPOINT": step}), cwd=tmp_path)
+    with pytest.raises(httpx.HTTPError):  # the service dies with the request in flight
+        httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers, timeout=120)
+    assert crashing.wait(timeout=60) == -signal.SIGKILL
+    first = query(sbx.home, "SELECT sandbox_id FROM idempotency_keys")
+    bound_before = first[0]["sandbox_id"] if first else None
+    assert (bound_before is None) == (step == "idempotency.after-claim")
+
+    proc, url = start_process(SBX, sbx.env(), cwd=tmp_path)
+    try:
+        retried = [httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers, timeout=120)
+                   for _ in range(2)]
+    finally:
+        stop_process(proc)
+    rows = query(sbx.home, "SELECT id, state FROM sandboxes")
+    assert len(rows) == 1, rows  # never a second sandbox for the key
+    sandbox_id, state = rows[0]["id"], rows[0]["state"]
+    if STEPS[step] == "its failure":
+        for answer in retried:
+            assert answer.status_code == 500, answer.text
+            message = answer.json()["error"]["message"]
+            assert sandbox_id in message and "create failed" in message
+        assert state == "failed"
+        assert containers_of(docker_api, install_id_of(sbx.home)) == []
+        return
+    for answer in retried:
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["id"] == sandbox_id and answer.json()["state"] == "running"
+    if bound_before is not None:
+        assert bound_before == sandbox_id
+    assert state == "running"
+    on_engine = containers_of(docker_api, install_id_of(sbx.home))
+    assert [c["Labels"]["sbx.id"] for c in on_engine] == [sandbox_id]
