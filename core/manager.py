@@ -19,7 +19,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -38,6 +38,7 @@ from adapters.base import (
     CapabilityNotSupported,
     CreateRequest,
     ExecResult,
+    InvalidRequest,
     ResourceLimits,
     ServiceSpec,
 )
@@ -322,54 +323,18 @@ class Manager:
             from core import pools
 
             deadline, hard_deadline = pools.member_deadlines(profile, now)
-        request = CreateRequest(
-            sandbox_id=sandbox_id,
-            labels={**all_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install_id,
-                    LABEL_HARD_DEADLINE: to_iso(hard_deadline),
-                    **({LABEL_POOL: profile.name} if pool_member else {})},
-            image=profile.image or profile.template,
-            command=profile.command,
-            resources=ResourceLimits(
-                cpu=profile.resources.cpu,
-                memory_bytes=profile.resources.memory,
-                disk_bytes=profile.resources.disk,
-                pids=profile.resources.pids,
-                gpu=profile.resources.gpu,
-            ),
-            network=profile.network.mode,
-            network_allow=tuple(profile.network.allow),
-            env=env,
-            deadline=deadline,
-            hard_deadline=hard_deadline,
-            idle=None if pool_member else profile.ttl.idle,  # a member's idle clock is sbx's, from its claim
-            services=tuple(ServiceSpec(name, svc.image, svc.command, dict(svc.environment))
-                           for name, svc in profile.services.items()),
-            options=profile.options,
-            read_only=profile.read_only,
-            user=profile.user,
-            compose=profile.compose.model_dump() if profile.compose else None,
-        )
+        request = _request_for(profile, sandbox_id, {
+            **all_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install_id,
+            LABEL_HARD_DEADLINE: to_iso(hard_deadline),
+            **({LABEL_POOL: profile.name} if pool_member else {})},
+            # a member's idle clock is sbx's, from its claim
+            env, deadline, hard_deadline, idle=None if pool_member else profile.ttl.idle)
         adapter = self.adapter(profile.backend)
-        for asked, capability, field in ((request.read_only, Capability.READ_ONLY_ROOT,
-                                          "read_only"),
-                                         (request.user is not None, Capability.RUN_AS_USER,
-                                          "user")):
-            if asked and not adapter.supports(capability):
-                raise CapabilityNotSupported(
-                    f"the {profile.backend} backend cannot enforce {field}; remove it from "
-                    f"the profile, or use a backend that `sbx doctor` lists with {capability}")
-        if request.services and not adapter.supports(Capability.SERVICES):
-            raise CapabilityNotSupported(
-                f"the {profile.backend} backend cannot run services beside a sandbox")
-        if profile.setup and not restore_from and not adapter.supports(Capability.EXEC):
-            raise CapabilityNotSupported(
-                f"the {profile.backend} backend cannot run the profile's setup commands")
-        adapter.validate(request)  # what this backend cannot enforce is refused, not ignored
+        self._refuse_what_the_backend_cannot(profile, request, adapter,
+                                             restore=restore_from is not None)
         if trace := telemetry.trace_env():  # the workload's spans join the create's trace;
             # added after validate: a backend that takes no env (ssh) drops it, never refuses
             request = dataclasses.replace(request, env={**trace, **request.env})
-        if restore_from is not None and not adapter.supports(Capability.SNAPSHOT):
-            raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")
         await adapter.ensure_available()
         instance = await adapter.instance_id()
         if profile.pool is not None and not pool_member and restore_from is None:
@@ -454,6 +419,42 @@ class Manager:
             await self._run_setup(running, adapter, profile.setup)
         failpoint("create.after-running")
         return running
+
+    def check_profile(self, profile: Profile) -> None:
+        """What create would refuse about `profile` before making anything (its backend's
+        capabilities and rules), checked without reading a secret or calling the backend:
+        `sbx profiles validate` and create apply the same rules."""
+        now = self.clock.now()
+        request = _request_for(
+            profile, "sbx-check", {**profile.labels, LABEL_INSTALL: self.install_id},
+            {**profile.env, **dict.fromkeys(profile.secrets, "")}, now + profile.ttl.default,
+            now + profile.ttl.max, idle=profile.ttl.idle)
+        try:
+            self._refuse_what_the_backend_cannot(profile, request,
+                                                 self.adapter(profile.backend), restore=False)
+        except (CapabilityNotSupported, InvalidRequest) as exc:  # a bad document, here
+            raise BadInput(f"profile {profile.name!r}: {exc}") from None
+
+    @staticmethod
+    def _refuse_what_the_backend_cannot(profile: Profile, request: CreateRequest,
+                                        adapter: Adapter, *, restore: bool) -> None:
+        for asked, capability, field in ((request.read_only, Capability.READ_ONLY_ROOT,
+                                          "read_only"),
+                                         (request.user is not None, Capability.RUN_AS_USER,
+                                          "user")):
+            if asked and not adapter.supports(capability):
+                raise CapabilityNotSupported(
+                    f"the {profile.backend} backend cannot enforce {field}; remove it from "
+                    f"the profile, or use a backend that `sbx doctor` lists with {capability}")
+        if request.services and not adapter.supports(Capability.SERVICES):
+            raise CapabilityNotSupported(
+                f"the {profile.backend} backend cannot run services beside a sandbox")
+        if profile.setup and not restore and not adapter.supports(Capability.EXEC):
+            raise CapabilityNotSupported(
+                f"the {profile.backend} backend cannot run the profile's setup commands")
+        adapter.validate(request)  # what this backend cannot enforce is refused, not ignored
+        if restore and not adapter.supports(Capability.SNAPSHOT):
+            raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")
 
     async def _run_setup(self, row: Mapping[str, Any], adapter: Adapter,
                          commands: Sequence[str]) -> None:
@@ -1047,3 +1048,33 @@ def _takes(function: Callable[..., Any], name: str) -> bool:
 def _digest(data: bytes) -> dict[str, Any]:
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
+
+def _request_for(profile: Profile, sandbox_id: str, labels: Mapping[str, str],
+                 env: Mapping[str, str], deadline: datetime, hard_deadline: datetime, *,
+                 idle: timedelta | None) -> CreateRequest:
+    """What a backend is asked to make for `profile`."""
+    return CreateRequest(
+        sandbox_id=sandbox_id,
+        labels=dict(labels),
+        image=profile.image or profile.template,
+        command=profile.command,
+        resources=ResourceLimits(
+            cpu=profile.resources.cpu,
+            memory_bytes=profile.resources.memory,
+            disk_bytes=profile.resources.disk,
+            pids=profile.resources.pids,
+            gpu=profile.resources.gpu,
+        ),
+        network=profile.network.mode,
+        network_allow=tuple(profile.network.allow),
+        env=dict(env),
+        deadline=deadline,
+        hard_deadline=hard_deadline,
+        idle=idle,
+        services=tuple(ServiceSpec(name, svc.image, svc.command, dict(svc.environment))
+                       for name, svc in profile.services.items()),
+        options=profile.options,
+        read_only=profile.read_only,
+        user=profile.user,
+        compose=profile.compose.model_dump() if profile.compose else None,
+    )

@@ -213,6 +213,11 @@ class AsyncSandboxer:
         """A profile on the search path, resolved (after `extends`)."""
         return await self._transport.profile(name)
 
+    async def check_profile(self, profile: Profile | Mapping[str, Any]) -> Profile:
+        """`profile` (or a profile document) as create would take it, or the error create
+        would give, its backend's rules included; nothing is made or read."""
+        return await self._transport.check_profile(profile)
+
     # -- events -----------------------------------------------------------------------------
 
     async def events(self, sandbox: str | None = None,

@@ -628,6 +628,14 @@ class LocalTransport:
     async def profile(self, name: str) -> Profile:
         return await self.call(lambda: _load_profile(name), needs_manager=False)
 
+    async def check_profile(self, profile: Profile | Mapping[str, Any]) -> Profile:
+        def go(mgr: Manager) -> Profile:
+            resolved = _load_profile(profile)
+            mgr.check_profile(resolved)
+            return resolved
+
+        return await self.call(go)
+
     async def doctor(self) -> dict[str, Any]:
         async def go() -> dict[str, Any]:
             from core import doctor, settings

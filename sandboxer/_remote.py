@@ -467,6 +467,13 @@ class RemoteTransport:
         self._served[profile.name] = dump(profile)
         return profile
 
+    async def check_profile(self, profile: Profile | Mapping[str, Any]) -> Profile:
+        from core.profiles import Profile, dump
+
+        doc = dump(profile) if isinstance(profile, Profile) else dict(profile)
+        answer = await self._json("POST", "/v1/profiles/validate", json_body=doc)
+        return Profile.model_validate(answer["profile"])
+
     async def doctor(self) -> dict[str, Any]:
         return await self._json("GET", "/v1/doctor")
 

@@ -309,12 +309,18 @@ def profiles_validate(files: tuple[str, ...]) -> None:
     from sandboxer import load_profile
 
     problems: list[str] = []
-    for file in files:
-        try:
-            profile = load_profile(file)
-            click.echo(f"{file}: ok ({profile.name}, backend {profile.backend})")
-        except BadInput as exc:
-            problems += getattr(exc, "problems", [str(exc)])
+    with client() as sbx:  # the rules create applies, the backend's included
+        for file in files:
+            try:
+                profile = load_profile(file)
+            except BadInput as exc:
+                problems += getattr(exc, "problems", [str(exc)])
+                continue
+            try:
+                sbx.check_profile(profile)
+                click.echo(f"{file}: ok ({profile.name}, backend {profile.backend})")
+            except BadInput as exc:
+                problems.append(f"{file}: {exc}")
     for line in problems:
         click.echo(line, err=True)
     if problems:

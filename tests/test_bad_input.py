@@ -275,3 +275,18 @@ def test_a_link_planted_at_the_install_id_is_refused_not_followed(sbx, tmp_path)
         "state folder (remove it)"]
     assert (sbx.home / "install-id").is_symlink()
     assert planted.read_text() == "inst-01plantedplantedplantedpl\n"
+
+
+def test_validate_applies_the_rules_create_applies_backend_included(sbx, tmp_path, docker_api):
+    """A profile its backend cannot honour (egress filtering on Docker) fails validation with
+    the line create gives, instead of passing validation and failing at create."""
+    (tmp_path / "egress.yaml").write_text("name: egress\nbackend: docker\nnetwork:\n  mode: egress\n")
+    checked = sbx("profiles", "validate", "egress.yaml")
+    assert checked.code == 2, checked.out
+    assert checked.err.strip().splitlines() == [
+        "egress.yaml: profile 'egress': the docker backend cannot restrict egress (network "
+        "mode 'egress'); use 'none' or 'full'"]
+    before = snapshot(sbx.home, docker_api)
+    made = sbx("create", "--profile-file", "egress.yaml", "--label", RUN_LABEL)
+    assert made.code == 4 and "cannot restrict egress" in made.err
+    assert snapshot(sbx.home, docker_api) == before

@@ -666,10 +666,10 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     @app.post("/v1/profiles/validate", tags=["profiles"],
               summary="Check a profile document (nothing is written)", responses=ERRORS)
     async def validate(who: Read, body: dict[str, Any]) -> dict[str, Any]:
-        from core.profiles import ProfileLoader, dump
+        from core.profiles import dump
 
         refuse_host_files(body)
-        return {"ok": True, "profile": dump(ProfileLoader().load_mapping(body, "(profile)"))}
+        return {"ok": True, "profile": dump(await who.client.check_profile(body))}
 
     @app.get("/v1/profiles/{name}", tags=["profiles"],
              summary="A profile, resolved (secrets as references)", responses=ERRORS)

@@ -104,6 +104,19 @@ def test_a_write_key_names_profiles_only_an_admin_sends_a_document(live, sbx_hom
     assert made.status_code == 201 and made.json()["profile"] == "inline"
 
 
+def test_validate_refuses_what_create_would_refuse_on_the_backend(live, sbx_home, api):
+    """POST /v1/profiles/validate applies the backend's rules as create does: a Docker
+    profile asking for egress filtering is 400 naming the mode, not {"ok": true}."""
+    before = everything(sbx_home)
+    refused = api.post("/v1/profiles/validate", json={"name": "egress", "backend": "docker",
+                                                       "network": {"mode": "egress"}})
+    assert refused.status_code == 400, refused.text
+    assert "cannot restrict egress" in refused.json()["error"]["message"]
+    fine = api.post("/v1/profiles/validate", json={"name": "plain", "backend": "docker"})
+    assert fine.status_code == 200 and fine.json()["profile"]["backend"] == "docker"
+    assert everything(sbx_home) == before
+
+
 def test_the_keys_owner_is_the_actor_and_concurrent_keys_never_mix(live, stub_named):
     """Forty creates at once under two keys: each sandbox's events name the key's owner."""
     tokens = {"alice": live.key("write", owner="alice"), "bob": live.key("write", owner="bob")}
