@@ -32,6 +32,8 @@ TOKEN_PREFIX = "sbxk_"
 _TOKEN = re.compile(r"sbxk_([0-9a-z]{26})_([A-Za-z0-9_-]{43})")
 KEYS = ApiKey.__table__
 QUOTA_FIELDS = ("max_sandboxes", "max_ttl_s", "max_execs")
+MAX_QUOTA = 2**31 - 1  # the columns' range (INTEGER on PostgreSQL): 68 years of max_ttl_s
+_KEY_ID = re.compile(r"key-[0-9a-z]{26}")
 
 
 class Scope(enum.StrEnum):
@@ -69,14 +71,18 @@ Record = Callable[[sa.Connection, str, dict[str, Any]], None]  # writes an event
 
 
 def check_quotas(quotas: Mapping[str, Any]) -> dict[str, int]:
-    """The quotas given (max_sandboxes, max_ttl_s, max_execs), each a whole number >= 1."""
+    """The quotas given (max_sandboxes, max_ttl_s, max_execs), each a whole number from 1
+    to MAX_QUOTA."""
     checked = {}
     for field in QUOTA_FIELDS:
         value = quotas.get(field)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BadInput(f"bad {field} {value!r}: a whole number of at least 1")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUOTA:
+            if field == "max_ttl_s" and isinstance(value, int) and value > MAX_QUOTA:
+                raise BadInput(f"bad max_ttl: at most {MAX_QUOTA // 86400}d (68 years)")
+            raise BadInput(f"bad {field} {str(value)[:40]}: a whole number from 1 to "
+                           f"{MAX_QUOTA}")
         checked[field] = value
     return checked
 
@@ -123,7 +129,8 @@ def revoke(db: Database, key_id: str, *, now: str,
     """Revoke a key by id: (its record, whether it was revoked just now); an event of the
     chain in the same transaction."""
     with db.session(write=True) as session:
-        key = session.exec(select(ApiKey).where(ApiKey.id == key_id).with_for_update()).first()
+        key = None if not _KEY_ID.fullmatch(key_id) else session.exec(
+            select(ApiKey).where(ApiKey.id == key_id).with_for_update()).first()
         if key is None:
             raise NotFound(f"no API key {key_id!r} (sbx api-keys ls lists them)")
         if key.revoked_at is not None:

@@ -26,6 +26,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Field,
     NonNegativeInt,
     StringConstraints,
     ValidationError,
@@ -72,7 +73,8 @@ def _known_backend(name: str) -> str:
     return name
 
 
-Short = Annotated[str, StringConstraints(min_length=1, max_length=40)]
+# ids as another installation wrote them: visible ASCII (no NUL, no escape), the columns' width
+Short = Annotated[str, StringConstraints(pattern=r"^[!-~]{1,40}$")]
 Time = Annotated[str, AfterValidator(_time)]
 
 
@@ -91,9 +93,9 @@ class ArchivedCheckpoint(BaseModel):
     created_at: Time
     sandbox_id: Short | None = None
     parent_id: Short | None = None
-    install_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    install_id: Annotated[str, StringConstraints(pattern=r"^[!-~]{1,64}$")] | None = None
     name: Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX)] | None = None
-    size_bytes: NonNegativeInt | None = None
+    size_bytes: Annotated[NonNegativeInt, Field(le=2**63 - 1)] | None = None
 
 
 class ArchiveManifest(BaseModel):

@@ -24,7 +24,14 @@ from sqlalchemy.engine import Connection, Engine
 
 from core import reserve
 from core.anchor import HEAD_KEY, commit_anchor, stage_anchor
-from core.errors import BadInput, DiskFull, OperationFailed, Unavailable, is_disk_full
+from core.errors import (
+    BadInput,
+    DiskFull,
+    OperationFailed,
+    Unavailable,
+    database_reason,
+    is_disk_full,
+)
 from core.migrations import SCHEMA_HEAD
 
 if TYPE_CHECKING:
@@ -102,6 +109,42 @@ def _ensure_wal(cur) -> None:
     _waiting_while_locked(switch)
 
 
+_INT32, _INT64 = 2**31 - 1, 2**63 - 1
+
+
+def _refuse_unstorable(conn, cursor, statement, parameters, context, executemany) -> None:
+    """Before an INSERT or UPDATE: BadInput for a value one of the two stores would refuse
+    (PostgreSQL: a NUL in text, text longer than its column, a number past its column's
+    range; SQLite would keep them), so both refuse alike, in one line, before the statement
+    runs. The inputs are checked where they arrive; this is the net behind them."""
+    compiled = getattr(context, "compiled", None)
+    if compiled is None or not (context.isinsert or context.isupdate):
+        return
+    for params in context.compiled_parameters:
+        for name, value in params.items():
+            if isinstance(value, str):
+                if "\x00" in value:
+                    raise BadInput(f"bad {_column(compiled, name)}: it holds a NUL character")
+                length = getattr(compiled.binds[name].type, "length", None) \
+                    if name in compiled.binds else None
+                if length is not None and len(value) > length:
+                    raise BadInput(f"bad {_column(compiled, name)}: {len(value)} characters, "
+                                   f"at most {length}")
+            elif isinstance(value, int) and not isinstance(value, bool) and name in compiled.binds:
+                kind = compiled.binds[name].type
+                most = _INT64 if isinstance(kind, sa.BigInteger) else \
+                    _INT32 if isinstance(kind, sa.Integer) else None
+                if most is not None and not -most - 1 <= value <= most:
+                    raise BadInput(f"bad {_column(compiled, name)}: {value} is out of range "
+                                   f"(at most {most})")
+
+
+def _column(compiled, name: str) -> str:
+    table = getattr(getattr(compiled, "statement", None), "table", None)
+    column = name.rsplit("_", 1)[0] if name.rsplit("_", 1)[-1].isdigit() else name
+    return f"{table.name}.{column}" if table is not None else column
+
+
 def make_engine(url: str) -> Engine:
     try:
         parsed = sa.make_url(url)
@@ -115,11 +158,15 @@ def make_engine(url: str) -> Engine:
     if backend == "postgresql":
         if parsed.get_driver_name() not in ("psycopg", "psycopg2"):
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return sa.create_engine(parsed, pool_pre_ping=False, connect_args={"connect_timeout": 10})
+        engine = sa.create_engine(parsed, pool_pre_ping=False,
+                                  connect_args={"connect_timeout": 10})
+        sa.event.listen(engine, "before_cursor_execute", _refuse_unstorable)
+        return engine
     path = _sqlite_path(parsed)
     if path is not None:
         _precreate_private(path)
     engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    sa.event.listen(engine, "before_cursor_execute", _refuse_unstorable)
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
@@ -154,7 +201,8 @@ class Database:
             raise
         except Exception as exc:
             self._refuse_if_full(exc, _sqlite_path_of(url))
-            raise Unavailable(f"cannot open the database {redact(url)}: {exc}") from exc
+            raise Unavailable(f"cannot open the database {redact(url)}: "
+                              f"{database_reason(exc)}") from exc
         self._migrated = False
 
     # -- a full disk (see core.reserve) ------------------------------------------------------
@@ -266,7 +314,8 @@ class Database:
             return _waiting_while_locked(self._read_schema_version)
         except sa.exc.OperationalError as exc:  # still locked after the busy timeout
             self._refuse_if_full(exc, _sqlite_path(self.engine.url))
-            raise Unavailable(f"cannot read the database {redact(self.url)}: {exc}") from exc
+            raise Unavailable(f"cannot read the database {redact(self.url)}: "
+                              f"{database_reason(exc)}") from exc
 
     def _read_schema_version(self) -> str | None:
         try:
@@ -278,12 +327,13 @@ class Database:
             if "locked" in str(exc):
                 raise
             self._refuse_if_full(exc, _sqlite_path(self.engine.url))
-            raise Unavailable(f"cannot read the database {redact(self.url)}: {exc}") from exc
+            raise Unavailable(f"cannot read the database {redact(self.url)}: "
+                              f"{database_reason(exc)}") from exc
         except sa.exc.ProgrammingError:
             return None
         except sa.exc.DBAPIError as exc:  # PostgreSQL unreachable, refused, bad password
             raise Unavailable(f"cannot reach the database {redact(self.url)}: "
-                              f"{str(exc.orig).strip().splitlines()[0]}") from exc
+                              f"{database_reason(exc)}") from exc
 
     def migrate(self) -> None:
         """Bring the schema to head; cheap when it already is (Alembic is imported only to upgrade)."""
@@ -299,7 +349,8 @@ class Database:
                         upgrade(conn)
                     except Exception as exc:
                         self._refuse_if_full(exc, _sqlite_path(self.engine.url))
-                        raise OperationFailed(f"database migration failed: {exc}") from exc
+                        raise OperationFailed("database migration failed: "
+                                              f"{database_reason(exc)}") from exc
         self._migrated = True
         self.keep_reserve()  # once per process; a create insists on it (require_room)
 

@@ -460,6 +460,9 @@ class Deliverer:
 
     def redeliver(self, event_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
         """Send parked events again (all, or these); those accepted leave the list."""
+        from core.events import check_event_id
+
+        event_ids = [check_event_id(i) for i in event_ids or ()]
         outcome = []
         for sink in self.config.sinks:
             try:

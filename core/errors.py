@@ -15,8 +15,8 @@ from adapters.base import (
     BackendUnavailable,
     CapabilityNotSupported,
     InvalidRequest,
-    one_line,
 )
+from adapters.base import one_line as _text_of
 
 
 class ExitCode(enum.IntEnum):
@@ -134,12 +134,77 @@ def is_disk_full(exc: BaseException | None, folder: Path | None = None) -> bool:
     return False
 
 
+# -- the database's own errors -----------------------------------------------------------------
+# SQLAlchemy's errors quote the statement and its parameters (ids, hosts, lease holders, the
+# profile): never shown. A person reads one line from `one_line`; the service logs the rest.
+
+_DB_MODULES = ("sqlalchemy", "psycopg", "sqlite3")
+_DB_UNREACHABLE = frozenset({"OperationalError", "InterfaceError", "DisconnectionError",
+                             "TimeoutError"})
+
+
+def is_database_error(exc: BaseException) -> bool:
+    """Raised by SQLAlchemy or a database driver (checked by module: nothing is imported)."""
+    return type(exc).__module__.split(".")[0] in _DB_MODULES
+
+
+def database_cause(exc: BaseException | None) -> BaseException | None:
+    """The database error `exc` is or was raised from, if any (for the service's log)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if is_database_error(exc):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def database_reason(exc: BaseException) -> str:
+    """What the database said, in one short line: the driver's primary message, never the
+    statement, its parameters or SQLAlchemy's pointers."""
+    orig = getattr(exc, "orig", None) or exc
+    diag = getattr(orig, "diag", None)  # psycopg: the server's message without its detail
+    text = str(getattr(diag, "message_primary", None) or orig).strip()
+    text = text.splitlines()[0] if text else ""
+    for cut in ("[SQL:", "[parameters:", "(Background on this error"):
+        text = text.split(cut)[0]
+    if text.startswith("("):  # SQLAlchemy's "(psycopg.errors.X) ..." prefix
+        text = text.partition(") ")[2] or text
+    return " ".join(text.split())[:200] or type(orig).__name__
+
+
+def _database_unreachable(exc: BaseException) -> bool:
+    chain = (exc, getattr(exc, "orig", None))
+    return any(c.__name__ in _DB_UNREACHABLE for e in chain if e is not None
+               for c in type(e).__mro__)
+
+
+def _database_message(exc: BaseException) -> str:
+    reason = database_reason(exc)
+    if _database_unreachable(exc):
+        return f"the database could not be used ({reason})"
+    statement = str(getattr(exc, "statement", None) or "").lstrip().upper()
+    what = "read" if statement.startswith(("SELECT", "WITH")) else "write"
+    return f"the database refused the {what} ({reason})"
+
+
+def one_line(exc: BaseException) -> str:
+    """The one-line message a person sees for any error, never a traceback; for the
+    database's own errors, what it said without the statement or its parameters."""
+    if is_database_error(exc):
+        return _database_message(exc)
+    return _text_of(exc)
+
+
 def classify(exc: BaseException) -> tuple[int, str]:
     """(exit code, kind) for any exception the front ends may see."""
     if isinstance(exc, SbxError):
         return exc.exit_code, exc.kind
     if is_disk_full(exc):
         return EXIT_UNAVAILABLE, "unavailable"
+    if is_database_error(exc):
+        return (EXIT_UNAVAILABLE, "unavailable") if _database_unreachable(exc) \
+            else (EXIT_FAILED, "failed")
     if isinstance(exc, ArtifactRefused | InvalidRequest):
         return EXIT_BAD_INPUT, "bad_input"
     if isinstance(exc, BackendUnavailable):

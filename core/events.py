@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 
 from core.anchor import HEAD_KEY
 from core.db import LOCK_EVENT_CHAIN, serialise
+from core.errors import BadInput
 from core.models import Event
 
 GENESIS = "0" * 64
@@ -24,6 +25,15 @@ MASK = "***"
 # much as SQLite's work on it).
 _HEAD = sa.select(EVENTS.c.id, EVENTS.c.hash).order_by(EVENTS.c.id.desc()).limit(1)
 _APPEND = EVENTS.insert()
+MAX_EVENT_ID = 2**31 - 1  # the id column's range (an INTEGER on PostgreSQL)
+
+
+def check_event_id(value: Any, what: str = "event id") -> int:
+    """An event id asked for (`after`, the ids to redeliver): a whole number the column can
+    hold, so both stores answer alike (PostgreSQL refuses a larger one, SQLite past 2**63)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EVENT_ID:
+        raise BadInput(f"bad {what} {str(value)[:40]}: an event id, 0 to {MAX_EVENT_ID}")
+    return value
 
 
 def canonical(data: Mapping[str, Any]) -> str:

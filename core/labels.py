@@ -1,4 +1,5 @@
-"""The one rule for user labels: `K=V`, K of [a-z0-9][a-z0-9._-]* up to 63 chars, `sbx.` reserved."""
+"""The one rule for user labels: `K=V`, K of [a-z0-9][a-z0-9._-]* up to 63 chars, `sbx.` reserved,
+V up to 253 on one line, at most 64 of them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from core.errors import BadInput
 
 _KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 MAX_VALUE = 253
+MAX_LABELS = 64  # a sandbox's labels: each backend object carries them all
 
 
 def validate_label(key: str, value: str) -> tuple[str, str]:
@@ -33,9 +35,15 @@ def parse_label(text: str) -> tuple[str, str]:
     return validate_label(key, value)
 
 
+def _at_most(labels: dict[str, str]) -> dict[str, str]:
+    if len(labels) > MAX_LABELS:
+        raise BadInput(f"too many labels ({len(labels)}): at most {MAX_LABELS}")
+    return labels
+
+
 def parse_labels(texts: Iterable[str]) -> dict[str, str]:
-    return dict(parse_label(t) for t in texts)
+    return _at_most(dict(parse_label(t) for t in texts))
 
 
 def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    return dict(validate_label(str(k), str(v)) for k, v in labels.items())
+    return _at_most(dict(validate_label(str(k), str(v)) for k, v in labels.items()))

@@ -214,6 +214,7 @@ class Manager:
     def events(
         self, sandbox_id: str | None = None, since: str | None = None, after_id: int = 0
     ) -> list[dict[str, Any]]:
+        after_id = eventlog.check_event_id(after_id, "after")
         query = sa.select(EVENTS).where(EVENTS.c.id > after_id).order_by(EVENTS.c.id)
         if sandbox_id:
             query = query.where(EVENTS.c.sandbox_id == sandbox_id)

@@ -109,9 +109,21 @@ def _read_install_id(path: Path) -> str | None:
         return file.read().strip()
 
 
+def _printable(variable: str, value: str, most: int) -> str:
+    """A name from the environment that the records keep: printable, at most `most`
+    characters (the column's width), else BadInput naming the variable."""
+    if len(value) > most or not value.isprintable():
+        from core.errors import BadInput
+
+        raise BadInput(f"bad {variable} {value[:80]!r}: printable text of at most {most} "
+                       "characters")
+    return value
+
+
 def host_name() -> str:
     """This machine's name as fleets show it: `$SBX_HOST_NAME`, else the hostname."""
-    return os.environ.get("SBX_HOST_NAME") or socket.gethostname()
+    return _printable("SBX_HOST_NAME", os.environ.get("SBX_HOST_NAME") or socket.gethostname(),
+                      255)
 
 
 # Who acts in the operation running in this context (sandboxer's `acting_as` sets it): many
@@ -126,7 +138,9 @@ def actor() -> str:
     """Who is acting: `$SBX_ACTOR`, else user@host."""
     raw = os.environ.get("SBX_ACTOR")
     if raw:
-        return raw
+        from core.ids import MAX_OWNER
+
+        return _printable("SBX_ACTOR", raw, MAX_OWNER)  # it is the owner unless one is given
     try:
         user = getpass.getuser()
     except Exception:

@@ -128,6 +128,12 @@ def _document_keys(app: FastAPI) -> None:
 def _errors(app: FastAPI) -> None:
     @app.exception_handler(SbxError)
     async def sbx_error(request: Request, exc: SbxError) -> JSONResponse:
+        from core.errors import database_cause
+
+        cause = database_cause(exc)
+        if cause is not None:  # the body says one line; the statement stays in this log
+            log.warning("%s %s: %s", request.method, request.url.path, exc,
+                        exc_info=(type(cause), cause, cause.__traceback__))
         return error_response(exc)
 
     @app.exception_handler(Refused)

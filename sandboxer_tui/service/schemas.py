@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
+from core.apikeys import MAX_QUOTA
+
 # "30m", "1h30m", or seconds; strict numbers, so JSON `true` is refused, not read as 1 s
 Duration = str | StrictFloat | StrictInt
 
@@ -86,12 +88,12 @@ class CreateKey(Body):
     scope: str = Field(description="read, write or admin")
     owner: str | None = Field(None, description="who its requests are recorded as "
                                                 "(default: the caller): its tenant")
-    max_sandboxes: int | None = Field(None, ge=1, description="the owner's quota: live "
-                                                              "sandboxes at once")
-    max_ttl_s: int | None = Field(None, ge=1, description="the owner's quota: the longest "
-                                                          "TTL, in seconds")
-    max_execs: int | None = Field(None, ge=1, description="the owner's quota: commands "
-                                                          "running at once")
+    max_sandboxes: int | None = Field(None, ge=1, le=MAX_QUOTA,
+                                      description="the owner's quota: live sandboxes at once")
+    max_ttl_s: int | None = Field(None, ge=1, le=MAX_QUOTA,
+                                  description="the owner's quota: the longest TTL, in seconds")
+    max_execs: int | None = Field(None, ge=1, le=MAX_QUOTA,
+                                  description="the owner's quota: commands running at once")
 
 
 # -- responses (documentation) --------------------------------------------------------------
