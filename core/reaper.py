@@ -44,7 +44,7 @@ LOSE = "lose"                    # the backend no longer has it, or it stopped o
 SYNC = "sync"                    # paused or resumed out of band: record it
 RESTART = "restart"              # the backend started it again (an engine restart): record it
 ADOPT = "adopt"                  # an object of ours with no row, before its hard deadline
-DESTROY = "destroy"              # expired, failed with leftovers, or an interrupted destroy
+DESTROY = "destroy"              # expired, failed (settled), or an interrupted destroy
 DESTROY_OBJECT = "destroy-object"  # an object whose row is gone or destroyed (orphan)
 RETIRE = "retire"                # a warm pool member its pool no longer wants (core.pools)
 FILL = "fill"                    # one new warm member for a pool short of its size
@@ -101,6 +101,8 @@ def plan_reconcile(
     owners known dead (core.states.dead_holders), whose leases count as lapsed, and whose
     interrupted creates need not wait out the grace. `restarts_seen`: for a sandbox whose
     object was started again, the start time its last `sandbox.restarted` event recorded.
+    A `failed` row is settled once (destroyed, reason failed, the row kept): at once when
+    its create left an object, else once the grace has passed since it failed.
     """
     now_iso = to_iso(now)
     rows_outside = rows_outside or {}
@@ -160,10 +162,18 @@ def plan_reconcile(
                                   expect=state))
         elif state == State.DESTROYING:
             actions.append(Action(DESTROY, backend, row["id"]))
+        elif state == State.FAILED and now - _failed_at(row) >= grace:
+            # settled: destroyed, reason failed, the row kept (ls --all); the grace lets an
+            # object the backend was still making when the create gave up show up first
+            actions.append(Action(DESTROY, backend, row["id"], reason="failed"))
         elif state in (State.RUNNING, State.PAUSED, State.WARM):
             actions.append(Action(LOSE, backend, row["id"], reason="gone", target=State.LOST,
                                   expect=state))
     return actions
+
+
+def _failed_at(row: Mapping[str, Any]) -> datetime:
+    return from_iso(row.get("ended_at") or row["created_at"])
 
 
 def plan_reap(rows: Iterable[Mapping[str, Any]], now: datetime,
@@ -414,7 +424,9 @@ class Reaper:
 
     async def _plan_checkpoints(self, unreachable: set[str], now: datetime) -> list[Action]:
         """One CHECKPOINTS action per backend with work: an expired or interrupted checkpoint,
-        or an artifact of ours that no row claims. Nothing to do costs one listing."""
+        an artifact of ours that no row claims or that nobody holds, or a ready checkpoint
+        whose artifact is gone. Nothing to do costs one listing (and a look for the artifacts
+        of ready rows the listing does not show)."""
         rows = self.read_checkpoints()
         now_iso, grace_iso = to_iso(now), to_iso(now - self.grace)
         actions = []
@@ -437,7 +449,16 @@ class Reaper:
                 except Exception:
                     continue
                 known = {r["id"] for r in mine}
-                due = any(a.labels.get(LABEL_CHECKPOINT) not in known for a in artifacts)
+                due = any(not a.held or a.labels.get(LABEL_CHECKPOINT) not in known
+                          for a in artifacts)
+                held = {a.ref for a in artifacts if a.held}
+                unlisted = [r["backend_ref"] for r in mine if r["state"] == "ready"
+                            and r.get("backend_ref") and r["backend_ref"] not in held]
+                if not due and unlisted:
+                    try:
+                        due = bool(await self._adapter(backend).missing_artifacts(unlisted))
+                    except Exception:
+                        continue
             if due:
                 actions.append(Action(CHECKPOINTS, backend, None, ref=f"checkpoints:{backend}"))
         return actions

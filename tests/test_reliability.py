@@ -393,10 +393,10 @@ def test_kill_9_at_a_failpoint_leaves_nothing_behind(sbx, docker_api, point, com
     assert containers_of(docker_api, install) == []
     assert query(sbx.home,
                  "SELECT id, state FROM sandboxes WHERE state IN ('creating', 'destroying')") == []
-    expected = "failed" if point == "create.after-intent" else "destroyed"
-    assert state_of(sbx.home, sandbox_id) == expected
+    # every one ends destroyed (a failed create too, reason failed, settled past the grace)
+    assert state_of(sbx.home, sandbox_id) == "destroyed"
     destroyed = query(sbx.home, "SELECT * FROM events WHERE type = 'sandbox.destroyed'")
-    assert len(destroyed) == (0 if expected == "failed" else 1)
+    assert len(destroyed) == 1
     integrity_ok(sbx.home)
     chain_verifies(sbx)
 
@@ -781,3 +781,82 @@ def test_a_live_process_keeps_its_lease(sbx, docker_api):
     box = result.json()
     assert box["id"] == before["id"]
     assert_alive(sbx, docker_api, box)
+
+
+# == 12. A failed sandbox is settled by reap, once ===========================================
+
+
+def mark_failed(home: Path, sandbox_id: str, error: str) -> None:
+    """Record what Manager.create records when the backend call fails after the engine made
+    the container (a create that gave up while the engine went on): failed, its error, ended,
+    no lease."""
+    with sqlite3.connect(home / "sbx.db") as conn:
+        conn.execute("UPDATE sandboxes SET state = 'failed', error = ?, ended_at = "
+                     "strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), lease_owner = NULL, "
+                     "lease_expires_at = NULL WHERE id = ?", (error, sandbox_id))
+    conn.close()
+
+
+def reported(report: dict, sandbox_id: str) -> list:
+    """Every entry of a reap report that names this sandbox."""
+    return [entry for key in ("destroyed", "failed", "orphans", "skipped", "reconciled",
+                              "warned")
+            for entry in report[key]
+            if sandbox_id in (entry, entry.get("id") if isinstance(entry, dict) else None)]
+
+
+def assert_settled_as_failed(sbx, sandbox_id: str, error: str) -> None:
+    """Destroyed with reason failed, the row and its error kept: out of `ls`, in `ls --all`."""
+    row = row_of(sbx.home, sandbox_id)
+    assert (row["state"], row["error"]) == ("destroyed", error)
+    events = events_of(sbx, sandbox_id)
+    assert [e["reason"] for e in of_type(events, "sandbox.destroying")] == ["failed"]
+    assert len(of_type(events, "sandbox.destroyed")) == 1
+    assert sandbox_id not in {b["id"] for b in sbx("ls", "--json").json()}
+    (kept,) = [b for b in sbx("ls", "--all", "--json").json() if b["id"] == sandbox_id]
+    assert (kept["state"], kept["error"]) == ("destroyed", error)
+
+
+def test_a_failed_sandbox_with_a_container_is_settled_by_reap_and_then_left_alone(sbx,
+                                                                                 docker_api):
+    box = sbx.create("--ttl", "10m")
+    other = sbx.create("--ttl", "10m")  # a running one beside it: reap leaves it alone
+    mark_failed(sbx.home, box["id"], "docker refused to start it")
+    assert exists(docker_api, box["backend_ref"])
+
+    first = reap_ok(sbx)
+    assert not exists(docker_api, box["backend_ref"])  # by id, on the engine
+    assert [(e["action"], e["reason"], e["state"]) for e in reported(first, box["id"])] == [
+        ("destroy", "failed", "destroyed")]
+    assert_settled_as_failed(sbx, box["id"], "docker refused to start it")
+    assert_alive(sbx, docker_api, other)
+
+    for offset in (None, "5m", "11m"):  # settled: no reap counts it again, due or not
+        assert reported(reap_ok(sbx, offset=offset), box["id"]) == []
+    assert_settled_as_failed(sbx, box["id"], "docker refused to start it")
+    chain_verifies(sbx)
+
+
+def test_a_failed_sandbox_without_an_object_is_settled_once_after_the_grace(sbx, docker_api):
+    """A create killed before the backend was asked: reconcile fails it; it needs nothing
+    removed, and once the grace has passed one reap settles it, and no later one counts it."""
+    warm_up(sbx)
+    crashed = sbx("create", "--label", RUN_LABEL, "--ttl", "10m",
+                  env={"SBX_FAILPOINT": "create.after-intent"})
+    assert crashed.code == -signal.SIGKILL, (crashed.code, crashed.err)
+    (row,) = query(sbx.home, "SELECT * FROM sandboxes")
+    first = reap_ok(sbx)  # its maker is dead: failed at once
+    assert [e["action"] for e in reported(first, row["id"])] == ["fail"]
+    assert state_of(sbx.home, row["id"]) == "failed"
+    # within the grace (60s) it stays failed, in `ls`, for whoever looks now
+    assert reported(reap_ok(sbx), row["id"]) == []
+    assert [b["state"] for b in sbx("ls", "--json").json()] == ["failed"]
+
+    settled = reap_ok(sbx, offset="2m")
+    assert [(e["action"], e["reason"], e["state"]) for e in reported(settled, row["id"])] == [
+        ("destroy", "failed", "destroyed")]
+    assert_settled_as_failed(sbx, row["id"], row_of(sbx.home, row["id"])["error"])
+    for offset in ("3m", "11m", "5h"):
+        assert reported(reap_ok(sbx, offset=offset), row["id"]) == []
+    assert containers_of(docker_api, install_id_of(sbx.home)) == []
+    chain_verifies(sbx)

@@ -278,9 +278,16 @@ def test_destroying_row_without_object_is_completed():
     assert (action.kind, action.sandbox_id, action.ref) == (DESTROY, "sbx-a", None)
 
 
-@pytest.mark.parametrize("state", ["failed", "lost"])
-def test_settled_rows_without_object_need_nothing(state):
-    assert reconcile([row(state=state)], []) == []
+def test_lost_row_without_object_needs_nothing():
+    assert reconcile([row(state="lost")], []) == []
+
+
+def test_failed_row_without_object_is_settled_once_the_grace_has_passed():
+    just_failed = row(state="failed", backend_ref=None, ended_at=NOW - GRACE + S)
+    assert reconcile([just_failed], []) == []  # an object the backend is still making may come
+    (action,) = reconcile([row(state="failed", backend_ref=None, ended_at=NOW - GRACE)], [])
+    assert (action.kind, action.sandbox_id, action.ref, action.reason) == (
+        DESTROY, "sbx-a", None, "failed")
 
 
 def test_each_row_and_object_is_planned_once():
