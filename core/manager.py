@@ -588,9 +588,10 @@ class Manager:
             if row["state"] not in ON_THE_CLOCK:
                 raise Conflict(f"sandbox {sandbox_id} is {row['state']}: cannot extend")
             new, capped = extended(from_iso(row["deadline"]), from_iso(row["hard_deadline"]), by)
-            # a tenant's longest TTL counts from the sandbox's start
+            # a tenant's longest TTL counts from the sandbox's start (a warm one's claim)
+            start = row["started_at"] if row["launch"] == "warm" else row["created_at"]
             tenancy.check_ttl(tenancy.quotas(conn, row["owner"]), row["owner"],
-                              new - from_iso(row["created_at"]))
+                              new - from_iso(start))
             new_iso = to_iso(new)
             updated = conn.execute(  # asking for more time is activity: the idle clock restarts
                 SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)

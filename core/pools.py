@@ -55,6 +55,7 @@ MEMBER_OWNER = "(pool)"  # who owns a warm member: nobody yet
 CLAIM_TIME_FIELDS = ("name", "description", "ttl", "labels", "checkpoints", "pool")
 LOCK_POOLS = 0x5B0005  # pg_advisory_xact_lock key: fills re-check a pool's room one at a time
 MEMBERS_SQL = "pool IS NOT NULL AND launch IS NULL"  # a member nobody has claimed
+MAKE_AT_ONCE = 16  # members `sbx pool set` makes at once (as many as a reap acts on)
 
 
 def is_member(row: Mapping[str, Any]) -> bool:
@@ -95,7 +96,9 @@ async def claim(mgr: Manager, profile: Profile, adapter: Adapter, instance: str 
                 owner: str | None, task: str | None,
                 bind: Callable[[Any, str], None] | None = None) -> dict[str, Any] | None:
     """The oldest warm member of `profile`'s pool that fits, made the caller's sandbox (state
-    running, the deadline from now); None when no member fits (then create it cold).
+    running, the deadline from now); None when no member fits (then create it cold). Its
+    `created_at` stays when the member was made; `started_at` becomes now, when it was
+    handed out, which the deadline counts from.
     `bind(conn, id)` runs in the claim's transaction (an idempotent create's key)."""
     import sqlalchemy as sa
 
@@ -113,7 +116,7 @@ async def claim(mgr: Manager, profile: Profile, adapter: Adapter, instance: str 
     values = {
         "state": State.RUNNING, "name": name, "owner": owner or mgr.actor, "task": task,
         "labels_json": json.dumps(dict(labels), sort_keys=True),
-        "profile_json": json.dumps(doc, sort_keys=True), "created_at": now_iso,
+        "profile_json": json.dumps(doc, sort_keys=True), "started_at": now_iso,
         "deadline": to_iso(now + ttl), "hard_deadline": to_iso(now + profile.ttl.max),
         "last_activity_at": now_iso, "warned_deadline": None, "launch": "warm",
         "idle_timeout_s": int(profile.ttl.idle.total_seconds()) if profile.ttl.idle else None,
@@ -467,10 +470,13 @@ def _record_size(mgr: Manager, name: str, size: int, event: str,
                   payload={"profile": name, "size": size, "was": was, **payload})
 
 
-def set_size(mgr: Manager, profile: Profile, size: Any) -> None:
-    """`sbx pool set PROFILE --size N`: the pool keeps N members from the next reap on,
-    whatever its profile says, until set again. BadInput (nothing written) for a size out
-    of range or a profile that declares no pool."""
+async def set_size(mgr: Manager, profile: Profile, size: Any) -> dict[str, list[Any]]:
+    """`sbx pool set PROFILE --size N`: the pool keeps N members, whatever its profile says,
+    until set again, and has them when this returns (bring_to_size): a create right after
+    is served warm. BadInput (nothing written) for a size out of range or a profile that
+    declares no pool; Unavailable (nothing written) when its backend does not answer. A
+    member that cannot be made is raised, as the reaper reports it, after the size is kept:
+    the next reap tries again."""
     from core.profiles import MAX_POOL_SIZE
 
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_POOL_SIZE:
@@ -478,7 +484,58 @@ def set_size(mgr: Manager, profile: Profile, size: Any) -> None:
     if profile.pool is None:
         raise BadInput(f"profile {profile.name!r} declares no pool: add `pool: {{size: N}}` "
                        "to it (docs/pools.md)")
+    await mgr.adapter(profile.backend).ensure_available()
     _record_size(mgr, profile.name, size, "pool.resized", {})
+    done = await bring_to_size(mgr, profile)
+    if done["failed"]:
+        from core.errors import as_error
+
+        first = done["failed"][0]
+        raise type(as_error(first))(
+            f"pool {profile.name}: size {size} is kept, but {len(done['failed'])} member(s) "
+            f"could not be made ({one_line(first)}); the next sbx reap tries again")
+    return done
+
+
+async def bring_to_size(mgr: Manager, profile: Profile) -> dict[str, list[Any]]:
+    """Make the pool of `profile` what a reap would make it, now: the members it lacks made
+    (warm, their setup run), those beyond its size or made from an older profile retired,
+    as plan_pools decides for the reaper. `{"warmed": [ids], "retired": [ids], "failed":
+    [exceptions]}`. A fill that finds the pool full (a reaper filled it meanwhile) is no
+    failure."""
+    import asyncio
+
+    from core.profiles import dump
+    from core.states import dead_holders
+
+    rows = _members(mgr, profile.name)
+    now = mgr.clock.now()
+    size = sizes_of(mgr).get(profile.name)
+    assert profile.pool is not None
+    spec = PoolSpec(profile.name, profile.backend, profile.pool.size if size is None else size,
+                    member_key(dump(profile)), profile.ttl.max)
+    actions = plan_pools({profile.name: spec}, rows, now, install_id=mgr.install_id,
+                         dead=dead_holders(rows, to_iso(now), mgr.install_id))
+    done: dict[str, list[Any]] = {"warmed": [], "retired": [], "failed": []}
+    gate = asyncio.Semaphore(MAKE_AT_ONCE)
+
+    async def one(action: Action) -> None:
+        async with gate:
+            try:
+                if action.kind == RETIRE:
+                    adapter = mgr.adapter(action.backend)
+                    if await retire(mgr, action.sandbox_id, adapter,
+                                    reason=action.reason) is not None:
+                        done["retired"].append(action.sandbox_id)
+                else:
+                    done["warmed"].append((await mgr.create(profile, pool_member=True))["id"])
+            except NotDue:
+                pass  # full already: another reaper filled it meanwhile
+            except Exception as exc:
+                done["failed"].append(exc)
+
+    await asyncio.gather(*(one(a) for a in actions))
+    return done
 
 
 def _members(mgr: Manager, name: str | None = None) -> list[dict[str, Any]]:
@@ -542,7 +599,7 @@ def statuses(mgr: Manager, profiles: Mapping[str, Profile | str] | None = None,
         kept = {r["profile"]: dict(r) for r in conn.execute(
             sa.select(Pool.__table__)).mappings()}
         claims = conn.execute(
-            sa.select(SANDBOXES.c.pool, SANDBOXES.c.created_at).where(
+            sa.select(SANDBOXES.c.pool, SANDBOXES.c.started_at).where(  # claimed then
                 SANDBOXES.c.pool.is_not(None), SANDBOXES.c.launch == "warm",
                 SANDBOXES.c.install_id == mgr.install_id)).all()
     if profiles is None:
@@ -572,8 +629,8 @@ def statuses(mgr: Manager, profiles: Mapping[str, Profile | str] | None = None,
             "max_age": _duration_text(policy.max_age) if policy is not None else None,
             "ready": len(ready),
             "starting": sum(1 for m in mine if m["state"] == State.CREATING),
-            "claimed": sum(1 for pool, created in claims
-                           if pool == name and since is not None and created >= since),
+            "claimed": sum(1 for pool, claimed in claims
+                           if pool == name and since is not None and claimed >= since),
             "since": since,
             "oldest": ready[0]["created_at"] if ready else None,
             "oldest_age_s": (int((now - from_iso(ready[0]["created_at"])).total_seconds())

@@ -413,8 +413,8 @@ class AsyncSandboxer:
 
     async def set_pool_size(self, profile: str, size: int) -> PoolInfo:
         """Keep `size` warm members of `profile` (a name on the search path that declares a
-        pool), whatever its file says, until set again (`sbx pool set`). The next reap fills
-        or shrinks the pool."""
+        pool), whatever its file says, until set again (`sbx pool set`). The pool is filled
+        or shrunk before this returns; a member that cannot be made raises, the size kept."""
         return PoolInfo(await self._transport.set_pool_size(profile, size))
 
     async def drain_pool(self, profile: str) -> dict[str, Any]:

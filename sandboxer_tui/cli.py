@@ -1216,18 +1216,18 @@ def pool_ls(as_json: bool) -> None:
 @pool_group.command("set")
 @click.argument("profile", metavar="PROFILE")
 @click.option("--size", required=True, type=int, metavar="N",
-              help="Warm members to keep (0 empties the pool at the next reap).")
+              help="Warm members to keep (0 empties the pool).")
 @JSON_OPTION
 @command
 def pool_set(profile: str, size: int, as_json: bool) -> None:
-    """Keep N warm members of PROFILE, whatever its file says; the next reap fills it."""
+    """Keep N warm members of PROFILE, whatever its file says: made (or removed) before
+    this returns, so the next create is served warm."""
     with client() as sbx:
         pool = sbx.set_pool_size(profile, size).to_dict()
     if as_json:
         emit_json(pool)
     else:
-        click.echo(f"pool {pool['profile']}: size {pool['size']} ({pool['ready']} ready); "
-                   "the next sbx reap fills or shrinks it")
+        click.echo(f"pool {pool['profile']}: size {pool['size']}, {pool['ready']} ready")
 
 
 @pool_group.command("drain")

@@ -106,11 +106,11 @@ def test_members_are_made_hidden_claimed_at_create_and_refilled(sbx, docker_api)
     assert box["backend_ref"] in made and box["state"] == "running"
     assert (box["name"], box["owner"], box["task"]) == ("agent", "ci-bot", "t1")
     assert box["labels"]["team"] == "infra" and set(box["labels"]) == {"team", "sbx-test-run"}
-    # the deadline starts at the claim, not when the member was made
-    created = parse(box["created_at"])
-    assert created.timestamp() >= before - 1
-    assert parse(box["deadline"]) - created == timedelta(minutes=5)
-    assert parse(box["hard_deadline"]) - created == timedelta(hours=4)  # the profile's ttl.max
+    # the deadline starts at the claim (started_at), not when the member was made (created_at)
+    claimed = parse(box["started_at"])
+    assert claimed.timestamp() >= before - 1 and parse(box["created_at"]) <= claimed
+    assert parse(box["deadline"]) - claimed == timedelta(minutes=5)
+    assert parse(box["hard_deadline"]) - claimed == timedelta(hours=4)  # the profile's ttl.max
     hello = sbx("exec", "agent", "--", "echo", "hello")
     assert (hello.code, hello.out) == (0, "hello\n")
     types = [e["type"] for e in events_of(sbx, box["id"])]
@@ -197,19 +197,23 @@ def test_members_past_max_age_are_replaced(sbx, docker_api):
     assert reasons == {"max-age"}
 
 
-def test_set_size_shrinks_the_pool_and_drain_empties_it_until_set_again(sbx, docker_api):
+def test_set_size_shrinks_the_pool_now_and_drain_empties_it_until_set_again(sbx, docker_api):
     pooled(sbx, size=3)
     reap(sbx)
-    assert len(members(docker_api, sbx)) == 3
+    before = members(docker_api, sbx)
+    assert len(before) == 3
     done = sbx("pool", "set", "warm", "--size", "1", "--json")
     assert done.code == 0 and done.json()["size"] == 1 and done.json()["size_set"] is True
-    report = reap(sbx)
-    assert sorted(retired(report).values()) == ["pool-shrunk", "pool-shrunk"]
-    assert len(members(docker_api, sbx)) == 1
+    assert done.json()["ready"] == 1
+    kept = members(docker_api, sbx)  # shrunk before it returned: the youngest went
+    assert len(kept) == 1 and set(kept) <= set(before)
+    reasons = [r["reason"] for r in query(sbx.home, "SELECT reason FROM events WHERE type = "
+                                          "'sandbox.destroying'")]
+    assert reasons == ["pool-shrunk", "pool-shrunk"]
+    assert reap(sbx).get("pools") is None  # nothing left for the reap to do
 
     assert sbx("pool", "set", "warm", "--size", "3").code == 0
-    reap(sbx)
-    assert len(members(docker_api, sbx)) == 3
+    assert len(members(docker_api, sbx)) == 3  # filled before it returned
     drained = sbx("pool", "drain", "warm", "--json")
     assert drained.code == 0, drained.err
     assert len(drained.json()["destroyed"]) == 3 and drained.json()["failed"] == []
@@ -222,7 +226,7 @@ def test_set_size_shrinks_the_pool_and_drain_empties_it_until_set_again(sbx, doc
                                       "IS NULL ORDER BY id")]
     assert types == ["pool.resized", "pool.resized", "pool.drained"]
     assert sbx("pool", "set", "warm", "--size", "1").code == 0  # ...until set again
-    assert len(warmed(reap(sbx))) == 1
+    assert len(members(docker_api, sbx)) == 1
 
 
 def test_the_members_of_a_pool_that_no_longer_exists_are_removed(sbx, docker_api):

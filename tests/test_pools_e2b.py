@@ -31,7 +31,7 @@ def test_an_e2b_member_is_claimed_and_e2bs_timeout_starts_at_the_claim(e2b, stan
     assert box["launch"] == "warm" and box["id"] == member["id"]
     # the claim set E2B's timeout to the deadline counted from the claim, once
     assert near(remote.end_at, parse(box["deadline"]) + DEADLINE_GRACE)
-    assert near(parse(box["deadline"]), parse(box["created_at"]) + timedelta(minutes=40), 1)
+    assert near(parse(box["deadline"]), parse(box["started_at"]) + timedelta(minutes=40), 1)
     assert standin.count("timeout", 204) == 1
     said = e2b("exec", box["id"], "--", "echo", "hi")
     assert (said.code, said.out) == (0, "hi\n")

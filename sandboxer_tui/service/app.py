@@ -694,7 +694,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         return JSONResponse([p.to_dict() for p in await who.client.pools()])
 
     @app.put("/v1/pools/{profile}", tags=["pools"],
-             summary="Set a pool's size (the next reap fills or shrinks it)",
+             summary="Set a pool's size (filled or shrunk before the answer)",
              response_model=s.PoolRecord, responses=ERRORS)
     async def set_pool_size(who: Admin, profile: str, body: s.PoolSize) -> JSONResponse:
         return JSONResponse((await who.client.set_pool_size(profile, body.size)).to_dict())
