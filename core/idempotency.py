@@ -131,7 +131,8 @@ async def _answer_for(mgr: Manager, sandbox_id: str) -> dict[str, Any]:
             raise Conflict("a request with this Idempotency-Key is still in progress; retry "
                            "when it has finished")
         row = await mgr.settle_interrupted_create(row)
-    if row["state"] == State.FAILED:
+    if row["state"] == State.FAILED or (row["state"] == State.DESTROYED
+                                        and row["started_at"] is None):  # failed, then reaped
         raise OperationFailed(f"create failed on {row['backend']}: "
                               f"{row.get('error') or 'its maker stopped'} (sandbox {row['id']})")
     return row
