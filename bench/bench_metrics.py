@@ -96,7 +96,7 @@ def follow_all_process(ctx: Context, env: dict[str, str], seconds: float) -> dic
     out_path = ctx.tmp / "metrics-all.jsonl"
     with open(out_path, "w") as out, open(ctx.tmp / "metrics-all.err", "w") as err:
         spawned = time.perf_counter()
-        proc = subprocess.Popen([*ctx.sbx, "metrics", "--all", "--json"], env=env, cwd=ctx.tmp,
+        proc = subprocess.Popen([*ctx.sbx, "metrics", "--all", "--follow", "--json"], env=env, cwd=ctx.tmp,
                                 stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         try:
             time.sleep(WARMUP_S)

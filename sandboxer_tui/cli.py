@@ -976,10 +976,12 @@ def _metric_line(view: Mapping[str, Any]) -> str:
 
 @cli.command("metrics")
 @click.argument("sandbox_id", metavar="ID", required=False)
-@click.option("--follow", "-f", is_flag=True, help="Keep printing samples (one a second).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing samples (one a second); with --all, storing them, until "
+                   "Ctrl-C or SIGTERM.")
 @click.option("--history", is_flag=True, help="The stored samples instead of a live one.")
 @click.option("--all", "all_running", is_flag=True,
-              help="Follow every running sandbox, storing samples (stop: Ctrl-C or SIGTERM).")
+              help="Every running sandbox: one reading each, then exit (--follow: keep on).")
 @click.option("--format", "output_format", type=click.Choice(["prometheus"]),
               help="With --all: one reading of every running sandbox in the Prometheus text "
                    "format (node-exporter's textfile collector), then exit.")
@@ -998,7 +1000,12 @@ def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_run
             click.echo(prometheus_text(sbx.current_metrics()), nl=False)
         return
     if all_running:
-        _follow_all(as_json)
+        if sandbox_id or history:
+            raise BadInput("--all reads every running sandbox: give no ID or --history")
+        if follow:
+            _follow_all(as_json)
+        else:
+            _read_all(as_json)
         return
     if not sandbox_id:
         raise BadInput("give a sandbox ID, or --all")
@@ -1030,6 +1037,21 @@ def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_run
             emit_json({"sandbox_id": sandbox_id, "sample": None, "message": "no sample yet"})
         else:
             click.echo("no sample yet", err=True)
+
+
+def _read_all(as_json: bool) -> None:
+    """One reading of every running sandbox (a sandbox with none within 10 s is left out)."""
+    from sandboxer import MetricSample
+
+    with client() as sbx:
+        views = [MetricSample.from_dict(doc).to_dict() for doc in sbx.current_metrics()]
+    if as_json:
+        emit_json(views)
+        return
+    for view in views:
+        click.echo(f"{view['sandbox_id']}  {_metric_line(view)}")
+    if not views:
+        click.echo("no running sandbox gave a reading", err=True)
 
 
 def _follow_all(as_json: bool) -> None:

@@ -460,7 +460,7 @@ def test_metrics_all_follows_every_running_sandbox_and_stops_on_sigterm(sbx):
     gone = boxes.pop()
     assert sbx("destroy", gone["id"], "--yes").code == 0
 
-    follow = Streaming(sbx, "metrics", "--all", "--json")
+    follow = Streaming(sbx, "metrics", "--all", "--follow", "--json")
     try:
         seen = follow.read_for(4)
         stopped = time.monotonic()
@@ -481,3 +481,25 @@ def test_metrics_all_follows_every_running_sandbox_and_stops_on_sigterm(sbx):
     assert {v["sandbox_id"] for v in seen} == set(by_box)
     for b in boxes:  # --all stores samples too
         assert stored(sbx, b["id"]), b["id"]
+
+
+def test_metrics_all_reads_once_and_exits_by_itself(sbx):
+    """Without --follow, `sbx metrics --all` reads every running sandbox once and returns:
+    the README's promise (it used to follow until interrupted)."""
+    with ThreadPoolExecutor(2) as pool:
+        boxes = list(pool.map(lambda _: sbx.create(), range(2)))
+    gone = boxes.pop()
+    assert sbx("destroy", gone["id"], "--yes").code == 0
+    box = boxes[0]
+
+    once = sbx("metrics", "--all", "--json", timeout=120)  # the limit only guards a hang
+    assert once.code == 0, once.err
+    views = one_json(once.out)
+    assert [v["sandbox_id"] for v in views] == [box["id"]]
+    assert SAMPLE_FIELDS <= set(views[0]) and views[0]["memory_bytes"] > 0
+
+    text = sbx("metrics", "--all", timeout=120)
+    assert text.code == 0, text.err
+    [line] = text.out.splitlines()
+    assert line.startswith(f"{box['id']}  ") and " mem " in line
+    assert sbx("metrics", "--all", box["id"]).code == 2  # --all names no sandbox

@@ -231,7 +231,7 @@ def test_metrics_all_sends_otlp_while_it_follows(sbx, receiver):
     env = otel_env(receiver.url, OTEL_METRICS_EXPORTER="otlp", OTEL_TRACES_EXPORTER="none",
                    OTEL_METRIC_EXPORT_INTERVAL="500")
     box = sbx.create(env=env)
-    follower = subprocess.Popen([*SBX, "metrics", "--all", "--json"], cwd=sbx.cwd,
+    follower = subprocess.Popen([*SBX, "metrics", "--all", "--follow", "--json"], cwd=sbx.cwd,
                                 env=sbx.env(env), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:

@@ -147,7 +147,7 @@ def test_serve_on_a_socket_of_mode_0600(sbx, tmp_path):
 
 @pytest.mark.docker
 def test_metrics_all_over_the_service_follows_the_services_sandboxes(sbx, served):
-    """`sbx metrics --all` as a client: the service follows its running sandboxes."""
+    """`sbx metrics --all --follow` as a client: the service follows its running sandboxes."""
     import queue
     import threading
     import time
@@ -156,7 +156,7 @@ def test_metrics_all_over_the_service_follows_the_services_sandboxes(sbx, served
     made = run(env, "create", "--ttl", "10m", "--label", RUN_LABEL, "--json")
     assert made.returncode == 0, made.stderr
     sandbox_id = json.loads(made.stdout)["id"]
-    follow = subprocess.Popen([*SBX, "metrics", "--all", "--json"], env=env, text=True,
+    follow = subprocess.Popen([*SBX, "metrics", "--all", "--follow", "--json"], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in follow.stdout], daemon=True).start()
