@@ -69,11 +69,56 @@ def _exporters(signal: str) -> list[str]:
 
 def tracing_on() -> bool:
     """Whether spans are made now (cheap: the environment, no import)."""
-    return not _suppressed.get() and bool(_exporters("traces"))
+    return not _suppressed.get() and _sdk_present("traces")
 
 
 def metrics_on() -> bool:
-    return not _suppressed.get() and bool(_exporters("metrics"))
+    return not _suppressed.get() and _sdk_present("metrics")
+
+
+def _sdk_present(signal: str) -> bool:
+    """The environment asks for `signal` and the packages that send it are installed. OTEL_
+    variables are often set for a whole machine or pod: without the `otel` extra, sbx says
+    so once on stderr and goes on without spans or metrics. A bad setting is still refused
+    (BadInput) before anything is done."""
+    names = _exporters(signal)
+    if not names:
+        return False
+    key = (signal, _settings_key())
+    found = _present.get(key)
+    if found is None:
+        found = _present[key] = _missing_package(signal, names) is None
+    return found
+
+
+_present: dict[tuple, bool] = {}
+_warned = False
+
+
+def _missing_package(signal: str, names: list[str]) -> str | None:
+    """The first package `signal`'s exporters need that is not installed (said once on
+    stderr), else None. Looked up, not imported."""
+    global _warned
+    import importlib.util
+
+    modules = ["opentelemetry.sdk"] + [
+        f"opentelemetry.exporter.otlp.proto.{'grpc' if _protocol(signal) == 'grpc' else 'http'}"
+        for name in names if name == "otlp"]
+    for module in modules:
+        try:
+            spec = importlib.util.find_spec(module)
+        except ImportError:  # a parent package missing
+            spec = None
+        if spec is None:
+            package = module.replace(".", "-")
+            with _lock:
+                warn, _warned = not _warned, True
+            if warn:
+                print(f"sbx: OTEL_ variables ask for {signal} but {package} is not installed: "
+                      "going on without OpenTelemetry (pip install 'sandboxer[otel]', or "
+                      "unset the OTEL_ variables)", file=sys.stderr, flush=True)
+            return package
+    return None
 
 
 def _protocol(signal: str) -> str:
