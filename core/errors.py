@@ -27,7 +27,7 @@ class ExitCode(enum.IntEnum):
     BAD_INPUT = 2  # nothing was written
     NOT_FOUND = 3
     CONFLICT = 4  # the sandbox's state does not allow it
-    UNAVAILABLE = 5  # a backend or the database cannot be reached
+    UNAVAILABLE = 5  # a backend, the database or a service cannot be reached or refused our key
     TIMED_OUT = 124  # `exec --timeout` ended the command, as timeout(1) does
     INTERRUPTED = 130  # Ctrl-C (SIGINT)
 
@@ -79,6 +79,14 @@ class QuotaExceeded(Conflict):
 class Unavailable(SbxError):
     exit_code = EXIT_UNAVAILABLE
     kind = "unavailable"
+
+
+class Unauthorized(Unavailable):
+    """A service refused our credentials (the sbx service's 401: no API key, a wrong or a
+    revoked one). Exit 5, as a backend that refuses its credentials: nothing was done, and
+    the fix is the key, not the request."""
+
+    kind = "unauthorized"
 
 
 class TimedOut(OperationFailed):
@@ -226,7 +234,8 @@ def as_error(exc: BaseException) -> SbxError:
         return exc
     if not _KINDS:
         _KINDS.update({cls.kind: cls for cls in (OperationFailed, BadInput, NotFound,
-                                                  Conflict, QuotaExceeded, Unavailable)})
+                                                  Conflict, QuotaExceeded, Unavailable,
+                                                  Unauthorized)})
     _, kind = classify(exc)
     error = _KINDS[kind](one_line(exc))
     error.__cause__ = exc

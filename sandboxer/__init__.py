@@ -21,6 +21,7 @@ from core.errors import (
     NotFound,
     OperationFailed,
     QuotaExceeded,
+    Unauthorized,
     Unavailable,
 )
 from core.errors import SbxError as Error
@@ -82,6 +83,7 @@ __all__ = [
     "Sandboxer",
     "State",
     "SyncIterator",
+    "Unauthorized",
     "Unavailable",
     "lineage",
     "load_profile",

@@ -29,6 +29,7 @@ from core.errors import (
     OperationFailed,
     QuotaExceeded,
     SbxError,
+    Unauthorized,
     Unavailable,
 )
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 KINDS: dict[str, type[SbxError]] = {c.kind: c for c in (
-    OperationFailed, BadInput, NotFound, Conflict, QuotaExceeded, Unavailable)}
+    OperationFailed, BadInput, NotFound, Conflict, QuotaExceeded, Unavailable, Unauthorized)}
 CODES: dict[int, type[SbxError]] = {int(c.exit_code): c for c in (
     OperationFailed, BadInput, NotFound, Conflict, Unavailable)}
 PAGE = 1000
@@ -53,7 +54,11 @@ def error_from(status: int, body: Any, url: str) -> SbxError:
     detail = body.get("error") if isinstance(body, Mapping) else None
     if isinstance(detail, Mapping) and isinstance(detail.get("message"), str):
         cls = KINDS.get(detail.get("kind")) or CODES.get(detail.get("code")) or OperationFailed
-        error = cls(detail["message"])
+        message = detail["message"]
+        if cls is Unauthorized:  # say whose key, and where it comes from
+            message = (f"the sbx service at {url} refused the API key: {message} (give a "
+                       "key it made, in SBX_TOKEN: sbx api-keys create there)")
+        error = cls(message)
         if detail.get("problems"):
             error.problems = list(detail["problems"])
         return error

@@ -37,6 +37,10 @@ def error_response(exc: BaseException) -> JSONResponse:
 
 
 def refusal(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
-    """401, 403 and 422 of the service itself (nothing was written: exit code 2)."""
-    return JSONResponse({"error": {"code": 2, "kind": kind, "message": message}},
+    """401, 403 and 422 of the service itself; nothing was done. A 401 is the client's
+    Unauthorized (exit 5: the key is at fault); the others exit 2."""
+    from core.errors import Unauthorized
+
+    code = Unauthorized.exit_code if status == 401 else 2
+    return JSONResponse({"error": {"code": int(code), "kind": kind, "message": message}},
                         status_code=status, headers=headers or None)

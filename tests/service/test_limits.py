@@ -113,7 +113,7 @@ def test_an_unauthenticated_300_mib_post_gets_401_before_its_body_is_read(sbx, t
         assert status == 401 and headers.get("connection") == "close"
         assert headers.get("www-authenticate") == "Bearer"
         error = json.loads(body)["error"]
-        assert error["kind"] == "unauthorized" and error["code"] == 2
+        assert error["kind"] == "unauthorized" and error["code"] == 5
         sent = 0
         try:
             chunk = b"x" * MiB
