@@ -153,6 +153,9 @@ class Artifact:
     ref: str
     labels: Mapping[str, str] = field(default_factory=dict)
     size_bytes: int | None = None
+    # False: an artifact no installation holds any more (on Docker, an untagged checkpoint
+    # image no container uses), which reconcile removes whatever its labels say
+    held: bool = True
 
 
 @dataclass(frozen=True)
@@ -296,13 +299,20 @@ class Adapter(abc.ABC):
     async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
         raise self._unsupported("list checkpoints")
 
+    async def missing_artifacts(self, artifacts: Sequence[str]) -> set[str]:
+        """Those of `artifacts` the backend no longer has (checked now). A backend that
+        cannot tell answers none: its restore says so when it fails."""
+        return set()
+
     async def export_artifact(self, artifact: str, path: str) -> None:
         """Write the artifact to a file another host can import."""
         raise self._unsupported("export checkpoints")
 
-    async def import_artifact(self, path: str, checkpoint_id: str) -> str:
+    async def import_artifact(self, path: str, checkpoint_id: str, *, install: str | None = None,
+                              as_checkpoint: str | None = None) -> str:
         """Load an exported artifact, refusing (ArtifactRefused) one that is not exactly the
-        artifact of `checkpoint_id` before anything is loaded."""
+        artifact of `checkpoint_id` before anything is loaded; held by the installation
+        `install`, as the checkpoint `as_checkpoint` (a re-import under a new id) if given."""
         raise self._unsupported("import checkpoints")
 
     def metrics(self, ref: str) -> AsyncIterator[MetricSample]:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
+import hashlib
 import io
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -54,6 +57,7 @@ from adapters.archives import BoundedTar, TooLarge, member_path  # noqa: E402
 from adapters.base import (  # noqa: E402
     LABEL_CHECKPOINT,
     LABEL_COMPOSE,
+    LABEL_ID,
     LABEL_INSTALL,
     LABEL_POD,
     LABEL_SERVICE,
@@ -78,6 +82,12 @@ from adapters.base import (  # noqa: E402
 
 BASE_IMAGE = "sandboxer/base:busybox"
 CHECKPOINT_REPOSITORY = "sandboxer/checkpoint"
+# A checkpoint image is tagged once for each installation that holds it on this engine,
+# `<checkpoint id>-<digest of the installation id>` (holder_tag): an installation removes only
+# its own tag, and the image only once no other checkpoint tag is left on it. An archive names
+# its image by the bare checkpoint id (transport_tag), which is loaded and then dropped again;
+# checkpoints made before holder tags still hold their image by that name.
+INSTALL_DIGEST_LEN = 12
 # Keeps the container alive and exits at once on TERM; needs only a POSIX sh.
 KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox")
@@ -101,10 +111,24 @@ RESTART_POLICY = {"Name": "unless-stopped"}
 # A running container up for less than its age by more than this was started again (it is
 # started within a second of being made; the listing's times are whole seconds).
 RESTART_SLACK_S = 2.0
+# What a person can do however sbx was installed (a pip install has no Makefile).
 START_HINT = (
-    "start one: `make run` does it for you (as root on Debian), or `sudo dockerd &`, "
-    "or `sudo systemctl start docker`; or point DOCKER_HOST at a reachable engine"
+    "start Docker (`sudo systemctl start docker`, or open Docker Desktop) or set DOCKER_HOST "
+    "to an engine that runs; `sbx doctor` checks the setup"
 )
+# Why an engine did not answer, in plain words, by the error number underneath.
+UNREACHABLE_BECAUSE = {
+    errno.ENOENT: "no engine listens there (the socket does not exist)",
+    errno.ECONNREFUSED: "nothing accepts connections there",
+    errno.ECONNRESET: "the connection was cut",
+    errno.EACCES: "permission denied (your user may not use that socket: add it to the docker "
+                  "group, or run as a user who may)",
+    errno.EPERM: "permission denied",
+    errno.ETIMEDOUT: "it did not answer in time",
+    errno.EHOSTUNREACH: "its host cannot be reached",
+    errno.ENETUNREACH: "its network cannot be reached",
+    errno.ENOTSOCK: "that is not a socket",
+}
 
 
 PLAINTEXT_ENV = "SBX_DOCKER_ALLOW_PLAINTEXT"  # =1: an engine over the network without TLS
@@ -400,14 +424,8 @@ class DockerAdapter(Adapter):
                 response = api._get(api.base_url + "/_ping")
                 response.raise_for_status()
                 api._version = response.headers.get("Api-Version") or api._version
-            except docker_errors.DockerException as exc:
-                raise BackendUnavailable(
-                    f"Docker engine unreachable at {self.base_url} ({_short(exc)}); {START_HINT}"
-                ) from exc
-            except OSError as exc:  # connection refused, socket gone (requests' errors too)
-                raise BackendUnavailable(
-                    f"Docker engine unreachable at {self.base_url} ({exc}); {START_HINT}"
-                ) from exc
+            except (docker_errors.DockerException, OSError) as exc:  # refused, no socket...
+                raise self._unreachable(exc) from exc
             self._api, self._pinged_at = api, time.monotonic()
         return self._api
 
@@ -421,16 +439,15 @@ class DockerAdapter(Adapter):
             except docker_errors.APIError:  # the engine answered: the caller decides
                 self._pinged_at = time.monotonic()
                 raise
-            except docker_errors.DockerException as exc:
-                raise BackendUnavailable(
-                    f"Docker engine unreachable at {self.base_url} ({_short(exc)}); {START_HINT}"
-                ) from exc
-            except OSError as exc:  # connection refused, socket gone
-                raise BackendUnavailable(
-                    f"Docker engine unreachable at {self.base_url} ({exc}); {START_HINT}"
-                ) from exc
+            except (docker_errors.DockerException, OSError) as exc:  # refused, socket gone
+                raise self._unreachable(exc) from exc
 
         return await asyncio.to_thread(run)
+
+    def _unreachable(self, exc: BaseException) -> BackendUnavailable:
+        """The engine did not answer: where, why in plain words, and what to do."""
+        return BackendUnavailable(f"Docker engine unreachable at {self.base_url}: "
+                                  f"{_why_unreachable(exc)}; {START_HINT}")
 
     @staticmethod
     def _object(info: Mapping[str, Any]) -> BackendObject:
@@ -499,6 +516,10 @@ class DockerAdapter(Adapter):
                 f"the docker backend has no options (got {', '.join(sorted(request.options))})")
 
     async def create(self, request: CreateRequest) -> BackendObject:
+        return await self._create(request)
+
+    async def _create(self, request: CreateRequest, *,
+                      checkpoint_image: bool = False) -> BackendObject:
         image = request.image or BASE_IMAGE
         limits = request.resources
 
@@ -532,6 +553,10 @@ class DockerAdapter(Adapter):
             try:
                 created = api.create_container(**spec)
             except docker_errors.ImageNotFound:
+                if checkpoint_image:  # never pulled: a registry's image of that name is not it
+                    raise BackendObjectGone(
+                        f"checkpoint {_checkpoint_named(image)} is lost: its image {image} is "
+                        "no longer on the Docker engine") from None
                 self._provide_image(api, image)
                 created = api.create_container(**spec)
             container_id = created["Id"]
@@ -793,58 +818,158 @@ class DockerAdapter(Adapter):
             raise AdapterError(f"docker could not {verb} {ref[:12]}: {_short(exc)}") from exc
 
     async def snapshot(self, ref: str, labels: Mapping[str, str]) -> Artifact:
-        """`docker commit`: the filesystem, not memory or volumes. The image is labelled."""
+        """`docker commit`: the filesystem, not memory or volumes. The image is labelled, and
+        tagged for the installation that made it (holder_tag)."""
         changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()]
-        tag = labels.get(LABEL_CHECKPOINT) or f"sbx-{int(time.time() * 1000)}"
+        checkpoint = labels.get(LABEL_CHECKPOINT) or f"sbx-{int(time.time() * 1000)}"
+        install = labels.get(LABEL_INSTALL)
+        name = holder_tag(checkpoint, install) if install else transport_tag(checkpoint)
 
         def commit(api: docker.APIClient) -> Artifact:
             # tagged, so removing a checkpoint whose image has children (a checkpoint of a
             # sandbox restored from it) untags it instead of failing
-            api.commit(ref, repository=CHECKPOINT_REPOSITORY, tag=tag, changes=changes)
-            name = f"{CHECKPOINT_REPOSITORY}:{tag}"
+            repository, _, tag = name.rpartition(":")
+            api.commit(ref, repository=repository, tag=tag, changes=changes)
             return Artifact(name, dict(labels), api.inspect_image(name).get("Size"))
 
         return await self._on_container(ref, commit, "snapshot")
 
     async def restore(self, artifact: str, request: CreateRequest) -> BackendObject:
-        return await self.create(replace(request, image=artifact))
+        """As create, from the checkpoint's image, which is never pulled from a registry: an
+        image gone from the engine is BackendObjectGone, naming the checkpoint."""
+        return await self._create(replace(request, image=artifact), checkpoint_image=True)
+
+    async def missing_artifacts(self, artifacts: Sequence[str]) -> set[str]:
+        def check(api: docker.APIClient) -> set[str]:
+            gone = set()
+            for ref in set(artifacts):
+                try:
+                    api.inspect_image(ref)
+                except docker_errors.NotFound:
+                    gone.add(ref)
+            return gone
+
+        try:
+            return await self._call(check)
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker could not look up checkpoint images: {_short(exc)}") from exc
 
     async def delete_artifact(self, artifact: str) -> None:
+        """Let go of a checkpoint's image: untag `artifact`, and remove the image only when no
+        other checkpoint tag is left on it (another installation still holds it), as the
+        engine says just before. An image id (an image nobody holds, from list_artifacts)
+        is removed only while it still has no tag, never forced. Already gone is success."""
         def remove(api: docker.APIClient) -> None:
-            try:
-                api.remove_image(artifact, force=True)
-            except docker_errors.NotFound:
-                pass  # already gone: success
+            for _ in range(3):
+                try:
+                    info = api.inspect_image(artifact)
+                    if artifact.startswith("sha256:"):
+                        if not _tags(info):  # tagged since: held again, not ours to remove
+                            api.remove_image(artifact)
+                        return
+                    if [t for t in _checkpoint_tags(info) if t != artifact]:
+                        api.remove_image(artifact, noprune=True)  # untagged, nothing more
+                    else:
+                        api.remove_image(artifact, force=True)  # the last holder
+                    return
+                except docker_errors.NotFound:
+                    return  # already gone: success
+                except docker_errors.APIError as exc:
+                    # 409: the other holder let go in between, and a container uses the image
+                    # (an untag without force is refused then): look again
+                    if exc.status_code != 409 or artifact.startswith("sha256:"):
+                        raise
+            raise AdapterError(f"docker kept refusing to remove image {artifact}")
 
         try:
             await self._call(remove)
         except docker_errors.APIError as exc:
-            raise AdapterError(f"docker could not remove image {artifact[:19]}: {_short(exc)}") from exc
+            raise AdapterError(f"docker could not remove image {artifact[:71]}: "
+                               f"{_short(exc)}") from exc
 
     async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
-        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-        found = [i for i in await self._call(lambda api: api.images(filters=filters))
-                 if LABEL_COMPOSE not in (i.get("Labels") or {})]  # the compose backend's
-        return [Artifact(next((t for t in i.get("RepoTags") or []
-                               if t.startswith(CHECKPOINT_REPOSITORY + ":")), i["Id"]),
-                         i.get("Labels") or {}, i.get("Size")) for i in found]
+        """Checkpoint images with `labels`. With `sbx.install`, the artifacts that installation
+        holds: its own tags (labelled with the checkpoint each names), and the bare tags of
+        checkpoints it made before holder tags; and every untagged checkpoint image that no
+        container uses (held=False), which no installation holds any more."""
+        install = labels.get(LABEL_INSTALL)
+        wanted = {k: v for k, v in labels.items() if k != LABEL_INSTALL or install is None}
+        filters = {"label": [LABEL_CHECKPOINT, *(f"{k}={v}" for k, v in wanted.items())]}
+
+        def listing(api: docker.APIClient) -> tuple[list[dict], set[str]]:
+            images = api.images(filters=filters)
+            loose = install is not None and any(not _tags(i) for i in images)
+            used = {c.get("ImageID") for c in api.containers(all=True)} if loose else set()
+            return images, used
+
+        images, used = await self._call(listing)
+        found = []
+        for info in images:
+            marks, size = info.get("Labels") or {}, info.get("Size")
+            if install is None:
+                if LABEL_COMPOSE not in marks:  # the compose backend's
+                    found.append(Artifact(next(iter(_checkpoint_tags(info)), info["Id"]),
+                                          marks, size))
+                continue
+            if not _tags(info):
+                if info["Id"] not in used:
+                    found.append(Artifact(info["Id"], marks, size, held=False))
+                continue
+            if LABEL_COMPOSE in marks:
+                continue
+            for tag in _checkpoint_tags(info):
+                checkpoint = _held_by(tag, install)
+                if checkpoint is not None:  # made here (its labels), or brought in (ours)
+                    own = marks if marks.get(LABEL_INSTALL) == install else {
+                        LABEL_INSTALL: install}
+                    found.append(Artifact(tag, {**own, LABEL_CHECKPOINT: checkpoint}, size))
+                elif (marks.get(LABEL_INSTALL) == install and marks.get(LABEL_CHECKPOINT)
+                      and tag == transport_tag(marks[LABEL_CHECKPOINT])):
+                    found.append(Artifact(tag, marks, size))  # made before holder tags
+        return found
 
     async def export_artifact(self, artifact: str, path: str) -> None:
+        """`docker save` of the image, named in the file by its checkpoint's transport tag
+        whichever installation's tag it was saved by: the file names no installation, so a
+        load of it moves no installation's tag."""
         def save(api: docker.APIClient) -> None:
-            with open(path, "wb") as out:
-                for chunk in api.get_image(artifact):
-                    out.write(chunk)
+            info = api.inspect_image(artifact)
+            checkpoint = (info["Config"].get("Labels") or {}).get(LABEL_CHECKPOINT)
+            if not checkpoint:
+                raise AdapterError(f"image {artifact} is not a checkpoint image (no "
+                                   f"{LABEL_CHECKPOINT} label)")
+            saved = f"{path}.saved"
+            try:
+                with open(saved, "wb") as out:
+                    for chunk in api.get_image(artifact):
+                        out.write(chunk)
+                _rename_saved_image(saved, path, artifact, transport_tag(checkpoint))
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(saved)
 
-        await self._call(save)
+        try:
+            await self._call(save)
+        except docker_errors.NotFound as exc:
+            raise BackendObjectGone(f"image {artifact} is no longer on the Docker engine") from exc
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker could not save image {artifact}: {_short(exc)}") from exc
 
-    async def import_artifact(self, path: str, checkpoint_id: str) -> str:
-        name = f"{CHECKPOINT_REPOSITORY}:{checkpoint_id}"
+    async def import_artifact(self, path: str, checkpoint_id: str, *, install: str | None = None,
+                              as_checkpoint: str | None = None) -> str:
+        """Load the archive's image (named by the transport tag), check it, tag it for the
+        installation (as `as_checkpoint`: a child image relabelled as that checkpoint), and
+        drop the transport tag again unless it was here before the load."""
+        name = transport_tag(checkpoint_id)
         _check_saved_image(path, name)
+        as_checkpoint = as_checkpoint or checkpoint_id
+        own = holder_tag(as_checkpoint, install) if install else name
 
         def load(api: docker.APIClient) -> str:
             images_before = api.images()
             tags_before = {tag: info["Id"] for info in images_before
                            for tag in info.get("RepoTags") or []}
+            loaded_here = True
 
             def put_back(tag: str) -> None:
                 repository, _, version = tag.rpartition(":")
@@ -853,13 +978,22 @@ class DockerAdapter(Adapter):
                 else:
                     api.remove_image(tag, force=tag == name, noprune=tag != name)
 
+            def undo(info: Mapping[str, Any], moved: Sequence[str]) -> None:
+                for tag in (*moved, name):
+                    put_back(tag)
+                if loaded_here:
+                    with contextlib.suppress(docker_errors.APIError):
+                        api.remove_image(info["Id"])
+
             with open(path, "rb") as data:
                 for _ in api.load_image(data):
                     pass
             # The check above should leave nothing to find here; if an engine names images
             # in a way it does not know, every tag the load moved goes back before we refuse.
             info = api.inspect_image(name)
-            moved = [t for t in info.get("RepoTags") or [] if t != name]
+            loaded_here = info["Id"] not in {i["Id"] for i in images_before}
+            moved = [t for t in info.get("RepoTags") or []  # tags the load gave it
+                     if t != name and tags_before.get(t) != info["Id"]]
             labels = info["Config"].get("Labels") or {}
             problem = (f"it also names {', '.join(moved)}" if moved else
                        f"this engine already holds another image as {name}"
@@ -869,13 +1003,22 @@ class DockerAdapter(Adapter):
                        "the image claims to be a service of a pod (sbx.pod, sbx.service)"
                        if labels.get(LABEL_POD) or labels.get(LABEL_SERVICE) else None)
             if problem:
-                for tag in (*moved, name):
-                    put_back(tag)
-                if info["Id"] not in {i["Id"] for i in images_before}:  # brought by this load
-                    with contextlib.suppress(docker_errors.APIError):
-                        api.remove_image(info["Id"])
+                undo(info, moved)
                 raise ArtifactRefused(f"the artifact is refused: {problem}")
-            return name
+            try:
+                if as_checkpoint != checkpoint_id:
+                    _relabelled(api, info, own, {LABEL_CHECKPOINT: as_checkpoint})
+                elif own != name:
+                    repository, _, version = own.rpartition(":")
+                    api.tag(info["Id"], repository, version, force=True)
+            except BaseException:
+                with contextlib.suppress(docker_errors.APIError):
+                    undo(info, [])
+                raise
+            if own != name and name not in tags_before:
+                with contextlib.suppress(docker_errors.NotFound):  # the image stays, as `own`
+                    api.remove_image(name, noprune=True)
+            return own
 
         try:
             return await self._call(load)
@@ -912,6 +1055,93 @@ class DockerAdapter(Adapter):
         if docker_cli is None:
             raise CapabilityNotSupported("an interactive shell needs the docker CLI on PATH")
         return [docker_cli, "--host", self.base_url, "exec", "-it", ref, "sh"]
+
+
+def install_digest(install: str) -> str:
+    """The installation's mark in a checkpoint tag: its id hashed, so any id fits a tag."""
+    return hashlib.sha256(install.encode()).hexdigest()[:INSTALL_DIGEST_LEN]
+
+
+def holder_tag(checkpoint_id: str, install: str) -> str:
+    """The tag by which the installation `install` holds checkpoint `checkpoint_id`'s image."""
+    return f"{CHECKPOINT_REPOSITORY}:{checkpoint_id}-{install_digest(install)}"
+
+
+def transport_tag(checkpoint_id: str) -> str:
+    """The name an archive gives the checkpoint's image."""
+    return f"{CHECKPOINT_REPOSITORY}:{checkpoint_id}"
+
+
+def _tags(info: Mapping[str, Any]) -> list[str]:
+    """An image's tags (an engine lists an untagged image's as `<none>:<none>`, or none)."""
+    return [t for t in info.get("RepoTags") or [] if t != "<none>:<none>"]
+
+
+def _checkpoint_tags(info: Mapping[str, Any]) -> list[str]:
+    return [t for t in _tags(info) if t.startswith(CHECKPOINT_REPOSITORY + ":")]
+
+
+def _held_by(tag: str, install: str) -> str | None:
+    """The checkpoint `tag` holds for the installation `install`; None if not its tag."""
+    suffix = f"-{install_digest(install)}"
+    version = tag.removeprefix(CHECKPOINT_REPOSITORY + ":")
+    if version != tag and version.endswith(suffix) and len(version) > len(suffix):
+        return version.removesuffix(suffix)
+    return None
+
+
+def _checkpoint_named(tag: str) -> str:
+    """The checkpoint a holder or transport tag names (for messages)."""
+    version = tag.rpartition(":")[2]
+    held = re.fullmatch(rf"(.+)-[0-9a-f]{{{INSTALL_DIGEST_LEN}}}", version)
+    return held.group(1) if held else version
+
+
+def _relabelled(api: docker.APIClient, info: Mapping[str, Any], tag: str,
+                labels: Mapping[str, str]) -> None:
+    """A child of the image that differs only in `labels`, tagged `tag`: the commit of a
+    container made from it that never runs. While it exists the container carries no
+    installation's labels, so no reconcile takes it for one of its own."""
+    kept = {k: v for k, v in (info["Config"].get("Labels") or {}).items()
+            if k in (LABEL_INSTALL, LABEL_ID)}
+    box = api.create_container(info["Id"], labels={LABEL_INSTALL: "", LABEL_ID: ""},
+                               network_disabled=True,
+                               host_config=api.create_host_config(network_mode="none"))["Id"]
+    try:
+        repository, _, version = tag.rpartition(":")
+        api.commit(box, repository=repository, tag=version, changes=[
+            f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in {**kept, **labels}.items()])
+    finally:
+        _remove_quietly(api, box)
+
+
+def _rename_saved_image(saved: str, path: str, old: str, new: str) -> None:
+    """Copy the `docker save` archive `saved` to `path` with its image named `new` instead of
+    `old` in every file the engine reads names from (the layers are copied as they are), then
+    check the result as an import would."""
+    old_version, new_version = old.rpartition(":")[2], new.rpartition(":")[2]
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, str):
+            if value == old_version:
+                return new_version
+            return value[:-len(old)] + new if value.endswith(old) else value
+        if isinstance(value, dict):
+            return {swap(k): swap(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [swap(v) for v in value]
+        return value
+
+    with tarfile.open(saved) as src, open(path, "wb") as raw, \
+            tarfile.open(fileobj=raw, mode="w", format=src.format) as dst:
+        for member in src:
+            if member.isfile() and member_path(member) in NAMING_MEMBERS and old != new:
+                data = json.dumps(swap(json.loads(src.extractfile(member).read()))).encode()
+                member.size = len(data)
+                dst.addfile(member, io.BytesIO(data))
+            else:
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    _check_saved_image(path, new)
 
 
 # What `docker load` reads names from: only these, at the top of the archive. Each must be a
@@ -1084,7 +1314,45 @@ def kill_if_in_container(pid: int, container_id: str) -> bool:
         os.close(handle)
 
 
+# An address in an engine's message (`lookup registry-1.docker.io on 10.0.2.3:53`, `dial tcp
+# 172.17.0.1:443`): the engine's network, nothing a person acts on, never stored or shown.
+_ADDRESS = re.compile(r"(?:\s+on)?\s*(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|"
+                      r"\b(?:\d{1,3}\.){3}\d{1,3}\b)(?::\d+)?")
+
+
 def _short(exc: BaseException) -> str:
+    """The engine's own explanation of an API error, on one line, without network addresses:
+    what an error stored in a record or an event says."""
     explanation = getattr(exc, "explanation", None)
     text = str(explanation or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else ""
+    line = " ".join(_ADDRESS.sub("", line).split()).replace(" :", ":")
+    return line or type(exc).__name__
+
+
+def _why_unreachable(exc: BaseException) -> str:
+    """Why the engine did not answer, in plain words (never an exception's repr): from the
+    error number found under docker-py's, requests' and urllib3's wrappers."""
+    import ssl
+
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    timed_out = False
+    while stack:
+        found = stack.pop()
+        if id(found) in seen:
+            continue
+        seen.add(id(found))
+        if isinstance(found, ssl.SSLError):
+            return ("the TLS handshake failed (check DOCKER_CERT_PATH and DOCKER_TLS_VERIFY "
+                    "against the engine's certificate)")
+        if isinstance(found, OSError) and found.errno in UNREACHABLE_BECAUSE:
+            return UNREACHABLE_BECAUSE[found.errno]
+        if isinstance(found, TimeoutError) or "Timeout" in type(found).__name__:
+            timed_out = True
+        if "NameResolution" in type(found).__name__ or isinstance(found, socket.gaierror):
+            return "its host name does not resolve"
+        inner = [a for a in getattr(found, "args", ()) if isinstance(a, BaseException)]
+        inner += [getattr(found, "reason", None), found.__cause__, found.__context__]
+        stack += [e for e in inner if isinstance(e, BaseException)]
+    return "it did not answer in time" if timed_out else "it did not answer as a Docker engine does"

@@ -38,6 +38,7 @@ class EventType(enum.StrEnum):
     CHECKPOINT_REMOVED = "checkpoint.removed"
     CHECKPOINT_IMPORTED = "checkpoint.imported"
     CHECKPOINT_ORPHAN_REMOVED = "checkpoint.orphan-removed"
+    CHECKPOINT_LOST = "checkpoint.lost"  # its artifact is gone from the backend
     # warm pools (about a profile's pool, not one sandbox)
     POOL_RESIZED = "pool.resized"
     POOL_DRAINED = "pool.drained"

@@ -3,8 +3,14 @@
 A snapshot follows the operation pattern on a checkpoint row: the row is written `pending`
 (with its event) while the sandbox's lease is held, the backend makes the artifact
 (labelled `sbx.checkpoint`), and a second transaction records it `ready`. Reconcile
-completes or removes a pending row whose maker died, and removes an artifact of this
-installation that no row claims, so no row lacks an artifact and no artifact lacks a row.
+completes or removes a pending row whose maker died, removes an artifact of this
+installation that no row claims, marks `lost` a ready row whose artifact the backend no
+longer has, and removes an artifact no installation holds any more: no row lacks an
+artifact without saying so, and no artifact lacks a row.
+
+Installations may share an artifact (an archive imported on the engine it came from): each
+holds it by a mark of its own, and removing a checkpoint lets go of this installation's
+mark only; the backend removes the artifact once nobody holds it (adapters/docker.py).
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ from pydantic import (
 from ulid import ULID
 
 from adapters.archives import BoundedTar, TooLarge, format_size
-from adapters.base import LABEL_CHECKPOINT, LABEL_ID, LABEL_INSTALL, Capability
+from adapters.base import LABEL_CHECKPOINT, LABEL_ID, LABEL_INSTALL, AdapterError, Capability
 from core import settings, telemetry, tenancy
+from core.catalog import EventType, Reason
 from core.clock import from_iso, to_iso
 from core.errors import BadInput, Conflict
 from core.failpoints import failpoint
@@ -52,6 +59,9 @@ PREFIX = CHECKPOINT_PREFIX
 ARCHIVE_FORMAT = "sandboxer-checkpoint/1"
 ARCHIVE_MEMBERS = ("manifest.json", "artifact.tar")  # in this order, nothing else
 NAME_MAX = 128
+# A checkpoint's states: the backend is making it; it can be restored; its artifact is gone
+# from the backend (it is never fetched from anywhere else), so only `checkpoint rm` is left.
+PENDING, READY, LOST = "pending", "ready", "lost"
 
 
 def _time(text: str) -> str:
@@ -212,7 +222,7 @@ class Checkpoints:
         now = mgr.clock.now()
         row = {
             "id": ckpt_id, "sandbox_id": sandbox["id"], "parent_id": sandbox["restored_from"],
-            "name": name, "kind": "filesystem", "state": "pending",
+            "name": name, "kind": "filesystem", "state": PENDING,
             "backend": sandbox["backend"], "backend_ref": None, "install_id": mgr.install_id,
             "profile": sandbox["profile"], "profile_json": sandbox["profile_json"],
             "created_at": to_iso(now), "owner": sandbox["owner"],
@@ -245,7 +255,7 @@ class Checkpoints:
             failpoint("snapshot.after-backend")
             with self.db.write() as conn:
                 conn.execute(CHECKPOINTS.update().where(CHECKPOINTS.c.id == ckpt_id).values(
-                    state="ready", backend_ref=artifact.ref, size_bytes=artifact.size_bytes))
+                    state=READY, backend_ref=artifact.ref, size_bytes=artifact.size_bytes))
                 mgr.event(conn, sandbox["id"], "checkpoint.created", payload={
                     "checkpoint": ckpt_id, "name": name, "kind": "filesystem",
                     "parent": row["parent_id"], "size_bytes": artifact.size_bytes})
@@ -266,13 +276,34 @@ class Checkpoints:
                       task: str | None = None, profile_name: str | None = None
                       ) -> dict[str, Any]:
         """A new sandbox from a checkpoint, under the profile `restore_profile` chooses.
-        Any number may be restored from one checkpoint (a fork)."""
+        Any number may be restored from one checkpoint (a fork). The artifact is looked for
+        first: one the backend no longer has makes the checkpoint `lost` and the restore a
+        Conflict, before anything is written or made."""
         ckpt = self.resolve(ref)
-        if ckpt["state"] != "ready":
+        if ckpt["state"] != READY:
             raise Conflict(f"checkpoint {ckpt['id']} is {ckpt['state']}: cannot restore")
         profile = restore_profile(ckpt, profile_name)
+        adapter = self.mgr.adapter(ckpt["backend"])
+        if ckpt["backend_ref"] and await adapter.missing_artifacts([ckpt["backend_ref"]]):
+            self._lose(ckpt)
+            raise Conflict(f"checkpoint {ckpt['id']} is lost: its artifact "
+                           f"({ckpt['backend_ref']}) is no longer on the {ckpt['backend']} "
+                           f"backend, and is never fetched from elsewhere; remove it with "
+                           f"`sbx checkpoint rm {ckpt['id']}`")
         return await self.mgr.create(profile, ttl=ttl, name=name, labels=labels, owner=owner,
                                      task=task, restore_from=ckpt)
+
+    def _lose(self, ckpt: Mapping[str, Any]) -> bool:
+        """Record a ready checkpoint `lost` (its artifact is gone), once."""
+        with self.db.write() as conn:
+            changed = conn.execute(CHECKPOINTS.update().where(
+                CHECKPOINTS.c.id == ckpt["id"], CHECKPOINTS.c.state == READY,
+                CHECKPOINTS.c.backend_ref == ckpt["backend_ref"]).values(state=LOST)).rowcount
+            if changed:
+                self.mgr.event(conn, ckpt["sandbox_id"], EventType.CHECKPOINT_LOST,
+                               reason=Reason.GONE, payload={"checkpoint": ckpt["id"],
+                                                            "backend_ref": ckpt["backend_ref"]})
+        return bool(changed)
 
     # -- removal and retention --------------------------------------------------------------
 
@@ -289,7 +320,7 @@ class Checkpoints:
         return ckpt
 
     async def _keep_newest(self, sandbox_id: str, keep: int) -> list[str]:
-        ready = [r for r in self.list() if r["sandbox_id"] == sandbox_id and r["state"] == "ready"]
+        ready = [r for r in self.list() if r["sandbox_id"] == sandbox_id and r["state"] == READY]
         surplus = ready[:-keep] if len(ready) > keep else []
         for row in surplus:
             await self.remove(row["id"], reason="retention")
@@ -302,7 +333,7 @@ class Checkpoints:
         removed = []
         rows = self.list()
         for row in rows:
-            if row["state"] == "ready" and row["expires_at"] and row["expires_at"] <= now:
+            if row["state"] in (READY, LOST) and row["expires_at"] and row["expires_at"] <= now:
                 await self.remove(row["id"], reason="ttl")
                 removed.append(row["id"])
         for sandbox_id in {r["sandbox_id"] for r in rows if r["sandbox_id"]}:  # not imports
@@ -315,19 +346,20 @@ class Checkpoints:
     # -- reconcile --------------------------------------------------------------------------
 
     async def reconcile(self, backend: str, grace: timedelta) -> list[dict[str, Any]]:
-        """No row without an artifact, no artifact of ours without a row."""
+        """No row without an artifact (or marked `lost`), no artifact of ours without a row,
+        no artifact that nobody holds."""
         mgr = self.mgr
         adapter = mgr.adapter(backend)
         if not adapter.supports(Capability.SNAPSHOT):
             return []
         now = mgr.clock.now()
-        artifacts = {a.labels.get(LABEL_CHECKPOINT): a for a in
-                     await adapter.list_artifacts({LABEL_INSTALL: mgr.install_id})
-                     if a.labels.get(LABEL_CHECKPOINT)}
+        listed = await adapter.list_artifacts({LABEL_INSTALL: mgr.install_id})
+        artifacts = {a.labels.get(LABEL_CHECKPOINT): a for a in listed
+                     if a.held and a.labels.get(LABEL_CHECKPOINT)}
         rows = {r["id"]: r for r in self.list() if r["backend"] == backend}
         done = []
         for ckpt_id, row in rows.items():
-            if row["state"] != "pending" or now - from_iso(row["created_at"]) < grace:
+            if row["state"] != PENDING or now - from_iso(row["created_at"]) < grace:
                 continue
             sandbox = mgr.rows_by_ids([row["sandbox_id"]]).get(row["sandbox_id"])
             if sandbox and leased(sandbox, to_iso(now)):
@@ -336,7 +368,7 @@ class Checkpoints:
             with self.db.write() as conn:
                 if artifact:
                     conn.execute(CHECKPOINTS.update().where(CHECKPOINTS.c.id == ckpt_id).values(
-                        state="ready", backend_ref=artifact.ref, size_bytes=artifact.size_bytes))
+                        state=READY, backend_ref=artifact.ref, size_bytes=artifact.size_bytes))
                     mgr.event(conn, row["sandbox_id"], "checkpoint.created",
                                payload={"checkpoint": ckpt_id, "completed_by": "reconcile"})
                 else:
@@ -357,14 +389,42 @@ class Checkpoints:
                            reason="orphan", payload={"checkpoint": ckpt_id,
                                                      "backend_ref": artifact.ref})
             done.append({"checkpoint": ckpt_id, "action": "orphan artifact removed"})
+        held = {a.ref for a in listed if a.held}
+        unlisted = [r for r in rows.values()
+                    if r["state"] == READY and r["backend_ref"] and r["backend_ref"] not in held]
+        gone = await adapter.missing_artifacts([r["backend_ref"] for r in unlisted]) \
+            if unlisted else set()
+        for row in unlisted:
+            if row["backend_ref"] in gone and self._lose(row):
+                done.append({"checkpoint": row["id"], "action": "lost"})
+        for artifact in listed:
+            if not artifact.held:
+                done.append(await self._remove_loose(adapter, artifact))
         return done
+
+    async def _remove_loose(self, adapter: Any, artifact: Any) -> dict[str, Any]:
+        """Remove an artifact nobody holds (on Docker, an untagged checkpoint image no
+        container uses): whichever installation made it, no row of any can reach it."""
+        ckpt_id = artifact.labels.get(LABEL_CHECKPOINT)
+        try:
+            await adapter.delete_artifact(artifact.ref)
+        except AdapterError as exc:  # used again since it was listed, say: next time
+            return {"checkpoint": ckpt_id, "action": "unheld artifact kept",
+                    "error": str(exc)}
+        ours = artifact.labels.get(LABEL_INSTALL) == self.mgr.install_id
+        with self.db.write() as conn:
+            self.mgr.event(conn, artifact.labels.get(LABEL_ID) if ours else None,
+                           EventType.CHECKPOINT_ORPHAN_REMOVED, reason=Reason.ORPHAN,
+                           payload={"checkpoint": ckpt_id, "backend_ref": artifact.ref,
+                                    "held": False})
+        return {"checkpoint": ckpt_id, "action": "unheld artifact removed"}
 
     # -- export and import ------------------------------------------------------------------
 
     @telemetry.traced("sbx.checkpoint.export")
     async def export(self, ref: str, path: str) -> dict[str, Any]:
         ckpt = self.resolve(ref)
-        if ckpt["state"] != "ready":
+        if ckpt["state"] != READY:
             raise Conflict(f"checkpoint {ckpt['id']} is {ckpt['state']}: cannot export")
         claims = {k: ckpt[k] for k in ("id", "name", "kind", "state", "backend", "profile",
                                        "profile_json", "size_bytes", "created_at",
@@ -395,7 +455,9 @@ class Checkpoints:
 
         The archive is read once, in order, within caps: its manifest is checked against
         the schema, and its id and name against this host's checkpoints (a name already
-        here is refused: it would shadow a local checkpoint), before its artifact is
+        here is refused: it would shadow a local checkpoint; the id already here is refused
+        without `name`, and with it the import is a new checkpoint, of a new id, whose
+        artifact the backend shares or copies), before its artifact is
         written to a temporary file; anything past a cap, or not part of a checkpoint
         archive, is refused (exit 2) before it is written or loaded. The import is a
         checkpoint of its own: its time is now, and it joins no local sandbox's lineage,
@@ -409,7 +471,10 @@ class Checkpoints:
             chosen = name if name is not None else claims.name
             if chosen is not None and name is None:
                 validate_name(chosen, "checkpoint name in the archive (import it with --name N)")
-            self._refuse_taken(claims.id, chosen)
+            ckpt_id = claims.id
+            if name is not None and self._here(claims.id):  # again, as another checkpoint
+                ckpt_id = new_checkpoint_id()
+            self._refuse_taken(ckpt_id, chosen)
             adapter = self.mgr.adapter(claims.backend)
             if not adapter.supports(Capability.SNAPSHOT):
                 raise Conflict(f"the {claims.backend} backend cannot import checkpoints")
@@ -426,10 +491,11 @@ class Checkpoints:
                 extra = _reading(path, lambda: next(members, None))
                 if extra is not None:
                     raise _not_ours(path, extra.name)
-                artifact_ref = await adapter.import_artifact(str(artifact), claims.id)
+                artifact_ref = await adapter.import_artifact(
+                    str(artifact), claims.id, install=self.mgr.install_id, as_checkpoint=ckpt_id)
         row = {
-            "id": claims.id, "sandbox_id": None, "parent_id": None, "name": chosen,
-            "kind": claims.kind, "state": "ready", "backend": claims.backend,
+            "id": ckpt_id, "sandbox_id": None, "parent_id": None, "name": chosen,
+            "kind": claims.kind, "state": READY, "backend": claims.backend,
             "backend_ref": artifact_ref, "install_id": self.mgr.install_id,
             "profile": claims.profile, "profile_json": claims.profile_json,
             "size_bytes": claims.size_bytes, "created_at": to_iso(self.mgr.clock.now()),
@@ -440,20 +506,23 @@ class Checkpoints:
         }
         try:
             with self.db.write() as conn:
-                self._refuse_taken(claims.id, chosen, conn)  # again: another import may have won
+                self._refuse_taken(ckpt_id, chosen, conn)  # again: another import may have won
                 conn.execute(CHECKPOINTS.insert().values(**row))
                 self.mgr.event(conn, None, "checkpoint.imported", payload={
                     "checkpoint": row["id"], "name": chosen, "from": path,
-                    "origin_sandbox_id": claims.sandbox_id, "exported_at": row["exported_at"]})
+                    "origin_sandbox_id": claims.sandbox_id, "exported_at": row["exported_at"],
+                    **({"archived_as": claims.id} if ckpt_id != claims.id else {})})
         except BaseException:
             with contextlib.suppress(Exception):
-                with self.db.read() as conn:  # an import of the same id that won keeps it
-                    held = conn.execute(sa.select(CHECKPOINTS.c.id).where(
-                        CHECKPOINTS.c.id == claims.id)).first()
-                if not held:
+                if not self._here(ckpt_id):  # an import of the same id that won keeps it
                     await adapter.delete_artifact(artifact_ref)
             raise
         return self.resolve(row["id"])
+
+    def _here(self, ckpt_id: str) -> bool:
+        with self.db.read() as conn:
+            return conn.execute(sa.select(CHECKPOINTS.c.id).where(
+                CHECKPOINTS.c.id == ckpt_id)).first() is not None
 
     def _refuse_taken(self, ckpt_id: str, name: str | None, conn: Any = None) -> None:
         """Conflict when the id is here, or the name is: an import under a name already
@@ -462,7 +531,8 @@ class Checkpoints:
             with self.db.read() as read:
                 return self._refuse_taken(ckpt_id, name, read)
         if conn.execute(sa.select(CHECKPOINTS.c.id).where(CHECKPOINTS.c.id == ckpt_id)).first():
-            raise Conflict(f"checkpoint {ckpt_id} is already here")
+            raise Conflict(f"checkpoint {ckpt_id} is already here: import it again as another "
+                           "checkpoint with --name NAME")
         if name is not None:
             holder = conn.execute(tenancy.narrow(sa.select(CHECKPOINTS.c.id).where(
                 CHECKPOINTS.c.name == name), CHECKPOINTS)).first()

@@ -217,7 +217,8 @@ def read_fast(url: str, **filters: Any) -> list[dict[str, Any]] | None:
 def list_checkpoints(dbapi_conn: Any) -> list[dict[str, Any]]:
     cursor = dbapi_conn.cursor()
     try:
-        cursor.execute("SELECT id, backend, state, created_at, expires_at FROM checkpoints")
+        cursor.execute("SELECT id, backend, state, created_at, expires_at, backend_ref "
+                       "FROM checkpoints")
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
     finally:

@@ -1,7 +1,8 @@
 """Checkpoints, pause and resume on the real Docker engine, through the real `sbx` CLI.
 
-A checkpoint is a `docker commit` tagged `sandboxer/checkpoint:<ckpt-id>` and labelled with
-`sbx.checkpoint`, `sbx.install` and `sbx.id`. The `sbx` fixture removes this test's
+A checkpoint is a `docker commit` tagged `sandboxer/checkpoint:<ckpt-id>-<installation digest>`
+(the tag of the installation holding it, `tag_of`) and labelled with `sbx.checkpoint`,
+`sbx.install` and `sbx.id`; an archive names the image `sandboxer/checkpoint:<ckpt-id>`. The `sbx` fixture removes this test's
 containers but not images, so every test here takes the `made` fixture, which first removes
 the containers of each installation the test used and then the checkpoint images labelled
 with those installations' ids (newest first, by tag), plus any tag the test recorded. Only
@@ -170,6 +171,13 @@ def tag_exists(api, ref: str) -> bool:
         return False
 
 
+def tag_of(home: Path, ckpt_id: str) -> str:
+    """The tag by which the installation at `home` holds the checkpoint's image."""
+    from adapters.docker import holder_tag
+
+    return holder_tag(ckpt_id, install_id_of(home))
+
+
 def container_exists(api, ref: str) -> bool:
     try:
         api.inspect_container(ref)
@@ -218,7 +226,7 @@ def test_snapshot_destroy_restore_gives_back_the_same_bytes(sbx, docker_api, mad
     assert ckpt["state"] == "ready" and ckpt["kind"] == "filesystem"
     assert ckpt["sandbox_id"] == box["id"] and ckpt["parent_id"] is None
     assert ckpt["name"] == "blob"
-    tag = f"{REPOSITORY}:{ckpt['id']}"
+    tag = tag_of(sbx.home, ckpt["id"])
     assert ckpt["backend_ref"] == tag
     labels = docker_api.inspect_image(tag)["Config"]["Labels"]
     assert labels["sbx.checkpoint"] == ckpt["id"]
@@ -376,7 +384,7 @@ def test_retention_keep_two_leaves_the_newest_two(sbx, docker_api, made, tmp_pat
     assert [r["id"] for r in listed] == newest
     assert sorted(images_of(docker_api, install_id_of(sbx.home))) == sorted(newest)
     for old in made_ids[:2]:
-        assert not tag_exists(docker_api, f"{REPOSITORY}:{old}")
+        assert not tag_exists(docker_api, tag_of(sbx.home, old))
     removed = [e["payload"]["checkpoint"] for e in events(sbx.home, box["id"])
                if e["type"] == "checkpoint.removed" and e["reason"] == "retention"]
     assert removed == made_ids[:2]
@@ -407,7 +415,7 @@ def test_retention_ttl_expires_checkpoints_on_reap_and_prune(sbx, docker_api, ma
     assert {r.get("checkpoint") for r in report["reconciled"]} >= expired_ids, report
     assert [r["id"] for r in checkpoint_rows(sbx.home)] == [kept["id"]]
     for ckpt in expiring:
-        assert not tag_exists(docker_api, f"{REPOSITORY}:{ckpt['id']}")
+        assert not tag_exists(docker_api, tag_of(sbx.home, ckpt["id"]))
         assert docker_api.images(name=REPOSITORY,
                                  filters={"label": [f"sbx.checkpoint={ckpt['id']}"]}) == []
     assert set(images_of(docker_api, install_id_of(sbx.home))) == {kept["id"]}
@@ -418,8 +426,8 @@ def test_retention_ttl_expires_checkpoints_on_reap_and_prune(sbx, docker_api, ma
     pruned = ok(sbx("checkpoints", "prune", "--json", env={"SBX_CLOCK_OFFSET": "2h"})).json()
     assert pruned == {"removed": [third["id"]]}
     assert [r["id"] for r in checkpoint_rows(sbx.home)] == [kept["id"]]
-    assert not tag_exists(docker_api, f"{REPOSITORY}:{third['id']}")
-    assert tag_exists(docker_api, f"{REPOSITORY}:{kept['id']}")
+    assert not tag_exists(docker_api, tag_of(sbx.home, third["id"]))
+    assert tag_exists(docker_api, tag_of(sbx.home, kept["id"]))
 
 
 # -- 6. export and import -------------------------------------------------------------------
@@ -484,8 +492,8 @@ def test_import_refuses_crafted_archives_and_writes_nothing(sbx, docker_api, mad
         manifest = tar.extractfile("manifest.json").read()
         artifact = tar.extractfile("artifact.tar").read()
     ok(sbx("checkpoint", "rm", ckpt["id"]))  # so an import that loaded it would show
-    tag = f"{REPOSITORY}:{ckpt['id']}"
-    assert not tag_exists(docker_api, tag)
+    tag = f"{REPOSITORY}:{ckpt['id']}"  # what a load of the archive would tag
+    assert not tag_exists(docker_api, tag) and not tag_exists(docker_api, ckpt["backend_ref"])
 
     outside = tmp_path / "abs-evil"
     foreign = json.loads(manifest)
@@ -526,7 +534,7 @@ def test_import_refuses_an_artifact_that_is_not_the_checkpoint_it_names(
     archive could (re)tag any image on the engine, `sandboxer/base:busybox` included."""
     box = sbx.create()
     ckpt = snapshot(sbx, box["id"])
-    tag = f"{REPOSITORY}:{ckpt['id']}"
+    tag = ckpt["backend_ref"]
     real = tmp_path / "real.tar.gz"
     ok(sbx("checkpoint", "export", ckpt["id"], "-o", str(real)))
     with tarfile.open(real, "r:gz") as tar:
@@ -581,7 +589,7 @@ def test_killed_snapshot_leaves_no_row_without_image_nor_image_without_row(
     assert set(rows) == set(images), (rows, images)
     assert intent not in rows
     assert rows[backend]["state"] == "ready"
-    assert rows[backend]["backend_ref"] == f"{REPOSITORY}:{backend}"
+    assert rows[backend]["backend_ref"] == tag_of(sbx.home, backend)
     assert all(r["state"] == "ready" for r in rows.values())
     # an image of this installation that no row claims goes too
     listed = ok(sbx("checkpoints", "--json")).json()
@@ -591,19 +599,28 @@ def test_killed_snapshot_leaves_no_row_without_image_nor_image_without_row(
 
 
 def test_reap_removes_an_image_of_this_installation_that_no_row_claims(sbx, docker_api, made):
+    """Held by this installation's tag, or (made before holder tags) by the bare tag of a
+    checkpoint labelled with this installation."""
     box = sbx.create()
     install = install_id_of(sbx.home)
-    orphan = "ckpt-" + uuid.uuid4().hex[:26]
-    docker_api.commit(box["backend_ref"], repository=REPOSITORY, tag=orphan, changes=[
-        f'LABEL "sbx.checkpoint"="{orphan}"', f'LABEL "sbx.install"="{install}"',
-        f'LABEL "sbx.id"="{box["id"]}"'])
-    made.tags.append(f"{REPOSITORY}:{orphan}")
-    assert orphan in images_of(docker_api, install)
+    orphans = {}
+    for form in ("holder", "bare"):
+        orphan = "ckpt-" + uuid.uuid4().hex[:26]
+        tag = tag_of(sbx.home, orphan) if form == "holder" else f"{REPOSITORY}:{orphan}"
+        docker_api.commit(box["backend_ref"], repository=REPOSITORY, tag=tag.split(":")[1],
+                          changes=[f'LABEL "sbx.checkpoint"="{orphan}"',
+                                   f'LABEL "sbx.install"="{install}"',
+                                   f'LABEL "sbx.id"="{box["id"]}"'])
+        made.tags.append(tag)
+        orphans[orphan] = tag
+        assert orphan in images_of(docker_api, install)
     report = ok(sbx("reap", "--json", env={"SBX_RECONCILE_GRACE": "1s"})).json()
     assert report["failed"] == [], report
-    assert [r["action"] for r in report["reconciled"] if r.get("checkpoint") == orphan] == [
-        "orphan artifact removed"], report
-    assert not tag_exists(docker_api, f"{REPOSITORY}:{orphan}")
+    for orphan, tag in orphans.items():
+        assert [r["action"] for r in report["reconciled"] if r.get("checkpoint") == orphan] == [
+            "orphan artifact removed"], report
+        assert not tag_exists(docker_api, tag)
+        assert docker_api.images(all=True, filters={"label": [f"sbx.checkpoint={orphan}"]}) == []
     assert checkpoint_rows(sbx.home) == []
 
 
@@ -1044,10 +1061,10 @@ def test_import_refuses_an_image_archive_that_names_another_tag(
         sbx, docker_api, made, tmp_path, victim):
     victim_tag, victim_id = victim
     ckpt, manifest, artifact = _exported(sbx, tmp_path)
-    tag = f"{REPOSITORY}:{ckpt['id']}"
-    image_hex = docker_api.inspect_image(tag)["Id"].removeprefix("sha256:")
+    tag = f"{REPOSITORY}:{ckpt['id']}"  # the archive's name for it
+    image_hex = docker_api.inspect_image(ckpt["backend_ref"])["Id"].removeprefix("sha256:")
     ok(sbx("checkpoint", "rm", ckpt["id"]))
-    assert not tag_exists(docker_api, tag)
+    assert not tag_exists(docker_api, tag) and not tag_exists(docker_api, ckpt["backend_ref"])
     with tarfile.open(fileobj=io.BytesIO(artifact)) as inner:
         assert "repositories" in inner.getnames(), "this engine's `docker save` writes one"
     naming_victim = json.dumps({"sbx-test-victim": {RUN_ID: image_hex},
@@ -1116,10 +1133,11 @@ def test_a_load_that_moves_another_tag_is_undone_and_refused(
 def test_import_never_moves_a_checkpoint_tag_another_installation_holds(
         sbx, docker_api, made, tmp_path):
     """Two installations on one engine: an archive naming the other's checkpoint id, with an
-    image of its own labelled as that checkpoint, must not take over its tag."""
+    image of its own labelled as that checkpoint, must not take over its tag: each holds its
+    own, and the other's checkpoint stays what it was."""
     ckpt, manifest, _ = _exported(sbx, tmp_path)
-    tag = f"{REPOSITORY}:{ckpt['id']}"
-    held = docker_api.inspect_image(tag)["Id"]
+    tag = f"{REPOSITORY}:{ckpt['id']}"  # the archive's name for it
+    held = docker_api.inspect_image(ckpt["backend_ref"])["Id"]
     box = sbx.create()
     sh(sbx, box["id"], "echo forged > /work/file")
     forged_id = docker_api.commit(box["backend_ref"], repository="sbx-test-forged", tag=RUN_ID,
@@ -1137,10 +1155,19 @@ def test_import_never_moves_a_checkpoint_tag_another_installation_holds(
     path = _with_manifest(tmp_path / "takeover.tgz", manifest, image)
 
     other = made.runner(sbx, "home-j")
+    ok(other("checkpoint", "import", str(path)))  # the archive's content, as its own
+    assert docker_api.inspect_image(ckpt["backend_ref"])["Id"] == held
+    assert docker_api.inspect_image(tag_of(other.home, ckpt["id"]))["Id"] == forged_id
+    assert not tag_exists(docker_api, tag)
+    fork = restore(sbx, ckpt["id"])  # the other installation's checkpoint is still its own
+    assert docker_sh(docker_api, fork["backend_ref"], "cat /work/file 2>&1 || true") != "forged\n"
+    # a tag of that name held before (as checkpoints made before holder tags are) is never
+    # moved: that import is refused
+    docker_api.tag(held, REPOSITORY, ckpt["id"])
+    made.tags.append(tag)
+    ok(other("checkpoint", "rm", ckpt["id"]))
     result = other("checkpoint", "import", str(path))
     assert result.code == 2, result
     assert tag in one_line(result)
     assert docker_api.inspect_image(tag)["Id"] == held
     assert table_rows(other.home, "checkpoints") == []
-    fork = restore(sbx, ckpt["id"])  # the other installation's checkpoint is still its own
-    assert docker_sh(docker_api, fork["backend_ref"], "cat /work/file 2>&1 || true") != "forged\n"
