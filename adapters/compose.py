@@ -911,6 +911,18 @@ class ComposeAdapter(_Adapter):
             raise AdapterError(f"docker could not snapshot compose project {ref}: "
                                f"{_short(exc)}") from exc
 
+    async def missing_artifacts(self, artifacts: Sequence[str]) -> set[str]:
+        """Checkpoints none of whose service images is left (a restore would have nothing
+        of the checkpoint to start from)."""
+        def check(api: Any) -> set[str]:
+            return {ref for ref in set(artifacts) if not _checkpoint_images(api, ref)}
+
+        try:
+            return await self.docker._call(check)
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker could not look up checkpoint images: "
+                               f"{_short(exc)}") from exc
+
     async def delete_artifact(self, artifact: str) -> None:
         def remove(api: Any) -> None:
             for image in _checkpoint_images(api, artifact).values():

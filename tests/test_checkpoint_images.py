@@ -227,6 +227,30 @@ def test_a_restore_never_pulls_a_missing_checkpoint_image(sbx, docker_api, made,
     assert table_rows(sbx.home, "sandboxes") == sandboxes
 
 
+def test_a_compose_checkpoint_whose_images_are_gone_is_lost(sbx, docker_api, made, tmp_path):
+    """The same rule on the compose backend, whose checkpoint is one image per service."""
+    from test_compose import nothing_left, objects, stack
+
+    env = stack(tmp_path / "profiles")
+    box = sbx.create("--profile", "stack", env=env)
+    try:
+        ckpt = snapshot(sbx, box["id"], env=env)
+        for info in docker_api.images(filters={"label": [f"sbx.checkpoint={ckpt['id']}"]}):
+            docker_api.remove_image(info["Id"], force=True)
+        sandboxes = table_rows(sbx.home, "sandboxes")
+        result = sbx("restore", ckpt["id"], "--label", RUN_LABEL, env=env)
+        assert result.code == 4, result
+        assert ckpt["id"] in one_line(result) and "lost" in one_line(result)
+        assert table_rows(sbx.home, "sandboxes") == sandboxes
+        assert [c["state"] for c in checkpoint_rows(sbx.home)] == ["lost"]
+        ok(sbx("destroy", "--yes", box["id"], env=env))
+        assert nothing_left(docker_api, sbx.home), objects(docker_api, sbx.home)
+    finally:
+        by_install = {"label": [f"sbx.install={install_id_of(sbx.home)}"]}
+        for info in docker_api.volumes(filters=by_install).get("Volumes") or []:
+            docker_api.remove_volume(info["Name"], force=True)
+
+
 # -- images nobody holds --------------------------------------------------------------------
 
 
