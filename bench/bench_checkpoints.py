@@ -19,8 +19,8 @@ For context: `sbx --version` and `python -c pass` (fresh-process start-up), and 
 alone (the compiled `sbx` make setup builds, the Python one, `/bin/true`) against a socket
 that answers at once. Every container
 carries `sbx-bench=<runid>` and is removed by id; the images this run made are removed by the
-tags it gave them (`sandboxer/checkpoint:<ckpt-id>` for sbx, `sbx-bench-commit:<runid>-<n>` for
-docker). Never prunes. Exit 0 whatever the figures; non-zero only when something crashed.
+tags it gave them (`sandboxer/checkpoint:<ckpt-id>-<installation digest>` for sbx,
+`sbx-bench-commit:<runid>-<n>` for docker). Never prunes. Exit 0 whatever the figures; non-zero only when something crashed.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from common import DOCKER_LIMITS, IMAGE, BenchContext, median, ms, print_table
 TARGET_SNAPSHOT = 1.2
 TARGET_RESTORE = 1.3
 COMMIT_REPOSITORY = "sbx-bench-commit"
-CHECKPOINT_REPOSITORY = "sandboxer/checkpoint"
 
 
 class Run:
@@ -107,7 +106,9 @@ class Run:
     def remove_images(self) -> None:
         """The images this run tagged, by tag; then any image still labelled with the run's
         installation id (a snapshot interrupted half-way), by id."""
-        tags = [f"{CHECKPOINT_REPOSITORY}:{c}" for c in self.checkpoints] + self.commits
+        from adapters.docker import holder_tag
+
+        tags = [holder_tag(c, self.install) for c in self.checkpoints] + self.commits
         if tags:
             _, proc = self.ctx.run(["docker", "rmi", *tags], check=False)
             if proc.returncode:
