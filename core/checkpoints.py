@@ -598,10 +598,9 @@ def _read_manifest(path: str, members: Iterator[tarfile.TarInfo], tar: BoundedTa
     try:
         return ArchiveManifest.model_validate(doc)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise BadInput(f"{path}: manifest.json: {where}: "
-                       f"{error['msg'].removeprefix('Value error, ')}") from None
+        from core.errors import plain_problems
+
+        raise BadInput(f"{path}: manifest.json: {plain_problems(exc.errors())[0]}") from None
 
 
 def _duration(text: str) -> timedelta:

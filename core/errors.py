@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import enum
 import errno
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from adapters.base import (
     ArtifactRefused,
@@ -222,6 +224,90 @@ def classify(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, BackendObjectGone):
         return EXIT_CONFLICT, "conflict"
     return EXIT_FAILED, "failed"  # AdapterError and anything unexpected
+
+
+# -- a document's problems, as pydantic finds them, in plain words ----------------------------
+
+_SHOULD_BE = {"dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type":
+              "a mapping", "list_type": "a list", "string_type": "text", "int_type":
+              "a whole number", "int_parsing": "a whole number", "int_from_float":
+              "a whole number", "float_type": "a number", "float_parsing": "a number",
+              "bool_type": "true or false", "bool_parsing": "true or false",
+              "byte_size": "a size such as 512m or 2g", "byte_size_unit":
+              "a size such as 512m or 2g"}
+
+
+def _shown(value: Any) -> str:
+    import json
+
+    if isinstance(value, bytes | bytearray):  # a body that was not parsed: not JSON
+        return "text that is not JSON"
+    try:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def plain_problem(err: Mapping[str, Any], fields_here: Sequence[str] = ()) -> str:
+    """What is wrong with one value of a document, from one of pydantic's errors, in words a
+    person reads without knowing the models: "should be a mapping, not 5", "unknown field
+    (did you mean 'image'?)". `fields_here`: the fields allowed where an unknown one was."""
+    kind, message = err.get("type"), str(err.get("msg", ""))
+    if kind == "extra_forbidden":
+        import difflib
+
+        close = difflib.get_close_matches(str(err["loc"][-1]), list(fields_here), n=1)
+        return "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
+    if kind == "json_invalid":
+        return f"not JSON ({(err.get('ctx') or {}).get('error', message)})"
+    if kind == "missing":
+        return "required, not given"
+    if kind in _SHOULD_BE:
+        return f"should be {_SHOULD_BE[kind]}, not {_shown(err.get('input'))}"
+    if kind == "string_pattern_mismatch":  # the pattern itself says nothing to a person
+        return f"is not of the form this field takes: {_shown(err.get('input'))}"
+    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    first, _, rest = message.partition(" ")
+    if first in ("Input", "String", "List", "Dictionary", "Value", "Tuple", "Set") \
+            and rest.startswith("should "):  # pydantic's "Input should be ...": what, and not what
+        return f"{rest}, not {_shown(err.get('input'))}"
+    return " ".join(message.split())
+
+
+def plain_problems(errors: Sequence[Mapping[str, Any]],
+                   fields_at: Callable[[tuple], Sequence[str]] = lambda loc: ()) -> list[str]:
+    """pydantic's errors of one document as `path: what is wrong`, one each; the errors of one
+    value that fits no member of a union (text, a number...) are one: "ttl: should be text, a
+    number or a whole number, not [1]". `fields_at(loc)`: the fields allowed at `loc`."""
+    said, i = [], 0
+    while i < len(errors):
+        first, j = errors[i], i + 1
+        while (j < len(errors) and len(first["loc"]) > 1
+               and tuple(errors[j]["loc"][:-1]) == tuple(first["loc"][:-1])
+               and {errors[j]["type"], first["type"]} <= _SHOULD_BE.keys()
+               and errors[j]["type"] != errors[j - 1]["type"]
+               and errors[j].get("input") == first.get("input")):
+            j += 1
+        if j - i > 1:
+            wants = list(dict.fromkeys(_SHOULD_BE[e["type"]] for e in errors[i:j]))
+            words = (", ".join(wants[:-1]) + " or " + wants[-1]) if len(wants) > 1 \
+                else wants[0]
+            said.append(f"{problem_path(first['loc'][:-1])}: should be {words}, not "
+                        f"{_shown(first.get('input'))}")
+        else:
+            loc = tuple(first["loc"])
+            said.append(f"{problem_path(loc)}: {plain_problem(first, fields_at(loc[:-1]))}")
+        i = j
+    return said
+
+
+def problem_path(loc: Sequence[Any]) -> str:
+    """Where in the document: `resources.memory`, `env.A`, `setup[0]`."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(the whole document)"
 
 
 _KINDS: dict[str, type[SbxError]] = {}

@@ -45,7 +45,7 @@ from pydantic import (
 
 from adapters import registry
 from core.durations import format_duration, parse_duration
-from core.errors import BadInput, NotFound
+from core.errors import BadInput, NotFound, plain_problems
 from core.labels import validate_label
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
@@ -271,7 +271,15 @@ class ProfileError(BadInput):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
-        super().__init__(problems[0] if len(problems) == 1 else "; ".join(problems))
+        super().__init__(_one_line(problems))
+
+
+def _one_line(problems: list[str]) -> str:
+    """Several problems of one file as one line, the file named once."""
+    where = problems[0].split(": ", 1)[0] + ": "
+    if len(problems) > 1 and all(p.startswith(where) for p in problems):
+        return where + "; ".join(p[len(where):] for p in problems)
+    return "; ".join(problems)
 
 
 def _builtin_dir() -> Path:
@@ -647,8 +655,24 @@ def _project_host_files(project: Any) -> list[str]:
     return found
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "(profile)"
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The fields a profile allows at `loc` (a path into Profile's models), for a hint."""
+    import typing
+
+    model: Any = Profile
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        todo, model = [field.annotation], None
+        while todo and model is None:
+            kind = todo.pop()
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                model = kind
+            todo += list(typing.get_args(kind))
+        if model is None:
+            return []
+    return [f.alias or name for name, f in model.model_fields.items()]
 
 
 class ProfileLoader:
@@ -719,10 +743,8 @@ class ProfileLoader:
         try:
             return Profile.model_validate(merged)
         except ValidationError as exc:
-            problems = [
-                f"{path}: {_field_path(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
-                for err in exc.errors()
-            ]
+            problems = [f"{path}: {problem}"
+                        for problem in plain_problems(exc.errors(), _fields_at)]
             raise ProfileError(problems) from None
 
     def load(self, name: str) -> Profile:
@@ -744,7 +766,7 @@ class ProfileLoader:
         merged = self._resolve(data, path, layer, name, (name,))
         return self._validate(merged, path, name)
 
-    def load_mapping(self, data: dict[str, Any], where: str = "(given profile)") -> Profile:
+    def load_mapping(self, data: dict[str, Any], where: str = "the profile document") -> Profile:
         """A profile given as a mapping (from a program, or a service request); its
         `extends:` resolves along the search path."""
         if not isinstance(data, dict):

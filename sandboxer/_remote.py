@@ -56,8 +56,7 @@ def error_from(status: int, body: Any, url: str) -> SbxError:
         cls = KINDS.get(detail.get("kind")) or CODES.get(detail.get("code")) or OperationFailed
         message = detail["message"]
         if cls is Unauthorized:  # say whose key, and where it comes from
-            message = (f"the sbx service at {url} refused the API key: {message} (give a "
-                       "key it made, in SBX_TOKEN: sbx api-keys create there)")
+            message = f"the sbx service at {url} refused the API key (SBX_TOKEN): {message}"
         error = cls(message)
         if detail.get("problems"):
             error.problems = list(detail["problems"])

@@ -138,8 +138,8 @@ def test_bad_input_is_refused_with_one_line_and_changes_nothing(name, sbx, docke
 # `read_only:` and `user:` (Docker hardening): a bad value is exit 2 naming the field; a
 # backend that cannot enforce them refuses them (exit 4), whoever wrote its adapter
 HARDENING_REFUSED = [
-    (GOOD + "read_only: 'yes'\n", 2, ["read_only: ", "valid boolean"]),
-    (GOOD + "read_only: maybe\n", 2, ["read_only: ", "valid boolean"]),
+    (GOOD + "read_only: 'yes'\n", 2, ["read_only: ", "should be true or false"]),
+    (GOOD + "read_only: maybe\n", 2, ["read_only: ", "should be true or false"]),
     (GOOD + "user: 'root; rm -rf /'\n", 2, ["user: 'root; rm -rf /' is not a user"]),
     (GOOD + "user: -1\n", 2, ["user: '-1' is not a user"]),
     (GOOD + "user: ''\n", 2, ["user: '' is not a user"]),

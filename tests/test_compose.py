@@ -445,9 +445,9 @@ def test_a_bind_is_accepted_once_the_profile_allows_it(sbx, docker_api, tmp_path
     ("backend: compose\n", "backend: compose needs compose: {file: PATH, service: NAME}"),
     ("backend: compose\ncompose: {file: c.yaml, project: {services: {}}, service: app}\n",
      "give the compose file as file: PATH or inline as project:"),
-    ("backend: compose\ncompose: {file: c.yaml}\n", "compose.service: Field required"),
+    ("backend: compose\ncompose: {file: c.yaml}\n", "compose.service: required, not given"),
     ("backend: compose\ncompose: {file: c.yaml, service: app, allow: [everything]}\n",
-     "compose.allow.0: Input should be 'binds', 'privileged'"),
+     "compose.allow[0]: should be 'binds', 'privileged'"),
 ])
 def test_the_profile_schema_checks_compose(sbx, tmp_path, body, said):
     (tmp_path / "bad.yaml").write_text(body)

@@ -144,7 +144,10 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        from core.errors import plain_problems
+
+        problems = plain_problems([{**e, "loc": e["loc"][:1]} if e["type"] == "json_invalid"
+                                   else e for e in exc.errors()])
         return JSONResponse({"error": {"code": 2, "kind": "bad_input",
                                        "message": "; ".join(problems)[:2000],
                                        "problems": problems[:50]}}, status_code=422)

@@ -192,8 +192,8 @@ def test_the_remote_client_raises_the_same_error_classes(live, stub_named):
             sbx.create(stub_named, ttl="soon")
         with pytest.raises(sandboxer.BadInput, match="admin key"):  # a 403 is bad input
             sbx.create_api_key("read")
-    with sandboxer.Sandboxer(url=live.url) as keyless:
-        with pytest.raises(sandboxer.BadInput, match="needs an API key"):
+    with sandboxer.Sandboxer(url=live.url) as keyless:  # a 401: the key is at fault
+        with pytest.raises(sandboxer.Unauthorized, match="needs an API key"):
             keyless.list()
     with sandboxer.Sandboxer(url="http://127.0.0.1:9", token="x") as nowhere:
         with pytest.raises(sandboxer.Unavailable, match="cannot reach the sbx service"):

@@ -187,13 +187,13 @@ def test_is_member_means_made_for_a_pool_and_never_claimed():
 @pytest.mark.parametrize(("text", "field", "why"), [
     ("pool: {size: -1}", "pool.size", "greater than or equal to 0"),
     ("pool: {size: 101}", "pool.size", "less than or equal to 100"),
-    ("pool: {size: two}", "pool.size", "valid integer"),
-    ("pool: {size: true}", "pool.size", "valid integer"),
-    ("pool: {max_age: 5m}", "pool.size", "Field required"),
+    ("pool: {size: two}", "pool.size", "should be a whole number"),
+    ("pool: {size: true}", "pool.size", "should be a whole number"),
+    ("pool: {max_age: 5m}", "pool.size", "required"),
     ("pool: {size: 1, max_age: 0s}", "pool.max_age", "must be longer than zero"),
     ("pool: {size: 1, max_age: soon}", "pool.max_age", "bad duration"),
-    ("pool: {size: 1, warm: yes}", "pool.warm", "Extra inputs"),
-    ("pool: 3", "pool", "valid dictionary"),
+    ("pool: {size: 1, warm: yes}", "pool.warm", "unknown field"),
+    ("pool: 3", "pool", "should be a mapping, not 3"),
     ("secrets: {T: env:TOKEN}\npool: {size: 1}", "pool", "cannot keep a pool"),
 ])
 def test_bad_pool_fields_name_the_field(sbx_home, tmp_path, text, field, why):

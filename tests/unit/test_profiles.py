@@ -93,8 +93,13 @@ def test_unknown_profile_is_not_found(sbx_home):
         ("backend: docker\nsecrets: {TOKEN: hunter2}\n", "secrets", "never the value"),
         ("backend: docker\nlabels: {sbx.x: y}\n", "labels", "reserved"),
         ("backend: docker\nnetwork: {mode: none, allow: [10.0.0.0/8]}\n", "network", "egress"),
-        ("backend: docker\ncolour: blue\n", "colour", "Extra inputs"),
-        ("description: no backend\n", "backend", "Field required"),
+        ("backend: docker\ncolour: blue\n", "colour", "unknown field"),
+        ("backend: docker\nimagee: x\n", "imagee", "unknown field (did you mean 'image'?)"),
+        ("backend: docker\nttl: 5\n", "ttl", "should be a mapping, not 5"),
+        ("backend: docker\nenv: {A: [1, 2]}\n", "env.A", "should be text, not [1, 2]"),
+        ("backend: docker\nresources: {memory: lots}\n", "resources.memory",
+         'should be a size such as 512m or 2g, not "lots"'),
+        ("description: no backend\n", "backend", "required, not given"),
     ],
 )
 def test_bad_profile_names_file_field_and_reason(sbx_home, tmp_path, text, field, why):
