@@ -215,7 +215,7 @@ def start_sshd(folder: Path, ports: int = 1) -> SSHServer:
 
 
 def _wait_until_up(server: SSHServer) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while not all(_answers(p) for p in server.ports):
         if server.process.poll() is not None or time.monotonic() > deadline:
             server.stop()

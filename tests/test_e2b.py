@@ -135,7 +135,7 @@ def parse(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def wait_until(condition, within: float = 10) -> None:
+def wait_until(condition, within: float = 60) -> None:
     deadline = time.monotonic() + within
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
@@ -206,7 +206,7 @@ def test_exec_timeout_kills_the_command_and_the_sandbox_stays_usable(e2b, standi
     assert result.code == 124, result.err
     assert time.monotonic() - started < 15
     (pid,) = [int(p) for p in standin.started_pids]
-    wait_until(lambda: not standin.sandboxes[box["backend_ref"]].processes, within=5)
+    wait_until(lambda: not standin.sandboxes[box["backend_ref"]].processes)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the command itself is gone, not just forgotten
     after = e2b("exec", box["id"], "--", "echo", "alive")

@@ -105,7 +105,7 @@ class EngineStream:
 
     def at(self, moment: datetime) -> dict:
         """The engine's sample read at `moment` (the same collection as sbx's)."""
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while True:
             for stats in list(self.samples):
                 read = datetime.fromisoformat(stats["read"][:26].rstrip("Z") + "+00:00")

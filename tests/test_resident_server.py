@@ -29,9 +29,12 @@ from support import (
     write_profile,
 )
 
+from tests.test_reliability import wait_until
+
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
+CONDITION_LIMIT = 60  # s: how long a step may take on a busy machine before the test fails
 
 
 @pytest.fixture
@@ -98,16 +101,21 @@ def test_concurrent_commands_each_get_their_own_child(via: Launcher) -> None:
 
 
 def test_ctrl_c_reaches_the_command_and_the_server_lives_on(via: Launcher) -> None:
+    """Each step waits for what it expects, with limits a loaded machine keeps within (a fixed
+    10 s for the interrupted command to end failed under load 7 on 2 cores)."""
     follower = subprocess.Popen([*via.argv, "events", "--follow"], cwd=via.cwd, env=via.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while via.status()["commands_running"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert via.status()["commands_running"] == 1
-    follower.send_signal(signal.SIGINT)
-    code = follower.wait(timeout=10)
+    try:
+        wait_until(lambda: via.status()["commands_running"] == 1, CONDITION_LIMIT,
+                   "the server to run the command")
+        follower.send_signal(signal.SIGINT)
+        code = follower.wait(timeout=CONDITION_LIMIT)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
     assert code in (1, 130), follower.stderr.read()
-    assert via.status()["commands_running"] == 0
+    wait_until(lambda: via.status()["commands_running"] == 0, CONDITION_LIMIT,
+               "the server to see the command end")
     assert via("ls").code == 0
 
 
@@ -123,7 +131,7 @@ def test_a_server_whose_code_changed_steps_aside(via: Launcher) -> None:
         result = via("profiles", "list", "--json")
         assert result.code == 0, result.err
         assert "default" in {p["name"] for p in result.json()}
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + CONDITION_LIMIT
         while via.status().get("running") is not False and time.monotonic() < deadline:
             time.sleep(0.1)
         assert via.status() == {"running": False}
@@ -379,7 +387,7 @@ def test_the_spare_child_goes_with_its_server(sbx: SbxRunner) -> None:
         assert started.code == 0, started.err
         server = started.json()["pid"]
         try:
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + CONDITION_LIMIT
             while not launcher.status().get("spare_warm") and time.monotonic() < deadline:
                 time.sleep(0.05)
             spare = launcher.status()["spare"]
@@ -391,7 +399,7 @@ def test_the_spare_child_goes_with_its_server(sbx: SbxRunner) -> None:
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(server, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + CONDITION_LIMIT
         while Path(f"/proc/{spare}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not Path(f"/proc/{spare}").exists(), f"spare {spare} outlived the server ({stop})"
@@ -409,7 +417,7 @@ def test_a_database_file_replaced_under_the_server_is_the_one_commands_use(
     import sqlite3
 
     assert via("ls", "--json").json() == []  # served; the next spare holds the file open
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + CONDITION_LIMIT
     while via.status().get("spare") is None and time.monotonic() < deadline:
         time.sleep(0.05)
     other = SbxRunner(tmp_path / "other-home", sbx.cwd)
@@ -440,7 +448,7 @@ def test_the_spare_warms_up_after_a_pause_and_changes_nothing(via: Launcher,
     assert made.code == 0, made.err
 
     def warm() -> bool:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + CONDITION_LIMIT
         while not via.status().get("spare_warm") and time.monotonic() < deadline:
             time.sleep(0.02)
         return via.status().get("spare_warm")

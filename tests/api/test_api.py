@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -259,12 +260,15 @@ async def test_events_are_typed_and_follow_sees_another_processs_writes(client, 
             return event
 
     follower = asyncio.create_task(first_new())
-    await asyncio.sleep(0.3)
     env = {**os.environ, "SBX_HOME": str(sbx_home), "SBX_ACTOR": "other-process"}
-    done = await asyncio.to_thread(subprocess.run, [*SBX, "touch", box.id], env=env,
-                                   capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    event = await asyncio.wait_for(follower, 30)
+    deadline = time.monotonic() + 60
+    while not follower.done():  # it follows from when it starts: touch until it sees one
+        assert time.monotonic() < deadline, "the follower saw no touch within 60 s"
+        done = await asyncio.to_thread(subprocess.run, [*SBX, "touch", box.id], env=env,
+                                       capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        await asyncio.wait({follower}, timeout=1)
+    event = follower.result()
     assert event.type == sandboxer.EventType.SANDBOX_TOUCHED
     assert event.actor == "other-process" and event.sandbox_id == box.id
     assert (await client.verify_events())["intact"]
@@ -376,10 +380,13 @@ async def test_exec_marks_activity_while_the_command_runs(client, stub_profile):
     """The idle clock starts again when a command starts, not when it ends."""
     box = await client.create(stub_profile, ttl="5m")
     before = box.idle_deadline
-    run = asyncio.ensure_future(box.exec(["sleep", "1.5"]))
-    await asyncio.sleep(0.7)
-    await box.refresh()
-    assert box.idle_deadline > before
+    run = asyncio.ensure_future(box.exec(["sleep", "5"]))
+    deadline = time.monotonic() + 60
+    while box.idle_deadline <= before and not run.done():  # seen while the command runs
+        assert time.monotonic() < deadline, "the exec never marked activity"
+        await asyncio.sleep(0.05)
+        await box.refresh()
+    assert box.idle_deadline > before and not run.done()
     assert (await run).exit_code == 0
 
 

@@ -202,7 +202,7 @@ def screen_text(app) -> str:
     return "\n".join("".join(parts) for _, parts in sorted(by_y.items()))
 
 
-async def wait_for(pilot, predicate, within: float = 5.0, step: float = 0.05,
+async def wait_for(pilot, predicate, within: float = 30.0, step: float = 0.05,
                    what: str = "condition") -> None:
     """Let the app run until `predicate()` holds; fail after `within` seconds."""
     loop = asyncio.get_running_loop()
@@ -236,7 +236,7 @@ async def opened(dashboard, size: tuple[int, int] = (120, 36), **options):
     app.notify = notify
     async with app.run_test(size=size, notifications=True) as pilot:
         await wait_for(pilot, lambda: app.main.table.loaded and app.main.health.statuses,
-                       within=10, what="the first inventory read and health check")
+                       within=60, what="the first inventory read and health check")
         await pilot.pause()
         yield app, pilot
 

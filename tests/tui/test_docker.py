@@ -60,7 +60,7 @@ def test_create_from_the_picker_extend_and_destroy_on_docker(sbx, docker_api):
             assert container["Config"]["Labels"][key] == value
             # the engine's stats stream reaches the row: memory in absolute units
             await wait_for(pilot, lambda: table.cell_text(box["id"], "mem").endswith(
-                ("KB", "MB")), within=10, what="a memory sample")
+                ("KB", "MB")), within=60, what="a memory sample")
             await select(pilot, box["id"])
             await pilot.press("t")
             await wait_for(pilot, lambda: from_iso(mgr.resolve(
@@ -141,15 +141,15 @@ def test_engine_unreachable_at_start_then_back_by_itself(sbx, docker_api, monkey
             assert "Docker engine unreachable" in told(app, "error")[-1]
             assert mgr.resolve(box["id"])["state"] == "running"
             proxy = ForwardingSocket(dead)
-            await wait_for(pilot, lambda: "docker ● up" in header(), within=6,
+            await wait_for(pilot, lambda: "docker ● up" in header(), within=60,
                            what="the header to recover")
             await pilot.press("p")  # and the engine is usable again, through the same path
             await wait_for(pilot, lambda: app.main.table.cell_text(box["id"], "state")
-                           == "paused", within=10, what="paused")
+                           == "paused", within=60, what="paused")
             assert docker_api.inspect_container(box["backend_ref"])["State"]["Paused"]
             await pilot.press("p")
             await wait_for(pilot, lambda: app.main.table.cell_text(box["id"], "state")
-                           == "running", within=10, what="resumed")
+                           == "running", within=60, what="resumed")
 
     try:
         asyncio.run(scenario())

@@ -61,7 +61,7 @@ def test_a_live_process_of_another_pid_is_not_gone():
         os.kill(proc.pid, signal.SIGSTOP)  # stopped is alive
         assert not holder_gone(owner, INSTALL)
         os.kill(proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a limit for a loaded machine, not a wait
         while open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
