@@ -120,23 +120,36 @@ def _refuse_unstorable(conn, cursor, statement, parameters, context, executemany
     compiled = getattr(context, "compiled", None)
     if compiled is None or not (context.isinsert or context.isupdate):
         return
+    checks = _checks(compiled)
     for params in context.compiled_parameters:
-        for name, value in params.items():
+        for name, length, most in checks:
+            value = params.get(name)
+            if value is None:
+                continue
             if isinstance(value, str):
                 if "\x00" in value:
                     raise BadInput(f"bad {_column(compiled, name)}: it holds a NUL character")
-                length = getattr(compiled.binds[name].type, "length", None) \
-                    if name in compiled.binds else None
                 if length is not None and len(value) > length:
                     raise BadInput(f"bad {_column(compiled, name)}: {len(value)} characters, "
                                    f"at most {length}")
-            elif isinstance(value, int) and not isinstance(value, bool) and name in compiled.binds:
-                kind = compiled.binds[name].type
-                most = _INT64 if isinstance(kind, sa.BigInteger) else \
-                    _INT32 if isinstance(kind, sa.Integer) else None
-                if most is not None and not -most - 1 <= value <= most:
-                    raise BadInput(f"bad {_column(compiled, name)}: {value} is out of range "
-                                   f"(at most {most})")
+            elif most is not None and type(value) is int and not -most - 1 <= value <= most:
+                raise BadInput(f"bad {_column(compiled, name)}: {value} is out of range "
+                               f"(at most {most})")
+
+
+def _checks(compiled) -> list[tuple[str, int | None, int | None]]:
+    """(bind, text length, largest number) of each parameter of a compiled statement, worked
+    out once: SQLAlchemy caches the compiled form, so a write pays a loop, not a lookup."""
+    found = compiled.__dict__.get("_sbx_checks")
+    if found is None:
+        found = []
+        for name, bind in compiled.binds.items():
+            kind = bind.type
+            most = _INT64 if isinstance(kind, sa.BigInteger) else \
+                _INT32 if isinstance(kind, sa.Integer) else None
+            found.append((name, getattr(kind, "length", None), most))
+        compiled.__dict__["_sbx_checks"] = found
+    return found
 
 
 def _column(compiled, name: str) -> str:
