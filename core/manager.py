@@ -466,10 +466,9 @@ class Manager:
             if result.exit_code != 0:
                 said = (result.stderr or result.stdout).decode(errors="replace").strip()
                 said = said.splitlines()[-1] if said else "no output"
-                await self._destroy(row["id"], adapter, reason="failed")
-                raise OperationFailed(
-                    f"setup command {command!r} exited {result.exit_code} ({said}); "
-                    f"sandbox {row['id']} was destroyed")
+                why = f"setup command {command!r} exited {result.exit_code} ({said})"
+                await self._destroy(row["id"], adapter, reason="failed", error=why)
+                raise OperationFailed(f"{why}; sandbox {row['id']} was destroyed")
 
     @staticmethod
     def _read_secrets(refs: Mapping[str, str]) -> dict[str, str]:
@@ -550,7 +549,8 @@ class Manager:
     async def _destroy(self, sandbox_id: str, adapter: Adapter, *,
                        reason: str | None | Callable[[Mapping[str, Any]], str | None],
                        precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
-                       ) -> dict[str, Any]:
+                       error: str | None = None) -> dict[str, Any]:
+        """`error`: why it ends, kept in its record (a failed setup)."""
         lease, row = self.leases.begin(sandbox_id, State.DESTROYING, reason=reason,
                                  precondition=precondition)
         failpoint("destroy.after-intent")
@@ -569,7 +569,8 @@ class Manager:
             raise OperationFailed(f"destroy failed on {row['backend']}: {message}") from exc
         failpoint("destroy.after-backend")
         return self.leases.finish(lease, State.DESTROYED, reason=lease.reason,
-                            values={"ended_at": self._now()})
+                                  values={"ended_at": self._now(),
+                                          **({"error": error} if error else {})})
 
     # -- deadlines --------------------------------------------------------------------------
 

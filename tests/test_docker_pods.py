@@ -171,5 +171,7 @@ def test_profile_setup_runs_in_the_new_sandbox_and_a_failing_one_destroys_it(
     assert "setup command 'echo broken >&2; exit 3' exited 3 (broken)" in failed.err
     doomed = [s for s in sbx("ls", "--all", "--json").json() if s["profile"] == "doomed"]
     assert [s["state"] for s in doomed] == ["destroyed"]
+    record = sbx("show", doomed[0]["id"], "--json").json()  # it says why it ended
+    assert "setup command 'echo broken >&2; exit 3' exited 3 (broken)" in record["error"]
     assert [c["Id"] for c in containers_of(docker_api, install_id_of(sbx.home))] == [
         box["backend_ref"]]
