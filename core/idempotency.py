@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from core.catalog import EventType
 from core.clock import from_iso, to_iso
 from core.errors import BadInput, Conflict, OperationFailed
 from core.failpoints import failpoint
 from core.models import IdempotencyKey
-from core.states import State, holder_gone
+from core.states import State, holder_alive, holder_gone
 
 if TYPE_CHECKING:
     from core.manager import Manager
@@ -33,6 +34,11 @@ if TYPE_CHECKING:
 KEYS = IdempotencyKey.__table__
 MAX_KEY = 255
 KEEP = timedelta(hours=24)  # a key may be reused for another request after this long
+
+
+def _in_progress() -> Conflict:
+    return Conflict("a request with this Idempotency-Key is still in progress; retry when it "
+                    "has finished")
 
 
 class KeyReused(BadInput):
@@ -51,20 +57,26 @@ def check_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """A key this process holds: `bind` ties it to the sandbox the create records."""
+    """A key one request holds: `bind` ties it to the sandbox the create records. `since`
+    (when it was claimed) tells this request's claim from a later one of the same process."""
 
     principal: str
     key: str
     holder: str
+    since: str
 
     def _where(self) -> sa.ColumnElement[bool]:
         return sa.and_(KEYS.c.principal == self.principal, KEYS.c.key == self.key)
 
+    def _mine(self) -> sa.ColumnElement[bool]:
+        return sa.and_(self._where(), KEYS.c.holder == self.holder,
+                       KEYS.c.created_at == self.since)
+
     def bind(self, conn: Connection, sandbox_id: str) -> None:
-        """Inside the transaction that records `sandbox_id`: a claim another process took
-        over (this one was thought dead) is a Conflict, and nothing is recorded."""
-        bound = conn.execute(KEYS.update().where(  # again after a warm claim fell through
-            self._where(), KEYS.c.holder == self.holder).values(sandbox_id=sandbox_id))
+        """Inside the transaction that records `sandbox_id`: a claim another request took
+        over (this one was thought dead) is a Conflict, and nothing is recorded. The same
+        request binds again when a warm member it was bound to fell through."""
+        bound = conn.execute(KEYS.update().where(self._mine()).values(sandbox_id=sandbox_id))
         if bound.rowcount != 1:
             raise Conflict("another request with this Idempotency-Key took it over; retry to "
                            "get its sandbox")
@@ -76,23 +88,27 @@ def claim(conn: Connection, principal: str, key: str, digest: str, *, now: str,
     request. KeyReused for another request, Conflict while one is in progress."""
     check_key(key)
     moment = from_iso(now)
-    mine = Claim(principal, key, holder)
+    mine = Claim(principal, key, holder, now)
     where = mine._where()
     conn.execute(KEYS.delete().where(KEYS.c.created_at < to_iso(moment - KEEP)))
     row = conn.execute(sa.select(KEYS).where(where).with_for_update()).mappings().first()
     if row is None:
-        conn.execute(KEYS.insert().values(principal=principal, key=key, request_hash=digest,
-                                          sandbox_id=None, created_at=now, holder=holder))
+        try:  # two first requests at once (PostgreSQL): one inserts, the other is refused
+            conn.execute(KEYS.insert().values(principal=principal, key=key,
+                                              request_hash=digest, sandbox_id=None,
+                                              created_at=now, holder=holder))
+        except sa.exc.IntegrityError:
+            raise _in_progress() from None
         return mine
     if row["request_hash"] != digest:
         raise KeyReused("this Idempotency-Key was used with another request; use a new key "
                         "for a new request")
     if row["sandbox_id"] is not None:
         return row["sandbox_id"]
-    if from_iso(row["created_at"]) + lapse > moment and not holder_gone(row["holder"],
-                                                                        install_id):
-        raise Conflict("a request with this Idempotency-Key is still in progress; retry when "
-                       "it has finished")
+    if holder_alive(row["holder"], install_id) or (
+            not holder_gone(row["holder"], install_id)
+            and from_iso(row["created_at"]) + lapse > moment):
+        raise _in_progress()
     # its request died before anything was recorded: this one goes on in its place
     conn.execute(KEYS.update().where(where).values(created_at=now, holder=holder))
     return mine
@@ -100,8 +116,7 @@ def claim(conn: Connection, principal: str, key: str, digest: str, *, now: str,
 
 def release(conn: Connection, held: Claim) -> None:
     """The request failed before it recorded a sandbox: the key may be used again."""
-    conn.execute(KEYS.delete().where(held._where(), KEYS.c.sandbox_id.is_(None),
-                                     KEYS.c.holder == held.holder))
+    conn.execute(KEYS.delete().where(held._mine(), KEYS.c.sandbox_id.is_(None)))
 
 
 async def create_once(mgr: Manager, principal: str, key: str, asked: Mapping[str, Any],
@@ -127,12 +142,21 @@ async def _answer_for(mgr: Manager, sandbox_id: str) -> dict[str, Any]:
     """What a retry gets: the bound sandbox as it stands, once its create has settled."""
     row = mgr.resolve(sandbox_id)
     if row["state"] == State.CREATING:
-        if mgr.leases.held_by_another(row):
-            raise Conflict("a request with this Idempotency-Key is still in progress; retry "
-                           "when it has finished")
+        if mgr.leases.held_by_another(row) or holder_alive(row["lease_owner"],
+                                                            mgr.install_id):
+            raise _in_progress()  # this process's own request, or another's, still at it
         row = await mgr.settle_interrupted_create(row)
     if row["state"] == State.FAILED or (row["state"] == State.DESTROYED
-                                        and row["started_at"] is None):  # failed, then reaped
-        raise OperationFailed(f"create failed on {row['backend']}: "
-                              f"{row.get('error') or 'its maker stopped'} (sandbox {row['id']})")
+                                        and _ended_failed(mgr, row)):
+        why = row["error"] or "it never started"
+        raise OperationFailed(f"create failed on {row['backend']}: {why} (sandbox {row['id']}); "
+                              "use a new Idempotency-Key to try again")
     return row
+
+
+def _ended_failed(mgr: Manager, row: Mapping[str, Any]) -> bool:
+    """A destroyed sandbox whose create failed: it never started, or it was ended for a
+    failure (its setup), not destroyed later by someone."""
+    return row["started_at"] is None or any(
+        e["type"] == EventType.SANDBOX_DESTROYING and e["reason"] == "failed"
+        for e in mgr.events(row["id"]))

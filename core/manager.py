@@ -98,6 +98,8 @@ def _marking_activity(states: Iterable[State]) -> sa.Update:
 _MARK_ACTIVE = _marking_activity(ACTIVE)
 _MARK_RUNNING = _marking_activity({State.RUNNING})
 _INSERT = SANDBOXES.insert()
+# the error of a create whose maker (a process) stopped before the backend made anything
+MAKER_STOPPED = "the process making it stopped before the backend made it"
 
 
 class Manager:
@@ -674,7 +676,6 @@ class Manager:
                         payload={"backend": backend, "backend_ref": obj.ref, "deadline": hard})
         return True
 
-    @making_room
     async def settle_interrupted_create(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """A create whose maker stopped (its lease lapsed, or its process is gone), settled
         now as reconcile would: running if its backend object exists, failed if not."""
@@ -686,6 +687,7 @@ class Manager:
             self.record_backend_state(row["id"], State.CREATING, State.FAILED, reason="failed")
         return self.resolve(row["id"])
 
+    @making_room
     def finish_interrupted_create(self, sandbox_id: str, obj: BackendObject) -> bool:
         """A create that died after the backend made the object: the sandbox is running."""
         with self.db.write() as conn:
@@ -715,6 +717,8 @@ class Manager:
                                       "lease_owner": None, "lease_expires_at": None}
             if target in (State.LOST, State.FAILED):
                 values["ended_at"] = self._now()
+            if target == State.FAILED and row["state"] == State.CREATING and not row["error"]:
+                values["error"] = MAKER_STOPPED
             conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id).values(**values))
             self.event(conn, sandbox_id, event_type, reason=reason,
                         payload={"observed_by": "reconcile"})

@@ -161,6 +161,21 @@ def lease_owner(install_id: str) -> str:
     return f"{person}/{_install_digest(install_id)}.{kernel[0]}.{kernel[1]}.{start}"
 
 
+def holder_alive(owner: str | None, install_id: str) -> bool:
+    """The lease holder `owner` is known to be a live process of this host (this
+    installation); False when it is gone or when that cannot be known."""
+    if not owner or "/" not in owner or holder_gone(owner, install_id):
+        return False
+    identity = owner.rpartition("/")[2]
+    here = _this_kernel()
+    try:
+        install, boot, pidns, _start = identity.split(".")
+    except ValueError:
+        return False
+    return (here is not None and install == _install_digest(install_id)
+            and (boot, pidns) == here)
+
+
 def holder_gone(owner: str | None, install_id: str) -> bool:
     """The lease holder `owner` is a process of this host (this installation) that no longer
     exists: this host booted since, or its pid is gone or now belongs to another process.

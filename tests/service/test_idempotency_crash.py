@@ -9,7 +9,7 @@ import signal
 
 import httpx
 import pytest
-from support import RUN_ID, SBX, containers_of, install_id_of, query
+from support import RUN_ID, SBX, containers_of, install_id_of, query, write_profile
 
 from tests.service.live import start_process, stop_process
 
@@ -66,3 +66,30 @@ def test_kill_9_at_each_step_of_a_create_then_the_retry_gets_one_sandbox(step, s
     assert state == "running"
     on_engine = containers_of(docker_api, install_id_of(sbx.home))
     assert [c["Labels"]["sbx.id"] for c in on_engine] == [sandbox_id]
+
+
+@pytest.mark.docker
+def test_a_create_whose_setup_failed_is_the_retrys_failure_too(sbx, tmp_path, docker_api):
+    """The first request's setup fails and its sandbox is destroyed: every retry with the key
+    gets that failure (500 naming the sandbox), never a 201 for the destroyed record nor a
+    second sandbox."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    write_profile(folder, "doomed", "backend: docker\nsetup: ['exit 3']\n")
+    made = sbx("api-keys", "create", "--scope", "write", "--owner", "retrier")
+    headers = {"Authorization": f"Bearer {made.out.split()[-1]}", "Idempotency-Key": "once"}
+    body = {"profile": "doomed", "labels": {"sbx-test-run": RUN_ID}}
+    proc, url = start_process(SBX, sbx.env({"SBX_PROFILE_PATH": str(folder)}), cwd=tmp_path)
+    try:
+        answers = [httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers, timeout=120)
+                   for _ in range(3)]
+    finally:
+        stop_process(proc)
+    (row,) = query(sbx.home, "SELECT id, state FROM sandboxes")
+    assert row["state"] == "destroyed"
+    for answer in answers:
+        assert answer.status_code == 500, answer.text
+        message = answer.json()["error"]["message"]
+        assert "setup command 'exit 3' exited 3" in message, message
+    assert all(row["id"] in a.json()["error"]["message"] for a in answers[1:])
+    assert containers_of(docker_api, install_id_of(sbx.home)) == []
