@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from core import settings
 from core.clock import Clock, to_iso
 from core.db import LOCK_DELIVERY_CURSORS, Database, serialise
-from core.errors import BadInput
+from core.errors import BadInput, storable
 from core.failpoints import failpoint
 from core.models import Delivery, Event, SinkCursor
 
@@ -441,7 +441,7 @@ class Deliverer:
         attempts = (row["attempts"] if row else 0) + 1
         parked = attempts >= self.config.max_attempts
         delay = min(self.config.backoff_s * 2 ** (attempts - 1), 300.0)
-        values = {"attempts": attempts, "last_error": error, "parked": parked,
+        values = {"attempts": attempts, "last_error": storable(error), "parked": parked,
                   "next_attempt_at": to_iso(self.clock.now() + timedelta(seconds=delay))}
         if row is None:
             conn.execute(DELIVERIES.insert().values(sink=sink, event_id=event_id, **values))
@@ -486,7 +486,8 @@ class Deliverer:
                             conn.execute(DELIVERIES.delete().where(*where))
                         else:
                             conn.execute(DELIVERIES.update().where(*where).values(
-                                attempts=DELIVERIES.c.attempts + 1, last_error=error))
+                                attempts=DELIVERIES.c.attempts + 1,
+                                last_error=storable(error)))
                     outcome.append({"sink": sink.name, "event_id": row["event_id"],
                                     "delivered": error is None, "error": error})
             finally:

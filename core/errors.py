@@ -198,6 +198,12 @@ def _database_message(exc: BaseException) -> str:
     return f"the database refused the {what} ({reason})"
 
 
+def storable(text: str) -> str:
+    """Words sbx keeps about a failure (a backend's, a command's output), storable on either
+    database: PostgreSQL refuses a NUL in text, so it is kept as U+FFFD."""
+    return text.replace("\x00", "\ufffd")
+
+
 def one_line(exc: BaseException) -> str:
     """The one-line message a person sees for any error, never a traceback; for the
     database's own errors, what it said without the statement or its parameters."""

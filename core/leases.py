@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 from core.catalog import EventType
 from core.clock import Clock, to_iso
 from core.db import Database
-from core.errors import Conflict, DiskFull, LeaseLost, NotDue, NotFound
+from core.errors import Conflict, DiskFull, LeaseLost, NotDue, NotFound, storable
 from core.models import Event, Sandbox
 from core.states import State, entry_events, held, transition_event
 
@@ -190,9 +190,12 @@ class Leases:
                     "this result was not recorded"
                 )
             event_type = transition_event(row["state"], result) if row["state"] != result else None
+            values = dict(values or {})
+            if values.get("error"):  # a backend's or a command's words
+                values["error"] = storable(values["error"])
             updated = conn.execute(_FINISH, {
                 "b_id": lease.sandbox_id, "b_fence": lease.fence, "state": result,
-                "lease_owner": None, "lease_expires_at": None, **(values or {})}
+                "lease_owner": None, "lease_expires_at": None, **values}
             ).mappings().first()
             if event_type:
                 self.event(conn, lease.sandbox_id, event_type, reason=reason, payload=payload)
@@ -202,6 +205,7 @@ class Leases:
     def release(self, lease: Lease, error: str) -> None:
         """Give the lease back after a failed backend call, recording why; the intent stays
         for the next attempt (a retry or reconcile)."""
+        error = storable(error)
         with self.db.write() as conn:
             released = conn.execute(
                 SANDBOXES.update()

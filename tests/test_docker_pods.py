@@ -175,3 +175,22 @@ def test_profile_setup_runs_in_the_new_sandbox_and_a_failing_one_destroys_it(
     assert "setup command 'echo broken >&2; exit 3' exited 3 (broken)" in record["error"]
     assert [c["Id"] for c in containers_of(docker_api, install_id_of(sbx.home))] == [
         box["backend_ref"]]
+
+
+def test_a_setup_whose_output_holds_a_nul_still_ends_its_sandbox_and_says_why(
+        sbx, docker_api, tmp_path):
+    """What sbx keeps of a command's words is storable whatever they hold: a NUL in a failed
+    setup's output (refused in text by PostgreSQL, so by both stores) neither strands the
+    sandbox mid-destroy nor turns the failure into bad input."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    write_profile(folder, "nul", "backend: docker\n"
+                  "setup: [\"printf 'bad\\\\000byte' >&2; exit 3\"]\n")
+    failed = sbx("create", "--profile", "nul", "--label", RUN_LABEL,
+                 env={"SBX_PROFILE_PATH": str(folder)})
+    assert failed.code == 1, failed.err
+    assert "exited 3" in failed.err and "bad input" not in failed.err
+    (record,) = sbx("ls", "--all", "--json").json()
+    assert record["state"] == "destroyed"
+    assert "exited 3 (bad\ufffdbyte)" in sbx("show", record["id"], "--json").json()["error"]
+    assert containers_of(docker_api, install_id_of(sbx.home)) == []
