@@ -285,6 +285,11 @@ class Checkpoints:
         profile = restore_profile(ckpt, profile_name)
         adapter = self.mgr.adapter(ckpt["backend"])
         if ckpt["backend_ref"] and await adapter.missing_artifacts([ckpt["backend_ref"]]):
+            if ckpt["install_id"] != self.mgr.install_id:  # a fleet's other host holds it
+                raise Conflict(f"checkpoint {ckpt['id']} is held by another installation of "
+                               f"this fleet and its artifact is not on this host's "
+                               f"{ckpt['backend']} backend: restore it on the host that "
+                               f"made it, or export it there and import it here")
             self._lose(ckpt)
             raise Conflict(f"checkpoint {ckpt['id']} is lost: its artifact "
                            f"({ckpt['backend_ref']}) is no longer on the {ckpt['backend']} "
@@ -356,7 +361,8 @@ class Checkpoints:
         listed = await adapter.list_artifacts({LABEL_INSTALL: mgr.install_id})
         artifacts = {a.labels.get(LABEL_CHECKPOINT): a for a in listed
                      if a.held and a.labels.get(LABEL_CHECKPOINT)}
-        rows = {r["id"]: r for r in self.list() if r["backend"] == backend}
+        rows = {r["id"]: r for r in self.list()  # this installation's: a fleet's other
+                if r["backend"] == backend and r["install_id"] == mgr.install_id}  # hosts judge theirs
         done = []
         for ckpt_id, row in rows.items():
             if row["state"] != PENDING or now - from_iso(row["created_at"]) < grace:

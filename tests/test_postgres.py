@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import RUN_ID, SbxRunner, containers_of, events_of, install_id_of, show
+from support import RUN_ID, RUN_LABEL, SbxRunner, containers_of, events_of, install_id_of, show
 
 from tests.test_reliability import create_many, exists, finish, popen, running
 
@@ -268,3 +268,27 @@ def test_the_settings_file_can_name_the_store(sbx, pg_url) -> None:
     (config / "settings.toml").write_text("[database]\nurl = 5\n")
     bad = sbx("ls")
     assert bad.code == 2 and "database.url" in bad.err and "settings.toml" in bad.err
+
+
+def test_a_fleet_host_judges_only_its_own_checkpoints(hosts: list[Host], docker_api) -> None:
+    """Host B finds host A's checkpoint image missing from its engine: that is not B's to
+    judge. B's reconcile leaves the checkpoint ready and B's restore is refused (exit 4)
+    without marking it lost; only A, which holds it, records it lost."""
+    a, b = hosts
+    box = a.create("--ttl", "10m")
+    made = a("snapshot", box["id"], "--json")
+    assert made.code == 0, made.err
+    ckpt = made.json()
+    docker_api.remove_image(ckpt["backend_ref"])  # as if it lived on another engine
+
+    def state() -> str:
+        (row,) = [c for c in a("checkpoints", "--json").json() if c["id"] == ckpt["id"]]
+        return row["state"]
+
+    assert b("reconcile").code == 0
+    assert state() == "ready"
+    refused = b("restore", ckpt["id"], "--label", RUN_LABEL)
+    assert refused.code == 4 and "another installation" in refused.err, refused.err
+    assert state() == "ready"
+    assert a("reconcile").code == 0
+    assert state() == "lost"
