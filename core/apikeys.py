@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 from ulid import ULID
 
-from core.db import Database
+from core.db import INTEGER_MAX, Database
 from core.errors import BadInput, NotFound
 from core.ids import validate_owner
 from core.models import ApiKey, Tenant
@@ -32,7 +32,7 @@ TOKEN_PREFIX = "sbxk_"
 _TOKEN = re.compile(r"sbxk_([0-9a-z]{26})_([A-Za-z0-9_-]{43})")
 KEYS = ApiKey.__table__
 QUOTA_FIELDS = ("max_sandboxes", "max_ttl_s", "max_execs")
-MAX_QUOTA = 2**31 - 1  # the columns' range (INTEGER on PostgreSQL): 68 years of max_ttl_s
+MAX_QUOTA = INTEGER_MAX  # the columns' range (INTEGER on PostgreSQL): 68 years of max_ttl_s
 _KEY_ID = re.compile(r"key-[0-9a-z]{26}")
 
 

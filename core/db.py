@@ -109,7 +109,8 @@ def _ensure_wal(cur) -> None:
     _waiting_while_locked(switch)
 
 
-_INT32, _INT64 = 2**31 - 1, 2**63 - 1
+# the largest numbers an INTEGER and a BIGINT column hold (PostgreSQL; SQLite holds more)
+INTEGER_MAX, BIGINT_MAX = 2**31 - 1, 2**63 - 1
 
 
 def _refuse_unstorable(conn, cursor, statement, parameters, context, executemany) -> None:
@@ -145,8 +146,8 @@ def _checks(compiled) -> list[tuple[str, int | None, int | None]]:
         found = []
         for name, bind in compiled.binds.items():
             kind = bind.type
-            most = _INT64 if isinstance(kind, sa.BigInteger) else \
-                _INT32 if isinstance(kind, sa.Integer) else None
+            most = BIGINT_MAX if isinstance(kind, sa.BigInteger) else \
+                INTEGER_MAX if isinstance(kind, sa.Integer) else None
             found.append((name, getattr(kind, "length", None), most))
         compiled.__dict__["_sbx_checks"] = found
     return found

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from core.anchor import HEAD_KEY
-from core.db import LOCK_EVENT_CHAIN, serialise
+from core.db import INTEGER_MAX, LOCK_EVENT_CHAIN, serialise
 from core.errors import BadInput
 from core.models import Event
 
@@ -25,7 +25,7 @@ MASK = "***"
 # much as SQLite's work on it).
 _HEAD = sa.select(EVENTS.c.id, EVENTS.c.hash).order_by(EVENTS.c.id.desc()).limit(1)
 _APPEND = EVENTS.insert()
-MAX_EVENT_ID = 2**31 - 1  # the id column's range (an INTEGER on PostgreSQL)
+MAX_EVENT_ID = INTEGER_MAX  # the id column's range (an INTEGER on PostgreSQL)
 
 
 def check_event_id(value: Any, what: str = "event id") -> int:

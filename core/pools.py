@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import Capability
 from core.clock import from_iso, to_iso
-from core.errors import BadInput, NotDue, NotFound, one_line
+from core.errors import BadInput, NotDue, NotFound, OperationFailed, one_line
 from core.failpoints import failpoint
 from core.reaper import FILL, RETIRE, Action
 from core.states import State, leased
@@ -491,7 +491,8 @@ async def set_size(mgr: Manager, profile: Profile, size: Any) -> dict[str, list[
         from core.errors import as_error
 
         first = done["failed"][0]
-        raise type(as_error(first))(
+        kind = type(as_error(first))  # its failure's code, but never "nothing was written"
+        raise (OperationFailed if issubclass(kind, BadInput) else kind)(
             f"pool {profile.name}: size {size} is kept, but {len(done['failed'])} member(s) "
             f"could not be made ({one_line(first)}); the next sbx reap tries again")
     return done

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from core.errors import classify, one_line
 
 STATUS = {"bad_input": 400, "not_found": 404, "conflict": 409, "quota_exceeded": 429,
-          "unavailable": 503, "failed": 500}
+          "unavailable": 503, "unauthorized": 401, "failed": 500}
 
 
 def error_body(exc: BaseException) -> dict[str, Any]:
