@@ -9,6 +9,7 @@ from adapters import base
 POINTS = (
     "create.after-intent",    # the row says creating; nothing on the backend yet
     "create.after-backend",   # the backend object exists; the row still says creating
+    "create.during-setup",    # the profile's first setup command ran; the row says creating
     "create.after-running",   # the row says running; the caller has no answer yet
     "idempotency.after-claim",  # an Idempotency-Key is claimed; no sandbox recorded yet
     "destroy.after-intent",   # the row says destroying; the backend object still exists

@@ -75,6 +75,7 @@ from core.states import (
     RESTARTED_EVENT,
     State,
     lease_owner,
+    runs_setup,
     transition_event,
 )
 from core.ttl import EXPIRY_REASONS, effective_deadline, expiry_reason, extended, warning_due
@@ -98,8 +99,8 @@ def _marking_activity(states: Iterable[State]) -> sa.Update:
 _MARK_ACTIVE = _marking_activity(ACTIVE)
 _MARK_RUNNING = _marking_activity({State.RUNNING})
 _INSERT = SANDBOXES.insert()
-# the error of a create whose maker (a process) stopped before the backend made anything
-MAKER_STOPPED = "the process making it stopped before the backend made it"
+# the error of a create whose maker (a process) stopped before it was made (or set up)
+MAKER_STOPPED = "the process making it stopped before it was ready"
 
 
 class Manager:
@@ -413,13 +414,13 @@ class Manager:
         failpoint("create.after-backend")
         if pool_member:  # its setup runs before it can be claimed
             return await pools.finish_member(self, lease, obj, adapter, profile)
+        if profile.setup and not restore_from:  # a restored filesystem has had its setup
+            await self.set_up(lease, obj, adapter, profile)
         running = self.leases.finish(
             lease, State.RUNNING,
             values={"backend_ref": obj.ref, "started_at": self._now()},
             payload={"backend_ref": obj.ref},
         )
-        if profile.setup and not restore_from:  # a restored filesystem has had its setup
-            await self._run_setup(running, adapter, profile.setup)
         failpoint("create.after-running")
         return running
 
@@ -459,18 +460,47 @@ class Manager:
         if restore and not adapter.supports(Capability.SNAPSHOT):
             raise Conflict(f"the {profile.backend} backend cannot restore checkpoints")
 
-    async def _run_setup(self, row: Mapping[str, Any], adapter: Adapter,
-                         commands: Sequence[str]) -> None:
-        """The profile's setup commands, in order, each recorded as an exec. A failing one
-        destroys the sandbox: it is not what the profile describes."""
-        for command in commands:
-            result = await self.exec(row["id"], ["sh", "-c", command])
-            if result.exit_code != 0:
-                said = (result.stderr or result.stdout).decode(errors="replace").strip()
-                said = said.splitlines()[-1] if said else "no output"
-                why = f"setup command {command!r} exited {result.exit_code} ({said})"
-                await self._destroy(row["id"], adapter, reason="failed", error=why)
-                raise OperationFailed(f"{why}; sandbox {row['id']} was destroyed")
+    async def set_up(self, lease: Lease, obj: BackendObject, adapter: Adapter,
+                     profile: Profile) -> None:
+        """The profile's setup commands, in order, each recorded as an exec, while the row
+        still says creating, under the lease: nobody uses (or claims) a sandbox half set up,
+        and one whose maker dies in the middle is failed by reconcile, never made running.
+        A command that fails fails the sandbox, which is then destroyed: it is not what the
+        profile describes (OperationFailed says why)."""
+        with self.db.write() as conn:  # the object is known before anything runs in it
+            conn.execute(SANDBOXES.update().where(
+                SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
+                SANDBOXES.c.lease_owner == self.lease_owner).values(backend_ref=obj.ref))
+        from core.profiles import dump
+
+        as_recorded = {"profile_json": json.dumps(dump(profile))}
+        try:
+            async with self.leases.holding(lease):
+                for number, command in enumerate(profile.setup):
+                    if number:
+                        failpoint("create.during-setup")
+                    argv = ["sh", "-c", command]
+                    result = await adapter.exec(obj.ref, argv)
+                    self._record_exec(lease.sandbox_id, self._masked_argv(as_recorded, argv),
+                                      result, _digest(result.stdout), _digest(result.stderr))
+                    if result.exit_code != 0:
+                        said = (result.stderr or result.stdout).decode(errors="replace").strip()
+                        raise OperationFailed(
+                            f"setup command {command!r} exited {result.exit_code} "
+                            f"({said.splitlines()[-1] if said else 'no output'})")
+        except BaseException as exc:
+            message = str(exc) or type(exc).__name__
+            try:
+                self.leases.finish(lease, State.FAILED, reason="failed",
+                                   payload={"error": message},
+                                   values={"backend_ref": obj.ref, "error": message,
+                                           "ended_at": self._now()})
+            except LeaseLost:
+                raise OperationFailed(message) from exc
+            if not isinstance(exc, Exception):
+                raise
+            await self._destroy(lease.sandbox_id, adapter, reason="failed", error=message)
+            raise OperationFailed(f"{message}; sandbox {lease.sandbox_id} was destroyed") from exc
 
     @staticmethod
     def _read_secrets(refs: Mapping[str, str]) -> dict[str, str]:
@@ -678,13 +708,15 @@ class Manager:
 
     async def settle_interrupted_create(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """A create whose maker stopped (its lease lapsed, or its process is gone), settled
-        now as reconcile would: running if its backend object exists, failed if not."""
+        now as reconcile would: running if its backend object exists, failed if not, or if
+        its setup may not have finished (then its object is removed)."""
         adapter = await self.adapter_for(row)
         found = await adapter.list({LABEL_ID: row["id"]})
-        if found:
+        if found and not runs_setup(row):
             self.finish_interrupted_create(row["id"], found[0])
-        else:
-            self.record_backend_state(row["id"], State.CREATING, State.FAILED, reason="failed")
+        elif self.record_backend_state(row["id"], State.CREATING, State.FAILED,
+                                       reason="failed") and found:  # half set up: ended
+            await self._destroy(row["id"], adapter, reason="failed")
         return self.resolve(row["id"])
 
     @making_room

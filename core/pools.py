@@ -205,41 +205,14 @@ async def finish_member(mgr: Manager, lease: Lease, obj: BackendObject, adapter:
     exec), then make it warm, claimable. Setup runs while the row says creating, under the
     lease: nobody can claim a member half set up. A command that fails (or cannot run)
     fails the member, which is then destroyed."""
-    from core.errors import LeaseLost, OperationFailed
-    from core.manager import SANDBOXES, _digest
-    from core.profiles import dump
+    from core.errors import OperationFailed
 
     values = {"backend_ref": obj.ref, "started_at": mgr.now_iso()}
     if profile.setup:
-        with mgr.db.write() as conn:  # the object is known before anything runs in it
-            conn.execute(SANDBOXES.update().where(
-                SANDBOXES.c.id == lease.sandbox_id, SANDBOXES.c.fence == lease.fence,
-                SANDBOXES.c.lease_owner == mgr.lease_owner).values(backend_ref=obj.ref))
-        as_recorded = {"profile_json": json.dumps(dump(profile))}
         try:
-            async with mgr.leases.holding(lease):
-                for command in profile.setup:
-                    argv = ["sh", "-c", command]
-                    result = await adapter.exec(obj.ref, argv)
-                    mgr._record_exec(lease.sandbox_id, mgr._masked_argv(as_recorded, argv),
-                                     result, _digest(result.stdout), _digest(result.stderr))
-                    if result.exit_code != 0:
-                        said = (result.stderr or result.stdout).decode(errors="replace").strip()
-                        raise OperationFailed(
-                            f"setup command {command!r} exited {result.exit_code} "
-                            f"({said.splitlines()[-1] if said else 'no output'})")
-        except BaseException as exc:
-            message = str(exc) or type(exc).__name__
-            try:
-                mgr.leases.finish(lease, State.FAILED, reason="failed", payload={"error": message},
-                                  values={**values, "error": message, "ended_at": mgr.now_iso()})
-            except LeaseLost:
-                raise OperationFailed(f"pool member {lease.sandbox_id}: {message}") from exc
-            if not isinstance(exc, Exception):
-                raise
-            await mgr._destroy(lease.sandbox_id, adapter, reason="failed")
-            raise OperationFailed(f"pool member {lease.sandbox_id}: {message}; it was "
-                                  "destroyed") from exc
+            await mgr.set_up(lease, obj, adapter, profile)
+        except OperationFailed as exc:
+            raise OperationFailed(f"pool member {lease.sandbox_id}: {exc}") from exc
     return mgr.leases.finish(lease, State.WARM, values=values,
                              payload={"backend_ref": obj.ref, "pool": profile.name})
 

@@ -31,7 +31,7 @@ from adapters.base import (
 from core import telemetry
 from core.clock import Clock, from_iso, to_iso
 from core.errors import Conflict, DiskFull, Unavailable, classify, one_line
-from core.states import REAPABLE, State, dead_holders, leased
+from core.states import REAPABLE, State, dead_holders, leased, runs_setup
 from core.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
 if TYPE_CHECKING:
@@ -129,8 +129,9 @@ def plan_reconcile(
         if leased(row, now_iso, dead):
             continue
         state, actual = row["state"], _object_state(obj)
-        if state == State.CREATING and is_member(row):
-            # a pool member's maker died: its setup may not have run, so it is never made warm
+        if state == State.CREATING and (is_member(row) or runs_setup(row)):
+            # its maker died: its setup may not have run (or finished), so it is never made
+            # running or warm, and reap then removes its object
             actions.append(Action(FAIL, backend, row["id"], obj.ref, reason="failed",
                                   target=State.FAILED, expect=state))
         elif state == State.CREATING:

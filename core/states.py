@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import os
 import secrets
 import socket
@@ -91,6 +92,15 @@ def can_transition(current: State | str, target: State | str) -> bool:
 def entry_events(target: State | str) -> set[str]:
     """The event types written on entering `target` (to find an interrupted intent's reason)."""
     return {event for (_, dst), event in TRANSITIONS.items() if dst == State(target)}
+
+
+def runs_setup(row: Mapping[str, Any]) -> bool:
+    """The row's create runs its profile's setup commands while it says creating (a new
+    sandbox or pool member, not a restore): one whose maker died is failed, never made
+    running or warm half set up."""
+    if row.get("restored_from") or not row.get("profile_json"):
+        return False
+    return bool(json.loads(row["profile_json"]).get("setup"))
 
 
 def leased(row, now_iso: str, dead: Collection[str] = ()) -> bool:

@@ -418,6 +418,30 @@ def test_interrupted_create_is_destroyed_by_the_first_reap_past_its_deadline(sbx
     assert state_of(sbx.home, sandbox_id) == "destroyed"
 
 
+def test_kill_9_during_setup_is_failed_by_reconcile_never_made_running(sbx, docker_api,
+                                                                       tmp_path):
+    """A sandbox says creating while its profile's setup runs: killed between two setup
+    commands, reconcile fails it (its setup may not have finished) and reap removes its
+    container; it is never made running half set up."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    write_profile(folder, "prepared", "backend: docker\n"
+                  "setup: ['touch /tmp/first', 'touch /tmp/second']\n")
+    env = {"SBX_PROFILE_PATH": str(folder)}
+    crashed = sbx("create", "--profile", "prepared", "--label", RUN_LABEL,
+                  env={**env, "SBX_FAILPOINT": "create.during-setup"})
+    assert crashed.code == -signal.SIGKILL, (crashed.code, crashed.err)
+    (row,) = query(sbx.home, "SELECT * FROM sandboxes")
+    assert row["state"] == "creating" and row["backend_ref"]
+    reap_ok(sbx, env=env)  # its maker is dead: failed at once, and its container removed
+    reap_ok(sbx, env=env)
+    settled = query(sbx.home, "SELECT state, error, started_at FROM sandboxes")
+    assert settled == [{"state": "destroyed", "started_at": None,
+                        "error": "the process making it stopped before it was ready"}]
+    assert containers_of(docker_api, install_id_of(sbx.home)) == []
+    chain_verifies(sbx)
+
+
 # == 5. A reaper paused past its lease cannot commit its stale result ========================
 
 
@@ -856,7 +880,7 @@ def test_a_failed_sandbox_without_an_object_is_settled_once_after_the_grace(sbx,
     assert [(e["action"], e["reason"], e["state"]) for e in reported(settled, row["id"])] == [
         ("destroy", "failed", "destroyed")]
     assert_settled_as_failed(sbx, row["id"],
-                             "the process making it stopped before the backend made it")
+                             "the process making it stopped before it was ready")
     for offset in ("3m", "11m", "5h"):
         assert reported(reap_ok(sbx, offset=offset), row["id"]) == []
     assert containers_of(docker_api, install_id_of(sbx.home)) == []

@@ -93,3 +93,37 @@ def test_a_create_whose_setup_failed_is_the_retrys_failure_too(sbx, tmp_path, do
         assert "setup command 'exit 3' exited 3" in message, message
     assert all(row["id"] in a.json()["error"]["message"] for a in answers[1:])
     assert containers_of(docker_api, install_id_of(sbx.home)) == []
+
+
+@pytest.mark.docker
+def test_kill_9_during_setup_then_the_retry_gets_the_failure_never_a_half_set_up_sandbox(
+        sbx, tmp_path, docker_api):
+    """The service dies between two setup commands: the sandbox still says creating, so the
+    retry fails it (its setup did not finish) and removes its container, instead of handing
+    out a running sandbox whose setup never finished."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    write_profile(folder, "prepared", "backend: docker\n"
+                  "setup: ['touch /tmp/first', 'touch /tmp/second']\n")
+    made = sbx("api-keys", "create", "--scope", "write", "--owner", "retrier")
+    headers = {"Authorization": f"Bearer {made.out.split()[-1]}", "Idempotency-Key": "setup"}
+    body = {"profile": "prepared", "labels": {"sbx-test-run": RUN_ID}}
+    env = {"SBX_PROFILE_PATH": str(folder)}
+    crashing, url = start_process(SBX, sbx.env({**env, "SBX_FAILPOINT": "create.during-setup"}),
+                                  cwd=tmp_path)
+    with pytest.raises(httpx.HTTPError):
+        httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers, timeout=120)
+    assert crashing.wait(timeout=60) == -signal.SIGKILL
+    (row,) = query(sbx.home, "SELECT id, state FROM sandboxes")
+    assert row["state"] == "creating"  # never running half set up
+
+    proc, url = start_process(SBX, sbx.env(env), cwd=tmp_path)
+    try:
+        retried = httpx.post(f"{url}/v1/sandboxes", json=body, headers=headers, timeout=120)
+    finally:
+        stop_process(proc)
+    assert retried.status_code == 500, retried.text
+    assert "before it was ready" in retried.json()["error"]["message"]
+    (row,) = query(sbx.home, "SELECT id, state, error FROM sandboxes")
+    assert row["state"] == "destroyed"
+    assert containers_of(docker_api, install_id_of(sbx.home)) == []
