@@ -290,7 +290,8 @@ def test_reap_removes_untagged_checkpoint_images_and_nothing_else(sbx, docker_ap
     assert image_exists(docker_api, in_use), "a sandbox runs from it"
     removed = query(sbx.home, "SELECT reason, payload_json FROM events WHERE type = "
                               "'checkpoint.orphan-removed'")
-    assert len(removed) == 1 and loose_ckpt in removed[0]["payload_json"], removed
+    # (a loose image another run left on this engine may be removed too: count ours only)
+    assert len([r for r in removed if loose_ckpt in r["payload_json"]]) == 1, removed
     assert container_running(docker_api, fork["backend_ref"])
 
     ok(sbx("destroy", "--yes", fork["id"]))
