@@ -156,7 +156,9 @@ def test_a_full_disk_refuses_writes_in_one_line_and_sandboxes_still_end(
 
 class PrivateEngine:
     """A dockerd of this test's own: its own data root, exec root, socket and pid file, no
-    bridge and no iptables rules, so stopping it touches nothing the shared engine runs."""
+    bridge and no iptables rules, in a network namespace of its own (a dockerd started with
+    --bridge=none deletes the host's docker0, the shared engine's default bridge), so
+    starting and stopping it touches nothing the shared engine runs."""
 
     def __init__(self) -> None:
         # short: containerd's socket lives under the exec root, and unix paths are short
@@ -170,9 +172,11 @@ class PrivateEngine:
     def start(self) -> None:
         binary = shutil.which("dockerd")
         assert binary, "dockerd is not installed (make test installs docker.io)"
+        isolate = shutil.which("unshare")
+        assert isolate, "unshare is not installed (util-linux)"
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [binary, "--config-file", str(self.folder / "daemon.json"),
+            self.proc = subprocess.Popen(  # unshare execs dockerd: the same process
+                [isolate, "--net", binary, "--config-file", str(self.folder / "daemon.json"),
                  "--data-root", str(self.folder / "data"),
                  "--exec-root", str(self.folder / "exec"), "-H", self.url,
                  "--pidfile", str(self.folder / "docker.pid"), "--bridge=none",
