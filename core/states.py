@@ -171,19 +171,26 @@ def lease_owner(install_id: str) -> str:
     return f"{person}/{_install_digest(install_id)}.{kernel[0]}.{kernel[1]}.{start}"
 
 
+def _holder(owner: str | None, install_id: str) -> tuple[str, str, int, str] | None:
+    """(boot id, pid namespace, pid, start time) of a lease holder of this installation, from
+    its name; None when its name says none (another installation's, or made without /proc)."""
+    if not owner or "/" not in owner:
+        return None
+    person, _, identity = owner.rpartition("/")
+    try:
+        install, boot, pidns, start = identity.split(".")
+        pid = int(person.rsplit(":", 2)[-2])
+    except ValueError:
+        return None
+    return (boot, pidns, pid, start) if install == _install_digest(install_id) else None
+
+
 def holder_alive(owner: str | None, install_id: str) -> bool:
     """The lease holder `owner` is known to be a live process of this host (this
     installation); False when it is gone or when that cannot be known."""
-    if not owner or "/" not in owner or holder_gone(owner, install_id):
-        return False
-    identity = owner.rpartition("/")[2]
-    here = _this_kernel()
-    try:
-        install, boot, pidns, _start = identity.split(".")
-    except ValueError:
-        return False
-    return (here is not None and install == _install_digest(install_id)
-            and (boot, pidns) == here)
+    holder, here = _holder(owner, install_id), _this_kernel()
+    return (holder is not None and here is not None and holder[:2] == here
+            and _start_time(holder[2]) == holder[3])
 
 
 def holder_gone(owner: str | None, install_id: str) -> bool:
@@ -191,17 +198,10 @@ def holder_gone(owner: str | None, install_id: str) -> bool:
     exists: this host booted since, or its pid is gone or now belongs to another process.
     False whenever that cannot be known (another host, another pid namespace, no /proc):
     such a lease lapses only when it expires."""
-    if not owner or "/" not in owner:
+    holder, here = _holder(owner, install_id), _this_kernel()
+    if holder is None or here is None:
         return False
-    person, _, identity = owner.rpartition("/")
-    try:
-        install, boot, pidns, start = identity.split(".")
-        pid = int(person.rsplit(":", 2)[-2])
-    except ValueError:
-        return False
-    here = _this_kernel()
-    if here is None or install != _install_digest(install_id):
-        return False
+    boot, pidns, pid, start = holder
     if boot != here[0]:
         return True  # this host has restarted since: every process of that boot is gone
     if pidns != here[1]:

@@ -252,20 +252,19 @@ def test_streams_are_capped_per_key_and_in_all(limited):
     alice, bob = service.key("read", owner="alice"), service.key("read", owner="bob")
     held = []
     try:
-        for _ in range(3):
-            sock, status, _ = _open_stream(service.url, alice)
-            assert status == 200
-            held.append(sock)
-        refused = httpx.get(f"{service.url}/v1/events", timeout=30, headers={
-            "Authorization": f"Bearer {alice}", "Accept": "text/event-stream"})
+        def open_then_refused(key: str, streams: int) -> httpx.Response:
+            """`streams` event streams of `key` open (held), then the next one's answer."""
+            for _ in range(streams):
+                sock, status, _ = _open_stream(service.url, key)
+                assert status == 200
+                held.append(sock)
+            return httpx.get(f"{service.url}/v1/events", timeout=30, headers={
+                "Authorization": f"Bearer {key}", "Accept": "text/event-stream"})
+
+        refused = open_then_refused(alice, 3)
         assert refused.status_code == 429
         assert "(SBX_SERVE_MAX_STREAMS_PER_KEY)" in refused.json()["error"]["message"]
-        for _ in range(2):
-            sock, status, _ = _open_stream(service.url, bob)
-            assert status == 200
-            held.append(sock)
-        refused = httpx.get(f"{service.url}/v1/events", timeout=30, headers={
-            "Authorization": f"Bearer {bob}", "Accept": "text/event-stream"})
+        refused = open_then_refused(bob, 2)
         assert refused.status_code == 429
         error = refused.json()["error"]
         assert "SBX_SERVE_MAX_STREAMS)" in error["message"] and error["code"] == 5

@@ -37,16 +37,21 @@ def left_out(capsys, name: str) -> None:
     assert CHANGED in line and "sbx profiles trust" in line, line
 
 
-@pytest.fixture
-def stack(sbx_home, tmp_path) -> Path:
-    """A working folder whose profile `stack` names a compose file beside it, which names an
-    env file; the compose file's folder."""
-    folder = folder_of(tmp_path)
+def write_stack(folder: Path) -> None:
+    """The profile `stack`, naming a compose file beside it, which names an env file."""
     (folder / "stack.yaml").write_text(
         "backend: compose\ncompose: {file: stack/compose.yaml, service: app}\n")
     (folder / "stack").mkdir()
     (folder / "stack" / "compose.yaml").write_text(COMPOSE)
     (folder / "stack" / "app.env").write_text("GREETING=hi\n")
+
+
+@pytest.fixture
+def stack(sbx_home, tmp_path) -> Path:
+    """A working folder whose profile `stack` names a compose file beside it, which names an
+    env file; the compose file's folder."""
+    folder = folder_of(tmp_path)
+    write_stack(folder)
     trust()
     assert used("stack")
     return folder / "stack"
@@ -154,11 +159,7 @@ def test_a_folder_whose_profiles_name_no_file_keeps_its_digest(sbx_home, tmp_pat
 
 def test_the_cli_ignores_a_trusted_profile_whose_compose_file_changed(sbx, tmp_path):
     folder = folder_of(tmp_path)
-    (folder / "stack.yaml").write_text(
-        "backend: compose\ncompose: {file: stack/compose.yaml, service: app}\n")
-    (folder / "stack").mkdir()
-    (folder / "stack" / "compose.yaml").write_text(COMPOSE)
-    (folder / "stack" / "app.env").write_text("GREETING=hi\n")
+    write_stack(folder)
     assert sbx("profiles", "trust").code == 0
     shown = sbx("profiles", "show", "stack", "--json")
     assert shown.code == 0 and shown.err == "", shown.err
