@@ -52,7 +52,7 @@ postgres:
 	scripts/ensure-postgres.sh
 
 image: venv docker
-	$(BIN)/python -m adapters.docker_image
+	$(BIN)/python -m sandboxer.adapters.docker_image
 
 # The service's container image (Dockerfile, docs/service.md). With the default BASE, a Python
 # base made from Debian's packages (python-base) and the dependencies as wheels this host's pip

@@ -2,7 +2,7 @@
 
 The core speaks only to this interface. Adapters never import the core: they get plain
 requests in and return plain results, and signal trouble with the exceptions below, which
-the core maps to the CLI's exit codes in one place (`core.errors`).
+the core maps to the CLI's exit codes in one place (`sandboxer.core.rules.errors`).
 """
 
 from __future__ import annotations
@@ -336,7 +336,7 @@ FAILPOINT_ENV = "SBX_FAILPOINT"
 def failpoint(name: str) -> None:
     """`SBX_FAILPOINT=NAME` makes the process kill itself (SIGKILL) at NAME, or stop itself
     (SIGSTOP) with `NAME:stop`: crash tests stop at exact steps. Every name is listed in
-    core.failpoints.POINTS (the core's own points go through it)."""
+    sandboxer.core.rules.failpoints.POINTS (the core's own points go through it)."""
     wanted = os.environ.get(FAILPOINT_ENV)
     if not wanted:
         return
@@ -361,7 +361,7 @@ def state_folder() -> Path:
     """`$SBX_HOME`, else the platform's user data folder; created 0700, and refused
     (InvalidRequest, exit 2) unless it is a folder of this user that no one else can write
     to: its files carry the event log, the socket every command's environment goes through,
-    and adapters' own state. Where sbx keeps its state (core.settings.sbx_home) and an adapter
+    and adapters' own state. Where sbx keeps its state (sandboxer.core.rules.settings.sbx_home) and an adapter
     its own files."""
     raw = HOME_OVERRIDE.get() or os.environ.get("SBX_HOME")
     if raw:

@@ -38,7 +38,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from adapters.base import (
+from sandboxer.adapters.base import (
     LABEL_CHECKPOINT,
     LABEL_COMPOSE,
     LABEL_SERVICE,
@@ -57,10 +57,10 @@ from adapters.base import (
     failpoint,
     state_folder,
 )
-from adapters.base import (
+from sandboxer.adapters.base import (
     Adapter as _Adapter,
 )
-from adapters.docker import (
+from sandboxer.adapters.docker import (
     BASE_IMAGE,
     DockerAdapter,
     _in_thread,
@@ -69,7 +69,7 @@ from adapters.docker import (
     _restarted_at,
     _short,
     build_base_image,
-    docker_errors,  # docker-py as adapters.docker imports it: no paramiko for a local engine
+    docker_errors,  # docker-py as sandboxer.adapters.docker imports it: no paramiko for a local engine
     engine_url,
     sample_from_stats,
 )

@@ -53,8 +53,8 @@ from docker import errors as docker_errors  # noqa: E402
 from docker.tls import TLSConfig  # noqa: E402
 from docker.utils import kwargs_from_env  # noqa: E402
 
-from adapters.archives import BoundedTar, TooLarge, member_path  # noqa: E402
-from adapters.base import (  # noqa: E402
+from sandboxer.adapters.archives import BoundedTar, TooLarge, member_path  # noqa: E402
+from sandboxer.adapters.base import (  # noqa: E402
     LABEL_CHECKPOINT,
     LABEL_COMPOSE,
     LABEL_ID,

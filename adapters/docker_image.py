@@ -1,4 +1,4 @@
-"""`python -m adapters.docker_image`: build the offline base image if it is missing."""
+"""`python -m sandboxer.adapters.docker_image`: build the offline base image if it is missing."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import docker
 from docker import errors as docker_errors
 
-from adapters.base import AdapterError
-from adapters.docker import BASE_IMAGE, build_base_image, engine_tls, engine_url
+from sandboxer.adapters.base import AdapterError
+from sandboxer.adapters.docker import BASE_IMAGE, build_base_image, engine_tls, engine_url
 
 
 def main() -> int:

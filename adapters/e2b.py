@@ -28,7 +28,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from adapters.base import (
+from sandboxer.adapters.base import (
     LABEL_CHECKPOINT,
     LABEL_HARD_DEADLINE,
     LABEL_INSTALL,

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlparse
 
-from adapters.base import (
+from sandboxer.adapters.base import (
     Adapter,
     AdapterError,
     Artifact,

@@ -13,7 +13,7 @@ import os
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
-from adapters.base import Adapter, BackendUnavailable
+from sandboxer.adapters.base import Adapter, BackendUnavailable
 
 GROUP = "sandboxer.adapters"
 SELECT_ENV = "SBX_ADAPTERS"

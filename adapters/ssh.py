@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from adapters.base import (
+from sandboxer.adapters.base import (
     Adapter,
     AdapterError,
     BackendObject,

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from adapters.base import (
+from sandboxer.adapters.base import (
     Adapter,
     AdapterError,
     BackendObject,

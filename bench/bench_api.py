@@ -46,7 +46,7 @@ def docker_spec(ctx: BenchContext) -> dict[str, Any]:
     """docker-py's `containers.run` arguments for the container adapters/docker.py makes of
     the default profile: its limits, its restart policy and init=False too (as
     bench_service.py's)."""
-    from adapters.docker import KEEPALIVE, RESTART_POLICY
+    from sandboxer.adapters.docker import KEEPALIVE, RESTART_POLICY
 
     return dict(image=common.IMAGE, command=KEEPALIVE, detach=True, network_mode="none",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=512 * 1024**2,

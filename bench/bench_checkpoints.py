@@ -90,7 +90,7 @@ class Run:
         return elapsed, ref
 
     def docker_run(self, image: str) -> tuple[float, str]:
-        from adapters.docker import KEEPALIVE
+        from sandboxer.adapters.docker import KEEPALIVE
 
         self.ctx.settle(self.env)
         elapsed, proc = self.ctx.run(["docker", "run", "-d", *DOCKER_LIMITS, "--label",
@@ -106,7 +106,7 @@ class Run:
     def remove_images(self) -> None:
         """The images this run tagged, by tag; then any image still labelled with the run's
         installation id (a snapshot interrupted half-way), by id."""
-        from adapters.docker import holder_tag
+        from sandboxer.adapters.docker import holder_tag
 
         tags = [holder_tag(c, self.install) for c in self.checkpoints] + self.commits
         if tags:

@@ -34,7 +34,7 @@ def free_port() -> int:
 
 def seed(home: Path) -> None:
     import sandboxer
-    from core.profiles import Profile
+    from sandboxer.core.rules.profiles import Profile
 
     with sandboxer.Sandboxer(home=home, actor="sbx-bench") as sbx:
         for _ in range(SEED):

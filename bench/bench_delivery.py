@@ -144,9 +144,9 @@ def write_settings(config: Path, text: str) -> None:
 
 def seed(home: Path, config: Path, events: int) -> tuple[int, float]:
     """At least `events` events on the stub backend, in this process. (count, seconds)"""
-    from adapters.stub import StubAdapter
-    from core.manager import Manager
-    from core.profiles import ProfileLoader
+    from sandboxer.adapters.stub import StubAdapter
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     profile_path = home.parent / "bench-stub.yaml"
     profile_path.write_text("backend: stub\nttl: {default: 10m, max: 1h}\n")
@@ -174,7 +174,7 @@ def seed(home: Path, config: Path, events: int) -> tuple[int, float]:
 
 
 def event_hashes(home: Path, config: Path) -> list[str]:
-    from core.manager import Manager
+    from sandboxer.core.lifecycle.manager import Manager
 
     with acting_on(home, config):
         mgr = Manager()
@@ -224,10 +224,10 @@ def check_signed(label: str, receiver: Receiver) -> None:
 
 def in_process(home: Path, config: Path, sink: str, receiver: Receiver | None) -> float:
     """Seconds for one Deliverer.run() with only `sink`."""
-    from core import settings
-    from core.clock import Clock
-    from core.db import Database
-    from core.delivery import Deliverer, DeliverySettings, JsonlSink, WebhookSink
+    from sandboxer.core.observe.delivery import Deliverer, DeliverySettings, JsonlSink, WebhookSink
+    from sandboxer.core.rules import settings
+    from sandboxer.core.rules.clock import Clock
+    from sandboxer.core.store.db import Database
 
     with acting_on(home, config):
         os.environ["SBX_WEBHOOK_SECRET"] = SECRET

@@ -32,9 +32,9 @@ PG = os.environ.get("SBX_TEST_PG", "sbx_test:sbx_test@127.0.0.1:5432")
 TARGET_LS_PG, TARGET_LS_SQLITE, TARGET_WAIT = 0.5, 0.3, 0.100
 CLAIMER = """
 import asyncio, random, sys, time, json
-from core.db import Database
-from core.manager import Manager
-from adapters.stub import StubAdapter
+from sandboxer.core.store.db import Database
+from sandboxer.core.lifecycle.manager import Manager
+from sandboxer.adapters.stub import StubAdapter
 url, ids = sys.argv[1], json.loads(sys.stdin.read())
 random.shuffle(ids)
 async def main():
@@ -63,10 +63,10 @@ def seed(url: str, count: int, *, expired: bool) -> list[str]:
     """`count` sandbox rows (stub backend), migrated schema; expired ones if asked."""
     import sqlalchemy as sa
 
-    from core.clock import to_iso
-    from core.db import Database
-    from core.ids import new_sandbox_id
-    from core.models import Sandbox
+    from sandboxer.core.rules.clock import to_iso
+    from sandboxer.core.rules.ids import new_sandbox_id
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
 
     db = Database(url)
     db.migrate()

@@ -216,9 +216,9 @@ def bench_cli(ctx: Context) -> dict[str, Any]:
 
 
 async def bench_manager(ctx: Context) -> dict[str, Any]:
-    from core.db import Database
-    from core.manager import Manager
-    from core.profiles import ProfileLoader
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer.core.store.db import Database
 
     home = ctx.home("mgr-home")
     db = Database(f"sqlite:///{home / 'sbx.db'}")
@@ -308,9 +308,9 @@ async def bench_manager(ctx: Context) -> dict[str, Any]:
 
 
 async def seed(home: Path, count: int, labels: dict[str, str]) -> float:
-    from core.db import Database
-    from core.manager import Manager
-    from core.profiles import ProfileLoader
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer.core.store.db import Database
 
     profile_file = home.parent / "bench-stub.yaml"
     profile_file.write_text("name: bench-stub\ndescription: sbx-bench seed (stub test double)\n"
@@ -380,13 +380,13 @@ def mark(name):
 import sys, json, asyncio
 import sandboxer_tui.cli
 mark("import sandboxer_tui.cli (click)")
-from core.manager import Manager
-from core.profiles import ProfileLoader
+from sandboxer.core.lifecycle.manager import Manager
+from sandboxer.core.rules.profiles import ProfileLoader
 try:
-    from core.views import sandbox_view
+    from sandboxer.core.rules.views import sandbox_view
 except ImportError:  # older layout
-    from core.manager import sandbox_view
-mark("import core.manager + core.profiles (sqlalchemy, pydantic, yaml)")
+    from sandboxer.core.lifecycle.manager import sandbox_view
+mark("import sandboxer.core.lifecycle.manager + sandboxer.core.rules.profiles (sqlalchemy, pydantic, yaml)")
 profile = ProfileLoader().load("default")
 mark("load profile 'default' (yaml + pydantic)")
 label = sys.argv[1].split("=", 1)
@@ -395,7 +395,7 @@ async def main():
     mgr = Manager()
     mark("Manager() (engine, install id)")
     adapter = mgr.adapter("docker")
-    mark("import adapters.docker (docker-py)")
+    mark("import sandboxer.adapters.docker (docker-py)")
     await asyncio.to_thread(adapter._client)
     mark("docker.APIClient(version='auto') (GET /version)")
     api = adapter._api

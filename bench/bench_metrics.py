@@ -14,7 +14,7 @@
    smallest gap between two stored samples of a sandbox (must be >= --every), and how long it
    took to exit after SIGTERM.
 
-With --profile, `core.sampler.follow_all` then runs in this process under cProfile for S
+With --profile, `sandboxer.core.follow.sampler.follow_all` then runs in this process under cProfile for S
 seconds over the same sandboxes, and the most expensive functions are printed: where the CPU
 goes.
 
@@ -156,8 +156,8 @@ def profile_in_process(ctx: Context, home: Path, every: str, seconds: float,
 
     with ctx.in_process(home):
         os.environ["SBX_METRICS_EVERY"] = every
-        from core.manager import Manager
-        from core.sampler import follow_all
+        from sandboxer.core.follow.sampler import follow_all
+        from sandboxer.core.lifecycle.manager import Manager
 
         seen = [0]
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.count < 1 or args.seconds <= WARMUP_S:
         parser.error(f"--count must be at least 1 and --seconds more than {WARMUP_S:g}")
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
 
     every_s = parse_duration(args.every, "--every").total_seconds()
 

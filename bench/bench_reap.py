@@ -54,9 +54,9 @@ def make_sandboxes(ctx: Context, home: Path, count: int, ttl: str | None) -> tup
     """`count` docker sandboxes in `home`'s database through Manager.create, CREATE_PARALLEL at
     a time. Returns (sandbox ids, seconds). Every container id is recorded for cleanup."""
     with ctx.in_process(home):
-        from core.durations import parse_duration
-        from core.manager import Manager
-        from core.profiles import ProfileLoader
+        from sandboxer.core.lifecycle.manager import Manager
+        from sandboxer.core.rules.durations import parse_duration
+        from sandboxer.core.rules.profiles import ProfileLoader
 
         profile = ProfileLoader().load("default")
 

@@ -64,7 +64,7 @@ def percentile(xs: list[float], q: float) -> float:
 def docker_spec(ctx: BenchContext) -> dict[str, Any]:
     """docker-py's `containers.run` arguments for what adapters/docker.py makes of the default
     profile (common.DOCKER_LIMITS; the adapter's restart policy and init=False too)."""
-    from adapters.docker import KEEPALIVE, RESTART_POLICY
+    from sandboxer.adapters.docker import KEEPALIVE, RESTART_POLICY
 
     return dict(image=common.IMAGE, command=KEEPALIVE, detach=True, network_mode="none",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=512 * 1024**2,
@@ -280,11 +280,11 @@ def seed(ctx: Context, home: Path, count: int) -> float:
     import sqlalchemy as sa
 
     import sandboxer
-    from core.clock import from_iso, to_iso
-    from core.db import Database
-    from core.ids import new_sandbox_id
-    from core.models import Sandbox
-    from core.profiles import Profile
+    from sandboxer.core.rules.clock import from_iso, to_iso
+    from sandboxer.core.rules.ids import new_sandbox_id
+    from sandboxer.core.rules.profiles import Profile
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
 
     started = time.perf_counter()
     with sandboxer.Sandboxer(home=home, actor="sbx-bench") as sbx:

@@ -44,9 +44,9 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 async def seed(home: Path, count: int, labels: dict[str, str]) -> float:
     """`count` sandboxes through the core (the same Manager.create as `sbx create`)."""
-    from core.db import Database
-    from core.manager import Manager
-    from core.profiles import ProfileLoader
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer.core.store.db import Database
 
     profile = ProfileLoader().load("bench-stub")
     mgr = Manager(Database(f"sqlite:///{home / 'sbx.db'}"), actor="sbx-bench")
@@ -93,8 +93,8 @@ def memory_mb(pid: int) -> tuple[float, float]:
 def writer(home: Path, stop: threading.Event, every: float, counts: list[int]) -> None:
     """Another process's writes, once a second: `touch` a random sandbox (a real change the
     dashboard must read)."""
-    from core.db import Database
-    from core.manager import Manager
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.store.db import Database
 
     mgr = Manager(Database(f"sqlite:///{home / 'sbx.db'}"), actor="sbx-bench-writer")
     ids = [r["id"] for r in mgr.list()]

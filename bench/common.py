@@ -247,7 +247,7 @@ class BenchContext:
         """`docker run -d` of one container equivalent to an sbx sandbox (same image, limits and
         KEEPALIVE command as adapters/docker.py) with the run label. Returns (seconds, id); the
         id is recorded for cleanup."""
-        from adapters.docker import KEEPALIVE  # ["sh", "-c", "<script>"]
+        from sandboxer.adapters.docker import KEEPALIVE  # ["sh", "-c", "<script>"]
 
         elapsed, proc = self.run(["docker", "run", "-d", *DOCKER_LIMITS, "--label", self.label,
                                   IMAGE, *KEEPALIVE])

@@ -13,19 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from core.catalog import EventType, Reason
-from core.errors import (
-    BadInput,
-    Conflict,
-    ExitCode,
-    NotFound,
-    OperationFailed,
-    QuotaExceeded,
-    Unauthorized,
-    Unavailable,
-)
-from core.errors import SbxError as Error
-from core.states import State
 from sandboxer._api import AsyncCheckpoint, AsyncInventoryWatch, AsyncSandbox, AsyncSandboxer
 from sandboxer._records import (
     BackendStatus,
@@ -49,9 +36,22 @@ from sandboxer._tools import (
     untrust_profiles,
     verify_evidence,
 )
+from sandboxer.core.rules.catalog import EventType, Reason
+from sandboxer.core.rules.errors import (
+    BadInput,
+    Conflict,
+    ExitCode,
+    NotFound,
+    OperationFailed,
+    QuotaExceeded,
+    Unauthorized,
+    Unavailable,
+)
+from sandboxer.core.rules.errors import SbxError as Error
+from sandboxer.core.rules.states import State
 
 if TYPE_CHECKING:
-    from core.profiles import Profile
+    from sandboxer.core.rules.profiles import Profile
 
 __all__ = [
     "AsyncCheckpoint",
@@ -97,7 +97,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "Profile":  # pydantic loads only for a program that uses profiles
-        from core.profiles import Profile
+        from sandboxer.core.rules.profiles import Profile
 
         return Profile
     raise AttributeError(f"module 'sandboxer' has no attribute {name!r}")

@@ -26,8 +26,8 @@ from sandboxer._records import (
 if TYPE_CHECKING:
     import asyncio
 
-    from core.errors import SbxError as Error
-    from core.profiles import Profile
+    from sandboxer.core.rules.errors import SbxError as Error
+    from sandboxer.core.rules.profiles import Profile
 
 Duration = timedelta | str | int | float
 
@@ -36,7 +36,7 @@ def _duration(value: Duration | None, what: str) -> timedelta | None:
     """A timedelta, a duration such as "30m", or seconds; BadInput naming `what` otherwise."""
     if value is None or isinstance(value, timedelta):
         if isinstance(value, timedelta) and value <= timedelta(0):
-            from core.errors import BadInput
+            from sandboxer.core.rules.errors import BadInput
 
             raise BadInput(f"bad {what} {value}: must be longer than zero")
         return value
@@ -46,18 +46,18 @@ def _duration(value: Duration | None, what: str) -> timedelta | None:
         try:
             delta = timedelta(seconds=value)
         except (OverflowError, ValueError):  # past timedelta's range, or not a number
-            from core.errors import BadInput
+            from sandboxer.core.rules.errors import BadInput
 
             raise BadInput(f"bad {what} {value}: give a duration such as 30m, or "
                            "seconds") from None
         return _duration(delta, what)
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
 
     return parse_duration(str(value), what)
 
 
 def _argv(argv: Sequence[str] | str) -> list[str]:
-    from core.errors import BadInput
+    from sandboxer.core.rules.errors import BadInput
 
     if isinstance(argv, str):  # a string would become one argument per character
         raise BadInput("argv must be a list of strings, e.g. ['sh', '-c', 'echo hi']")
@@ -83,7 +83,7 @@ class AsyncSandboxer:
                  token: str | None = None, _transport: Any = None) -> None:
         if _transport is None and url is not None:
             if home is not None or database_url is not None or actor is not None:
-                from core.errors import BadInput
+                from sandboxer.core.rules.errors import BadInput
 
                 raise BadInput("a client of a service (url=) has no home, database_url or "
                                "actor of its own: the service's key owner is the actor")
@@ -165,7 +165,7 @@ class AsyncSandboxer:
         tries again; each delivery's reports (`deliver_events()`) go to `on_delivery`."""
         import asyncio
 
-        from core.errors import as_error
+        from sandboxer.core.rules.errors import as_error
 
         interval = _duration(every, "every")
         stop = stop or asyncio.Event()
@@ -187,7 +187,7 @@ class AsyncSandboxer:
                     on_delivery(sinks)
                 for sink in sinks:
                     if sink["error"] and on_report is not None:
-                        from core.errors import OperationFailed
+                        from sandboxer.core.rules.errors import OperationFailed
 
                         on_report(OperationFailed(f"delivery to {sink['sink']}: "
                                                   f"{sink['error']}"))
@@ -321,7 +321,7 @@ class AsyncSandboxer:
         only; another owner's are not found (docs/security.md, "Tenants"). Each call carries
         its own actor, so concurrent callers acting as different actors never mix. Closing
         it leaves this client open."""
-        from core.errors import BadInput
+        from sandboxer.core.rules.errors import BadInput
 
         if not isinstance(actor, str) or not actor.strip():
             raise BadInput("acting_as needs the actor's name")
@@ -552,13 +552,13 @@ class AsyncSandbox(SandboxRecord):
         of an in-toto Statement (docs/evidence.md). With `by_service`, a client of a service
         gets it signed by the service's own key (`sbx serve --evidence-key`)."""
         if sign is not None and by_service:
-            from core.errors import BadInput
+            from sandboxer.core.rules.errors import BadInput
 
             raise BadInput("sign with your key or the service's, not both")
         bundle = await (self._t.evidence(self.id, signed=True) if by_service
                         else self._t.evidence(self.id))
         if sign is not None:
-            from core.signing import sign as sign_bundle
+            from sandboxer.core.observe.signing import sign as sign_bundle
 
             bundle = sign_bundle(bundle, sign)
         if path is not None:
@@ -619,7 +619,7 @@ class AsyncCheckpoint(CheckpointRecord):
         If one fails, those already made are destroyed and the error raised."""
         import asyncio
 
-        from core.errors import BadInput
+        from sandboxer.core.rules.errors import BadInput
 
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise BadInput(f"fork needs a number of sandboxes of 1 or more, not {n!r}")

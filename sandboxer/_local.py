@@ -23,13 +23,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from adapters.base import HOME_OVERRIDE
-from core import after_reply
-from core.errors import as_error
+from sandboxer.adapters.base import HOME_OVERRIDE
+from sandboxer.core.lifecycle import after_reply
+from sandboxer.core.rules.errors import as_error
 
 if TYPE_CHECKING:
-    from core.manager import Manager
-    from core.profiles import Profile
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import Profile
 
 T = TypeVar("T")
 # Backend SDKs block a worker thread per call: enough for many operations at once.
@@ -41,7 +41,7 @@ AFTER_REPLY_DELAY_S = 0.001
 
 def _finish_at_exit() -> None:
     """At exit, wait (a little) for what core loops still run: a client never closed may
-    have a record left for after its last answer (core/after_reply.py)."""
+    have a record left for after its last answer (core/lifecycle/after_reply.py)."""
     for core in list(_running):
         if core.loop.is_running() and not core.here():
             with contextlib.suppress(Exception):
@@ -102,7 +102,7 @@ class CoreLoop:
 
     def answer_first(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         """`coro` on this loop, its answer given as soon as it has one; the writes it left
-        for after (core/after_reply.py) a moment later, or before the next call this loop
+        for after (core/lifecycle/after_reply.py) a moment later, or before the next call this loop
         takes, whichever comes first. Cancelling the answer cancels the work."""
         answer: concurrent.futures.Future[T] = concurrent.futures.Future()
 
@@ -162,7 +162,7 @@ class LocalTransport:
     @property
     def core(self) -> CoreLoop:
         if self._closed:
-            from core.errors import Conflict
+            from sandboxer.core.rules.errors import Conflict
 
             raise Conflict("this Sandboxer is closed")
         if self._core is None:
@@ -173,12 +173,12 @@ class LocalTransport:
 
     def _manager(self) -> Manager:
         if self._mgr is None:
-            from core.manager import Manager
+            from sandboxer.core.lifecycle.manager import Manager
 
             db = None
             if self.database_url is not None or self.home is not None:
-                from core import settings
-                from core.db import Database
+                from sandboxer.core.rules import settings
+                from sandboxer.core.store.db import Database
 
                 db = Database(self.database_url or settings.database_url())
             self._mgr = Manager(db=db, actor=self.actor)
@@ -298,7 +298,7 @@ class LocalTransport:
                      labels: Mapping[str, str] | None, owner: str | None,
                      task: str | None) -> dict[str, Any]:
         async def go(mgr: Manager) -> dict[str, Any]:
-            from core.views import sandbox_view
+            from sandboxer.core.rules.views import sandbox_view
 
             resolved = _load_profile(profile)
             row = await mgr.create(resolved, ttl=ttl, name=name, labels=labels, owner=owner,
@@ -311,7 +311,7 @@ class LocalTransport:
         def go(mgr: Manager) -> dict[str, Any]:
             import json
 
-            from core.views import sandbox_view
+            from sandboxer.core.rules.views import sandbox_view
 
             row = mgr.resolve(ref)
             view = sandbox_view(row, mgr.now_iso())
@@ -326,14 +326,15 @@ class LocalTransport:
                    include_destroyed: bool) -> list[dict[str, Any]]:
         """Read with the driver alone when the schema is current (no ORM: `sbx ls` stays
         fast from a fresh process), else through the Manager, which migrates."""
-        from core import tenancy
+        from sandboxer.core.store import tenancy
 
         filters = dict(include_all=include_destroyed, state=state, backend=backend,
                        labels=labels, pool_members=False, owner=tenancy.current())
 
         def fast() -> list[dict[str, Any]] | None:
-            from core import inventory, settings
-            from core.views import VIEW_COLUMNS
+            from sandboxer.core.rules import settings
+            from sandboxer.core.rules.views import VIEW_COLUMNS
+            from sandboxer.core.store import inventory
 
             if self._mgr is not None:
                 return None
@@ -341,8 +342,8 @@ class LocalTransport:
                                        columns=VIEW_COLUMNS, **filters)
 
         def views(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-            from core.clock import clock_from_env, to_iso
-            from core.views import sandbox_view
+            from sandboxer.core.rules.clock import clock_from_env, to_iso
+            from sandboxer.core.rules.views import sandbox_view
 
             now = to_iso(clock_from_env().now())
             return [sandbox_view(r, now) for r in rows]
@@ -355,7 +356,7 @@ class LocalTransport:
 
     async def destroy(self, ref: str) -> tuple[dict[str, Any], bool]:
         async def go(mgr: Manager) -> tuple[dict[str, Any], bool]:
-            from core.views import sandbox_view
+            from sandboxer.core.rules.views import sandbox_view
 
             row, done = await mgr.destroy(ref)
             return sandbox_view(row, mgr.now_iso()), done
@@ -389,7 +390,7 @@ class LocalTransport:
 
     async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
         async def go(mgr: Manager):
-            from core.views import sandbox_view
+            from sandboxer.core.rules.views import sandbox_view
 
             row, capped = await mgr.extend(ref, by)
             return sandbox_view(row, mgr.now_iso()), capped
@@ -398,7 +399,7 @@ class LocalTransport:
 
     async def touch(self, ref: str) -> dict[str, Any]:
         async def go(mgr: Manager):
-            from core.views import sandbox_view
+            from sandboxer.core.rules.views import sandbox_view
 
             return sandbox_view(await mgr.record_activity(ref), mgr.now_iso())
 
@@ -412,7 +413,7 @@ class LocalTransport:
 
     async def _state_change(self, ref: str, verb: str) -> dict[str, Any]:
         async def go(mgr: Manager):
-            from core.views import sandbox_view
+            from sandboxer.core.rules.views import sandbox_view
 
             return sandbox_view(await getattr(mgr, verb)(ref), mgr.now_iso())
 
@@ -431,7 +432,7 @@ class LocalTransport:
 
     def follow_all_metrics(self, every: timedelta | None = None,
                            ) -> AsyncIterator[dict[str, Any]]:
-        from core.sampler import samples_of_all
+        from sandboxer.core.follow.sampler import samples_of_all
 
         return self.stream(lambda mgr: samples_of_all(mgr, every or timedelta(seconds=5)))
 
@@ -440,7 +441,7 @@ class LocalTransport:
 
     async def evidence(self, ref: str, signed: bool = False) -> dict[str, Any]:
         if signed:
-            from core.errors import BadInput
+            from sandboxer.core.rules.errors import BadInput
 
             raise BadInput("by_service signs with a service's key: it is for a client of "
                            "`sbx serve` (url=); here, sign with your own key (sign=PATH)")
@@ -451,7 +452,7 @@ class LocalTransport:
     async def events(self, sandbox: str | None, since: datetime | timedelta | None,
                      after: int | None) -> list[dict[str, Any]]:
         def go(mgr: Manager):
-            from core.views import event_view
+            from sandboxer.core.rules.views import event_view
 
             sandbox_id = mgr.resolve(sandbox)["id"] if sandbox else None
             return [event_view(r) for r in mgr.events(
@@ -462,7 +463,7 @@ class LocalTransport:
     def follow_events(self, sandbox: str | None, after: int | None,
                       every: float) -> AsyncIterator[dict[str, Any]]:
         async def follow(mgr: Manager) -> AsyncIterator[dict[str, Any]]:
-            from core.views import event_view
+            from sandboxer.core.rules.views import event_view
 
             sandbox_id = mgr.resolve(sandbox)["id"] if sandbox else None
             after_id = mgr.last_event_id() if after is None else after
@@ -484,7 +485,7 @@ class LocalTransport:
 
     async def deliver_events(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
-            from core.delivery import default_deliverer
+            from sandboxer.core.observe.delivery import default_deliverer
 
             return [r.as_json() for r in default_deliverer(mgr.db).run()]
 
@@ -492,7 +493,7 @@ class LocalTransport:
 
     async def undelivered(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
-            from core.delivery import default_deliverer
+            from sandboxer.core.observe.delivery import default_deliverer
 
             return default_deliverer(mgr.db).undelivered()
 
@@ -500,7 +501,7 @@ class LocalTransport:
 
     async def redeliver(self, event_ids: Sequence[int] | None) -> list[dict[str, Any]]:
         def go(mgr: Manager):
-            from core.delivery import default_deliverer
+            from sandboxer.core.observe.delivery import default_deliverer
 
             return default_deliverer(mgr.db).redeliver(list(event_ids) if event_ids else None)
 
@@ -513,7 +514,7 @@ class LocalTransport:
         """One cycle. It reads with the driver alone when it can, so a cycle with nothing to
         do loads neither the ORM nor Alembic."""
         async def go() -> dict[str, Any]:
-            from core.reaper import default_reaper
+            from sandboxer.core.reconcile.reaper import default_reaper
 
             reaper = default_reaper(orphans=orphans, dry_run=dry_run, reap=reap,
                                     database_url=self.database_url,
@@ -524,8 +525,8 @@ class LocalTransport:
                     report = await (asyncio.wait_for(job, timeout.total_seconds())
                                     if timeout else job)
                 except TimeoutError:
-                    from core.durations import format_duration
-                    from core.errors import TimedOut
+                    from sandboxer.core.rules.durations import format_duration
+                    from sandboxer.core.rules.errors import TimedOut
 
                     raise TimedOut(f"timed out after {format_duration(timeout)}; the next "
                                    "run completes what this one left") from None
@@ -539,7 +540,7 @@ class LocalTransport:
 
     async def snapshot(self, ref: str, name: str | None) -> dict[str, Any]:
         async def go(mgr: Manager):
-            from core.checkpoints import Checkpoints, checkpoint_view
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
 
             return checkpoint_view(await Checkpoints(mgr).snapshot(ref, name))
 
@@ -547,7 +548,7 @@ class LocalTransport:
 
     async def checkpoint(self, ref: str) -> dict[str, Any]:
         def go(mgr: Manager):
-            from core.checkpoints import Checkpoints, checkpoint_view
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
 
             return checkpoint_view(Checkpoints(mgr).resolve(ref))
 
@@ -555,7 +556,7 @@ class LocalTransport:
 
     async def checkpoints(self, sandbox: str | None) -> list[dict[str, Any]]:
         def go(mgr: Manager):
-            from core.checkpoints import Checkpoints, checkpoint_view
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
 
             return [checkpoint_view(r) for r in Checkpoints(mgr).list(sandbox)]
 
@@ -565,8 +566,8 @@ class LocalTransport:
                       labels: Mapping[str, str] | None, owner: str | None, task: str | None,
                       profile: str | None) -> dict[str, Any]:
         async def go(mgr: Manager):
-            from core.checkpoints import Checkpoints
-            from core.views import sandbox_view
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints
+            from sandboxer.core.rules.views import sandbox_view
 
             row = await Checkpoints(mgr).restore(ref, ttl=ttl, name=name, labels=labels,
                                                  owner=owner, task=task, profile_name=profile)
@@ -576,7 +577,7 @@ class LocalTransport:
 
     async def remove_checkpoint(self, ref: str) -> dict[str, Any]:
         async def go(mgr: Manager):
-            from core.checkpoints import Checkpoints, checkpoint_view
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
 
             return checkpoint_view(await Checkpoints(mgr).remove(ref))
 
@@ -584,7 +585,7 @@ class LocalTransport:
 
     async def prune_checkpoints(self) -> list[str]:
         async def go(mgr: Manager):
-            from core.checkpoints import Checkpoints
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints
 
             return await Checkpoints(mgr).prune()
 
@@ -592,7 +593,7 @@ class LocalTransport:
 
     async def export_checkpoint(self, ref: str, path: str) -> dict[str, Any]:
         async def go(mgr: Manager):
-            from core.checkpoints import Checkpoints, checkpoint_view
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
 
             return checkpoint_view(await Checkpoints(mgr).export(ref, path))
 
@@ -600,7 +601,7 @@ class LocalTransport:
 
     async def import_checkpoint(self, path: str, name: str | None) -> dict[str, Any]:
         async def go(mgr: Manager):
-            from core.checkpoints import Checkpoints, checkpoint_view
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
 
             return checkpoint_view(await Checkpoints(mgr).import_(path, name))
 
@@ -610,8 +611,8 @@ class LocalTransport:
 
     async def profiles(self) -> list[dict[str, Any]]:
         def go() -> list[dict[str, Any]]:
-            from core.errors import BadInput
-            from core.profiles import ProfileLoader
+            from sandboxer.core.rules.errors import BadInput
+            from sandboxer.core.rules.profiles import ProfileLoader
 
             loader = ProfileLoader()
             found = []
@@ -638,8 +639,9 @@ class LocalTransport:
 
     async def doctor(self) -> dict[str, Any]:
         async def go() -> dict[str, Any]:
-            from core import doctor, settings
-            from core.db import Database
+            from sandboxer.core.observe import doctor
+            from sandboxer.core.rules import settings
+            from sandboxer.core.store.db import Database
 
             db = Database(self.database_url or settings.database_url())
             try:
@@ -651,7 +653,7 @@ class LocalTransport:
 
     async def copy_database(self, target_url: str) -> dict[str, Any]:
         def go(mgr: Manager):
-            from core.dbcopy import copy_inventory
+            from sandboxer.core.store.dbcopy import copy_inventory
 
             return copy_inventory(mgr.db, target_url).as_json()
 
@@ -665,7 +667,7 @@ class LocalTransport:
     async def backends(self, names: Sequence[str] | None, *, check: bool,
                        timeout: float) -> list[dict[str, Any]]:
         async def go(mgr: Manager) -> list[dict[str, Any]]:
-            from core.backends import backend_statuses
+            from sandboxer.core.lifecycle.backends import backend_statuses
 
             return await backend_statuses(mgr, names, check=check, timeout_s=timeout)
 
@@ -673,7 +675,7 @@ class LocalTransport:
 
     async def recent_metrics(self, since: datetime | timedelta) -> list[dict[str, Any]]:
         def go(mgr: Manager) -> list[dict[str, Any]]:
-            from core.watch import recent_samples
+            from sandboxer.core.follow.watch import recent_samples
 
             start = mgr.clock.now() - since if isinstance(since, timedelta) else since
             return recent_samples(mgr, start)
@@ -685,7 +687,7 @@ class LocalTransport:
 
     async def shell_command(self, ref: str) -> list[str]:
         async def go(mgr: Manager) -> list[str]:
-            from core.backends import shell_argv
+            from sandboxer.core.lifecycle.backends import shell_argv
 
             return await shell_argv(mgr, ref)
 
@@ -695,7 +697,7 @@ class LocalTransport:
         """The database this transport reads (call on the core loop: `home` applies)."""
         if self._mgr is not None:
             return self._mgr.db.url
-        from core import settings
+        from sandboxer.core.rules import settings
 
         return self.database_url or settings.database_url()
 
@@ -710,8 +712,8 @@ class LocalTransport:
                         limit: int | None, cursor: str | None,
                         ) -> tuple[list[dict[str, Any]], str | None]:
         def go(mgr: Manager):
-            from core import inventory, tenancy
-            from core.views import VIEW_COLUMNS, sandbox_view
+            from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_view
+            from sandboxer.core.store import inventory, tenancy
 
             after, size = inventory.parse_page(cursor, limit)
             placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
@@ -734,9 +736,9 @@ class LocalTransport:
                                 labels: Mapping[str, str] | None, owner: str | None,
                                 task: str | None) -> dict[str, Any]:
         async def go(mgr: Manager) -> dict[str, Any]:
-            from core import idempotency
-            from core.profiles import dump
-            from core.views import sandbox_view
+            from sandboxer.core.lifecycle import idempotency
+            from sandboxer.core.rules.profiles import dump
+            from sandboxer.core.rules.views import sandbox_view
 
             resolved = _load_profile(profile)
             asked = {"profile": dump(resolved), "ttl": ttl.total_seconds() if ttl else None,
@@ -753,7 +755,7 @@ class LocalTransport:
                              quotas: Mapping[str, Any] | None = None,
                              ) -> tuple[dict[str, Any], str]:
         def go(mgr: Manager):
-            from core import apikeys
+            from sandboxer.core.store import apikeys
 
             return apikeys.create(mgr.db, scope=scope, owner=owner or mgr.actor,
                                   created_by=mgr.actor, now=mgr.now_iso(), quotas=quotas,
@@ -763,7 +765,7 @@ class LocalTransport:
 
     async def api_keys(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
-            from core import apikeys
+            from sandboxer.core.store import apikeys
 
             return apikeys.list_keys(mgr.db)
 
@@ -771,7 +773,7 @@ class LocalTransport:
 
     async def revoke_api_key(self, key_id: str) -> dict[str, Any]:
         def go(mgr: Manager):
-            from core import apikeys
+            from sandboxer.core.store import apikeys
 
             view, _ = apikeys.revoke(mgr.db, key_id, now=mgr.now_iso(), record=_recorder(mgr))
             return view
@@ -780,7 +782,7 @@ class LocalTransport:
 
     async def authenticate(self, token: str) -> dict[str, Any] | None:
         def go(mgr: Manager):
-            from core import apikeys
+            from sandboxer.core.store import apikeys
 
             return apikeys.authenticate(mgr.db, token)
 
@@ -788,7 +790,7 @@ class LocalTransport:
 
     async def usable_api_keys(self) -> int:
         def go(mgr: Manager):
-            from core import apikeys
+            from sandboxer.core.store import apikeys
 
             return apikeys.usable_keys(mgr.db)
 
@@ -796,7 +798,7 @@ class LocalTransport:
 
     async def sandbox_counts(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
-            from core import inventory, tenancy
+            from sandboxer.core.store import inventory, tenancy
 
             placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
             with mgr.db.read() as conn:
@@ -807,9 +809,9 @@ class LocalTransport:
 
     async def ready(self) -> dict[str, Any]:
         def go(mgr: Manager):
-            from core.db import redact
-            from core.errors import Unavailable
-            from core.migrations import SCHEMA_HEAD
+            from sandboxer.core.rules.errors import Unavailable
+            from sandboxer.core.store.db import redact
+            from sandboxer.core.store.migrations import SCHEMA_HEAD
 
             mgr.db.migrate()
             schema = mgr.db.schema_version()
@@ -821,17 +823,17 @@ class LocalTransport:
 
     async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
         async def go(mgr: Manager) -> list[dict[str, Any]]:
-            from core.containermetrics import READ_TIMEOUT, read_all
+            from sandboxer.core.follow.containermetrics import READ_TIMEOUT, read_all
 
             return await read_all(mgr, timeout or READ_TIMEOUT)
 
         return await self.call(go)
 
-    # -- warm pools (core/pools.py) ---------------------------------------------------------
+    # -- warm pools (core/pools/__init__.py) ---------------------------------------------------------
 
     async def pools(self) -> list[dict[str, Any]]:
         def go(mgr: Manager) -> list[dict[str, Any]]:
-            from core import pools
+            from sandboxer.core import pools
 
             return pools.statuses(mgr)
 
@@ -839,7 +841,7 @@ class LocalTransport:
 
     async def set_pool_size(self, profile: str, size: int) -> dict[str, Any]:
         async def go(mgr: Manager) -> dict[str, Any]:
-            from core import pools
+            from sandboxer.core import pools
 
             resolved = _load_profile(profile)
             await pools.set_size(mgr, resolved, size)  # made (or retired) now
@@ -849,8 +851,8 @@ class LocalTransport:
 
     async def drain_pool(self, profile: str) -> dict[str, Any]:
         async def go(mgr: Manager) -> dict[str, Any]:
-            from core import pools
-            from core.errors import NotFound
+            from sandboxer.core import pools
+            from sandboxer.core.rules.errors import NotFound
 
             try:
                 resolved = _load_profile(profile)
@@ -867,7 +869,7 @@ def _recorder(mgr: Manager) -> Callable[[Any, str, dict[str, Any]], None]:
 
 
 def _load_profile(profile: str | Profile) -> Profile:
-    from core.profiles import Profile, ProfileLoader
+    from sandboxer.core.rules.profiles import Profile, ProfileLoader
 
     if isinstance(profile, Profile):
         return profile
@@ -877,7 +879,7 @@ def _load_profile(profile: str | Profile) -> Profile:
 
 
 def _since_iso(mgr: Manager, since: datetime | timedelta | None) -> str | None:
-    from core.clock import to_iso
+    from sandboxer.core.rules.clock import to_iso
 
     if since is None:
         return None
@@ -887,7 +889,7 @@ def _since_iso(mgr: Manager, since: datetime | timedelta | None) -> str | None:
 
 
 class LocalWatch:
-    """A watch of the inventory (core.watch): with the driver alone while the database is a
+    """A watch of the inventory (sandboxer.core.follow.watch): with the driver alone while the database is a
     current SQLite file, else through the Manager, which migrates. Reads run on a worker
     thread of the core loop."""
 
@@ -897,13 +899,13 @@ class LocalWatch:
         self._watcher: Any = None
 
     async def read(self) -> dict[str, Any]:
-        from core.views import sandbox_view
+        from sandboxer.core.rules.views import sandbox_view
 
         include = self.include_destroyed
 
         async def fast() -> Any:
             if self._watcher is None:
-                from core.watch import InventoryWatcher
+                from sandboxer.core.follow.watch import InventoryWatcher
 
                 self._watcher = InventoryWatcher(self._transport._database_url(), include)
             self._watcher.set_include_destroyed(include)
@@ -925,7 +927,7 @@ class LocalWatch:
 
 class ActingTransport:
     """A transport recording every operation as done by `actor`, and, with `tenant`, seeing
-    and touching that owner's records only (core/tenancy.py), sharing `inner`'s loop,
+    and touching that owner's records only (core/store/tenancy.py), sharing `inner`'s loop,
     database and backends. It sets settings.ACTING_AS and settings.TENANT for each call only,
     in the calling task's context, which the call carries to the core loop: concurrent
     callers acting as different actors never mix. Closing it leaves `inner` open."""
@@ -967,7 +969,7 @@ class ActingTransport:
 
 @contextlib.contextmanager
 def _acting(who: tuple[str, str | None]) -> Iterator[None]:
-    from core.settings import ACTING_AS, TENANT
+    from sandboxer.core.rules.settings import ACTING_AS, TENANT
 
     actor_token, tenant_token = ACTING_AS.set(who[0]), TENANT.set(who[1])
     try:
@@ -1002,6 +1004,6 @@ def _flush_telemetry() -> None:
     nothing is imported when there were none."""
     import sys
 
-    telemetry = sys.modules.get("core.telemetry")
+    telemetry = sys.modules.get("sandboxer.core.observe.telemetry")
     if telemetry is not None:
         telemetry.flush()

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Literal
 
-from core.catalog import EventType, Reason
-from core.states import State
+from sandboxer.core.rules.catalog import EventType, Reason
+from sandboxer.core.rules.states import State
 
 
 def _time(text: str | None) -> datetime | None:
@@ -80,8 +80,8 @@ class SandboxRecord:
     @property
     def ttl_left(self) -> timedelta | None:
         """Time left before the reaper may end it, as of now (None once it is off the clock)."""
-        from core.clock import clock_from_env
-        from core.states import ON_THE_CLOCK
+        from sandboxer.core.rules.clock import clock_from_env
+        from sandboxer.core.rules.states import ON_THE_CLOCK
 
         if self._view["state"] not in ON_THE_CLOCK:
             return None
@@ -357,7 +357,7 @@ class InventoryChange:
 class BackendStatus:
     """One backend as this process reaches it (`AsyncSandboxer.backends()`): whether its
     adapter loads, whether it is a test double, what it can do (`capabilities`, the values
-    of `adapters.base.Capability`), and when `checked`, whether it answers and has
+    of `sandboxer.adapters.base.Capability`), and when `checked`, whether it answers and has
     credentials. `reachable` and `credentials` are None when not asked, and `credentials`
     when the backend did not answer; `detail` says what the backend said, or why not."""
 
@@ -417,7 +417,7 @@ class PoolInfo:
     def max_age(self) -> timedelta | None:
         if not self._view.get("max_age"):
             return None
-        from core.durations import parse_duration
+        from sandboxer.core.rules.durations import parse_duration
 
         return parse_duration(self._view["max_age"])
 

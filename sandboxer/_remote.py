@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from core.errors import (
+from sandboxer.core.rules.errors import (
     BadInput,
     Conflict,
     NotFound,
@@ -36,8 +36,8 @@ from core.errors import (
 if TYPE_CHECKING:
     import httpx
 
-    from core.profiles import Profile
     from sandboxer._local import CoreLoop
+    from sandboxer.core.rules.profiles import Profile
 
 T = TypeVar("T")
 KINDS: dict[str, type[SbxError]] = {c.kind: c for c in (
@@ -264,7 +264,7 @@ class RemoteTransport:
             return profile
         if isinstance(profile, Mapping):
             return dict(profile)
-        from core.profiles import dump
+        from sandboxer.core.rules.profiles import dump
 
         doc = dump(profile)
         return profile.name if self._served.get(profile.name) == doc else doc
@@ -463,7 +463,7 @@ class RemoteTransport:
         return await self._json("GET", "/v1/profiles")
 
     async def profile(self, name: str) -> Profile:
-        from core.profiles import Profile, dump
+        from sandboxer.core.rules.profiles import Profile, dump
 
         doc = await self._json("GET", f"/v1/profiles/{_seg(name)}")
         doc.pop("source", None)
@@ -472,7 +472,7 @@ class RemoteTransport:
         return profile
 
     async def check_profile(self, profile: Profile | Mapping[str, Any]) -> Profile:
-        from core.profiles import Profile, dump
+        from sandboxer.core.rules.profiles import Profile, dump
 
         doc = dump(profile) if isinstance(profile, Profile) else dict(profile)
         answer = await self._json("POST", "/v1/profiles/validate", json_body=doc)
@@ -502,7 +502,7 @@ class RemoteTransport:
     async def shell_command(self, ref: str) -> list[str]:
         """Refused: an interactive shell is a terminal handed to a command on the engine's
         host (`docker exec -it`), and the service carries no terminal."""
-        from core.backends import require_running_for_shell
+        from sandboxer.core.lifecycle.backends import require_running_for_shell
 
         view = await self.get(ref)
         require_running_for_shell(view)
@@ -588,7 +588,7 @@ class RemoteWatch:
     """A watch over the service: each read is a conditional GET of `/v1/inventory` (the
     ETag of the previous answer in If-None-Match), answered 304, with nothing read, when
     nobody committed; otherwise the whole inventory, diffed here by the watch rule of
-    core.watch."""
+    sandboxer.core.follow.watch."""
 
     def __init__(self, transport: RemoteTransport, include_destroyed: bool) -> None:
         self._transport = transport
@@ -598,7 +598,7 @@ class RemoteWatch:
         self._shown: bool | None = None  # include_destroyed of the listing of the ETag
 
     async def read(self) -> dict[str, Any]:
-        from core.watch import diff_rows
+        from sandboxer.core.follow.watch import diff_rows
 
         include = bool(self.include_destroyed)
         headers = {"If-None-Match": self._etag} if self._etag and include == self._shown \
@@ -639,7 +639,7 @@ def _own_users_socket(path: str, url: str) -> httpx.AsyncHTTPTransport:
     import httpcore
     import httpx
 
-    from core.peercred import peer_uid_pid
+    from sandboxer.core.rules.peercred import peer_uid_pid
 
     class OwnUserOnly(httpcore.AnyIOBackend):
         async def connect_unix_socket(self, path: str, timeout: float | None = None,

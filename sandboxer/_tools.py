@@ -8,20 +8,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from core.profiles import Profile
+    from sandboxer.core.rules.profiles import Profile
 
 
 def load_profile(path: str | Path) -> Profile:
     """A profile file, resolved (its `extends:` along the search path); BadInput naming the
     file, the field and the reason when it cannot be used (`.problems` lists them all)."""
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     return ProfileLoader().load_file(Path(path))
 
 
 def profile_schema() -> dict[str, Any]:
     """The JSON Schema of a profile file (docs/profile.schema.json)."""
-    from core.profiles import json_schema
+    from sandboxer.core.rules.profiles import json_schema
 
     return json_schema()
 
@@ -29,14 +29,14 @@ def profile_schema() -> dict[str, Any]:
 def trust_profiles(folder: str | Path | None = None) -> tuple[Path, list[str], str]:
     """Use the profiles in `folder` (default ./.sbx/profiles) as they are now: (the folder,
     its profile names, the digest recorded). A change to them leaves them out again."""
-    from core.profiles import trust
+    from sandboxer.core.rules.profiles import trust
 
     return trust(None if folder is None else Path(folder))
 
 
 def untrust_profiles(folder: str | Path | None = None) -> tuple[Path, bool]:
     """Stop using the profiles in `folder`: (the folder, whether it was trusted)."""
-    from core.profiles import untrust
+    from sandboxer.core.rules.profiles import untrust
 
     return untrust(None if folder is None else Path(folder))
 
@@ -48,8 +48,8 @@ def verify_evidence(bundle: Mapping[str, Any],
     inside, and with `key` (the public key's PEM file, or PEM bytes) its signature too: a
     bundle signed by another key, or altered after signing, is named. Without `key` a
     signature is not checked. BadInput for a key that is not an ed25519 public key."""
-    from core import signing
-    from core.evidence import verify
+    from sandboxer.core.observe import signing
+    from sandboxer.core.observe.evidence import verify
 
     if signing.is_envelope(bundle):
         public = None if key is None else signing.load_public_key(
@@ -66,6 +66,6 @@ def generate_keys(path: str | Path) -> dict[str, str]:
     """An ed25519 key pair for signing evidence: the private key at `path` (mode 0600) and
     the public key at `path`.pub, both PEM; `{"private", "public", "keyid"}`. BadInput when
     either file exists (a key is never overwritten)."""
-    from core.signing import generate_keys as generate
+    from sandboxer.core.observe.signing import generate_keys as generate
 
     return generate(path)

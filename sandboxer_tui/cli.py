@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from core.errors import EXIT_BAD_INPUT, BadInput, classify, one_line
+from sandboxer.core.rules.errors import EXIT_BAD_INPUT, BadInput, classify, one_line
 from sandboxer_tui.formatting import printable
 
 # -- output ---------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def client():
 
 
 def now_iso() -> str:
-    from core.clock import clock_from_env, to_iso
+    from sandboxer.core.rules.clock import clock_from_env, to_iso
 
     return to_iso(clock_from_env().now())
 
@@ -99,7 +99,7 @@ def human_left(seconds: int | None) -> str:
 
 
 def human_age(created_iso: str, now: str) -> str:
-    from core.clock import from_iso
+    from sandboxer.core.rules.clock import from_iso
     from sandboxer_tui.formatting import exact_age
 
     return exact_age(from_iso(created_iso), from_iso(now))
@@ -168,10 +168,10 @@ def tui_command(read_only: bool = False, refresh: float = 1.0, extend_by: str = 
     """The dashboard: every sandbox, live, one key per action (docs/dashboard.md)."""
     import os
 
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
 
     step = parse_duration(extend_by, "--extend-by")
-    from core.settings import sbx_home
+    from sandboxer.core.rules.settings import sbx_home
 
     sbx_home()  # a state folder it refuses is said in one line, before the terminal is taken
     from sandboxer_tui.app import run as run_dashboard  # textual loads only here
@@ -256,7 +256,7 @@ def profiles_show(name: str, as_json: bool) -> None:
     """The resolved profile (after `extends`); secrets shown as references."""
     import yaml
 
-    from core.profiles import dump
+    from sandboxer.core.rules.profiles import dump
 
     with client() as sbx:
         data = dump(sbx.profile(name))
@@ -343,9 +343,9 @@ def profiles_validate(files: tuple[str, ...]) -> None:
 @command
 def create_command(profile_name, profile_file, ttl, name, labels, owner, task, as_json) -> None:
     """Create a sandbox from a profile (`default` unless told)."""
-    from core.durations import parse_duration
-    from core.labels import parse_labels
     from sandboxer import load_profile
+    from sandboxer.core.rules.durations import parse_duration
+    from sandboxer.core.rules.labels import parse_labels
 
     if profile_name and profile_file:
         raise BadInput("give --profile or --profile-file, not both")
@@ -377,7 +377,7 @@ def _ls_rows(views: list[Mapping[str, Any]], now: str) -> list[list[Any]]:
 @command
 def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=False) -> None:
     """The inventory: sandboxes that are not destroyed (all with --all)."""
-    from core.labels import parse_labels
+    from sandboxer.core.rules.labels import parse_labels
 
     wanted = parse_labels(labels)
     now = now_iso()
@@ -427,8 +427,8 @@ def show_command(sandbox_id: str, as_json: bool) -> None:
 @command
 def exec_command(sandbox_id: str, timeout: str | None, argv: tuple[str, ...]) -> None:
     """Run a command in a sandbox; the exit status is the command's own."""
-    from core.durations import parse_duration
     from sandboxer import OutputChunk
+    from sandboxer.core.rules.durations import parse_duration
 
     limit = parse_duration(timeout, "--timeout") if timeout else None
     outputs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
@@ -494,7 +494,7 @@ def destroy_command(sandbox_ids: tuple[str, ...], yes: bool, as_json: bool) -> N
 @command
 def extend_command(sandbox_id: str, duration: str, as_json: bool) -> None:
     """Add DUR to the deadline, capped at the hard deadline (never shortens)."""
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
 
     by = parse_duration(duration, "duration")
     with client() as sbx:
@@ -538,7 +538,7 @@ def _reap_report_lines(report: dict[str, Any]) -> list[str]:
 def _cycle_once(timeout, as_json: bool = False, **options: Any) -> dict[str, Any]:
     """One reap (or reconcile) cycle through the library; a cycle past `timeout` leaves at
     once (see _exit_now)."""
-    from core.errors import TimedOut
+    from sandboxer.core.rules.errors import TimedOut
 
     sbx = client()
     try:
@@ -588,7 +588,7 @@ def _failure_line(command_name: str, failed: list[dict[str, str]]) -> str:
 def reap_command(dry_run, orphans, timeout, every, verbose, as_json) -> None:
     """Reconcile, then destroy every sandbox past its deadline or idle limit. Cron-safe:
     silent on success, one line and a non-zero exit on failure."""
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
 
     limit = parse_duration(timeout, "--timeout") if timeout else None
     interval = parse_duration(every, "--every") if every else None
@@ -615,8 +615,8 @@ def _reap_forever(interval, limit, orphans, show, as_json) -> None:
     import asyncio
     import signal
 
-    from core.delivery import load_settings
     from sandboxer import Error
+    from sandboxer.core.observe.delivery import load_settings
     from sandboxer_tui.server.prepared import service_url, take_async_client
 
     if not service_url():
@@ -691,7 +691,7 @@ def events_list(sandbox_id: str | None, follow: bool, since: str | None, undeliv
         _show_undelivered(as_json)
         return
 
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
 
     since_delta = parse_duration(since, "--since") if since else None
     with client() as sbx:
@@ -841,8 +841,8 @@ def snapshot_command(sandbox_id: str, name: str | None, as_json: bool) -> None:
 def restore_command(checkpoint_id, ttl, name, labels, owner, task, profile_name,
                     as_json) -> None:
     """A new sandbox from a checkpoint (many may come from one: a fork)."""
-    from core.durations import parse_duration
-    from core.labels import parse_labels
+    from sandboxer.core.rules.durations import parse_duration
+    from sandboxer.core.rules.labels import parse_labels
 
     ttl_delta = parse_duration(ttl, "--ttl") if ttl else None
     parsed = parse_labels(labels)
@@ -994,7 +994,7 @@ def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_run
         if not all_running or sandbox_id or follow or history or as_json:
             raise BadInput("--format prometheus goes with --all alone: sbx metrics --all "
                            "--format prometheus")
-        from core.containermetrics import prometheus_text
+        from sandboxer.core.follow.containermetrics import prometheus_text
 
         with client() as sbx:
             click.echo(prometheus_text(sbx.current_metrics()), nl=False)
@@ -1112,7 +1112,7 @@ def evidence_export(sandbox_id: str, output: str, key: str | None = None,
     if key is None and not service_signed:
         click.echo(f"{output}: {len(doc['events'])} events of {doc['sandbox']['id']}")
         return
-    from core.signing import open_envelope
+    from sandboxer.core.observe.signing import open_envelope
 
     bundle, _ = open_envelope(doc)
     keyids = ", ".join(s["keyid"][:16] for s in doc["signatures"])
@@ -1128,8 +1128,8 @@ def evidence_export(sandbox_id: str, output: str, key: str | None = None,
 @command
 def evidence_verify(file: str, as_json: bool, key: str | None = None) -> None:
     """Check a bundle offline; exit 1 naming each altered part or event."""
-    from core.signing import is_envelope, open_envelope
     from sandboxer import verify_evidence as verify
+    from sandboxer.core.observe.signing import is_envelope, open_envelope
 
     try:
         with open(file) as handle:
@@ -1291,7 +1291,7 @@ def server_group() -> None:
 @command
 def server_start_command(idle: str | None, as_json: bool) -> None:
     """Start the server in the background (nothing happens if one runs)."""
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
     from sandboxer_tui.server import resident
 
     idle_s = parse_duration(idle, "--idle").total_seconds() if idle else None
@@ -1351,7 +1351,7 @@ def server_status_command(as_json: bool) -> None:
 def serve_command(listen: str | None, socket_path: str | None, reap_every: str,
                   evidence_key: str | None = None) -> None:
     """The library over HTTP, with API keys, streams and metrics (docs/service.md)."""
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
     from sandboxer_tui.server.prepared import service_url
 
     if service_url():
@@ -1362,14 +1362,14 @@ def serve_command(listen: str | None, socket_path: str | None, reap_every: str,
         import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
-        from core.errors import Unavailable
+        from sandboxer.core.rules.errors import Unavailable
 
         raise Unavailable(f"sbx serve needs {exc.name}: pip install 'sandboxer[service]'"
                           ) from None
     if evidence_key is not None:
         import os
 
-        from core.signing import load_signer
+        from sandboxer.core.observe.signing import load_signer
 
         evidence_key = os.path.abspath(evidence_key)
         load_signer(evidence_key)  # a bad key file is said now (exit 2), not at a request
@@ -1472,8 +1472,8 @@ def main(args: list[str] | None = None) -> None:
     except click.ClickException as exc:
         fail(BadInput(exc.format_message()), "--json" in args)
     finally:
-        if "core.telemetry" in sys.modules:  # the command's spans and metrics go out now
-            sys.modules["core.telemetry"].shutdown()
+        if "sandboxer.core.observe.telemetry" in sys.modules:  # the command's spans and metrics go out now
+            sys.modules["sandboxer.core.observe.telemetry"].shutdown()
         gc.freeze()  # nothing left to collect: skip the costly sweep at interpreter exit
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -2,7 +2,7 @@
 CLI and the dashboard. (Kept light: `sbx ls` imports it.)
 
 Two forms of a duration, each where it serves:
-- `exact_duration` (`1d1h1m1s`), what the CLI prints: every unit, and `core.durations` reads
+- `exact_duration` (`1d1h1m1s`), what the CLI prints: every unit, and `sandboxer.core.rules.durations` reads
   it back, so a printed TTL can be pasted into `--ttl` or `sbx extend`;
 - `compact_duration` (`1d1h`), what the dashboard's cells show: two units at most, fixed
   width within a unit, easy to read while it ticks every second.
@@ -19,10 +19,10 @@ def _seconds(value: float | timedelta) -> int:
 
 def exact_duration(value: float | timedelta | None) -> str:
     """Every unit, largest first (`1h30m`, `1d1h1m1s`); `0s` for zero or less; `-` for None.
-    core.durations.parse_duration reads it back."""
+    sandboxer.core.rules.durations.parse_duration reads it back."""
     if value is None:
         return "-"
-    from core.durations import format_duration
+    from sandboxer.core.rules.durations import format_duration
 
     return format_duration(timedelta(seconds=_seconds(value)))
 
@@ -72,8 +72,8 @@ def megabytes(value: float | None) -> str:
 
 
 def one_line(exc: BaseException) -> str:
-    """The one-line message a person sees for any error (core.errors.one_line)."""
-    from core.errors import one_line as rule
+    """The one-line message a person sees for any error (sandboxer.core.rules.errors.one_line)."""
+    from sandboxer.core.rules.errors import one_line as rule
 
     return rule(exc)
 

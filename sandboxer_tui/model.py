@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from core.states import ACTIVE, ON_THE_CLOCK
 from sandboxer import BadInput, State
+from sandboxer.core.rules.states import ACTIVE, ON_THE_CLOCK
 from sandboxer_tui.formatting import exact_duration, human_bytes, one_line
 
 if TYPE_CHECKING:
-    from core.clock import Clock
     from sandboxer import (
         AsyncCheckpoint,
         AsyncInventoryWatch,
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
         MetricSample,
         Profile,
     )
+    from sandboxer.core.rules.clock import Clock
 
 # -- small pure rules -----------------------------------------------------------------------
 
@@ -212,7 +212,7 @@ MUTATING = frozenset({"new", "destroy", "extend", "extend_by", "snapshot", "rest
 
 def available(action: str, row: SandboxRow, capabilities: frozenset[str]) -> bool:
     """Whether `action` applies to this sandbox in its state, given its backend's
-    capabilities (the values of `adapters.base.Capability`)."""
+    capabilities (the values of `sandboxer.adapters.base.Capability`)."""
     state = row.state
     if action == "destroy":
         return state != State.DESTROYED
@@ -410,9 +410,9 @@ class CreateArgs:
 def parse_create_args(profile: str, ttl: str = "", name: str = "",
                       labels: str = "") -> CreateArgs:
     """The picker's fields, checked as `sbx create` checks them (BadInput naming the field)."""
-    from core.durations import parse_duration
-    from core.ids import validate_name
-    from core.labels import parse_labels
+    from sandboxer.core.rules.durations import parse_duration
+    from sandboxer.core.rules.ids import validate_name
+    from sandboxer.core.rules.labels import parse_labels
 
     ttl_text, name_text = ttl.strip() or None, name.strip() or None
     ttl_delta = parse_duration(ttl_text, "ttl") if ttl_text else None
@@ -450,7 +450,7 @@ class Dashboard:
 
             sandboxer = AsyncSandboxer()
         if clock is None:
-            from core.clock import clock_from_env
+            from sandboxer.core.rules.clock import clock_from_env
 
             clock = clock_from_env()
         self.sbx = sandboxer
@@ -474,7 +474,7 @@ class Dashboard:
     def warn_seconds(self) -> float:
         """The expiry-warning window (`SBX_EXPIRY_WARNING`): the countdown turns yellow."""
         if self._warn_s is None:
-            from core import settings
+            from sandboxer.core.rules import settings
 
             try:
                 self._warn_s = settings.expiry_warning().total_seconds()

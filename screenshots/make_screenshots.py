@@ -43,9 +43,9 @@ LOAD = ("end=$(($(date +%s)+45)); x=''; n=0; "
 
 
 async def seed(labels: dict[str, str]):
-    from core.checkpoints import Checkpoints
-    from core.manager import Manager
-    from core.profiles import ProfileLoader
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     mgr = Manager(actor="alice@laptop")
     default = ProfileLoader().load("default")
@@ -134,8 +134,8 @@ async def shoot(out: Path, made: dict) -> list[Path]:
 
 
 async def clean_up(label: str) -> None:
-    from core.checkpoints import Checkpoints
-    from core.manager import Manager
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints
+    from sandboxer.core.lifecycle.manager import Manager
 
     mgr = Manager()
     try:

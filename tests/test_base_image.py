@@ -3,7 +3,7 @@
 import pytest
 from support import RUN_ID
 
-from adapters.docker import KEEPALIVE, build_base_image
+from sandboxer.adapters.docker import KEEPALIVE, build_base_image
 
 pytestmark = pytest.mark.docker
 

@@ -173,7 +173,7 @@ def tag_exists(api, ref: str) -> bool:
 
 def tag_of(home: Path, ckpt_id: str) -> str:
     """The tag by which the installation at `home` holds the checkpoint's image."""
-    from adapters.docker import holder_tag
+    from sandboxer.adapters.docker import holder_tag
 
     return holder_tag(ckpt_id, install_id_of(home))
 
@@ -1102,8 +1102,8 @@ def test_a_load_that_moves_another_tag_is_undone_and_refused(
         sbx, docker_api, made, tmp_path, victim, monkeypatch):
     """Should an engine take a name from somewhere the archive check does not look, the
     Docker adapter puts back every tag the load moved and refuses the artifact."""
-    from adapters import docker as docker_adapter
-    from adapters.base import ArtifactRefused
+    from sandboxer.adapters import docker as docker_adapter
+    from sandboxer.adapters.base import ArtifactRefused
 
     victim_tag, victim_id = victim
     ckpt, _, artifact = _exported(sbx, tmp_path)

@@ -23,8 +23,8 @@ import yaml
 from sshd import sshd_server  # noqa: F401 (a fixture)
 from support import RUN_ID
 
-from adapters.base import CreateRequest
-from adapters.testing import AdapterConformance
+from sandboxer.adapters.base import CreateRequest
+from sandboxer.adapters.testing import AdapterConformance
 
 pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 class TestStubConformance(AdapterConformance):
     @pytest.fixture
     def adapter(self):
-        from adapters.stub import StubAdapter
+        from sandboxer.adapters.stub import StubAdapter
 
         StubAdapter.reset()
         yield StubAdapter()
@@ -42,7 +42,7 @@ class TestStubConformance(AdapterConformance):
 
     @pytest.fixture
     def lose(self):
-        from adapters.stub import StubAdapter
+        from sandboxer.adapters.stub import StubAdapter
 
         return StubAdapter.lose
 
@@ -66,7 +66,7 @@ class TestDockerConformance(AdapterConformance):
 
     @pytest.fixture
     def adapter(self, docker_api):
-        from adapters.docker import DockerAdapter
+        from sandboxer.adapters.docker import DockerAdapter
 
         return DockerAdapter()
 
@@ -94,7 +94,7 @@ class TestComposeConformance(AdapterConformance):
 
     @pytest.fixture
     def adapter(self, docker_api, sbx_home):
-        from adapters.compose import ComposeAdapter
+        from sandboxer.adapters.compose import ComposeAdapter
 
         return ComposeAdapter()
 
@@ -133,7 +133,7 @@ def ssh_inventory(sshd_server, tmp_path) -> Path:  # noqa: F811
 class TestSSHConformance(AdapterConformance):
     @pytest.fixture
     def adapter(self, sbx_home):
-        from adapters.ssh import SSHAdapter
+        from sandboxer.adapters.ssh import SSHAdapter
 
         return SSHAdapter()
 
@@ -174,7 +174,7 @@ def e2b_standin():
 class TestE2BConformance(AdapterConformance):
     @pytest.fixture
     def adapter(self, e2b_standin, sbx_home, monkeypatch):
-        from adapters.e2b import E2BAdapter
+        from sandboxer.adapters.e2b import E2BAdapter
 
         for name in [n for n in os.environ if n.startswith("E2B_")]:
             monkeypatch.delenv(name)
@@ -209,7 +209,7 @@ def modal_standin(tmp_path_factory):
 class TestModalConformance(AdapterConformance):
     @pytest.fixture
     def adapter(self, modal_standin, sbx_home, monkeypatch, tmp_path):
-        from adapters.modal import ModalAdapter
+        from sandboxer.adapters.modal import ModalAdapter
 
         monkeypatch.setenv("MODAL_SERVER_URL", modal_standin.url)
         monkeypatch.setenv("MODAL_TOKEN_ID", MODAL_TOKEN_ID)
@@ -232,9 +232,9 @@ class TestModalConformance(AdapterConformance):
 # -- the kit itself: it fails an adapter that breaks the contract ---------------------------
 
 SLOPPY_ADAPTER = '''
-from adapters.base import AdapterError, Capability
-from adapters.stub import StubAdapter
-from adapters.testing import AdapterConformance
+from sandboxer.adapters.base import AdapterError, Capability
+from sandboxer.adapters.stub import StubAdapter
+from sandboxer.adapters.testing import AdapterConformance
 import pytest
 
 

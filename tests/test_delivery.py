@@ -274,9 +274,9 @@ def first_arrivals(ids: list[str]) -> list[str]:
 def seed_stub_events(tmp_path: Path, sandboxes: int) -> None:
     """In this process, on the test's SBX_HOME: `sandboxes` stub sandboxes, each created,
     exec'd, extended and destroyed (6 events each)."""
-    from adapters.stub import StubAdapter
-    from core.manager import Manager
-    from core.profiles import ProfileLoader
+    from sandboxer.adapters.stub import StubAdapter
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     path = write_profile(tmp_path, "stubby", "backend: stub\nttl: {default: 10m, max: 1h}\n")
     profile = ProfileLoader().load_file(path)

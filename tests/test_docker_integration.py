@@ -29,7 +29,7 @@ from support import (
     write_profile,
 )
 
-from adapters.docker import DockerAdapter
+from sandboxer.adapters.docker import DockerAdapter
 
 pytestmark = pytest.mark.docker
 

@@ -32,8 +32,8 @@ from support import (
     write_profile,
 )
 
-from adapters.base import CreateRequest, ResourceLimits
-from adapters.e2b import DEADLINE_GRACE, E2BAdapter
+from sandboxer.adapters.base import CreateRequest, ResourceLimits
+from sandboxer.adapters.e2b import DEADLINE_GRACE, E2BAdapter
 
 KEY = f"e2b_sbxtest_{secrets.token_hex(12)}"  # distinctive, so a leak is found by grep
 TEAM_B_KEY = f"e2b_sbxtest_b_{secrets.token_hex(12)}"

@@ -131,7 +131,7 @@ def test_signed_evidence_is_a_dsse_envelope_of_an_in_toto_statement(sbx, keys, t
 
 @pytest.mark.docker
 def test_an_altered_or_foreign_bundle_is_refused_naming_what_failed(sbx, keys, tmp_path):
-    from core.signing import sign
+    from sandboxer.core.observe.signing import sign
 
     signer, stranger, _ = keys
     box = sbx.create("--task", "honest")

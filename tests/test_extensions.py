@@ -216,7 +216,7 @@ def test_a_profile_on_the_broken_backend_fails_with_exit_5_naming_it(sbx, plugin
 def test_a_plugin_cannot_take_the_name_of_a_built_in_adapter(sbx, plugins):
     report = doctor(sbx, with_path(plugins["usurper"]))
     docker = by_name(report)["docker"]
-    assert docker["target"] == "adapters.docker:DockerAdapter"
+    assert docker["target"] == "sandboxer.adapters.docker:DockerAdapter"
     assert docker["package"] == "sandboxer"
     assert docker["loaded"], docker
     assert report["adapters"]["shadowed"] == {"docker": ["sbx_usurper:Docker (sbx-usurper)"]}

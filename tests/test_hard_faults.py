@@ -225,7 +225,7 @@ def private_engine(sbx) -> Iterator[PrivateEngine]:
     engine = PrivateEngine()
     try:
         engine.start()
-        built = subprocess.run([sys.executable, "-m", "adapters.docker_image"], cwd=ROOT,
+        built = subprocess.run([sys.executable, "-m", "sandboxer.adapters.docker_image"], cwd=ROOT,
                                env={**os.environ, "DOCKER_HOST": engine.url},
                                capture_output=True, text=True, timeout=300)
         assert built.returncode == 0, built.stderr

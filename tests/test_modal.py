@@ -23,14 +23,14 @@ from modal_proto import api_pb2
 from standins.modal_server import ModalStandin
 from support import RUN_LABEL, events_of, install_id_of, show, table_rows, write_profile
 
-from adapters.base import (
+from sandboxer.adapters.base import (
     LABEL_CHECKPOINT,
     LABEL_HARD_DEADLINE,
     LABEL_ID,
     LABEL_INSTALL,
     CreateRequest,
 )
-from adapters.modal import ModalAdapter
+from sandboxer.adapters.modal import ModalAdapter
 
 TOKEN_ID = f"ak-sbxtest{secrets.token_hex(6)}"
 TOKEN_SECRET = f"as-sbxtest{secrets.token_hex(12)}"
@@ -449,8 +449,8 @@ def test_a_sandbox_that_times_out_on_modal_is_lost_after_reconcile(sbx, standin,
 
 
 def test_tagged_sandboxes_without_a_row_are_adopted_or_destroyed(sbx, standin, image):
-    from core.clock import to_iso
-    from core.ids import new_sandbox_id
+    from sandboxer.core.rules.clock import to_iso
+    from sandboxer.core.rules.ids import new_sandbox_id
 
     assert sbx("ls").code == 0
     install = install_id_of(sbx.home)

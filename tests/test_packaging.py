@@ -51,7 +51,7 @@ def installed(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
                     "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True)
-    return venv, site
+    return venv, site, wheel
 
 
 def installed_env(tmp_path) -> dict[str, str]:
@@ -63,11 +63,31 @@ def installed_env(tmp_path) -> dict[str, str]:
     return env
 
 
+# What the wheel puts at the top of site-packages: the library (with its engine, backends and
+# built-in profiles inside it as sandboxer.core, sandboxer.adapters, sandboxer.profiles) and
+# the front ends. A generic name (core, adapters, profiles) would collide with any other
+# distribution that ships one.
+WHEEL_TOP_LEVEL = {"sandboxer", "sandboxer_tui"}
+
+
+def test_the_wheel_installs_only_the_library_and_the_front_ends(installed):
+    _, site, wheel = installed
+    import zipfile
+
+    names = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()
+             if not n.split("/")[0].endswith(".dist-info")}
+    assert names == WHEEL_TOP_LEVEL
+    for room in ("rules", "store", "observe", "lifecycle", "follow", "pools", "reconcile"):
+        assert (site / "sandboxer" / "core" / room / "__init__.py").is_file(), room
+    assert not (site / "core").exists() and not (site / "adapters").exists()
+
+
 def test_plain_install_ships_profiles_and_migrations(installed, tmp_path):
-    venv, site = installed
+    venv, site, _ = installed
     env = installed_env(tmp_path)
-    where = subprocess.run([venv / "bin" / "python", "-c", "import core, profiles, sandboxer_tui; "
-                            "print(core.__file__); print(profiles.__file__); "
+    where = subprocess.run([venv / "bin" / "python", "-c",
+                            "import sandboxer.core, sandboxer.profiles, sandboxer_tui; "
+                            "print(sandboxer.core.__file__); print(sandboxer.profiles.__file__); "
                             "print(sandboxer_tui.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert all(line.startswith(str(site)) for line in where.stdout.split())
@@ -82,7 +102,7 @@ def test_plain_install_ships_profiles_and_migrations(installed, tmp_path):
     doctor = subprocess.run([venv / "bin" / "sbx", "doctor", "--json"], cwd=tmp_path, env=env,
                             capture_output=True, text=True)
     database = json.loads(doctor.stdout)["database"]
-    from core.migrations import script_head
+    from sandboxer.core.store.migrations import script_head
 
     assert database["schema"] == database["schema_head"] == script_head(), database
     assert database["ok"] is True
@@ -91,7 +111,7 @@ def test_plain_install_ships_profiles_and_migrations(installed, tmp_path):
 def test_plain_install_opens_the_dashboard(installed, tmux, tmp_path):
     """Bare `sbx` from the installed venv, on a terminal, outside the work tree: the main
     screen paints (it needs the stylesheet shipped in the wheel) and `q` quits cleanly."""
-    venv, _ = installed
+    venv, *_ = installed
     env = installed_env(tmp_path)
     script = tmp_path / "dashboard.sh"
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()
@@ -115,13 +135,13 @@ sleep 60
 def test_testing_extra_brings_pytest_for_the_conformance_kit(installed, tmp_path):
     """Without pytest (not a runtime dependency), importing the kit says which extra to
     install; the wheel declares that extra with pytest in it."""
-    venv, _ = installed
+    venv, *_ = installed
     env = installed_env(tmp_path)
-    kit = subprocess.run([venv / "bin" / "python", "-c", "import adapters.testing"],
+    kit = subprocess.run([venv / "bin" / "python", "-c", "import sandboxer.adapters.testing"],
                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert kit.returncode == 1
     last = kit.stderr.strip().splitlines()[-1]
-    assert last == ("ModuleNotFoundError: the sbx conformance kit (adapters.testing) needs "
+    assert last == ("ModuleNotFoundError: the sbx conformance kit (sandboxer.adapters.testing) needs "
                     "pytest: pip install 'sandboxer[testing]'"), kit.stderr
     requires = subprocess.run(
         [venv / "bin" / "python", "-c", "import importlib.metadata as m; "

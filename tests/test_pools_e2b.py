@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from test_e2b import e2b, e2b_env, near, parse, standin  # noqa: F401 (fixtures)
 
-from adapters.e2b import DEADLINE_GRACE
+from sandboxer.adapters.e2b import DEADLINE_GRACE
 
 
 def test_an_e2b_member_is_claimed_and_e2bs_timeout_starts_at_the_claim(e2b, standin):  # noqa: F811

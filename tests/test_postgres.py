@@ -91,7 +91,7 @@ def test_postgres_store_is_used_and_shown(hosts: list[Host], docker_api) -> None
 def test_migrations_run_up_from_empty_and_from_the_previous_release(pg_url: str, sbx) -> None:
     import sqlalchemy as sa
 
-    from core.migrations import SCHEMA_HEAD, upgrade
+    from sandboxer.core.store.migrations import SCHEMA_HEAD, upgrade
 
     engine = sa.create_engine(pg_url)
     with engine.begin() as conn:  # the previous release's schema, with a sandbox in it
@@ -199,9 +199,9 @@ def test_db_copy_moves_1000_sandboxes_and_the_chain_verifies(sbx, pg_url, tmp_pa
     import asyncio
     import sqlite3
 
-    from core.db import Database
-    from core.manager import Manager
-    from core.profiles import ProfileLoader
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer.core.store.db import Database
 
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "stubby.yaml").write_text("backend: stub\n")

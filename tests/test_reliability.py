@@ -38,7 +38,7 @@ from support import (
     write_profile,
 )
 
-from adapters.docker import BASE_IMAGE, KEEPALIVE
+from sandboxer.adapters.docker import BASE_IMAGE, KEEPALIVE
 
 pytestmark = pytest.mark.docker
 

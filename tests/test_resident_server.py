@@ -125,7 +125,7 @@ def test_ctrl_c_reaches_the_command_and_the_server_lives_on(via: Launcher) -> No
 def test_a_server_whose_code_changed_steps_aside(via: Launcher) -> None:
     """After an upgrade (a module's file changes), the old server runs nothing more: the
     command runs fresh in the caller and the server exits."""
-    import core.durations as module
+    import sandboxer.core.rules.durations as module
 
     path = Path(module.__file__)
     stat = path.stat()
@@ -241,7 +241,7 @@ def test_the_launcher_finds_the_folder_the_core_uses(case: dict[str, str], tmp_p
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The launcher spares itself platformdirs' import by writing its rule out; were the
     two to disagree, `sbx` would look for its server in the wrong folder."""
-    from core.settings import sbx_home
+    from sandboxer.core.rules.settings import sbx_home
     from sandboxer_tui.server import launcher
 
     for name in ("SBX_HOME", "XDG_DATA_HOME"):

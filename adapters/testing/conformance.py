@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from adapters.base import (
+from sandboxer.adapters.base import (
     LABEL_CHECKPOINT,
     LABEL_HARD_DEADLINE,
     LABEL_ID,

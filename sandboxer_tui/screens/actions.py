@@ -136,7 +136,7 @@ class ActionsMixin:
         self._extend(self.extend_step)
 
     def action_extend_by(self) -> None:
-        from core.durations import parse_duration
+        from sandboxer.core.rules.durations import parse_duration
 
         ids = [t.id for t in self._targets("extend")]
         if not ids or self.read_only:

@@ -79,8 +79,8 @@ class DurationScreen(ModalScreen[str | None]):
 
     @on(Input.Submitted, "#duration")
     def submitted(self, event: Input.Submitted) -> None:
-        from core.durations import parse_duration
-        from core.errors import BadInput
+        from sandboxer.core.rules.durations import parse_duration
+        from sandboxer.core.rules.errors import BadInput
 
         try:
             parse_duration(event.value, "duration")

@@ -7,7 +7,7 @@ its own stdin/stdout/stderr, forwards signals and exits with the child's code. W
 server, or one that cannot take the command, the command runs here as it always did.
 
 Every millisecond here is paid by every command, so this file imports only modules built
-into the interpreter (`_socket`, `_signal`, `marshal`), and core.peercred, which imports
+into the interpreter (`_socket`, `_signal`, `marshal`), and sandboxer.core.rules.peercred, which imports
 nothing else: not `socket`, `signal` or `json`, which pull in `enum` and `re`, nor `pathlib`.
 
 The protocol: the request is a 4-byte big-endian length and a `marshal`led dict. Replies
@@ -34,7 +34,9 @@ import marshal
 import os
 import sys
 
-from core.peercred import peer_uid_pid  # built-in modules only; the remote client's check too
+from sandboxer.core.rules.peercred import (
+    peer_uid_pid,  # built-in modules only; the remote client's check too
+)
 
 SOCKET_NAME = "server.sock"
 PROTOCOL = 3
@@ -46,7 +48,7 @@ _LOCAL_COMMANDS = {"tui", "server"}
 
 
 def home() -> str:
-    """The folder core.settings.sbx_home() names, without importing the core.
+    """The folder sandboxer.core.rules.settings.sbx_home() names, without importing the core.
 
     Where every platformdirs release agrees (Linux, XDG_DATA_HOME absolute or empty, HOME
     absolute), its rule is written out here to spare its import; anything else is left to
@@ -69,7 +71,7 @@ def home() -> str:
 
 def private_folder(folder: str) -> bool:
     """Whether `folder` is a folder of this user that group and others cannot write to:
-    adapters.base.state_folder_problem's rule, written out here to spare its import
+    sandboxer.adapters.base.state_folder_problem's rule, written out here to spare its import
     (launcher.c has a copy). False when it does not exist: then no server runs there."""
     try:
         st = os.stat(folder)
@@ -245,8 +247,8 @@ def autostart_idle_s() -> float | None:
     (`SBX_SERVER_AUTOSTART=0`)."""
     if os.environ.get("SBX_SERVER_AUTOSTART", "1").strip().lower() in ("0", "no", "off", "false"):
         return None
-    from core.durations import parse_duration
-    from core.errors import BadInput
+    from sandboxer.core.rules.durations import parse_duration
+    from sandboxer.core.rules.errors import BadInput
 
     try:
         return parse_duration(os.environ.get("SBX_SERVER_IDLE") or AUTOSTART_IDLE,

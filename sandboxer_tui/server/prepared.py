@@ -43,9 +43,9 @@ def prepare(backends: tuple[str, ...] = ()) -> None:
     global _database
     import asyncio
 
-    from adapters import registry
-    from core import settings
-    from core.db import Database
+    from sandboxer.adapters import registry
+    from sandboxer.core.rules import settings
+    from sandboxer.core.store.db import Database
 
     with contextlib.suppress(Exception):
         url = settings.database_url()
@@ -88,13 +88,13 @@ def _take_database(url: str) -> Any | None:
 
 def service_url() -> str | None:
     """The service the CLI talks to (`SBX_URL`), if any."""
-    from core.settings import service_url as url
+    from sandboxer.core.rules.settings import service_url as url
 
     return url()
 
 
 def service_token() -> str | None:
-    from core.settings import service_token as token
+    from sandboxer.core.rules.settings import service_token as token
 
     return token()
 
@@ -120,10 +120,10 @@ def take_client() -> Any:
         return Sandboxer(url=url, token=service_token())
     if _database is None and not _adapters:
         return Sandboxer()
-    from core import settings
-    from core.db import Database
-    from core.manager import Manager
     from sandboxer._local import LocalTransport
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules import settings
+    from sandboxer.core.store.db import Database
 
     url = settings.database_url()
     db = _take_database(url)

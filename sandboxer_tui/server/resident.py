@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from adapters.base import open_state_file, state_folder
+from sandboxer.adapters.base import open_state_file, state_folder
 from sandboxer_tui.server.launcher import (
     PROTOCOL,
     SOCKET_NAME,
@@ -60,18 +60,18 @@ PRELOAD = (
     "sandboxer_tui.cli",
     "sandboxer",
     "sandboxer._local",
-    "core.manager",
-    "core.checkpoints",
-    "core.profiles",
-    "core.reaper",
-    "core.views",
-    "core.inventory",
-    "core.events",
+    "sandboxer.core.lifecycle.manager",
+    "sandboxer.core.lifecycle.checkpoints",
+    "sandboxer.core.rules.profiles",
+    "sandboxer.core.reconcile.reaper",
+    "sandboxer.core.rules.views",
+    "sandboxer.core.store.inventory",
+    "sandboxer.core.store.events",
     "sqlalchemy.dialects.sqlite.pysqlite",
-    "adapters.docker",
+    "sandboxer.adapters.docker",
     "docker",
-    "adapters.stub",
-    "adapters.ssh",
+    "sandboxer.adapters.stub",
+    "sandboxer.adapters.ssh",
     "platformdirs",
     "tomllib",
     "netrc",  # requests imports it on a client's first request
@@ -80,7 +80,7 @@ PRELOAD = (
 # (a script) is never slowed by it, a command after a pause (an agent thinking) gains.
 WARM_AFTER_IDLE_S = 0.05
 LOCAL_BACKENDS = ("docker", "stub", "ssh")  # preloaded above; a spare reaches them ahead
-_PACKAGES = ("sandboxer", "core", "adapters", "sandboxer_tui", "profiles")
+_PACKAGES = ("sandboxer", "sandboxer_tui")
 
 
 def _code_fingerprint() -> dict[str, float]:
@@ -116,7 +116,7 @@ def _warm_up(stop: Callable[[], bool] = lambda: False) -> None:
     Everything opened here is closed before serving: children inherit no connection."""
     import tempfile
 
-    from core.db import Database
+    from sandboxer.core.store.db import Database
 
     with tempfile.TemporaryDirectory(prefix="sbx-warm-up-") as folder:
         db = Database(f"sqlite:///{folder}/warm.db")
@@ -129,10 +129,10 @@ def _warm_up_on(db, stop: Callable[[], bool]) -> None:
     import asyncio
     from datetime import timedelta
 
-    from core.checkpoints import Checkpoints
-    from core.manager import Manager
-    from core.profiles import Profile
-    from core.views import sandbox_view
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import Profile
+    from sandboxer.core.rules.views import sandbox_view
 
     mgr = Manager(db, actor="warm-up", install_id="inst-warm-up",
                   adapters={"stub": _warm_up_adapter()})
@@ -158,7 +158,7 @@ def _warm_up_on(db, stop: Callable[[], bool]) -> None:
         finally:
             await mgr.close()
 
-    from core import telemetry
+    from sandboxer.core.observe import telemetry
 
     with telemetry.suppressed():  # throwaway state: nothing to trace, and no exporter thread
         asyncio.run(commands())
@@ -167,8 +167,8 @@ def _warm_up_on(db, stop: Callable[[], bool]) -> None:
 def _warm_up_adapter():
     """The stub test double, able to snapshot as well, so that the warm-up takes the
     checkpoint paths too (on throwaway state; nothing reaches a real backend)."""
-    from adapters import registry
-    from adapters.base import Artifact, Capability
+    from sandboxer.adapters import registry
+    from sandboxer.adapters.base import Artifact, Capability
 
     stub = registry.load_class("stub")
 
@@ -396,7 +396,7 @@ class Server:
     def preload(self) -> None:
         for name in PRELOAD:
             importlib.import_module(name)
-        from adapters import registry
+        from sandboxer.adapters import registry
 
         registry.names()  # reads every distribution's entry points once, for every child
         _warm_up()

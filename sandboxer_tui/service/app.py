@@ -18,11 +18,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from core.apikeys import Scope
-from core.errors import BadInput, Conflict, SbxError
-from core.profiles import refuse_host_files
 from sandboxer import AsyncSandboxer, ExecExit, OutputChunk, ReapReport
 from sandboxer._records import output_doc
+from sandboxer.core.rules.errors import BadInput, Conflict, SbxError
+from sandboxer.core.rules.profiles import refuse_host_files
+from sandboxer.core.store.apikeys import Scope
 from sandboxer_tui.service import schemas as s
 from sandboxer_tui.service import sse
 from sandboxer_tui.service.auth import ADMIN, READ, WRITE, Caller, Refused
@@ -94,7 +94,7 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
 
 def _limits(app: FastAPI) -> None:
     """The service's limits (limits.py), from the settings as it starts: bad ones stop it."""
-    from core import settings
+    from sandboxer.core.rules import settings
     from sandboxer_tui.service.limits import Limits, Streams
 
     app.state.max_exec_output = settings.serve_max_exec_output()
@@ -128,7 +128,7 @@ def _document_keys(app: FastAPI) -> None:
 def _errors(app: FastAPI) -> None:
     @app.exception_handler(SbxError)
     async def sbx_error(request: Request, exc: SbxError) -> JSONResponse:
-        from core.errors import database_cause
+        from sandboxer.core.rules.errors import database_cause
 
         cause = database_cause(exc)
         if cause is not None:  # the body says one line; the statement stays in this log
@@ -144,7 +144,7 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        from core.errors import plain_problems
+        from sandboxer.core.rules.errors import plain_problems
 
         problems = plain_problems([{**e, "loc": e["loc"][:1]} if e["type"] == "json_invalid"
                                    else e for e in exc.errors()])
@@ -171,7 +171,7 @@ def _since(text: str | None) -> datetime | timedelta | None:
     """A duration ago ("15m") or an ISO 8601 time."""
     if text is None:
         return None
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
 
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -183,7 +183,7 @@ def _since(text: str | None) -> datetime | timedelta | None:
 
 
 def _labels(texts: list[str]) -> dict[str, str] | None:
-    from core.labels import parse_labels
+    from sandboxer.core.rules.labels import parse_labels
 
     return parse_labels(texts) or None
 
@@ -201,7 +201,7 @@ async def _exec_frames(items: AsyncIterator[OutputChunk | ExecExit], metrics: Se
                        backend: str) -> AsyncIterator[bytes]:
     import time
 
-    from core.errors import classify
+    from sandboxer.core.rules.errors import classify
 
     started, result = time.monotonic(), "ok"
     try:
@@ -233,7 +233,7 @@ async def _capped_exec(items: AsyncIterator[OutputChunk | ExecExit],
         else:
             end = item
     if end is None:
-        from core.errors import OperationFailed
+        from sandboxer.core.rules.errors import OperationFailed
 
         raise OperationFailed("the command's output ended without its exit status")
     reply = end.to_dict()
@@ -491,7 +491,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
         key = request.app.state.evidence_key
         if key is None:
             raise Conflict("this service signs no evidence (sbx serve --evidence-key PATH)")
-        from core.signing import keyid, public_key_pem
+        from sandboxer.core.observe.signing import keyid, public_key_pem
 
         pem = public_key_pem(key)
         return {"keyid": keyid(pem.encode()), "public_key": pem}
@@ -675,7 +675,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     @app.post("/v1/profiles/validate", tags=["profiles"],
               summary="Check a profile document (nothing is written)", responses=ERRORS)
     async def validate(who: Read, body: dict[str, Any]) -> dict[str, Any]:
-        from core.profiles import dump
+        from sandboxer.core.rules.profiles import dump
 
         refuse_host_files(body)
         return {"ok": True, "profile": dump(await who.client.check_profile(body))}
@@ -683,7 +683,7 @@ def _routes(app: FastAPI, metrics: ServiceMetrics) -> None:  # noqa: C901 (one p
     @app.get("/v1/profiles/{name}", tags=["profiles"],
              summary="A profile, resolved (secrets as references)", responses=ERRORS)
     async def profile(who: Read, name: str) -> dict[str, Any]:
-        from core.profiles import dump
+        from sandboxer.core.rules.profiles import dump
 
         resolved = await who.client.profile(name)
         source = next((p.source for p in await who.client.profiles() if p.name == name), None)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from core.apikeys import Scope
 from sandboxer import AsyncSandboxer
+from sandboxer.core.store.apikeys import Scope
 
 LOCAL = "local"  # the caller of a request over the unix socket without a key
 

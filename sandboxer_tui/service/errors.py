@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from core.errors import classify, one_line
+from sandboxer.core.rules.errors import classify, one_line
 
 STATUS = {"bad_input": 400, "not_found": 404, "conflict": 409, "quota_exceeded": 429,
           "unavailable": 503, "unauthorized": 401, "failed": 500}
@@ -25,7 +25,7 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 
 
 def status_of(exc: BaseException) -> int:
-    from core.idempotency import KeyReused
+    from sandboxer.core.lifecycle.idempotency import KeyReused
 
     if isinstance(exc, KeyReused):
         return 422  # the key was first used with another request
@@ -39,7 +39,7 @@ def error_response(exc: BaseException) -> JSONResponse:
 def refusal(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
     """401, 403 and 422 of the service itself; nothing was done. A 401 is the client's
     Unauthorized (exit 5: the key is at fault); the others exit 2."""
-    from core.errors import Unauthorized
+    from sandboxer.core.rules.errors import Unauthorized
 
     code = Unauthorized.exit_code if status == 401 else 2
     return JSONResponse({"error": {"code": int(code), "kind": kind, "message": message}},

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.errors import SbxError, Unavailable
+from sandboxer.core.rules.errors import SbxError, Unavailable
 from sandboxer_tui.service import sse
 from sandboxer_tui.service.errors import error_body, error_response, refusal
 
@@ -83,7 +83,7 @@ class Limits:
             return
         principal = None
         if not public:
-            from core.apikeys import Scope as KeyScope
+            from sandboxer.core.store.apikeys import Scope as KeyScope
             from sandboxer_tui.service.auth import Refused, caller
 
             try:  # the key is looked up once: caller() finds it in the request's state

@@ -1,7 +1,7 @@
 """`GET /metrics`: Prometheus text (prometheus-client), one registry per app. The service's
 own families never take a sandbox id as a label value: every label (state, backend, kind,
 result, reason, sink) has a handful of values. The per-sandbox container families
-(core.containermetrics) are the exception by nature: one series per running sandbox."""
+(sandboxer.core.follow.containermetrics) are the exception by nature: one series per running sandbox."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from core.errors import classify
+from sandboxer.core.rules.errors import classify
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class ServiceMetrics:
                                   "its sinks (the webhook, the JSON Lines file), by result",
                                   ["sink", "result"], registry=self.registry)
         # the per-sandbox container families, as `sbx metrics --all --format prometheus`
-        # prints them (core.containermetrics), read live at each scrape
+        # prints them (sandboxer.core.follow.containermetrics), read live at each scrape
         self.containers = _Containers()
         self.registry.register(self.containers)
 
@@ -88,12 +88,12 @@ class ServiceMetrics:
 
 
 class _Containers:
-    """The container families of the last readings (core.containermetrics), one scrape's."""
+    """The container families of the last readings (sandboxer.core.follow.containermetrics), one scrape's."""
 
     def __init__(self) -> None:
         self.readings: list[dict[str, Any]] = []
 
     def collect(self) -> Any:
-        from core.containermetrics import collector
+        from sandboxer.core.follow.containermetrics import collector
 
         return collector(self.readings).collect()

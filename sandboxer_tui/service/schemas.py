@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from core.apikeys import MAX_QUOTA
+from sandboxer.core.store.apikeys import MAX_QUOTA
 
 # "30m", "1h30m", or seconds; strict numbers, so JSON `true` is refused, not read as 1 s
 Duration = str | StrictFloat | StrictInt

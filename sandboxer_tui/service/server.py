@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
-from core.errors import BadInput, Conflict
+from sandboxer.core.rules.errors import BadInput, Conflict
 
 DEFAULT_PORT = 8765
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
@@ -124,7 +124,7 @@ def uvicorn_config(app, *, graceful_shutdown_s: int = 5):
     read now): `sbx serve` and the tests' live service both run on it."""
     import uvicorn
 
-    from core import settings
+    from sandboxer.core.rules import settings
     from sandboxer_tui.service.limits import KEEP_ALIVE_S, protocol
 
     return uvicorn.Config(
@@ -142,7 +142,7 @@ def serve(listen: str | None, socket_path: str | None, reap_every: timedelta | N
 
 async def _serve(listen_text: str | None, socket_path: str | None,
                  reap_every: timedelta | None, evidence_key: str | None = None) -> None:
-    from core import settings
+    from sandboxer.core.rules import settings
 
     _Server = _server_class()
     from sandboxer import AsyncSandboxer

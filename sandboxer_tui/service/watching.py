@@ -1,7 +1,7 @@
 """The inventory for remote watchers (`GET /v1/inventory`): a conditional GET over the
 library's own watch, so a client that asks again with the ETag of its last answer is told
 "nothing changed" (304) without a row read when nobody committed (on SQLite), and the diff
-stays the library's, made by the client from whole listings (`core.watch.diff_rows`).
+stays the library's, made by the client from whole listings (`sandboxer.core.follow.watch.diff_rows`).
 
 Why not the event stream: not every change a reader sees writes an event (activity from
 following logs moves `last_activity_at` quietly), and a stream would make `read()` racy (a
@@ -56,7 +56,7 @@ class InventoryVersions:
     async def _everyone(self, include_destroyed: bool) -> tuple[str, list[dict[str, Any]]]:
         async with self._lock:
             if self._closed:
-                from core.errors import Unavailable
+                from sandboxer.core.rules.errors import Unavailable
 
                 raise Unavailable("the service is stopping")
             watch = self._watches.get(include_destroyed)

@@ -22,8 +22,8 @@ RUN = dict([RUN_LABEL.split("=", 1)])
 @pytest.fixture
 def stub_profile(sbx_home: Path, tmp_path: Path):
     """A profile on the stub backend (a test double: in this process only)."""
-    from adapters.stub import StubAdapter
-    from core.profiles import ProfileLoader
+    from sandboxer.adapters.stub import StubAdapter
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     StubAdapter.reset()
     path = tmp_path / "stubby.yaml"

@@ -153,8 +153,8 @@ async def test_bad_input_raises_bad_input_naming_it_and_writes_nothing(client, s
 
 
 async def test_a_backend_error_is_raised_as_one_of_the_librarys_errors(client, stub_profile):
-    from adapters.base import BackendUnavailable
-    from adapters.stub import StubAdapter
+    from sandboxer.adapters.base import BackendUnavailable
+    from sandboxer.adapters.stub import StubAdapter
 
     StubAdapter.fail_next["create"] = BackendUnavailable("stub engine asleep")
     with pytest.raises(sandboxer.Unavailable) as caught:
@@ -299,7 +299,7 @@ async def test_exec_answers_before_its_record_and_every_later_call_sees_the_reco
         sbx_home, stub_profile, monkeypatch):
     """The exec's event is written after the caller has the result (docs/reliability.md),
     but before the core takes the caller's next call: events() after exec() has it."""
-    from core.manager import Manager
+    from sandboxer.core.lifecycle.manager import Manager
 
     release = threading.Event()
     real = Manager._record_exec
@@ -332,8 +332,8 @@ def test_closing_right_after_exec_still_writes_its_record(sbx_home, stub_profile
 
 NEVER_CLOSED = """
 import sys, time
-from core.manager import Manager
-from core.profiles import ProfileLoader
+from sandboxer.core.lifecycle.manager import Manager
+from sandboxer.core.rules.profiles import ProfileLoader
 import sandboxer
 
 real = Manager._record_exec
@@ -361,7 +361,7 @@ def test_a_client_never_closed_still_writes_its_last_record_at_exit(sbx_home, st
 
 async def test_a_record_that_fails_after_the_answer_is_logged_and_the_next_call_works(
         sbx_home, stub_profile, monkeypatch, caplog):
-    from core.manager import Manager
+    from sandboxer.core.lifecycle.manager import Manager
 
     def broken(self, *args, **kwargs):
         raise OSError("disk gone")
@@ -396,7 +396,7 @@ async def test_exec_marks_activity_while_the_command_runs(client, stub_profile):
 async def test_the_callers_event_loop_never_runs_database_io(client, stub_profile,
                                                              monkeypatch):
     """Every transaction runs on the core's own thread, never on the caller's loop."""
-    from core.db import Database
+    from sandboxer.core.store.db import Database
 
     caller = threading.current_thread()
     seen: list[threading.Thread] = []

@@ -66,7 +66,7 @@ async def test_exec_stream_yields_output_as_it_comes(docker_client):
 
 
 async def test_logs_metrics_and_evidence(docker_client, tmp_path):
-    from core.evidence import verify
+    from sandboxer.core.observe.evidence import verify
 
     profile = await docker_client.profile("default")
     talker = profile.model_copy(update={

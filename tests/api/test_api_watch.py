@@ -23,7 +23,7 @@ from tests.api.conftest import RUN
 
 async def test_watch_tells_what_another_connection_changed_and_reads_nothing_otherwise(
         client, stub_profile, sbx_home, monkeypatch):
-    from core import inventory
+    from sandboxer.core.store import inventory
 
     before = await client.create(stub_profile, name="before")
     watch = client.watch()
@@ -95,7 +95,7 @@ async def test_backends_say_what_loads_what_it_can_do_and_whether_it_answers(cli
 
 async def test_a_backend_that_does_not_answer_is_unreachable_within_the_timeout(client,
                                                                             monkeypatch):
-    from adapters.stub import StubAdapter
+    from sandboxer.adapters.stub import StubAdapter
 
     async def hangs(self):
         await asyncio.sleep(60)
@@ -126,8 +126,8 @@ async def test_origin_and_shell_on_a_backend_without_one(client, stub_profile, s
 def test_the_docker_shell_reaches_the_adapters_engine(monkeypatch):
     """`--host` names the engine the adapter reaches (DOCKER_HOST), even where the docker
     CLI's own context would name another."""
-    from adapters.base import Capability, CapabilityNotSupported
-    from adapters.docker import DockerAdapter
+    from sandboxer.adapters.base import Capability, CapabilityNotSupported
+    from sandboxer.adapters.docker import DockerAdapter
 
     monkeypatch.setenv("DOCKER_HOST", "tcp://engine.example:2376")
     adapter = DockerAdapter()

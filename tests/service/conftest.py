@@ -16,7 +16,7 @@ from tests.service.live import LiveService
 @pytest.fixture
 def stub_named(sbx_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """`stubby`, a profile on the stub backend on the search path (SBX_PROFILE_PATH)."""
-    from adapters.stub import StubAdapter
+    from sandboxer.adapters.stub import StubAdapter
 
     StubAdapter.reset()
     folder = tmp_path / "profiles"

@@ -144,8 +144,8 @@ def test_the_keys_owner_is_the_actor_and_concurrent_keys_never_mix(live, stub_na
 
 
 def test_errors_carry_the_clis_body_and_status(live, sbx_home, stub_named, api):
-    from adapters.base import BackendUnavailable
-    from adapters.stub import StubAdapter
+    from sandboxer.adapters.base import BackendUnavailable
+    from sandboxer.adapters.stub import StubAdapter
 
     box = api.post("/v1/sandboxes", json={"profile": stub_named}).json()
     before = everything(sbx_home)

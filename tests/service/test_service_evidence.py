@@ -56,7 +56,7 @@ def test_the_service_signs_with_its_own_key(sbx_home, stub_named, tmp_path, keys
 
 @pytest.fixture
 def keys_for_service(tmp_path):
-    from core.signing import generate_keys
+    from sandboxer.core.observe.signing import generate_keys
 
     return Path(generate_keys(tmp_path / "service-key")["private"])
 

@@ -27,7 +27,7 @@ def reader(live: LiveService):
 
 def test_the_inventory_answers_304_and_reads_nothing_until_someone_commits(
         live, api, reader, stub_named, sbx_home, monkeypatch):
-    from core import inventory
+    from sandboxer.core.store import inventory
 
     made = api.post("/v1/sandboxes", json={"profile": stub_named}).json()
     first = reader.get("/v1/inventory")
@@ -77,8 +77,8 @@ async def test_the_librarys_watch_asks_again_with_the_etag_of_its_last_answer(
 
 def test_backends_as_the_service_reaches_them_and_a_sandboxs_origin(live, api, reader,
                                                                     stub_named, sbx_home):
-    from adapters.base import Capability
-    from adapters.docker import DockerAdapter
+    from sandboxer.adapters.base import Capability
+    from sandboxer.adapters.docker import DockerAdapter
 
     stub, missing = reader.get("/v1/backends", params={"name": ["stub", "no-such"]}).json()
     assert (stub["name"], stub["loaded"], stub["test_double"]) == ("stub", True, True)

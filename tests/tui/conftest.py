@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core.clock import FrozenClock
+from sandboxer.core.rules.clock import FrozenClock
 
 from .helpers import FullStub, make_dashboard, make_manager, write_stub_profile
 

@@ -14,11 +14,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from adapters.base import Artifact, BackendObject, Capability, CreateRequest, MetricSample
-from adapters.stub import StubAdapter
-from core.clock import FrozenClock
-from core.db import Database
-from core.manager import Manager
+from sandboxer.adapters.base import Artifact, BackendObject, Capability, CreateRequest, MetricSample
+from sandboxer.adapters.stub import StubAdapter
+from sandboxer.core.lifecycle.manager import Manager
+from sandboxer.core.rules.clock import FrozenClock
+from sandboxer.core.store.db import Database
 
 STUB_PROFILE = """\
 description: an in-process test double
@@ -129,8 +129,8 @@ def deterministic_ids(monkeypatch) -> None:
         n = next(counter)
         return f"ckpt-01kc{alphabet[n // 32]}{alphabet[n % 32]}8h2k6n4s0d9f3g7j5x1ce"
 
-    monkeypatch.setattr("core.manager.new_sandbox_id", sandbox_id)
-    monkeypatch.setattr("core.checkpoints.new_checkpoint_id", checkpoint_id)
+    monkeypatch.setattr("sandboxer.core.lifecycle.manager.new_sandbox_id", sandbox_id)
+    monkeypatch.setattr("sandboxer.core.lifecycle.checkpoints.new_checkpoint_id", checkpoint_id)
 
 
 def run(coro) -> Any:
@@ -150,8 +150,8 @@ async def seed_fleet(mgr: Manager, clock: FrozenClock) -> dict[str, dict[str, An
     """A varied inventory, made through the core over 50 minutes of frozen time:
     running, paused, failed, a restored fork with lineage, an owner written in markup,
     countdowns in every colour, stored metrics."""
-    from core.checkpoints import Checkpoints
-    from core.profiles import ProfileLoader
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     stub = ProfileLoader().load("stub")
     made = {}

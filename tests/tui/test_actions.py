@@ -10,8 +10,8 @@ from datetime import timedelta
 from rich.text import Text
 from textual.widgets import Button, Input, OptionList, RichLog
 
-from adapters.base import AdapterError
-from core.clock import to_iso
+from sandboxer.adapters.base import AdapterError
+from sandboxer.core.rules.clock import to_iso
 from sandboxer_tui.model import MUTATING
 from sandboxer_tui.screens.exec import ExecScreen
 from sandboxer_tui.screens.modals import (
@@ -254,7 +254,7 @@ def test_snapshot_then_restore_a_fork_with_lineage(dashboard, seeded, mgr):
             await select(pilot, target)
             await pilot.press("s")
             await wait_for(pilot, lambda: any(m.startswith("snapshot of") for m in told(app)))
-            from core.checkpoints import Checkpoints
+            from sandboxer.core.lifecycle.checkpoints import Checkpoints
 
             mine = Checkpoints(mgr).list(target)
             assert len(mine) == 1 and mine[0]["state"] == "ready"
@@ -586,7 +586,7 @@ def test_cell_values_are_text_never_markup(dashboard, seeded):
 
 
 def test_a_name_written_as_markup_shows_literally(dashboard, mgr):
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     from .helpers import run
 

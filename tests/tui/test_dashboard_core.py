@@ -1,6 +1,6 @@
 """The dashboard's headless rules (sandboxer_tui.model and .formatting), without any UI: the
 countdown levels, compact durations, filter and raw-value sorting, which action applies, the
-equivalent commands; and the inventory watch (core.watch, through the library) that notices
+equivalent commands; and the inventory watch (sandboxer.core.follow.watch, through the library) that notices
 another process's change and reads nothing when nobody changed anything."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.errors import BadInput
-from core.watch import InventoryWatcher
 from sandboxer import MetricSample
+from sandboxer.core.follow.watch import InventoryWatcher
+from sandboxer.core.rules.errors import BadInput
 from sandboxer_tui.formatting import compact_age as human_age
 from sandboxer_tui.formatting import compact_duration as human_duration
 from sandboxer_tui.formatting import human_bytes
@@ -165,8 +165,8 @@ def test_metrics_buffer_keeps_the_last_samples_and_reports_changes():
 def test_closing_the_reader_waits_for_the_read_in_progress(mgr, profiles, monkeypatch):
     """The dashboard closes its reader on one worker thread while a refresh may be reading on
     another; closing the SQLite connection under that read crashed the whole process."""
-    from core import inventory
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer.core.store import inventory
 
     asyncio.run(mgr.create(ProfileLoader().load("stub"), name="one"))
     reader = InventoryWatcher(mgr.db.url)
@@ -197,8 +197,8 @@ def test_closing_the_reader_waits_for_the_read_in_progress(mgr, profiles, monkey
 
 def test_reader_sees_another_process_change_and_reads_nothing_otherwise(mgr, sbx_home,
                                                                         profiles, monkeypatch):
-    from core import inventory
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer.core.store import inventory
 
     box = asyncio.run(mgr.create(ProfileLoader().load("stub"), name="one"))
     dash = make_dashboard(mgr, backends=["stub"], sample_metrics=False)
@@ -236,7 +236,7 @@ def test_reader_sees_another_process_change_and_reads_nothing_otherwise(mgr, sbx
 
 
 def test_dashboard_actions_report_each_target(mgr, profiles):
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     stub = ProfileLoader().load("stub")
     a = asyncio.run(mgr.create(stub, name="a"))
@@ -270,7 +270,7 @@ def test_first_read_needs_no_manager_and_a_fresh_home_is_migrated(sbx_home, prof
     empty, manager = asyncio.run(first_read(Dashboard(sample_metrics=False)))
     assert empty.rows == {} and manager is not None
     assert (sbx_home / "sbx.db").exists()
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     maker = manager_for(sbx_home)
     box = asyncio.run(maker.create(ProfileLoader().load("stub"), name="later"))
@@ -283,8 +283,8 @@ def test_first_read_needs_no_manager_and_a_fresh_home_is_migrated(sbx_home, prof
 
 
 def manager_for(home):
-    from core.db import Database
-    from core.manager import Manager
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.store.db import Database
 
     return Manager(Database(f"sqlite:///{home / 'sbx.db'}"))
 
@@ -292,7 +292,7 @@ def manager_for(home):
 def test_one_module_formats_durations_and_sizes_for_the_cli_and_the_dashboard():
     """`sbx ls` keeps every unit (a TTL it prints can be pasted back into `--ttl`); the
     dashboard's cells keep two. Both come from sandboxer_tui.formatting."""
-    from core.durations import parse_duration
+    from sandboxer.core.rules.durations import parse_duration
     from sandboxer_tui import cli
     from sandboxer_tui.formatting import exact_duration, megabytes
 

@@ -18,8 +18,8 @@ import pytest
 from support import RUN_LABEL
 from textual.widgets import Input, OptionList
 
-from core.clock import from_iso
-from core.manager import Manager
+from sandboxer.core.lifecycle.manager import Manager
+from sandboxer.core.rules.clock import from_iso
 from sandboxer_tui.model import Dashboard
 from sandboxer_tui.screens.modals import ConfirmScreen
 from sandboxer_tui.screens.pickers import ProfilePicker

@@ -11,10 +11,10 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-from adapters.base import MetricSample
-from core.clock import Clock
-from core.db import Database
-from core.manager import Manager
+from sandboxer.adapters.base import MetricSample
+from sandboxer.core.lifecycle.manager import Manager
+from sandboxer.core.rules.clock import Clock
+from sandboxer.core.store.db import Database
 
 from .helpers import FullStub, make_dashboard, opened, select, wait_for
 
@@ -65,7 +65,7 @@ def test_changes_by_other_processes_show_within_two_seconds(sbx_home, profiles):
 
 
 def test_countdown_ticks_and_turns_yellow_then_red_then_expired(dashboard, mgr, clock):
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     box = asyncio.run(mgr.create(ProfileLoader().load("stub"), ttl=timedelta(minutes=6)))
 
@@ -102,7 +102,7 @@ class StreamingStub(FullStub):
 
 
 def test_metrics_stream_into_the_sparklines(sbx_home, profiles):
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     FullStub.reset()
     mgr = Manager(Database(f"sqlite:///{sbx_home / 'sbx.db'}"), Clock(), actor="alice",

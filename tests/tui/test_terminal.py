@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from core.clock import from_iso
+from sandboxer.core.rules.clock import from_iso
 
 pytestmark = [pytest.mark.docker, pytest.mark.tmux]
 

@@ -3,7 +3,7 @@ tests/test_event_masking.py)."""
 
 import re
 
-from core.events import mask_argv
+from sandboxer.core.store.events import mask_argv
 
 
 def test_values_are_masked_inside_any_element_longest_first():

@@ -1,4 +1,4 @@
-"""Every event type and reason sbx writes is in the catalogue (core/catalog.py) and in
+"""Every event type and reason sbx writes is in the catalogue (core/rules/catalog.py) and in
 docs/events.md, which webhook consumers read."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import ast
 import re
 from pathlib import Path
 
-from core.catalog import EventType, Reason
-from core.states import ADOPTED_EVENT, CREATED_EVENT, TRANSITIONS
+from sandboxer.core.rules.catalog import EventType, Reason
+from sandboxer.core.rules.states import ADOPTED_EVENT, CREATED_EVENT, TRANSITIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENT_WORD = re.compile(r"(sandbox|checkpoint|pool)\.[a-z]+(-[a-z]+)*")
@@ -42,7 +42,7 @@ def test_docs_events_lists_every_type_and_reason():
 
 
 def test_every_failpoint_the_code_names_is_listed():
-    from core.failpoints import POINTS
+    from sandboxer.core.rules.failpoints import POINTS
 
     named = set()
     for pkg in ("core", "adapters", "sandboxer", "sandboxer_tui"):

@@ -4,8 +4,8 @@ import json
 
 import sqlalchemy as sa
 
-from core.db import Database
-from core.migrations import upgrade
+from sandboxer.core.store.db import Database
+from sandboxer.core.store.migrations import upgrade
 
 LOCAL = "ckpt-" + "1" * 26
 IMPORTED = "ckpt-" + "2" * 26

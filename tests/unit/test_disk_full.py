@@ -1,4 +1,4 @@
-"""A full disk (core.errors.is_disk_full, core.reserve, core.db): one error, exit 5, nothing
+"""A full disk (sandboxer.core.rules.errors.is_disk_full, sandboxer.core.rules.reserve, sandboxer.core.store.db): one error, exit 5, nothing
 written; the reserve makes room for what ends sandboxes. On a real SQLite file and the stub
 backend (a test double); the full disk itself is simulated here, and real in
 tests/test_hard_faults.py."""
@@ -10,13 +10,13 @@ import sqlite3
 import pytest
 import sqlalchemy as sa
 
-from adapters.stub import StubAdapter
-from core import reserve
-from core.clock import FrozenClock
-from core.db import Database
-from core.errors import DiskFull, classify, is_disk_full
-from core.manager import EVENTS, SANDBOXES, Manager
-from core.profiles import ProfileLoader
+from sandboxer.adapters.stub import StubAdapter
+from sandboxer.core.lifecycle.manager import EVENTS, SANDBOXES, Manager
+from sandboxer.core.rules import reserve
+from sandboxer.core.rules.clock import FrozenClock
+from sandboxer.core.rules.errors import DiskFull, classify, is_disk_full
+from sandboxer.core.rules.profiles import ProfileLoader
+from sandboxer.core.store.db import Database
 
 
 def sqlite_error(message: str, code: int) -> sqlite3.OperationalError:
@@ -90,9 +90,9 @@ def rows(mgr, table):
 def no_room_while_the_reserve_is_there(monkeypatch, mgr):
     """Writes fail with ENOSPC (at the anchor, the last thing a write puts on disk before
     its commit) for as long as the reserve takes the disk's last bytes."""
-    import core.db
+    import sandboxer.core.store.db
 
-    real = core.db.stage_anchor
+    real = sandboxer.core.store.db.stage_anchor
     path = reserve.reserve_of(mgr.db.anchor_path.with_name("sbx.db"))
 
     def stage(anchor, head):
@@ -100,7 +100,7 @@ def no_room_while_the_reserve_is_there(monkeypatch, mgr):
             raise OSError(errno.ENOSPC, "No space left on device", str(anchor))
         return real(anchor, head)
 
-    monkeypatch.setattr(core.db, "stage_anchor", stage)
+    monkeypatch.setattr(sandboxer.core.store.db, "stage_anchor", stage)
     return path
 
 
@@ -138,13 +138,13 @@ def test_a_destroy_with_no_room_releases_the_reserve_and_ends_the_sandbox(mgr, p
 
 def test_without_a_reserve_a_full_disk_is_reported_not_retried(mgr, profile, monkeypatch):
     box = asyncio.run(mgr.create(profile))
-    import core.db
+    import sandboxer.core.store.db
 
     def stage(anchor, head):
         raise OSError(errno.ENOSPC, "No space left on device", str(anchor))
 
     mgr.db.release_reserve()
-    monkeypatch.setattr(core.db, "stage_anchor", stage)
+    monkeypatch.setattr(sandboxer.core.store.db, "stage_anchor", stage)
     with pytest.raises(DiskFull):
         asyncio.run(mgr.destroy(box["id"]))
     assert rows(mgr, SANDBOXES)[0]["state"] == "running"  # the intent was rolled back

@@ -10,7 +10,7 @@ import requests
 import urllib3
 from docker import errors as docker_errors
 
-from adapters.docker import _short, _why_unreachable
+from sandboxer.adapters.docker import _short, _why_unreachable
 
 
 @pytest.mark.parametrize(("explanation", "expected"), [

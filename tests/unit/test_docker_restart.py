@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from adapters.docker import RESTART_SLACK_S, _maybe_restarted, _restarted_at, _up_at_most
+from sandboxer.adapters.docker import RESTART_SLACK_S, _maybe_restarted, _restarted_at, _up_at_most
 
 
 @pytest.mark.parametrize(("status", "at_most"), [

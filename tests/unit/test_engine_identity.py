@@ -8,14 +8,14 @@ from datetime import timedelta
 import pytest
 from support import NothingHere
 
-from adapters import registry
-from adapters.stub import StubAdapter
-from core.clock import FrozenClock
-from core.db import Database
-from core.errors import Unavailable
-from core.manager import Manager
-from core.profiles import ProfileLoader
-from core.reaper import Reaper
+from sandboxer.adapters import registry
+from sandboxer.adapters.stub import StubAdapter
+from sandboxer.core.lifecycle.manager import Manager
+from sandboxer.core.reconcile.reaper import Reaper
+from sandboxer.core.rules.clock import FrozenClock
+from sandboxer.core.rules.errors import Unavailable
+from sandboxer.core.rules.profiles import ProfileLoader
+from sandboxer.core.store.db import Database
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_a_remembered_engine_id_holds_only_for_the_socket_file_it_was_learnt_on(
     import tempfile
     from pathlib import Path
 
-    from adapters.docker import known_engine_id, remember_engine_id
+    from sandboxer.adapters.docker import known_engine_id, remember_engine_id
 
     folder = Path(tempfile.mkdtemp(prefix="sbx-sock-"))  # AF_UNIX paths are short
     path = folder / "engine.sock"

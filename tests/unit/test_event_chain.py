@@ -4,8 +4,8 @@ import json
 
 import sqlalchemy as sa
 
-from core import events
-from core.db import Database
+from sandboxer.core.store import events
+from sandboxer.core.store.db import Database
 
 
 def _db(tmp_path):
@@ -69,7 +69,7 @@ def test_rehashed_forgery_still_breaks_the_next_link(tmp_path):
 
 
 def test_events_cut_from_the_end_are_caught_by_the_anchor(tmp_path):
-    from core.anchor import read_anchor
+    from sandboxer.core.store.anchor import read_anchor
 
     db = _db(tmp_path)
     _fill(db)
@@ -84,7 +84,7 @@ def test_events_cut_from_the_end_are_caught_by_the_anchor(tmp_path):
 
 
 def test_anchor_never_moves_back(tmp_path):
-    from core.anchor import move_anchor, read_anchor
+    from sandboxer.core.store.anchor import move_anchor, read_anchor
 
     path = tmp_path / "head"
     move_anchor(path, (7, "b"))
@@ -97,7 +97,7 @@ def test_a_rolled_back_event_never_reaches_the_anchor(tmp_path):
     the same pooled connection, with no event of its own, must not anchor it."""
     import pytest
 
-    from core.anchor import read_anchor
+    from sandboxer.core.store.anchor import read_anchor
 
     db = _db(tmp_path)
     _fill(db, 2)
@@ -116,7 +116,7 @@ def test_a_rolled_back_event_never_reaches_the_anchor(tmp_path):
 def test_an_anchor_of_an_older_sbx_keeps_its_head_and_then_moves_in_place(tmp_path):
     """An anchor written by an sbx that renamed a short file into place is brought to the
     full width once, before a commit, with the head it had; later moves overwrite it."""
-    from core.anchor import WIDTH, read_anchor
+    from sandboxer.core.store.anchor import WIDTH, read_anchor
 
     db = _db(tmp_path)
     _fill(db, 2)
@@ -136,7 +136,7 @@ def test_an_anchor_of_an_older_sbx_keeps_its_head_and_then_moves_in_place(tmp_pa
 def test_a_link_planted_as_the_anchor_is_not_followed_and_is_replaced(tmp_path):
     import os
 
-    from core.anchor import read_anchor
+    from sandboxer.core.store.anchor import read_anchor
 
     db = _db(tmp_path)
     _fill(db, 1)
@@ -154,7 +154,7 @@ def test_a_link_planted_as_the_anchor_is_not_followed_and_is_replaced(tmp_path):
 def test_a_hard_link_planted_as_the_anchor_is_replaced_not_written_through(tmp_path):
     import os
 
-    from core.anchor import WIDTH, read_anchor
+    from sandboxer.core.store.anchor import WIDTH, read_anchor
 
     db = _db(tmp_path)
     _fill(db, 1)
@@ -172,7 +172,7 @@ def test_a_hard_link_planted_as_the_anchor_is_replaced_not_written_through(tmp_p
 def test_a_head_too_long_for_the_anchor_fails_before_the_commit(tmp_path):
     import pytest
 
-    from core.anchor import WIDTH, move_anchor, read_anchor
+    from sandboxer.core.store.anchor import WIDTH, move_anchor, read_anchor
 
     path = tmp_path / "head"
     move_anchor(path, (7, "b"))

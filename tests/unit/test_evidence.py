@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from adapters.stub import StubAdapter
-from core.clock import FrozenClock
-from core.db import Database
-from core.evidence import verify
-from core.manager import EVENTS, Manager
-from core.profiles import ProfileLoader
+from sandboxer.adapters.stub import StubAdapter
+from sandboxer.core.lifecycle.manager import EVENTS, Manager
+from sandboxer.core.observe.evidence import verify
+from sandboxer.core.rules.clock import FrozenClock
+from sandboxer.core.rules.profiles import ProfileLoader
+from sandboxer.core.store.db import Database
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import stat
 
-from core.delivery import JsonlSink
+from sandboxer.core.observe.delivery import JsonlSink
 
 
 def test_rotates_past_max_bytes_keeping_n_backups(tmp_path):
@@ -25,7 +25,7 @@ def test_a_link_planted_in_its_place_is_refused_not_written_through(tmp_path):
     them into a file of whoever planted it."""
     import pytest
 
-    from core.delivery import SinkRefused
+    from sandboxer.core.observe.delivery import SinkRefused
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"")

@@ -1,4 +1,4 @@
-"""Who holds a lease (core.states.lease_owner / holder_gone): a lease of a dead process of
+"""Who holds a lease (sandboxer.core.rules.states.lease_owner / holder_gone): a lease of a dead process of
 this host lapses at once; one whose holder's fate cannot be known waits for its expiry."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from core.states import dead_holders, held, holder_gone, lease_owner, leased
+from sandboxer.core.rules.states import dead_holders, held, holder_gone, lease_owner, leased
 
 INSTALL = "inst-01test"
 

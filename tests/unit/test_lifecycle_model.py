@@ -35,16 +35,16 @@ from hypothesis.stateful import (
 )
 from support import NothingHere
 
-from adapters import registry
-from adapters.base import AdapterError
-from adapters.stub import StubAdapter
-from core.clock import FrozenClock, from_iso, to_iso
-from core.db import Database
-from core.errors import BadInput, Conflict
-from core.manager import EVENTS, SANDBOXES, Manager
-from core.profiles import Profile
-from core.reaper import Reaper
-from core.ttl import effective_deadline
+from sandboxer.adapters import registry
+from sandboxer.adapters.base import AdapterError
+from sandboxer.adapters.stub import StubAdapter
+from sandboxer.core.lifecycle.manager import EVENTS, SANDBOXES, Manager
+from sandboxer.core.reconcile.reaper import Reaper
+from sandboxer.core.rules.clock import FrozenClock, from_iso, to_iso
+from sandboxer.core.rules.errors import BadInput, Conflict
+from sandboxer.core.rules.profiles import Profile
+from sandboxer.core.rules.ttl import effective_deadline
+from sandboxer.core.store.db import Database
 
 INSTALL = "inst-lifecycle-model"
 DEFAULT_TTL = timedelta(minutes=10)
@@ -61,7 +61,7 @@ PROFILE = Profile.model_validate({
 
 @dataclass
 class Model:
-    """What the model believes about one sandbox; computed without core.ttl."""
+    """What the model believes about one sandbox; computed without sandboxer.core.rules.ttl."""
 
     ref: str
     deadline: datetime
@@ -136,7 +136,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         return self.clock.now()
 
     def reaper(self, *, reap: bool = True) -> Reaper:
-        """Like core.reaper.default_reaper, on this test's Manager, database and clock. The
+        """Like sandboxer.core.reconcile.reaper.default_reaper, on this test's Manager, database and clock. The
         model's installation has nothing on the other registered backends: they are stood in
         for by an empty one, so the test needs no engine and stays fast."""
         mgr = self.mgr

@@ -10,13 +10,20 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from adapters.base import AdapterError
-from adapters.stub import StubAdapter
-from core.clock import FrozenClock
-from core.db import Database
-from core.errors import BadInput, Conflict, LeaseLost, NotFound, OperationFailed, Unavailable
-from core.manager import EVENTS, SANDBOXES, Manager
-from core.profiles import ProfileLoader
+from sandboxer.adapters.base import AdapterError
+from sandboxer.adapters.stub import StubAdapter
+from sandboxer.core.lifecycle.manager import EVENTS, SANDBOXES, Manager
+from sandboxer.core.rules.clock import FrozenClock
+from sandboxer.core.rules.errors import (
+    BadInput,
+    Conflict,
+    LeaseLost,
+    NotFound,
+    OperationFailed,
+    Unavailable,
+)
+from sandboxer.core.rules.profiles import ProfileLoader
+from sandboxer.core.store.db import Database
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Rules written once: the one-line error message (adapters.base.one_line, re-exported by
-core.errors) has no copies elsewhere."""
+"""Rules written once: the one-line error message (sandboxer.adapters.base.one_line, re-exported by
+sandboxer.core.rules.errors) has no copies elsewhere."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Warm pools without I/O: the pure planner (core.pools.plan_pools), what reconcile and the
+"""Warm pools without I/O: the pure planner (sandboxer.core.pools.plan_pools), what reconcile and the
 reaper plan for pool members (plan_reconcile, plan_reap), the fit rule, and the `pool:` field
 of profiles (its errors name the field; a pool is not inherited by another profile)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from core.pools import (
+from sandboxer.core.pools import (
     PoolSpec,
     candidate_files,
     fits,
@@ -20,9 +20,17 @@ from core.pools import (
     plan_pools,
     profile_folders,
 )
-from core.reaper import DESTROY, FAIL, FILL, FINISH_CREATE, LOSE, RETIRE, plan_reap
-from core.states import TRANSITIONS, State, can_transition
-from core.ttl import expiry_reason
+from sandboxer.core.reconcile.reaper import (
+    DESTROY,
+    FAIL,
+    FILL,
+    FINISH_CREATE,
+    LOSE,
+    RETIRE,
+    plan_reap,
+)
+from sandboxer.core.rules.states import TRANSITIONS, State, can_transition
+from sandboxer.core.rules.ttl import expiry_reason
 from tests.unit.test_reaper_plan import INSTALL, NOW, M, obj, reconcile, row
 
 DOC = {"backend": "stub", "image": "img:1", "command": None, "env": {}, "setup": [],
@@ -197,7 +205,7 @@ def test_is_member_means_made_for_a_pool_and_never_claimed():
     ("secrets: {T: env:TOKEN}\npool: {size: 1}", "pool", "cannot keep a pool"),
 ])
 def test_bad_pool_fields_name_the_field(sbx_home, tmp_path, text, field, why):
-    from core.profiles import ProfileError, ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileError, ProfileLoader
 
     path = tmp_path / "bad.yaml"
     path.write_text(f"backend: docker\n{text}\n")
@@ -208,7 +216,7 @@ def test_bad_pool_fields_name_the_field(sbx_home, tmp_path, text, field, why):
 
 def test_a_pool_is_the_profiles_own_not_inherited_by_another_name(sbx_home, tmp_path,
                                                                    monkeypatch):
-    from core.profiles import ProfileLoader
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     folder = tmp_path / "profiles"
     folder.mkdir()
@@ -224,7 +232,7 @@ def test_a_pool_is_the_profiles_own_not_inherited_by_another_name(sbx_home, tmp_
 
 
 def test_the_pool_scan_reads_every_folder_of_the_search_path(sbx_home, tmp_path, monkeypatch):
-    from core.profiles import search_path, trust
+    from sandboxer.core.rules.profiles import search_path, trust
 
     extra = tmp_path / "extra"
     extra.mkdir()

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import BadInput, NotFound
-from core.profiles import ProfileError, ProfileLoader, dump, search_path, trust, untrust
+from sandboxer.core.rules.errors import BadInput, NotFound
+from sandboxer.core.rules.profiles import (
+    ProfileError,
+    ProfileLoader,
+    dump,
+    search_path,
+    trust,
+    untrust,
+)
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -238,7 +245,7 @@ def test_the_json_schema_accepts_the_built_in_profiles_and_refuses_a_bad_one():
     import jsonschema
     import yaml
 
-    from core.profiles import json_schema
+    from sandboxer.core.rules.profiles import json_schema
 
     schema = json_schema()
     root = Path(__file__).resolve().parents[2]

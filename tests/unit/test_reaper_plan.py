@@ -1,5 +1,5 @@
 """The reaper's pure planning functions (plan_reconcile, plan_reap, plan_orphans, merge) and the
-TTL rules (core.ttl), on hand-built rows and backend objects: no database, no backend."""
+TTL rules (sandboxer.core.rules.ttl), on hand-built rows and backend objects: no database, no backend."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.base import LABEL_HARD_DEADLINE, LABEL_ID, LABEL_INSTALL, BackendObject
-from core.clock import to_iso
-from core.reaper import (
+from sandboxer.adapters.base import LABEL_HARD_DEADLINE, LABEL_ID, LABEL_INSTALL, BackendObject
+from sandboxer.core.reconcile.reaper import (
     ADOPT,
     DESTROY,
     DESTROY_OBJECT,
@@ -31,7 +30,14 @@ from core.reaper import (
     plan_reap,
     plan_reconcile,
 )
-from core.ttl import effective_deadline, expiry_reason, extended, idle_deadline, warning_due
+from sandboxer.core.rules.clock import to_iso
+from sandboxer.core.rules.ttl import (
+    effective_deadline,
+    expiry_reason,
+    extended,
+    idle_deadline,
+    warning_due,
+)
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 GRACE = timedelta(seconds=60)
@@ -43,7 +49,7 @@ M = timedelta(minutes=1)
 
 
 def row(sid: str = "sbx-a", **over: Any) -> dict[str, Any]:
-    """A sandboxes row (every column of core.models.Sandbox), running, created 10 minutes ago,
+    """A sandboxes row (every column of sandboxer.core.store.models.Sandbox), running, created 10 minutes ago,
     deadline in 20 minutes, hard deadline in 50 minutes, no idle limit, no lease."""
     base: dict[str, Any] = {
         "id": sid, "name": None, "profile": "p", "profile_json": "{}", "backend": BACKEND,
@@ -473,7 +479,7 @@ def test_merge_of_nothing_is_nothing():
     assert merge([], []) == []
 
 
-# -- core.ttl --------------------------------------------------------------------------------------
+# -- sandboxer.core.rules.ttl --------------------------------------------------------------------------------------
 
 
 HARD = NOW + 60 * M

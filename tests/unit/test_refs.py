@@ -1,12 +1,12 @@
-"""One resolver for sandboxes and checkpoints (core.refs): id, name, then a literal prefix."""
+"""One resolver for sandboxes and checkpoints (sandboxer.core.store.refs): id, name, then a literal prefix."""
 
 from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
 
-from core.errors import BadInput, NotFound
-from core.refs import resolve
+from sandboxer.core.rules.errors import BadInput, NotFound
+from sandboxer.core.store.refs import resolve
 
 META = sa.MetaData()
 THINGS = sa.Table("things", META, sa.Column("id", sa.String, primary_key=True),

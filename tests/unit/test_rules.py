@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.durations import format_duration, parse_duration
-from core.errors import BadInput, Conflict
-from core.ids import new_sandbox_id, validate_name
-from core.labels import parse_label
-from core.states import LIVE, TRANSITIONS, State, can_transition, transition_event
+from sandboxer.core.rules.durations import format_duration, parse_duration
+from sandboxer.core.rules.errors import BadInput, Conflict
+from sandboxer.core.rules.ids import new_sandbox_id, validate_name
+from sandboxer.core.rules.labels import parse_label
+from sandboxer.core.rules.states import LIVE, TRANSITIONS, State, can_transition, transition_event
 
 
 @pytest.mark.parametrize(

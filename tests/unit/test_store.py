@@ -11,9 +11,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlmodel import SQLModel
 
-import core.models  # noqa: F401
-from core.db import Database
-from core.migrations import SCHEMA_HEAD, script_head
+import sandboxer.core.store.models  # noqa: F401
+from sandboxer.core.store.db import Database
+from sandboxer.core.store.migrations import SCHEMA_HEAD, script_head
 
 
 def test_schema_head_constant_matches_alembic():
@@ -64,9 +64,9 @@ def test_writers_begin_immediate_and_readers_do_not_block(tmp_path):
 
 RACE = textwrap.dedent("""
     import sys, asyncio
-    from core.db import Database
-    from core.manager import Manager
-    from core.clock import Clock
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.clock import Clock
     m = Manager(Database(sys.argv[1]), Clock(), actor=sys.argv[2], install_id="inst-test")
     try:
         lease, _ = m.leases.begin(sys.argv[3], "destroying", reason="manual")
@@ -80,9 +80,9 @@ RACE = textwrap.dedent("""
 def test_exactly_one_of_eight_processes_takes_a_lease(sbx_home, tmp_path):
     import asyncio
 
-    from adapters.stub import StubAdapter
-    from core.manager import Manager
-    from core.profiles import ProfileLoader
+    from sandboxer.adapters.stub import StubAdapter
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
 
     url = f"sqlite:///{tmp_path / 'race.db'}"
     prof = tmp_path / "s.yaml"
@@ -107,7 +107,7 @@ def test_exactly_one_of_eight_processes_takes_a_lease(sbx_home, tmp_path):
 
 def test_first_start_of_many_processes_migrates_once(tmp_path):
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    code = "import sys; from core.db import Database; Database(sys.argv[1]).migrate(); print('ok')"
+    code = "import sys; from sandboxer.core.store.db import Database; Database(sys.argv[1]).migrate(); print('ok')"
     procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outcomes = [p.communicate(timeout=60) for p in procs]

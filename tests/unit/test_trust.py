@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import NotFound
-from core.profiles import ProfileLoader, trust
+from sandboxer.core.rules.errors import NotFound
+from sandboxer.core.rules.profiles import ProfileLoader, trust
 
 CHANGED = "its profiles or a file they name changed since you trusted them"
 COMPOSE = ("services:\n  app:\n    image: sandboxer/base:busybox\n"

@@ -5,8 +5,8 @@ import base64
 
 import pytest
 
-from core.delivery import check_url, signing_key
-from core.errors import BadInput
+from sandboxer.core.observe.delivery import check_url, signing_key
+from sandboxer.core.rules.errors import BadInput
 
 LOOPBACK = ["http://127.0.0.1/h", "http://127.8.9.10:8080/h", "http://[::1]:9/h",
             "http://localhost/h", "http://LOCALHOST:1/h", "http://[::ffff:127.0.0.1]/h"]

@@ -1,7 +1,7 @@
 """A Sandboxer backend in one module: each sandbox is a folder, and exec runs the command as
 a local process inside it. It isolates nothing; it shows what a third-party adapter needs.
 
-- It imports only `adapters.base` from Sandboxer (the contract), never the core.
+- It imports only `sandboxer.adapters.base` from Sandboxer (the contract), never the core.
 - Its state is on the backend itself (here, the folder and its `sandbox.json`), labels
   included, so `sbx reconcile` and `sbx reap` can find its sandboxes by label.
 - Destroy is idempotent; what it cannot do it refuses with CapabilityNotSupported.
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from adapters.base import (
+from sandboxer.adapters.base import (
     Adapter,
     BackendObject,
     BackendObjectGone,

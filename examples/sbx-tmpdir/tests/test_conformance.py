@@ -5,8 +5,8 @@ import shutil
 import pytest
 from sbx_tmpdir import TmpdirAdapter
 
-from adapters.base import CreateRequest
-from adapters.testing import AdapterConformance
+from sandboxer.adapters.base import CreateRequest
+from sandboxer.adapters.testing import AdapterConformance
 
 
 @pytest.fixture

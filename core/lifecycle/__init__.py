@@ -1,0 +1,2 @@
+"""Operations on sandboxes and checkpoints: the Manager, the lease protocol every operation
+follows, checkpoints, idempotent creates, the backends' capabilities."""

@@ -1,0 +1,59 @@
+"""The public shapes of records (docs/cli.md, "JSON output"), shared by every front end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sandboxer.core.rules.clock import from_iso, to_iso
+from sandboxer.core.rules.states import ON_THE_CLOCK
+from sandboxer.core.rules.ttl import effective_deadline, idle_deadline
+
+# The columns sandbox_view reads: a listing fetches only these (not the stored profile).
+VIEW_COLUMNS = ("id", "name", "profile", "backend", "backend_ref", "state", "owner", "task",
+                "labels_json", "install_id", "host", "created_at", "started_at", "deadline",
+                "hard_deadline", "last_activity_at", "idle_timeout_s", "ended_at", "error",
+                "pool", "launch")
+
+
+def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
+    view = {
+        "id": row["id"],
+        "name": row["name"],
+        "profile": row["profile"],
+        "backend": row["backend"],
+        "backend_ref": row["backend_ref"],
+        "state": row["state"],
+        "owner": row["owner"],
+        "task": row["task"],
+        "labels": json.loads(row["labels_json"] or "{}"),
+        "install": row["install_id"],
+        "host": row.get("host"),
+        "created_at": row["created_at"],
+        "started_at": row["started_at"],
+        "deadline": row["deadline"],
+        "hard_deadline": row["hard_deadline"],
+        "last_activity_at": row["last_activity_at"],
+        "idle_timeout_s": row.get("idle_timeout_s"),
+        "idle_deadline": to_iso(idle_deadline(row)),
+        "ended_at": row["ended_at"],
+        "error": row["error"],
+        # how its create was served: "warm" (a pool member claimed) or "cold"; None for a
+        # pool member nobody has claimed
+        "launch": row.get("launch") or (None if row.get("pool") else "cold"),
+        "pool": row.get("pool"),
+    }
+    if now_iso is not None:
+        left = None
+        if row["state"] in ON_THE_CLOCK:
+            left = max(0, int((effective_deadline(row) - from_iso(now_iso)).total_seconds()))
+        view["ttl_left_s"] = left
+    return view
+
+
+def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "time": row["time"], "sandbox_id": row["sandbox_id"],
+            "type": row["type"], "actor": row["actor"], "reason": row["reason"],
+            "payload": json.loads(row["payload_json"] or "{}"),
+            "prev_hash": row["prev_hash"], "hash": row["hash"]}

@@ -1,0 +1,13 @@
+from alembic import context
+from sqlmodel import SQLModel
+
+import sandboxer.core.store.models  # noqa: F401  (registers the tables)
+
+connection = context.config.attributes["connection"]
+context.configure(
+    connection=connection,
+    target_metadata=SQLModel.metadata,
+    render_as_batch=connection.dialect.name == "sqlite",
+)
+with context.begin_transaction():
+    context.run_migrations()
