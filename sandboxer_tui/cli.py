@@ -174,7 +174,7 @@ def tui_command(read_only: bool = False, refresh: float = 1.0, extend_by: str = 
     from sandboxer.core.rules.settings import sbx_home
 
     sbx_home()  # a state folder it refuses is said in one line, before the terminal is taken
-    from sandboxer_tui.app import run as run_dashboard  # textual loads only here
+    from sandboxer_tui.dashboard.app import run as run_dashboard  # textual loads only here
 
     code = run_dashboard(read_only=read_only, refresh=refresh, extend_step=step)
     sys.stdout.flush()

@@ -72,10 +72,10 @@ async def seed(labels: dict[str, str]):
 
 
 async def shoot(out: Path, made: dict) -> list[Path]:
-    from sandboxer_tui.app import SandboxerApp
-    from sandboxer_tui.model import Dashboard
-    from sandboxer_tui.screens.modals import ConfirmScreen
-    from sandboxer_tui.screens.pickers import ProfilePicker
+    from sandboxer_tui.dashboard.app import SandboxerApp
+    from sandboxer_tui.dashboard.model import Dashboard
+    from sandboxer_tui.dashboard.screens.modals import ConfirmScreen
+    from sandboxer_tui.dashboard.screens.pickers import ProfilePicker
 
     app = SandboxerApp(Dashboard())
     saved = []

@@ -110,7 +110,7 @@ def make_dashboard(mgr: Manager, clock=None, **options: Any):
     its clock): what `sbx tui` builds, with the test's own backend and time."""
     from sandboxer import AsyncSandboxer
     from sandboxer._local import LocalTransport
-    from sandboxer_tui.model import Dashboard
+    from sandboxer_tui.dashboard.model import Dashboard
 
     client = AsyncSandboxer(_transport=LocalTransport(manager=mgr))
     return Dashboard(client, clock=clock or mgr.clock, **options)
@@ -223,7 +223,7 @@ async def settle(pilot) -> None:
 async def opened(dashboard, size: tuple[int, int] = (120, 36), **options):
     """The real app on `dashboard`, headless, once its first inventory read and health
     check have landed."""
-    from sandboxer_tui.app import SandboxerApp
+    from sandboxer_tui.dashboard.app import SandboxerApp
 
     app = SandboxerApp(dashboard, **options)
     app.told = []  # every notification: (severity, title, message)

@@ -12,15 +12,15 @@ from textual.widgets import Button, Input, OptionList, RichLog
 
 from sandboxer.adapters.base import AdapterError
 from sandboxer.core.rules.clock import to_iso
-from sandboxer_tui.model import MUTATING
-from sandboxer_tui.screens.exec import ExecScreen
-from sandboxer_tui.screens.modals import (
+from sandboxer_tui.dashboard.model import MUTATING
+from sandboxer_tui.dashboard.screens.exec import ExecScreen
+from sandboxer_tui.dashboard.screens.modals import (
     CommandLogScreen,
     ConfirmScreen,
     DurationScreen,
     HelpScreen,
 )
-from sandboxer_tui.screens.pickers import CheckpointPicker, ProfilePicker
+from sandboxer_tui.dashboard.screens.pickers import CheckpointPicker, ProfilePicker
 
 from .helpers import FullStub, opened, screen_text, select, told, wait_for
 

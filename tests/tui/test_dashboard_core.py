@@ -1,4 +1,4 @@
-"""The dashboard's headless rules (sandboxer_tui.model and .formatting), without any UI: the
+"""The dashboard's headless rules (sandboxer_tui.dashboard.model and .formatting), without any UI: the
 countdown levels, compact durations, filter and raw-value sorting, which action applies, the
 equivalent commands; and the inventory watch (sandboxer.core.follow.watch, through the library) that notices
 another process's change and reads nothing when nobody changed anything."""
@@ -19,7 +19,7 @@ from sandboxer.core.rules.errors import BadInput
 from sandboxer_tui.formatting import compact_age as human_age
 from sandboxer_tui.formatting import compact_duration as human_duration
 from sandboxer_tui.formatting import human_bytes
-from sandboxer_tui.model import (
+from sandboxer_tui.dashboard.model import (
     MetricsBuffer,
     SandboxRow,
     available,
@@ -258,7 +258,7 @@ def test_dashboard_actions_report_each_target(mgr, profiles):
 
 
 def test_first_read_needs_no_manager_and_a_fresh_home_is_migrated(sbx_home, profiles):
-    from sandboxer_tui.model import Dashboard
+    from sandboxer_tui.dashboard.model import Dashboard
 
     async def first_read(dash):
         try:

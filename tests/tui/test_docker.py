@@ -20,9 +20,9 @@ from textual.widgets import Input, OptionList
 
 from sandboxer.core.lifecycle.manager import Manager
 from sandboxer.core.rules.clock import from_iso
-from sandboxer_tui.model import Dashboard
-from sandboxer_tui.screens.modals import ConfirmScreen
-from sandboxer_tui.screens.pickers import ProfilePicker
+from sandboxer_tui.dashboard.model import Dashboard
+from sandboxer_tui.dashboard.screens.modals import ConfirmScreen
+from sandboxer_tui.dashboard.screens.pickers import ProfilePicker
 
 from .helpers import opened, screen_text, select, told, wait_for
 

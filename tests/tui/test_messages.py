@@ -8,7 +8,7 @@ import asyncio
 from textual import on
 from textual.app import App, ComposeResult
 
-from sandboxer_tui.widgets.filter import FilterInput
+from sandboxer_tui.dashboard.widgets.filter import FilterInput
 
 from .helpers import opened, screen_text, select, wait_for
 

@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from sandboxer_tui.app import SandboxerApp
-from sandboxer_tui.screens.modals import ConfirmScreen
+from sandboxer_tui.dashboard.app import SandboxerApp
+from sandboxer_tui.dashboard.screens.modals import ConfirmScreen
 
 from .helpers import deterministic_ids, make_dashboard, seed_fleet
 

@@ -17,7 +17,7 @@ from textual.binding import Binding
 
 from sandboxer import Error
 from sandboxer_tui.formatting import exact_duration, one_line
-from sandboxer_tui.model import (
+from sandboxer_tui.dashboard.model import (
     MUTATING,
     SORT_COLUMNS,
     Dashboard,
@@ -26,19 +26,19 @@ from sandboxer_tui.model import (
     available,
     equivalent_command,
 )
-from sandboxer_tui.screens.exec import ExecScreen
-from sandboxer_tui.screens.messages import ActionFinished
-from sandboxer_tui.screens.modals import (
+from sandboxer_tui.dashboard.screens.exec import ExecScreen
+from sandboxer_tui.dashboard.screens.messages import ActionFinished
+from sandboxer_tui.dashboard.screens.modals import (
     CommandLogScreen,
     ConfirmScreen,
     DurationScreen,
     HelpScreen,
 )
-from sandboxer_tui.screens.pickers import CheckpointPicker, ProfilePicker
+from sandboxer_tui.dashboard.screens.pickers import CheckpointPicker, ProfilePicker
 
 if TYPE_CHECKING:
-    from sandboxer_tui.widgets.detail import DetailPanel
-    from sandboxer_tui.widgets.table import SandboxTable
+    from sandboxer_tui.dashboard.widgets.detail import DetailPanel
+    from sandboxer_tui.dashboard.widgets.table import SandboxTable
 
 # actions that act on the selection (or the marked rows)
 ROW_ACTIONS = frozenset({"destroy", "extend", "extend_by", "snapshot", "restore", "pause",

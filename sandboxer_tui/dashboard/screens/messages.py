@@ -10,7 +10,7 @@ from typing import Any
 from textual.message import Message
 
 from sandboxer import BackendStatus, Event, MetricSample
-from sandboxer_tui.model import Inventory, Outcome, SandboxDetail
+from sandboxer_tui.dashboard.model import Inventory, Outcome, SandboxDetail
 
 
 class InventoryRead(Message):

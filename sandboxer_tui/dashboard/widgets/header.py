@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from sandboxer import BackendStatus, State
-from sandboxer_tui.model import health_state
+from sandboxer_tui.dashboard.model import health_state
 
 BADGES = {  # state -> (symbol, words, style)
     "connecting": ("◌", "connecting…", "dim"),

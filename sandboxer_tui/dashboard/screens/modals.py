@@ -13,7 +13,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
-from sandboxer_tui.model import CommandRecord, SandboxRow
+from sandboxer_tui.dashboard.model import CommandRecord, SandboxRow
 
 
 class ConfirmScreen(ModalScreen[bool]):

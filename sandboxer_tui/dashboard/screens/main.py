@@ -20,9 +20,9 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from sandboxer_tui.formatting import one_line
-from sandboxer_tui.model import Dashboard, SandboxRow, health_state
-from sandboxer_tui.screens.actions import ActionsMixin
-from sandboxer_tui.screens.messages import (
+from sandboxer_tui.dashboard.model import Dashboard, SandboxRow, health_state
+from sandboxer_tui.dashboard.screens.actions import ActionsMixin
+from sandboxer_tui.dashboard.screens.messages import (
     ActionFinished,
     CapabilitiesKnown,
     CheckpointsLoaded,
@@ -35,10 +35,10 @@ from sandboxer_tui.screens.messages import (
     LogsLoaded,
     MetricsArrived,
 )
-from sandboxer_tui.widgets.detail import TABS, DetailPanel
-from sandboxer_tui.widgets.filter import FilterInput
-from sandboxer_tui.widgets.header import HealthBar
-from sandboxer_tui.widgets.table import SandboxTable
+from sandboxer_tui.dashboard.widgets.detail import TABS, DetailPanel
+from sandboxer_tui.dashboard.widgets.filter import FilterInput
+from sandboxer_tui.dashboard.widgets.header import HealthBar
+from sandboxer_tui.dashboard.widgets.table import SandboxTable
 
 
 class MainScreen(ActionsMixin, Screen):
@@ -318,7 +318,7 @@ class MainScreen(ActionsMixin, Screen):
 
     @work(exit_on_error=False, group="logs", exclusive=True)
     async def _load_logs(self, row: SandboxRow) -> None:
-        from sandboxer_tui.model import available
+        from sandboxer_tui.dashboard.model import available
 
         caps = self.dashboard.known_capabilities(row.backend)
         if not available("logs", row, caps):

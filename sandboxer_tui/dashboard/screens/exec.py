@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, RichLog, Static
 
 from sandboxer_tui.formatting import one_line
-from sandboxer_tui.model import Dashboard, Outcome, SandboxRow
+from sandboxer_tui.dashboard.model import Dashboard, Outcome, SandboxRow
 
 IDLE = "Enter runs · Escape closes"
 

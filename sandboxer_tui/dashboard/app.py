@@ -1,6 +1,6 @@
 """The Sandboxer dashboard: a live Textual view over every sandbox, on every backend.
 
-`sbx` on a terminal (or `sbx tui`) opens it. The app draws; `sandboxer_tui.model` reads and
+`sbx` on a terminal (or `sbx tui`) opens it. The app draws; `sandboxer_tui.dashboard.model` reads and
 acts through the library (`sandboxer.AsyncSandboxer`), as the CLI does, awaited on Textual's
 own loop. See docs/dashboard.md for the keys.
 """
@@ -17,8 +17,8 @@ from textual.screen import Screen
 from textual.worker import WorkerState
 
 from sandboxer_tui.formatting import one_line
-from sandboxer_tui.model import Dashboard
-from sandboxer_tui.screens.main import MainScreen
+from sandboxer_tui.dashboard.model import Dashboard
+from sandboxer_tui.dashboard.screens.main import MainScreen
 
 
 class SandboxerApp(App):

@@ -18,7 +18,7 @@ from textual.widgets.option_list import Option
 
 from sandboxer import BadInput
 from sandboxer_tui.formatting import human_bytes
-from sandboxer_tui.model import CreateArgs, ProfileChoice, parse_create_args
+from sandboxer_tui.dashboard.model import CreateArgs, ProfileChoice, parse_create_args
 
 if TYPE_CHECKING:
     from sandboxer import AsyncCheckpoint

@@ -2,7 +2,7 @@
 
 Cells hold `rich.text.Text` (user data is never parsed as markup). The table keeps every row
 of the inventory (`sandboxes`) and shows those matching the filter, in the chosen order, sorted
-on raw values (seconds, bytes, percent) through `sandboxer_tui.model.sort_key`. It titles
+on raw values (seconds, bytes, percent) through `sandboxer_tui.dashboard.model.sort_key`. It titles
 itself (how many match, the sort, the marks) and tells its screen when the selected sandbox
 changed (`SelectionChanged`).
 """
@@ -19,7 +19,7 @@ from textual.widgets import DataTable
 
 from sandboxer import MetricSample, State
 from sandboxer_tui.formatting import compact_age, compact_duration, human_bytes
-from sandboxer_tui.model import (
+from sandboxer_tui.dashboard.model import (
     SORT_COLUMNS,
     Inventory,
     MetricsBuffer,
