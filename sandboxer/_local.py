@@ -11,20 +11,15 @@ caller's loop hops to the core loop and back: two thread wake-ups, about a milli
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import contextlib
-import contextvars
-import functools
 import inspect
 import threading
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sandboxer.adapters.base import HOME_OVERRIDE
-from sandboxer.core.lifecycle import after_reply
 from sandboxer.core.rules.errors import as_error
 
 if TYPE_CHECKING:
@@ -34,22 +29,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # Backend SDKs block a worker thread per call: enough for many operations at once.
 IO_THREADS = 64
-# How long the core loop waits, after an answer, before the writes it left for after: long
-# enough for the caller's thread to wake and take the answer first (docs/design.md).
-AFTER_REPLY_DELAY_S = 0.001
-
-
-def _finish_at_exit() -> None:
-    """At exit, wait (a little) for what core loops still run: a client never closed may
-    have a record left for after its last answer (core/lifecycle/after_reply.py)."""
-    for core in list(_running):
-        if core.loop.is_running() and not core.here():
-            with contextlib.suppress(Exception):
-                core.submit(asyncio.sleep(0)).result(timeout=5)
-
-
-_running: weakref.WeakSet[CoreLoop] = weakref.WeakSet()
-atexit.register(_finish_at_exit)
 
 
 class CoreLoop:
@@ -60,8 +39,6 @@ class CoreLoop:
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.adopted = loop is not None
         self.loop = loop or asyncio.new_event_loop()
-        self._left: list[Callable[[], None]] = []  # what answers given left for after them
-        self._left_timer: asyncio.TimerHandle | None = None
         self.loop.set_default_executor(
             concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="sbx-io"))
         if loop is not None:
@@ -69,7 +46,6 @@ class CoreLoop:
             return
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
-        _running.add(self)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -79,55 +55,8 @@ class CoreLoop:
         return threading.current_thread() is self._thread
 
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
-        """`coro` on this loop, after the writes that answers given before it left."""
-        self.loop.call_soon_threadsafe(self.finish_left)  # runs before the task's first step
+        """`coro` on this loop; cancelling the future cancels it."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def finish_left(self) -> None:
-        """On this loop: the writes that answers given so far left for after them."""
-        if self._left_timer is not None:
-            self._left_timer.cancel()
-            self._left_timer = None
-        left, self._left = self._left, []
-        after_reply.run(left)
-
-    def _leave(self, pending: list[Callable[[], None]]) -> None:
-        if pending:
-            # each in the context of the call that left it (its actor, its trace), whoever
-            # runs it: the timer, or the next call, which may act as someone else
-            context = contextvars.copy_context()
-            self._left.extend(functools.partial(context.run, work) for work in pending)
-            if self._left_timer is None:
-                self._left_timer = self.loop.call_later(AFTER_REPLY_DELAY_S, self.finish_left)
-
-    def answer_first(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
-        """`coro` on this loop, its answer given as soon as it has one; the writes it left
-        for after (core/lifecycle/after_reply.py) a moment later, or before the next call this loop
-        takes, whichever comes first. Cancelling the answer cancels the work."""
-        answer: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        async def run() -> None:
-            pending: list[Callable[[], None]] = []
-            try:
-                with after_reply.collected() as pending:
-                    result = await coro
-            except BaseException as exc:
-                if not answer.done():
-                    if isinstance(exc, asyncio.CancelledError):
-                        answer.cancel()
-                    else:
-                        answer.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-            else:
-                if not answer.done():
-                    answer.set_result(result)
-            finally:
-                self._leave(pending)
-
-        work = self.submit(run())
-        answer.add_done_callback(lambda done: work.cancel() if done.cancelled() else None)
-        return answer
 
     def stop(self) -> None:
         if self.adopted or self.loop.is_closed():
@@ -207,17 +136,9 @@ class LocalTransport:
         """`fn(manager, *args)` (awaited if a coroutine) on the core loop."""
         coro = self._in_core(fn, *args, needs_manager=needs_manager)
         core = self.core
-        if not core.here():
-            return await asyncio.wrap_future(core.answer_first(coro))
-        if after_reply.collecting():  # inside a call that answers first already
+        if core.here():  # the caller's own loop, adopted (sbx serve), or a call inside one
             return await coro
-        pending: list[Callable[[], None]] = []  # the caller's own loop, adopted (sbx serve)
-        try:
-            with after_reply.collected() as pending:
-                return await coro
-        finally:
-            if pending:  # the next turn of the loop: after this answer is on its way
-                core.loop.call_soon(after_reply.run, pending)
+        return await asyncio.wrap_future(core.submit(coro))
 
     def call_blocking(self, awaitable: Awaitable[T]) -> T:
         """Run `awaitable` on the core loop and wait for it (the sync API)."""
@@ -234,7 +155,7 @@ class LocalTransport:
         async def run() -> T:
             return await awaitable
 
-        return core.answer_first(run()).result()
+        return core.submit(run()).result()
 
     async def stream(self, make: Callable[[Manager], AsyncIterator[T]]) -> AsyncIterator[T]:
         """Items of the async iterator `make(manager)` runs on the core loop, one hop each."""
@@ -273,7 +194,6 @@ class LocalTransport:
             mgr = self._mgr
             with contextlib.suppress(Exception):
                 if self._core.here():
-                    self._core.finish_left()
                     await mgr.close()
                 else:
                     await asyncio.wrap_future(self._core.submit(mgr.close()))

@@ -42,7 +42,6 @@ from sandboxer.adapters.base import (
     ResourceLimits,
     ServiceSpec,
 )
-from sandboxer.core.lifecycle.after_reply import after_reply
 from sandboxer.core.lifecycle.leases import Lease, Leases, making_room
 from sandboxer.core.observe import telemetry
 from sandboxer.core.rules import settings
@@ -939,8 +938,8 @@ class Manager:
             result = await adapter.exec(row["backend_ref"], list(argv),
                                         timeout.total_seconds() if timeout else None,
                                         **_exec_env(adapter.exec))
-        after_reply(lambda: self._record_exec(row["id"], recorded, result,
-                                              _digest(result.stdout), _digest(result.stderr)))
+        self._record_exec(row["id"], recorded, result, _digest(result.stdout),
+                          _digest(result.stderr))
         return result
 
     @telemetry.traced("sbx.exec")

@@ -14,7 +14,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from support import SBX, table_rows
+from support import SBX, query, table_rows
 
 import sandboxer
 from sandboxer import (
@@ -176,7 +176,7 @@ async def test_a_refused_exec_changes_nothing(client, stub_profile, tmp_path):
     (a bad mask pattern in the settings) rolls that back with the rest (docs/reliability.md
     §12): the record, its idle deadline and the event log stay as they were."""
     box = await client.create(stub_profile)
-    await box.exec(["true"])  # its record, left for just after the answer, is settled below
+    await box.exec(["true"])
     async def state():
         return (await client.get(box.id)).to_dict(), [e.to_dict() for e in await client.events()]
 
@@ -188,22 +188,6 @@ async def test_a_refused_exec_changes_nothing(client, stub_profile, tmp_path):
         await box.exec(["true"])
     settings.write_text("")
     assert await state() == before
-
-
-async def test_an_exec_record_keeps_the_actor_of_its_call_whoever_calls_next(
-        sbx_home, stub_profile, monkeypatch):
-    """The record left for after an exec's answer is written by whatever the core does next
-    (here the next call, acting as someone else), yet in the exec's own context: its actor."""
-    import sandboxer._local
-
-    monkeypatch.setattr(sandboxer._local, "AFTER_REPLY_DELAY_S", 30)  # the next call writes it
-    async with sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
-        alice = sbx.acting_as("alice")
-        box = await alice.get((await alice.create(stub_profile)).id)
-        await box.exec(["true"])
-        events = await sbx.events(box.id)  # the next call, as the client's own actor
-        assert [(e.type, e.actor) for e in events if e.type == "sandbox.exec"] == [
-            ("sandbox.exec", "alice")]
 
 
 # -- exec, deadlines, activity --------------------------------------------------------------
@@ -295,85 +279,28 @@ async def test_reap_reports_and_destroys_what_is_past_its_deadline(client, stub_
     assert destroyed[-1].reason == sandboxer.Reason.TTL
 
 
-async def test_exec_answers_before_its_record_and_every_later_call_sees_the_record(
-        sbx_home, stub_profile, monkeypatch):
-    """The exec's event is written after the caller has the result (docs/reliability.md),
-    but before the core takes the caller's next call: events() after exec() has it."""
-    from sandboxer.core.lifecycle.manager import Manager
+def exec_events(home, sandbox_id) -> list[tuple[str, list[str]]]:
+    """The sandbox's exec events as committed in the database file: (actor, argv)."""
+    import json
 
-    release = threading.Event()
-    real = Manager._record_exec
+    return [(row["actor"], json.loads(row["payload_json"])["argv"]) for row in query(
+        home, "SELECT actor, payload_json FROM events WHERE sandbox_id = ? AND type = ? "
+        "ORDER BY id", sandbox_id, "sandbox.exec")]
 
-    def held(self, *args, **kwargs):
-        assert release.wait(10), "the test never released the record"
-        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Manager, "_record_exec", held)
+async def test_exec_returns_after_its_event_is_committed(sbx_home, stub_profile):
+    """Every event is committed before the caller has the answer (docs/reliability.md §12):
+    the database file, read by another connection the moment exec returns, holds the exec's
+    event; so does it after the sync twin's exec, and after a stream's end."""
     async with AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
         box = await sbx.create(stub_profile)
-        result = await asyncio.wait_for(box.exec(["echo", "early"]), 5)  # record still held
-        assert result.stdout == b"early\n"
-        listing = asyncio.ensure_future(box.events())
-        await asyncio.sleep(0.2)
-        assert not listing.done(), "a call ran before the record left for after exec"
-        release.set()
-        types = [e.type for e in await asyncio.wait_for(listing, 10)]
-        assert types[-1] == sandboxer.EventType.SANDBOX_EXEC
-
-
-def test_closing_right_after_exec_still_writes_its_record(sbx_home, stub_profile):
-    with Sandboxer(home=sbx_home, actor="api-test") as sbx:
-        box = sbx.create(stub_profile)
-        box.exec(["true"])
-        box_id = box.id
-    with Sandboxer(home=sbx_home) as again:
-        assert again.events(box_id)[-1].type == sandboxer.EventType.SANDBOX_EXEC
-
-
-NEVER_CLOSED = """
-import sys, time
-from sandboxer.core.lifecycle.manager import Manager
-from sandboxer.core.rules.profiles import ProfileLoader
-import sandboxer
-
-real = Manager._record_exec
-def slow(self, *args, **kwargs):
-    time.sleep(0.5)  # the record is still being written when the script ends
-    return real(self, *args, **kwargs)
-Manager._record_exec = slow
-sbx = sandboxer.Sandboxer(home=sys.argv[1])  # never closed
-from pathlib import Path
-box = sbx.create(ProfileLoader().load_file(Path(sys.argv[2])))
-box.exec(["true"])
-print(box.id)
-"""
-
-
-def test_a_client_never_closed_still_writes_its_last_record_at_exit(sbx_home, stub_profile,
-                                                                    tmp_path):
-    profile = tmp_path / "stubby.yaml"  # the stub_profile fixture's file
-    ran = subprocess.run([sys.executable, "-c", NEVER_CLOSED, str(sbx_home), str(profile)],
-                         capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 0, ran.stderr
-    with Sandboxer(home=sbx_home) as sbx:
-        assert sbx.events(ran.stdout.strip())[-1].type == sandboxer.EventType.SANDBOX_EXEC
-
-
-async def test_a_record_that_fails_after_the_answer_is_logged_and_the_next_call_works(
-        sbx_home, stub_profile, monkeypatch, caplog):
-    from sandboxer.core.lifecycle.manager import Manager
-
-    def broken(self, *args, **kwargs):
-        raise OSError("disk gone")
-
-    async with AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
-        box = await sbx.create(stub_profile)
-        monkeypatch.setattr(Manager, "_record_exec", broken)
-        with caplog.at_level("ERROR", logger="sandboxer"):
-            assert (await box.exec(["true"])).exit_code == 0
-            await box.refresh()  # runs after the failed record: the core goes on
-        assert "not written" in caplog.text and "disk gone" in caplog.text
-        assert sandboxer.EventType.SANDBOX_EXEC not in [e.type for e in await box.events()]
+        assert (await box.exec(["echo", "early"])).stdout == b"early\n"
+        assert exec_events(sbx_home, box.id) == [("api-test", ["echo", "early"])]
+        assert [item async for item in box.exec_stream(["true"])][-1].exit_code == 0
+        assert exec_events(sbx_home, box.id)[-1] == ("api-test", ["true"])
+    with Sandboxer(home=sbx_home, actor="sync-test") as sync:
+        sync.get(box.id).exec(["false"])
+        assert exec_events(sbx_home, box.id)[-1] == ("sync-test", ["false"])
 
 
 async def test_exec_marks_activity_while_the_command_runs(client, stub_profile):
