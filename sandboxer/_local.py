@@ -110,7 +110,9 @@ class LocalTransport:
                 from sandboxer.core.store.db import Database
 
                 db = Database(self.database_url or settings.database_url())
-            self._mgr = Manager(db=db, actor=self.actor)
+            from sandboxer.core.pools import WarmPools
+
+            self._mgr = Manager(db=db, actor=self.actor, warm=WarmPools())
         return self._mgr
 
     async def _in_core(self, fn: Callable[..., Awaitable[T]] | Callable[..., T], *args: Any,

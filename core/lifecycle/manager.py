@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -115,6 +115,31 @@ _INSERT = SANDBOXES.insert()
 # the error of a create whose maker (a process) stopped before it was made (or set up)
 MAKER_STOPPED = "the process making it stopped before it was ready"
 
+class WarmSource(Protocol):
+    """Warm pools as the lifecycle sees them: a hook a Manager is given (sbx's own is
+    sandboxer.core.pools.WarmPools), so that the lifecycle never imports the pools. Without
+    one, a pooled profile is created cold and no member can be made."""
+
+    def member_deadlines(self, profile: Profile, now: datetime) -> tuple[datetime, datetime]:
+        """A new member's deadline (its pool's max_age) and hard deadline."""
+
+    def member_row(self, profile: Profile) -> dict[str, Any]:
+        """The columns in which a new member's row differs from a sandbox created cold."""
+
+    def room(self, conn: Connection, profile: Profile, install_id: str, now_iso: str) -> bool:
+        """Inside the member's insert transaction: its pool is short of its size."""
+
+    async def claim(self, mgr: Manager, profile: Profile, adapter: Adapter,
+                    instance: str | None, *, ttl: timedelta, name: str | None,
+                    labels: Mapping[str, str], owner: str | None, task: str | None,
+                    bind: Callable[[Any, str], None] | None = None) -> dict[str, Any] | None:
+        """The caller's sandbox served from a warm member that fits; None: create it cold."""
+
+    async def finish_member(self, mgr: Manager, lease: Lease, obj: BackendObject,
+                            adapter: Adapter, profile: Profile) -> dict[str, Any]:
+        """The backend made a member: set it up and make it warm."""
+
+
 
 class Manager:
     """One per process (or per test). Holds the database, the clock and loaded adapters."""
@@ -127,6 +152,7 @@ class Manager:
         actor: str | None = None,
         install_id: str | None = None,
         lease_ttl: timedelta | None = None,
+        warm: WarmSource | None = None,
         adapters: dict[str, Adapter] | None = None,
     ) -> None:
         if db is None:
@@ -138,6 +164,7 @@ class Manager:
         self.install_id = install_id or settings.install_id()
         self.lease_ttl = lease_ttl or settings.lease_ttl()
         self.lease_owner = lease_owner(self.install_id)
+        self.warm = warm  # the pools, plugged in by whoever makes the Manager
         self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
         # each owner's commands running in this process, and its quota (core/store/tenancy.py)
         self._execs_running: collections.Counter[str] = collections.Counter()
@@ -335,10 +362,11 @@ class Manager:
             settings.mask_patterns()  # the setup's exec events need them: refused before
         now = self.clock.now()
         sandbox_id = new_sandbox_id()
+        pools = self.warm
         deadline, hard_deadline = now + ttl, now + profile.ttl.max
         if pool_member:
-            from sandboxer.core import pools
-
+            if pools is None:
+                raise Conflict("no warm pools are plugged into this Manager (warm=)")
             deadline, hard_deadline = pools.member_deadlines(profile, now)
         request = _request_for(profile, sandbox_id, {
             **all_labels, LABEL_ID: sandbox_id, LABEL_INSTALL: self.install_id,
@@ -354,9 +382,8 @@ class Manager:
             request = dataclasses.replace(request, env={**trace, **request.env})
         await adapter.ensure_available()
         instance = await adapter.instance_id()
-        if profile.pool is not None and not pool_member and restore_from is None:
-            from sandboxer.core import pools
-
+        if (pools is not None and profile.pool is not None and not pool_member
+                and restore_from is None):
             claimed = await pools.claim(self, profile, adapter, instance, ttl=ttl, name=name,
                                         labels=all_labels, owner=owner, task=task, bind=bind)
             if claimed is not None:  # served warm
@@ -386,14 +413,15 @@ class Manager:
             "fence": 1,
             "launch": "cold",
         }
-        if pool_member:
+        if pools is not None and pool_member:
             row.update(pools.member_row(profile))
         telemetry.note_sandbox(row)
         self.db.require_room()  # a full disk: exit 5 before anything is written or made
         with self.db.write() as conn:
             if name is not None:
                 refuse_taken_name(conn, name, owner)
-            if pool_member and not pools.room(conn, profile, self.install_id, row["created_at"]):
+            if (pools is not None and pool_member
+                    and not pools.room(conn, profile, self.install_id, row["created_at"])):
                 raise NotDue(f"pool {profile.name} is full")
             if limits is not None and limits["max_sandboxes"] is not None:
                 serialise(conn, LOCK_TENANT_QUOTAS)  # two creates cannot both take the last
@@ -425,7 +453,7 @@ class Manager:
                 raise
             raise OperationFailed(f"create failed on {profile.backend}: {message}") from exc
         failpoint("create.after-backend")
-        if pool_member:  # its setup runs before it can be claimed
+        if pools is not None and pool_member:  # its setup runs before it can be claimed
             return await pools.finish_member(self, lease, obj, adapter, profile)
         if profile.setup and not restore_from:  # a restored filesystem has had its setup
             await self.set_up(lease, obj, adapter, profile)

@@ -455,7 +455,7 @@ class _Metering:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        from sandboxer.core.follow.containermetrics import FAMILIES
+        from sandboxer.core.observe.families import FAMILIES
 
         self.key = key
         readers = [PeriodicExportingMetricReader(_exporter("metrics", name))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.adapters.base import Capability
-from sandboxer.core.reconcile.reaper import FILL, RETIRE, Action
+from sandboxer.core.rules.actions import FILL, RETIRE, Action
 from sandboxer.core.rules.clock import from_iso, to_iso
 from sandboxer.core.rules.errors import BadInput, NotDue, NotFound, OperationFailed, one_line
 from sandboxer.core.rules.failpoints import failpoint
@@ -620,3 +620,15 @@ def _duration_text(value: timedelta) -> str:
     from sandboxer.core.rules.durations import format_duration
 
     return format_duration(value)
+
+
+class WarmPools:
+    """The pools as the Manager's warm hook (sandboxer.core.lifecycle.manager.WarmSource):
+    `Manager(warm=WarmPools())` serves pooled profiles from warm members and can make them.
+    The lifecycle never imports this package; whoever makes a Manager plugs it in."""
+
+    member_deadlines = staticmethod(member_deadlines)
+    member_row = staticmethod(member_row)
+    room = staticmethod(room)
+    claim = staticmethod(claim)
+    finish_member = staticmethod(finish_member)

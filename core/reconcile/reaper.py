@@ -29,6 +29,22 @@ from sandboxer.adapters.base import (
     Capability,
 )
 from sandboxer.core.observe import telemetry
+from sandboxer.core.rules.actions import (  # noqa: F401  (the kinds are the reaper's vocabulary)
+    ADOPT,
+    CHECKPOINTS,
+    DESTROY,
+    DESTROY_OBJECT,
+    FAIL,
+    FILL,
+    FINISH_CREATE,
+    LOSE,
+    ORDER,
+    RESTART,
+    RETIRE,
+    SYNC,
+    WARN,
+    Action,
+)
 from sandboxer.core.rules.clock import Clock, from_iso, to_iso
 from sandboxer.core.rules.errors import Conflict, DiskFull, Unavailable, classify, one_line
 from sandboxer.core.rules.states import REAPABLE, State, dead_holders, leased, runs_setup
@@ -36,41 +52,6 @@ from sandboxer.core.rules.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
 if TYPE_CHECKING:
     from sandboxer.core.lifecycle.manager import Manager
-
-# Actions, in the order a cycle applies them.
-FINISH_CREATE = "finish-create"  # an interrupted create whose object exists: running
-FAIL = "fail"                    # an interrupted create with no object: failed
-LOSE = "lose"                    # the backend no longer has it, or it stopped out of band
-SYNC = "sync"                    # paused or resumed out of band: record it
-RESTART = "restart"              # the backend started it again (an engine restart): record it
-ADOPT = "adopt"                  # an object of ours with no row, before its hard deadline
-DESTROY = "destroy"              # expired, failed (settled), or an interrupted destroy
-DESTROY_OBJECT = "destroy-object"  # an object whose row is gone or destroyed (orphan)
-RETIRE = "retire"                # a warm pool member its pool no longer wants (sandboxer.core.pools)
-FILL = "fill"                    # one new warm member for a pool short of its size
-WARN = "warn"                    # sandbox.expiring
-CHECKPOINTS = "checkpoints"      # expired, interrupted or orphaned checkpoints on a backend
-ORDER = (FINISH_CREATE, FAIL, LOSE, SYNC, RESTART, ADOPT, DESTROY, DESTROY_OBJECT, RETIRE,
-         FILL, WARN, CHECKPOINTS)
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str
-    backend: str
-    sandbox_id: str | None
-    ref: str | None = None
-    reason: str | None = None
-    target: str | None = None  # the state for LOSE / SYNC / FAIL
-    expect: str | None = None  # the state the plan saw; re-checked when applied
-    obj: BackendObject | None = None
-    pool: str | None = None  # the pool (profile) of a pool member, or that FILL fills
-
-    def describe(self) -> dict[str, Any]:
-        described = {"action": self.kind, "id": self.sandbox_id, "backend": self.backend,
-                     "ref": self.ref, "reason": self.reason, "state": self.target}
-        return {**described, "pool": self.pool} if self.pool else described
-
 
 def _young(obj: BackendObject, now: datetime, grace: timedelta) -> bool:
     return obj.created_at is not None and now - obj.created_at < grace
@@ -627,10 +608,11 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
         if manager is not None:
             return manager
         from sandboxer.core.lifecycle.manager import Manager
+        from sandboxer.core.pools import WarmPools
         from sandboxer.core.store.db import Database
 
         return Manager(db=Database(url) if database_url else None, adapters=adapters,
-                       actor=actor)
+                       actor=actor, warm=WarmPools())
 
     def read_rows():
         fast = inventory.open_readonly(url)
