@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ from sandboxer._records import (
 if TYPE_CHECKING:
     import asyncio
 
+    from sandboxer._transport import Transport
     from sandboxer.core.rules.errors import SbxError as Error
     from sandboxer.core.rules.profiles import Profile
 
@@ -80,7 +81,7 @@ class AsyncSandboxer:
 
     def __init__(self, home: str | Path | None = None, database_url: str | None = None,
                  actor: str | None = None, *, url: str | None = None,
-                 token: str | None = None, _transport: Any = None) -> None:
+                 token: str | None = None, _transport: Transport | None = None) -> None:
         if _transport is None and url is not None:
             if home is not None or database_url is not None or actor is not None:
                 from sandboxer.core.rules.errors import BadInput
@@ -95,7 +96,7 @@ class AsyncSandboxer:
 
             _transport = LocalTransport(home=None if home is None else str(home),
                                         database_url=database_url, actor=actor)
-        self._transport = _transport
+        self._transport: Transport = _transport
 
     async def __aenter__(self) -> AsyncSandboxer:
         return self
@@ -369,8 +370,8 @@ class AsyncSandboxer:
                   "max_ttl_s": None if longest is None else int(longest.total_seconds())}
         quotas = {k: v for k, v in quotas.items() if v is not None}
         if quotas:
-            return tuple(await self._transport.create_api_key(scope, owner, quotas))
-        return tuple(await self._transport.create_api_key(scope, owner))
+            return await self._transport.create_api_key(scope, owner, quotas)
+        return await self._transport.create_api_key(scope, owner)
 
     async def api_keys(self) -> list[dict[str, Any]]:
         """The service's keys (revoked ones too), never the keys themselves."""
@@ -427,11 +428,11 @@ class AsyncSandboxer:
 class _Creating:
     """What `AsyncSandboxer.create` returns: await it, or use it as `async with`."""
 
-    def __init__(self, make) -> None:
+    def __init__(self, make: Callable[[], Awaitable[AsyncSandbox]]) -> None:
         self._make = make
         self._box: AsyncSandbox | None = None
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, AsyncSandbox]:
         return self._make().__await__()
 
     async def __aenter__(self) -> AsyncSandbox:
@@ -439,7 +440,8 @@ class _Creating:
         return self._box
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._box.destroy()
+        if self._box is not None:
+            await self._box.destroy()
 
 
 class AsyncSandbox(SandboxRecord):
@@ -452,7 +454,7 @@ class AsyncSandbox(SandboxRecord):
         self._client = client
 
     @property
-    def _t(self):
+    def _t(self) -> Transport:
         return self._client._transport
 
     async def __aenter__(self) -> AsyncSandbox:
@@ -520,10 +522,12 @@ class AsyncSandbox(SandboxRecord):
         """Save its filesystem as a checkpoint."""
         return AsyncCheckpoint(self._client, await self._t.snapshot(self.id, name))
 
-    async def destroy(self) -> None:
-        """Destroy it; already destroyed counts as done."""
-        view, _ = await self._t.destroy(self.id)
+    async def destroy(self) -> bool:
+        """Destroy it; already destroyed counts as done. True when this call destroyed it,
+        False when it was destroyed already (by anyone, the reaper included)."""
+        view, done = await self._t.destroy(self.id)
         self._replace(view)
+        return done
 
     async def metrics(self) -> MetricSample | None:
         """A live reading from the backend (None: no sample yet)."""
@@ -592,7 +596,7 @@ class AsyncCheckpoint(CheckpointRecord):
         self._client = client
 
     @property
-    def _t(self):
+    def _t(self) -> Transport:
         return self._client._transport
 
     async def refresh(self) -> AsyncCheckpoint:

@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sandboxer.adapters.base import HOME_OVERRIDE
 from sandboxer.core.rules.errors import as_error
 
 if TYPE_CHECKING:
+    from sandboxer._transport import Transport, Watch
     from sandboxer.core.lifecycle.manager import Manager
     from sandboxer.core.rules.profiles import Profile
 
@@ -72,7 +74,9 @@ class CoreLoop:
 
 class LocalTransport:
     """The core of this machine: its database (SQLite in `home`, or `database_url`) and the
-    backends installed here."""
+    backends installed here. It implements the transport contract
+    (`sandboxer._transport.Transport`); `_call` and `_stream` are how its operations reach
+    the core loop."""
 
     def __init__(self, *, home: str | None = None, database_url: str | None = None,
                  actor: str | None = None, manager: Manager | None = None,
@@ -134,7 +138,7 @@ class LocalTransport:
             if token is not None:
                 HOME_OVERRIDE.reset(token)
 
-    async def call(self, fn: Callable[..., Any], *args: Any, needs_manager: bool = True) -> Any:
+    async def _call(self, fn: Callable[..., Any], *args: Any, needs_manager: bool = True) -> Any:
         """`fn(manager, *args)` (awaited if a coroutine) on the core loop."""
         coro = self._in_core(fn, *args, needs_manager=needs_manager)
         core = self.core
@@ -159,7 +163,7 @@ class LocalTransport:
 
         return core.submit(run()).result()
 
-    async def stream(self, make: Callable[[Manager], AsyncIterator[T]]) -> AsyncIterator[T]:
+    async def _stream(self, make: Callable[[Manager], AsyncIterator[T]]) -> AsyncIterator[T]:
         """Items of the async iterator `make(manager)` runs on the core loop, one hop each."""
         agen = None
 
@@ -227,7 +231,7 @@ class LocalTransport:
                                    task=task)
             return sandbox_view(row, mgr.now_iso())
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def get(self, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
         def go(mgr: Manager) -> dict[str, Any]:
@@ -241,7 +245,7 @@ class LocalTransport:
                 view["profile_resolved"] = json.loads(row["profile_json"] or "{}")
             return view
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def list(self, *, state: str | None, backend: str | None,
                    labels: Mapping[str, str] | None,
@@ -270,10 +274,10 @@ class LocalTransport:
             now = to_iso(clock_from_env().now())
             return [sandbox_view(r, now) for r in rows]
 
-        rows = await self.call(fast, needs_manager=False)
+        rows = await self._call(fast, needs_manager=False)
         if rows is None:
             filters.pop("owner")  # the Manager narrows to the tenant itself
-            rows = await self.call(lambda mgr: mgr.list(**filters))
+            rows = await self._call(lambda mgr: mgr.list(**filters))
         return views(rows)
 
     async def destroy(self, ref: str) -> tuple[dict[str, Any], bool]:
@@ -283,7 +287,7 @@ class LocalTransport:
             row, done = await mgr.destroy(ref)
             return sandbox_view(row, mgr.now_iso()), done
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def destroy_many(self, refs: Sequence[str]) -> dict[str, list[Any]]:
         async def go(mgr: Manager):
@@ -291,7 +295,7 @@ class LocalTransport:
             ids = [mgr.resolve(ref)["id"] for ref in refs]  # all known before any is touched
             return await mgr.destroy_many(ids)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout: timedelta | None) -> dict[str, Any]:
@@ -301,14 +305,14 @@ class LocalTransport:
                     "stderr": result.stderr, "duration": result.duration_s,
                     "timed_out": result.timed_out}
 
-        return await self.call(go)
+        return await self._call(go)
 
     def exec_stream(self, ref: str, argv: Sequence[str],
                     timeout: timedelta | None) -> AsyncIterator[tuple[str, Any]]:
-        return self.stream(lambda mgr: mgr.exec_stream(ref, list(argv), timeout=timeout))
+        return self._stream(lambda mgr: mgr.exec_stream(ref, list(argv), timeout=timeout))
 
     def logs(self, ref: str, *, follow: bool, tail: int | None) -> AsyncIterator[bytes]:
-        return self.stream(lambda mgr: mgr.logs(ref, follow=follow, tail=tail))
+        return self._stream(lambda mgr: mgr.logs(ref, follow=follow, tail=tail))
 
     async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
         async def go(mgr: Manager):
@@ -317,7 +321,7 @@ class LocalTransport:
             row, capped = await mgr.extend(ref, by)
             return sandbox_view(row, mgr.now_iso()), capped
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def touch(self, ref: str) -> dict[str, Any]:
         async def go(mgr: Manager):
@@ -325,7 +329,7 @@ class LocalTransport:
 
             return sandbox_view(await mgr.record_activity(ref), mgr.now_iso())
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def pause(self, ref: str) -> dict[str, Any]:
         return await self._state_change(ref, "pause")
@@ -339,7 +343,7 @@ class LocalTransport:
 
             return sandbox_view(await getattr(mgr, verb)(ref), mgr.now_iso())
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def metrics(self, ref: str) -> dict[str, Any] | None:
         async def go(mgr: Manager):
@@ -347,19 +351,19 @@ class LocalTransport:
                 return view
             return None
 
-        return await self.call(go)
+        return await self._call(go)
 
     def follow_metrics(self, ref: str) -> AsyncIterator[dict[str, Any]]:
-        return self.stream(lambda mgr: mgr.metrics(ref, follow=True))
+        return self._stream(lambda mgr: mgr.metrics(ref, follow=True))
 
     def follow_all_metrics(self, every: timedelta | None = None,
                            ) -> AsyncIterator[dict[str, Any]]:
         from sandboxer.core.follow.sampler import samples_of_all
 
-        return self.stream(lambda mgr: samples_of_all(mgr, every or timedelta(seconds=5)))
+        return self._stream(lambda mgr: samples_of_all(mgr, every or timedelta(seconds=5)))
 
     async def metric_history(self, ref: str) -> list[dict[str, Any]]:
-        return await self.call(lambda mgr: mgr.metric_history(ref))
+        return await self._call(lambda mgr: mgr.metric_history(ref))
 
     async def evidence(self, ref: str, signed: bool = False) -> dict[str, Any]:
         if signed:
@@ -367,7 +371,7 @@ class LocalTransport:
 
             raise BadInput("by_service signs with a service's key: it is for a client of "
                            "`sbx serve` (url=); here, sign with your own key (sign=PATH)")
-        return await self.call(lambda mgr: mgr.evidence(ref))
+        return await self._call(lambda mgr: mgr.evidence(ref))
 
     # -- events -----------------------------------------------------------------------------
 
@@ -380,7 +384,7 @@ class LocalTransport:
             return [event_view(r) for r in mgr.events(
                 sandbox_id, since=_since_iso(mgr, since), after_id=after or 0)]
 
-        return await self.call(go)
+        return await self._call(go)
 
     def follow_events(self, sandbox: str | None, after: int | None,
                       every: float) -> AsyncIterator[dict[str, Any]]:
@@ -395,7 +399,7 @@ class LocalTransport:
                     yield event_view(row)
                 await asyncio.sleep(every)
 
-        return self.stream(follow)
+        return self._stream(follow)
 
     async def verify_events(self) -> dict[str, Any]:
         def go(mgr: Manager):
@@ -403,7 +407,7 @@ class LocalTransport:
             return {"checked": report.checked, "intact": report.intact,
                     "broken_at": report.broken_at, "problem": report.problem}
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def deliver_events(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
@@ -411,7 +415,7 @@ class LocalTransport:
 
             return [r.as_json() for r in default_deliverer(mgr.db).run()]
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def undelivered(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
@@ -419,7 +423,7 @@ class LocalTransport:
 
             return default_deliverer(mgr.db).undelivered()
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def redeliver(self, event_ids: Sequence[int] | None) -> list[dict[str, Any]]:
         def go(mgr: Manager):
@@ -427,7 +431,7 @@ class LocalTransport:
 
             return default_deliverer(mgr.db).redeliver(list(event_ids) if event_ids else None)
 
-        return await self.call(go)
+        return await self._call(go)
 
     # -- the reaper -------------------------------------------------------------------------
 
@@ -456,7 +460,7 @@ class LocalTransport:
                 await reaper.close(keep_manager=self._mgr is not None)
             return report.as_json()
 
-        return await self.call(go, needs_manager=False)
+        return await self._call(go, needs_manager=False)
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -466,7 +470,7 @@ class LocalTransport:
 
             return checkpoint_view(await Checkpoints(mgr).snapshot(ref, name))
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def checkpoint(self, ref: str) -> dict[str, Any]:
         def go(mgr: Manager):
@@ -474,7 +478,7 @@ class LocalTransport:
 
             return checkpoint_view(Checkpoints(mgr).resolve(ref))
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def checkpoints(self, sandbox: str | None) -> list[dict[str, Any]]:
         def go(mgr: Manager):
@@ -482,7 +486,7 @@ class LocalTransport:
 
             return [checkpoint_view(r) for r in Checkpoints(mgr).list(sandbox)]
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def restore(self, ref: str, *, ttl: timedelta | None, name: str | None,
                       labels: Mapping[str, str] | None, owner: str | None, task: str | None,
@@ -495,7 +499,7 @@ class LocalTransport:
                                                  owner=owner, task=task, profile_name=profile)
             return sandbox_view(row, mgr.now_iso())
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def remove_checkpoint(self, ref: str) -> dict[str, Any]:
         async def go(mgr: Manager):
@@ -503,7 +507,7 @@ class LocalTransport:
 
             return checkpoint_view(await Checkpoints(mgr).remove(ref))
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def prune_checkpoints(self) -> list[str]:
         async def go(mgr: Manager):
@@ -511,7 +515,7 @@ class LocalTransport:
 
             return await Checkpoints(mgr).prune()
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def export_checkpoint(self, ref: str, path: str) -> dict[str, Any]:
         async def go(mgr: Manager):
@@ -519,7 +523,7 @@ class LocalTransport:
 
             return checkpoint_view(await Checkpoints(mgr).export(ref, path))
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def import_checkpoint(self, path: str, name: str | None) -> dict[str, Any]:
         async def go(mgr: Manager):
@@ -527,7 +531,7 @@ class LocalTransport:
 
             return checkpoint_view(await Checkpoints(mgr).import_(path, name))
 
-        return await self.call(go)
+        return await self._call(go)
 
     # -- profiles, health, the store --------------------------------------------------------
 
@@ -546,10 +550,10 @@ class LocalTransport:
                                   "source": str(path), "error": str(exc)})
             return found
 
-        return await self.call(go, needs_manager=False)
+        return await self._call(go, needs_manager=False)
 
     async def profile(self, name: str) -> Profile:
-        return await self.call(lambda: _load_profile(name), needs_manager=False)
+        return await self._call(lambda: _load_profile(name), needs_manager=False)
 
     async def check_profile(self, profile: Profile | Mapping[str, Any]) -> Profile:
         def go(mgr: Manager) -> Profile:
@@ -557,7 +561,7 @@ class LocalTransport:
             mgr.check_profile(resolved)
             return resolved
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def doctor(self) -> dict[str, Any]:
         async def go() -> dict[str, Any]:
@@ -571,7 +575,7 @@ class LocalTransport:
             finally:
                 db.dispose()
 
-        return await self.call(go, needs_manager=False)
+        return await self._call(go, needs_manager=False)
 
     async def copy_database(self, target_url: str) -> dict[str, Any]:
         def go(mgr: Manager):
@@ -579,11 +583,11 @@ class LocalTransport:
 
             return copy_inventory(mgr.db, target_url).as_json()
 
-        return await self.call(go)
+        return await self._call(go)
 
     # -- watching, backends, recent samples, origin, shell ----------------------------------
 
-    def watch(self, include_destroyed: bool) -> LocalWatch:
+    def watch(self, include_destroyed: bool) -> Watch:
         return LocalWatch(self, include_destroyed)
 
     async def backends(self, names: Sequence[str] | None, *, check: bool,
@@ -593,7 +597,7 @@ class LocalTransport:
 
             return await backend_statuses(mgr, names, check=check, timeout_s=timeout)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def recent_metrics(self, since: datetime | timedelta) -> list[dict[str, Any]]:
         def go(mgr: Manager) -> list[dict[str, Any]]:
@@ -602,10 +606,10 @@ class LocalTransport:
             start = mgr.clock.now() - since if isinstance(since, timedelta) else since
             return recent_samples(mgr, start)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def origin(self, ref: str) -> str | None:
-        return await self.call(lambda mgr: mgr.resolve(ref)["restored_from"])
+        return await self._call(lambda mgr: mgr.resolve(ref)["restored_from"])
 
     async def shell_command(self, ref: str) -> list[str]:
         async def go(mgr: Manager) -> list[str]:
@@ -613,7 +617,7 @@ class LocalTransport:
 
             return await shell_argv(mgr, ref)
 
-        return await self.call(go)
+        return await self._call(go)
 
     def _database_url(self) -> str:
         """The database this transport reads (call on the core loop: `home` applies)."""
@@ -626,8 +630,8 @@ class LocalTransport:
 
     # -- for the service: acting as a caller, pages, idempotent creates, keys -------------
 
-    def acting_as(self, actor: str, tenant: str | None = None) -> ActingTransport:
-        return ActingTransport(self, actor, tenant)
+    def acting_as(self, actor: str, tenant: str | None = None) -> Transport:
+        return cast("Transport", ActingTransport(self, actor, tenant))
 
     async def list_page(self, *, state: str | None, backend: str | None,
                         labels: Mapping[str, str] | None, include_destroyed: bool,
@@ -651,7 +655,7 @@ class LocalTransport:
             return ([sandbox_view(r, now) for r in rows],
                     inventory.page_cursor(rows[-1]) if more else None)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def create_idempotent(self, key: str, caller: str, profile: str | Profile, *,
                                 ttl: timedelta | None, name: str | None,
@@ -671,7 +675,7 @@ class LocalTransport:
                                         owner=owner, task=task, bind=bind))
             return sandbox_view(row, mgr.now_iso())
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def create_api_key(self, scope: str, owner: str | None,
                              quotas: Mapping[str, Any] | None = None,
@@ -683,7 +687,7 @@ class LocalTransport:
                                   created_by=mgr.actor, now=mgr.now_iso(), quotas=quotas,
                                   record=_recorder(mgr))
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def api_keys(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
@@ -691,7 +695,7 @@ class LocalTransport:
 
             return apikeys.list_keys(mgr.db)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def revoke_api_key(self, key_id: str) -> dict[str, Any]:
         def go(mgr: Manager):
@@ -700,7 +704,7 @@ class LocalTransport:
             view, _ = apikeys.revoke(mgr.db, key_id, now=mgr.now_iso(), record=_recorder(mgr))
             return view
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def authenticate(self, token: str) -> dict[str, Any] | None:
         def go(mgr: Manager):
@@ -708,7 +712,7 @@ class LocalTransport:
 
             return apikeys.authenticate(mgr.db, token)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def usable_api_keys(self) -> int:
         def go(mgr: Manager):
@@ -716,7 +720,7 @@ class LocalTransport:
 
             return apikeys.usable_keys(mgr.db)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def sandbox_counts(self) -> list[dict[str, Any]]:
         def go(mgr: Manager):
@@ -727,7 +731,7 @@ class LocalTransport:
                 return inventory.count_sandboxes(conn.connection.driver_connection,
                                                  tenancy.current(), placeholder)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def ready(self) -> dict[str, Any]:
         def go(mgr: Manager):
@@ -741,7 +745,7 @@ class LocalTransport:
                 raise Unavailable(f"the database schema is {schema}, not {SCHEMA_HEAD}")
             return {"database": redact(mgr.db.url), "schema": schema}
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
         async def go(mgr: Manager) -> list[dict[str, Any]]:
@@ -749,7 +753,7 @@ class LocalTransport:
 
             return await read_all(mgr, timeout or READ_TIMEOUT)
 
-        return await self.call(go)
+        return await self._call(go)
 
     # -- warm pools (core/pools/__init__.py) ---------------------------------------------------------
 
@@ -759,7 +763,7 @@ class LocalTransport:
 
             return pools.statuses(mgr)
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def set_pool_size(self, profile: str, size: int) -> dict[str, Any]:
         async def go(mgr: Manager) -> dict[str, Any]:
@@ -769,7 +773,7 @@ class LocalTransport:
             await pools.set_size(mgr, resolved, size)  # made (or retired) now
             return pools.statuses(mgr, {resolved.name: resolved}, only=resolved.name)[0]
 
-        return await self.call(go)
+        return await self._call(go)
 
     async def drain_pool(self, profile: str) -> dict[str, Any]:
         async def go(mgr: Manager) -> dict[str, Any]:
@@ -782,7 +786,7 @@ class LocalTransport:
                 resolved = None
             return await pools.drain(mgr, profile, resolved)
 
-        return await self.call(go)
+        return await self._call(go)
 
 
 def _recorder(mgr: Manager) -> Callable[[Any, str, dict[str, Any]], None]:
@@ -833,9 +837,9 @@ class LocalWatch:
             self._watcher.set_include_destroyed(include)
             return await asyncio.to_thread(self._watcher.read)
 
-        delta = await self._transport.call(fast, needs_manager=False)
+        delta = await self._transport._call(fast, needs_manager=False)
         if delta is None:  # no current SQLite database (yet): the Manager's way
-            delta = await self._transport.call(
+            delta = await self._transport._call(
                 lambda mgr: self._watcher.apply(mgr.list(include_all=include,
                                                          pool_members=False)))
         return {"added": [sandbox_view(r) for r in delta.added],
@@ -852,15 +856,19 @@ class ActingTransport:
     and touching that owner's records only (core/store/tenancy.py), sharing `inner`'s loop,
     database and backends. It sets settings.ACTING_AS and settings.TENANT for each call only,
     in the calling task's context, which the call carries to the core loop: concurrent
-    callers acting as different actors never mix. Closing it leaves `inner` open."""
+    callers acting as different actors never mix. Closing it leaves `inner` open.
 
-    def __init__(self, inner: Any, actor: str, tenant: str | None = None) -> None:
+    Its operations are made from the transport contract (`_acting_operation`), one for each
+    of `Transport`'s, with its signature: an operation added to the contract is acted as
+    without a line here."""
+
+    def __init__(self, inner: Transport, actor: str, tenant: str | None = None) -> None:
         self._inner = inner
         self._actor = actor
         self._tenant = tenant
 
-    def acting_as(self, actor: str, tenant: str | None = None) -> ActingTransport:
-        return ActingTransport(self._inner, actor, tenant)
+    def acting_as(self, actor: str, tenant: str | None = None) -> Transport:
+        return cast("Transport", ActingTransport(self._inner, actor, tenant))
 
     def call_blocking(self, awaitable: Awaitable[T]) -> T:
         return self._inner.call_blocking(awaitable)
@@ -871,22 +879,38 @@ class ActingTransport:
     def close_blocking(self) -> None:
         pass
 
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._inner, name)
-        if not callable(target):
-            return target
+
+def _acting_operation(name: str, operation: Callable[..., Any]) -> Callable[..., Any]:
+    """`name` of the inner transport, run as the acting transport's actor (and tenant)."""
+    if inspect.iscoroutinefunction(operation):
+        @functools.wraps(operation)
+        async def acting_call(self: ActingTransport, *args: Any, **kwargs: Any) -> Any:
+            with _acting((self._actor, self._tenant)):
+                return await getattr(self._inner, name)(*args, **kwargs)
+
+        return acting_call
+
+    @functools.wraps(operation)
+    def acting(self: ActingTransport, *args: Any, **kwargs: Any) -> Any:
         who = (self._actor, self._tenant)
+        with _acting(who):
+            result = getattr(self._inner, name)(*args, **kwargs)
+        if hasattr(result, "__anext__"):  # a stream: each step acts as `who` too
+            return _ActingIterator(who, result)
+        return result
 
-        def acting(*args: Any, **kwargs: Any) -> Any:
-            with _acting(who):
-                result = target(*args, **kwargs)
-            if inspect.isawaitable(result):
-                return _as_actor(who, result)
-            if hasattr(result, "__anext__"):
-                return _ActingIterator(who, result)
-            return result
+    return acting
 
-        return acting
+
+def _make_acting() -> None:
+    from sandboxer._transport import Transport, operations
+
+    for name in operations(Transport):
+        if name not in vars(ActingTransport):
+            setattr(ActingTransport, name, _acting_operation(name, getattr(Transport, name)))
+
+
+_make_acting()
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """The remote transport: the library as a client of `sbx serve` (docs/service.md), over httpx.
 
-It has the methods of `LocalTransport` and returns the same dicts, so the handles, records
-and errors are the same: an error body `{"error": {"code", "kind", "message"}}` becomes the
+It implements the transport contract (`sandboxer._transport.Transport`) as `LocalTransport`
+does and returns the same dicts, so the handles, records and errors are the same: an error body `{"error": {"code", "kind", "message"}}` becomes the
 `sandboxer.Error` class of its kind with its message. The async API sends its requests on
 the caller's own loop (an httpx client for each loop it is used on: a hop to a thread and
 back costs about a millisecond a request, bench/bench_service.py); the sync API sends them
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import httpx
 
     from sandboxer._local import CoreLoop
+    from sandboxer._transport import Transport, Watch
     from sandboxer.core.rules.profiles import Profile
 
 T = TypeVar("T")
@@ -271,10 +272,15 @@ class RemoteTransport:
 
     async def create(self, profile: str | Profile, *, ttl: timedelta | None, name: str | None,
                      labels: Mapping[str, str] | None, owner: str | None,
-                     task: str | None, idempotency_key: str | None = None) -> dict[str, Any]:
+                     task: str | None) -> dict[str, Any]:
+        return await self._create(profile, ttl=ttl, name=name, labels=labels, owner=owner,
+                                  task=task, headers=None)
+
+    async def _create(self, profile: str | Profile, *, ttl: timedelta | None,
+                      name: str | None, labels: Mapping[str, str] | None, owner: str | None,
+                      task: str | None, headers: Mapping[str, str] | None) -> dict[str, Any]:
         body = {"profile": self._profile_ref(profile), "ttl": _seconds(ttl), "name": name,
                 "labels": dict(labels) if labels else None, "owner": owner, "task": task}
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
         return await self._json("POST", "/v1/sandboxes", json_body=body, headers=headers)
 
     async def get(self, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
@@ -483,7 +489,7 @@ class RemoteTransport:
 
     # -- watching, backends, origin, shell --------------------------------------------------
 
-    def watch(self, include_destroyed: bool) -> RemoteWatch:
+    def watch(self, include_destroyed: bool) -> Watch:
         return RemoteWatch(self, include_destroyed)
 
     async def backends(self, names: Sequence[str] | None, *, check: bool,
@@ -516,7 +522,7 @@ class RemoteTransport:
 
     # -- for the service --------------------------------------------------------------------
 
-    def acting_as(self, actor: str, tenant: str | None = None) -> Any:
+    def acting_as(self, actor: str, tenant: str | None = None) -> Transport:
         raise BadInput("a client of a service acts as its API key's owner; make a key for "
                        f"{actor!r} (sbx api-keys create --owner) and use it")
 
@@ -535,8 +541,8 @@ class RemoteTransport:
                                 labels: Mapping[str, str] | None, owner: str | None,
                                 task: str | None) -> dict[str, Any]:
         """`caller` is the service's to say: the API key this client sends."""
-        return await self.create(profile, ttl=ttl, name=name, labels=labels, owner=owner,
-                                 task=task, idempotency_key=key)
+        return await self._create(profile, ttl=ttl, name=name, labels=labels, owner=owner,
+                                  task=task, headers={"Idempotency-Key": key})
 
     async def create_api_key(self, scope: str, owner: str | None,
                              quotas: Mapping[str, Any] | None = None,
