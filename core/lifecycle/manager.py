@@ -17,7 +17,6 @@ import functools
 import hashlib
 import json
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -291,15 +290,6 @@ class Manager:
         """The newest event's id (0 when there is none): following starts after it."""
         with self.db.read() as conn:
             return conn.execute(sa.select(sa.func.max(EVENTS.c.id))).scalar() or 0
-
-    def follow_events(self, sandbox_id: str | None = None, *, after_id: int = 0,
-                      every: float = 0.5) -> Iterator[dict[str, Any]]:
-        """New events as other processes write them, polled every `every` seconds; forever."""
-        while True:
-            time.sleep(every)
-            for row in self.events(sandbox_id, after_id=after_id):
-                after_id = row["id"]
-                yield row
 
     def verify_events(self) -> eventlog.ChainReport:
         anchor = read_anchor(self.db.anchor_path) if self.db.anchor_path else None

@@ -565,33 +565,6 @@ def _size_thread_pool(workers: int) -> None:
         _sized_loops[loop] = workers
 
 
-async def run_every(make: Callable[[], Reaper], every: timedelta, stop: asyncio.Event,
-                    on_report: Callable[[Report | BaseException], None],
-                    timeout: timedelta | None = None,
-                    deliver: Callable[[], Any] | None = None) -> None:
-    """`sbx reap --every`: a cycle (then event delivery, in a thread), then a pause, until
-    `stop` is set (SIGTERM). A failed cycle is reported and the next one tries again."""
-    while not stop.is_set():
-        reaper = make()
-        try:
-            job = reaper.cycle()
-            report = await (asyncio.wait_for(job, timeout.total_seconds()) if timeout else job)
-            on_report(report)
-        except Exception as exc:
-            on_report(exc)
-        finally:
-            await reaper.close()
-        if deliver is not None:
-            try:
-                await asyncio.to_thread(deliver)
-            except Exception as exc:
-                on_report(exc)
-        try:
-            await asyncio.wait_for(stop.wait(), every.total_seconds())
-        except TimeoutError:
-            pass
-
-
 def default_reaper(*, database_url: str | None = None, manager: Manager | None = None,
                    actor: str | None = None, **options: Any) -> Reaper:
     """A Reaper on this installation's database (`database_url`, else the settings'). It

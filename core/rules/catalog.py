@@ -66,6 +66,3 @@ class Reason(enum.StrEnum):
     POOL_SHRUNK = "pool-shrunk"  # its pool holds more members than its size
     POOL_CHANGED = "pool-changed"  # its profile changed since it was made: it fits no create
     POOL_REMOVED = "pool-removed"  # its profile is gone, or declares no pool any more
-
-
-EXPIRY_REASONS = (Reason.TTL, Reason.IDLE, Reason.MAX_TTL, Reason.MAX_AGE)

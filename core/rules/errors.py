@@ -45,29 +45,29 @@ EXIT_UNAVAILABLE = ExitCode.UNAVAILABLE
 class SbxError(Exception):
     """Anything sbx refuses or fails; `exit_code` is what the CLI exits with."""
 
-    exit_code = EXIT_FAILED
+    exit_code = ExitCode.FAILED
     kind = "failed"
 
 
 class OperationFailed(SbxError):
-    exit_code = EXIT_FAILED
+    exit_code = ExitCode.FAILED
     kind = "failed"
 
 
 class BadInput(SbxError):
     """Nothing was written."""
 
-    exit_code = EXIT_BAD_INPUT
+    exit_code = ExitCode.BAD_INPUT
     kind = "bad_input"
 
 
 class NotFound(SbxError):
-    exit_code = EXIT_NOT_FOUND
+    exit_code = ExitCode.NOT_FOUND
     kind = "not_found"
 
 
 class Conflict(SbxError):
-    exit_code = EXIT_CONFLICT
+    exit_code = ExitCode.CONFLICT
     kind = "conflict"
 
 
@@ -79,7 +79,7 @@ class QuotaExceeded(Conflict):
 
 
 class Unavailable(SbxError):
-    exit_code = EXIT_UNAVAILABLE
+    exit_code = ExitCode.UNAVAILABLE
     kind = "unavailable"
 
 
@@ -217,19 +217,19 @@ def classify(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, SbxError):
         return exc.exit_code, exc.kind
     if is_disk_full(exc):
-        return EXIT_UNAVAILABLE, "unavailable"
+        return ExitCode.UNAVAILABLE, "unavailable"
     if is_database_error(exc):
-        return (EXIT_UNAVAILABLE, "unavailable") if _database_unreachable(exc) \
-            else (EXIT_FAILED, "failed")
+        return (ExitCode.UNAVAILABLE, "unavailable") if _database_unreachable(exc) \
+            else (ExitCode.FAILED, "failed")
     if isinstance(exc, ArtifactRefused | InvalidRequest):
-        return EXIT_BAD_INPUT, "bad_input"
+        return ExitCode.BAD_INPUT, "bad_input"
     if isinstance(exc, BackendUnavailable):
-        return EXIT_UNAVAILABLE, "unavailable"
+        return ExitCode.UNAVAILABLE, "unavailable"
     if isinstance(exc, CapabilityNotSupported):
-        return EXIT_CONFLICT, "conflict"
+        return ExitCode.CONFLICT, "conflict"
     if isinstance(exc, BackendObjectGone):
-        return EXIT_CONFLICT, "conflict"
-    return EXIT_FAILED, "failed"  # AdapterError and anything unexpected
+        return ExitCode.CONFLICT, "conflict"
+    return ExitCode.FAILED, "failed"  # AdapterError and anything unexpected
 
 
 # -- a document's problems, as pydantic finds them, in plain words ----------------------------
