@@ -34,14 +34,6 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130  # Ctrl-C (SIGINT)
 
 
-EXIT_OK = ExitCode.OK
-EXIT_FAILED = ExitCode.FAILED
-EXIT_BAD_INPUT = ExitCode.BAD_INPUT
-EXIT_NOT_FOUND = ExitCode.NOT_FOUND
-EXIT_CONFLICT = ExitCode.CONFLICT
-EXIT_UNAVAILABLE = ExitCode.UNAVAILABLE
-
-
 class SbxError(Exception):
     """Anything sbx refuses or fails; `exit_code` is what the CLI exits with."""
 
