@@ -76,8 +76,6 @@ from sandboxer.adapters.base import (  # noqa: E402
     InvalidRequest,
     MetricSample,
     ServiceSpec,
-    open_state_file,
-    state_folder,
 )
 
 BASE_IMAGE = "sandboxer/base:busybox"
@@ -100,8 +98,6 @@ BRIDGE_ICC = "com.docker.network.bridge.enable_icc"
 # `read_only: true`: the root is read-only, /tmp a tmpfs (in the container's memory limit;
 # noexec, as Docker mounts a tmpfs by default: nothing written can be run directly)
 READ_ONLY_TMPFS = {"/tmp": "rw,nosuid,nodev,noexec,mode=1777"}
-ENGINE_IDS_FILE = "docker-engine-ids.json"  # in SBX_HOME; see known_engine_id()
-ENGINE_IDS_KEPT = 16
 # How long a successful ping stands for the next operation's own (ensure_available): an
 # engine that stops answering is still met before anything is written, give or take this.
 PING_FRESH_S = 1.0
@@ -184,50 +180,6 @@ def _keep_engine_ca(api: docker.APIClient) -> None:
     api.merge_environment_settings = merged  # type: ignore[method-assign]
 
 
-def _socket_stamp(base_url: str) -> str | None:
-    """Which socket file a local engine listens on: its path, inode and change time. An
-    engine (re)started, or another one, makes a new socket file, hence a new stamp. None
-    for a remote engine (tcp://, ssh://), whose identity is always asked."""
-    if not base_url.startswith("unix://"):
-        return None
-    path = base_url.removeprefix("unix://")
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return f"{path} {st.st_ino} {st.st_ctime_ns}"
-
-
-def known_engine_id(base_url: str) -> tuple[str | None, str | None]:
-    """The engine ID remembered for this socket file, if any, and the socket's stamp.
-
-    `docker info` costs a command several ms every time, for an answer that is fixed for
-    the socket's life, so it is remembered in SBX_HOME per socket stamp."""
-    stamp = _socket_stamp(base_url)
-    if stamp is None:
-        return None, None
-    known = _read_engine_ids(state_folder() / ENGINE_IDS_FILE)
-    found = known.get(stamp)
-    return (found if isinstance(found, str) and found else None), stamp
-
-
-def remember_engine_id(stamp: str, engine_id: str) -> None:
-    path = state_folder() / ENGINE_IDS_FILE
-    known = _read_engine_ids(path)
-    known.pop(stamp, None)
-    known[stamp] = engine_id  # newest last; the oldest go
-    kept = dict(list(known.items())[-ENGINE_IDS_KEPT:])
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    try:
-        fd = open_state_file(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        with os.fdopen(fd, "w") as out:
-            json.dump(kept, out)
-        os.replace(scratch, path)  # replaces a link planted at `path`, never follows it
-    except (OSError, InvalidRequest):  # a cache: a command never fails for want of it
-        with contextlib.suppress(OSError):
-            os.unlink(scratch)
-
-
 def own_bridge(api: docker.APIClient, install: str) -> str:
     """The name of the installation's bridge, made if missing. One of that name that sbx did
     not make (another label, or traffic between containers allowed) is refused."""
@@ -265,16 +217,6 @@ def _ssh_transport() -> None:
 
         docker.transport.SSHHTTPAdapter = SSHHTTPAdapter
         docker.api.client.SSHHTTPAdapter = SSHHTTPAdapter
-
-
-def _read_engine_ids(path: os.PathLike) -> dict:
-    """The remembered engine ids; {} when there are none, or a link was planted there."""
-    try:
-        with os.fdopen(open_state_file(path, os.O_RDONLY)) as file:
-            known = json.loads(file.read())
-    except (OSError, ValueError, InvalidRequest):
-        return {}
-    return known if isinstance(known, dict) else {}
 
 
 def build_base_image(api: docker.APIClient, tag: str = BASE_IMAGE) -> str:
@@ -486,16 +428,10 @@ class DockerAdapter(Adapter):
         return self._pinged_at is not None and time.monotonic() - self._pinged_at < PING_FRESH_S
 
     async def instance_id(self) -> str | None:
-        """The engine's own ID (`docker info`), so a DOCKER_HOST that reaches another engine
-        cannot mistake this one's containers for gone."""
+        """The engine's own ID (`docker info`, asked once by each adapter), so a DOCKER_HOST
+        that reaches another engine cannot mistake this one's containers for gone."""
         if self._engine_id is None:
-            remembered, stamp = known_engine_id(self.base_url)
-            if remembered:
-                self._engine_id = remembered
-            else:
-                self._engine_id = (await self._call(lambda api: api.info())).get("ID") or ""
-                if stamp and self._engine_id:
-                    remember_engine_id(stamp, self._engine_id)
+            self._engine_id = (await self._call(lambda api: api.info())).get("ID") or ""
         return self._engine_id or None
 
     def validate(self, request: CreateRequest) -> None:

@@ -61,38 +61,3 @@ def test_the_engine_is_recorded_and_another_one_is_refused(setup):
     StubAdapter.instance = "engine-a"  # the right engine again: reaped on time
     assert reap(mgr, clock).destroyed == [row["id"]]
 
-
-def test_a_remembered_engine_id_holds_only_for_the_socket_file_it_was_learnt_on(
-        sbx_home, tmp_path):
-    """`docker info` is asked once per engine socket; an engine restarted, or another one
-    at the same path, makes a new socket file, and its identity is asked again."""
-    import shutil
-    import socket
-    import tempfile
-    from pathlib import Path
-
-    from sandboxer.adapters.docker import known_engine_id, remember_engine_id
-
-    folder = Path(tempfile.mkdtemp(prefix="sbx-sock-"))  # AF_UNIX paths are short
-    path = folder / "engine.sock"
-    url = f"unix://{path}"
-
-    def listen():
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        return sock
-
-    first = listen()
-    assert known_engine_id(url)[0] is None
-    remember_engine_id(known_engine_id(url)[1], "ENGINE-A")
-    assert known_engine_id(url)[0] == "ENGINE-A"
-    assert (sbx_home / "docker-engine-ids.json").stat().st_mode & 0o077 == 0
-    first.close()
-    path.unlink()
-    second = listen()  # the "restarted" engine: same path, new socket file
-    try:
-        assert known_engine_id(url)[0] is None
-    finally:
-        second.close()
-        shutil.rmtree(folder)
-    assert known_engine_id("tcp://127.0.0.1:2375") == (None, None)  # remote: always asked
