@@ -210,8 +210,10 @@ class Adapter(abc.ABC):
         """Make and start the sandbox, carrying `request.labels`. Return its reference."""
 
     @abc.abstractmethod
-    async def destroy(self, ref: str) -> None:
-        """Remove the sandbox. Already gone, or being removed, is success."""
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
+        """Remove the sandbox. Already gone, or being removed, is success. `services=False`:
+        the core knows it was made without services (its profile declared none), so a
+        backend that would look for them beside it need not."""
 
     @abc.abstractmethod
     async def get(self, ref: str) -> BackendObject | None:
@@ -264,8 +266,7 @@ class Adapter(abc.ABC):
         """A command's output as it comes, `("stdout" | "stderr", bytes)` pairs, then its
         ExecResult (whose stdout and stderr are empty: they were sent). A backend that
         cannot stream keeps this default: the whole output once the command ends."""
-        result = await (self.exec(ref, argv, timeout_s, env=env) if env
-                        else self.exec(ref, argv, timeout_s))
+        result = await self.exec(ref, argv, timeout_s, env=env)
         for stream, data in (("stdout", result.stdout), ("stderr", result.stderr)):
             if data:
                 yield stream, data

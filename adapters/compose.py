@@ -743,7 +743,7 @@ class ComposeAdapter(_Adapter):
                                f"{project.where} must keep running (exec and logs go to it)")
         return replace(got, labels={**got.labels, **request.labels})
 
-    async def destroy(self, ref: str) -> None:
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
         project, _ = parse_ref(ref)
         if not project:
             return
@@ -827,13 +827,15 @@ class ComposeAdapter(_Adapter):
                                     "container")
         return main["Id"]
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout_s: float | None = None) -> ExecResult:
-        return await self.docker.exec(await self._main_id(ref), argv, timeout_s)
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        return await self.docker.exec(await self._main_id(ref), argv, timeout_s, env=env)
 
     async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                          env: Mapping[str, str] | None = None,
                           ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
-        async for item in self.docker.exec_stream(await self._main_id(ref), argv, timeout_s):
+        async for item in self.docker.exec_stream(await self._main_id(ref), argv, timeout_s,
+                                                  env=env):
             yield item
 
     async def logs(self, ref: str, follow: bool = False,

@@ -378,7 +378,7 @@ class E2BAdapter(Adapter):
         return BackendObject(ref=ref, labels=dict(info.metadata), status=str(info.state.value),
                              running=info.state.value == "running", created_at=info.started_at)
 
-    async def destroy(self, ref: str) -> None:
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
         e2b = _sdk()
         sandbox_id, variable = split_ref(ref)
         await self._call(f"kill sandbox {sandbox_id}", variable, lambda: e2b.AsyncSandbox.kill(

@@ -421,7 +421,7 @@ class ModalAdapter(Adapter):
             raise CapabilityNotSupported("the modal backend needs a hard deadline (ttl.max)")
         return max(1, math.ceil(request.hard_deadline.timestamp() - time.time()))
 
-    async def destroy(self, ref: str) -> None:
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
         from modal.exception import NotFoundError
 
         sandbox, tokens = await self._sandbox(ref, "look up the sandbox")

@@ -931,7 +931,7 @@ class SSHAdapter(Adapter):
             raise
         return lease.object()
 
-    async def destroy(self, ref: str) -> None:
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
         lease = self.leases.get(ref)
         if lease is None:
             return  # already released: success

@@ -63,7 +63,7 @@ class StubAdapter(Adapter):
         self.requests[ref] = request
         return obj
 
-    async def destroy(self, ref: str) -> None:
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
         self.calls.append(("destroy", ref))
         self._maybe_fail("destroy")
         self.objects.pop(ref, None)

@@ -240,7 +240,8 @@ import pytest
 
 class SloppyAdapter(StubAdapter):
     # declares pause, which it cannot do; does not declare logs, which it does not refuse;
-    # declares run-as-user, and runs everything as root
+    # declares run-as-user, and runs everything as root; and is written to the older contract:
+    # its exec takes no env, its destroy no services
     capabilities = frozenset({Capability.EXEC, Capability.PAUSE, Capability.RUN_AS_USER})
 
     async def destroy(self, ref):
@@ -303,5 +304,7 @@ def test_the_kit_fails_an_adapter_that_breaks_the_contract(tmp_path):
         "test_capability[pause]",                  # declared, not done
         "test_capability[logs]",                   # not declared, not refused
         "test_capability[run-as-user]",            # declared, the user not applied
+        "test_exec_environment",                   # exec takes no env
+        "test_destroy_takes_the_services_hint",    # destroy takes no services
     ]), result.stdout[-4000:]
     assert "12 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]  # the rest, shell (not declared, refused) among them

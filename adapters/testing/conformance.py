@@ -342,6 +342,17 @@ class AdapterConformance:
 
         self.run(adapter, create_request, body)
 
+    def test_destroy_takes_the_services_hint(self, adapter: Adapter, create_request) -> None:
+        """`destroy(ref, services=False)`, as the core calls it for a sandbox made without
+        services, removes the sandbox like `destroy(ref)` (the keyword is in the contract)."""
+        async def body(kit: Kit) -> None:
+            request = kit.request()
+            obj = await kit.create(request)
+            await adapter.destroy(obj.ref, services=False)
+            await kit.until_gone(obj.ref, request.sandbox_id)
+
+        self.run(adapter, create_request, body)
+
     def test_after_the_backend_loses_a_sandbox(self, adapter: Adapter, create_request,
                                                 lose) -> None:
         """Removed behind sbx's back: get() says None, list() leaves it out, destroy succeeds,
@@ -419,9 +430,10 @@ class AdapterConformance:
         if argv is None:
             pytest.skip("argv_print_env() is None: this backend has no command that prints "
                         "a variable")
-        if "env" not in inspect.signature(adapter.exec).parameters:
-            pytest.skip(f"{type(adapter).__name__}.exec takes no `env`: sbx runs its commands "
-                        "without the trace context (add the parameter, docs/adapters.md)")
+        for method in (adapter.exec, adapter.exec_stream):
+            assert "env" in inspect.signature(method).parameters, (
+                f"{type(adapter).__name__}.{method.__name__} takes no `env`, which the core "
+                "passes to every command (docs/adapters.md)")
 
         async def body(kit: Kit) -> None:
             obj = await kit.create()

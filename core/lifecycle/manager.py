@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -623,7 +622,7 @@ class Manager:
                     obj.ref for obj in await adapter.list({LABEL_ID: row["id"]})
                 ]
                 for backend_ref in refs:
-                    await adapter.destroy(backend_ref, **_destroy_hints(adapter.destroy, row))
+                    await adapter.destroy(backend_ref, services=_made_with_services(row))
         except BaseException as exc:
             message = str(exc) or type(exc).__name__
             self.leases.release(lease, message)
@@ -955,7 +954,7 @@ class Manager:
             adapter = await self.adapter_for(row)
             result = await adapter.exec(row["backend_ref"], list(argv),
                                         timeout.total_seconds() if timeout else None,
-                                        **_exec_env(adapter.exec))
+                                        env=telemetry.trace_env() or None)
         self._record_exec(row["id"], recorded, result, _digest(result.stdout),
                           _digest(result.stderr))
         return result
@@ -975,7 +974,7 @@ class Manager:
             sizes = {"stdout": 0, "stderr": 0}
             async for item in adapter.exec_stream(row["backend_ref"], list(argv),
                                                   timeout.total_seconds() if timeout else None,
-                                                  **_exec_env(adapter.exec_stream)):
+                                                  env=telemetry.trace_env() or None):
                 if isinstance(item, ExecResult):
                     self._record_exec(row["id"], recorded, item, *(
                         {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
@@ -1090,29 +1089,11 @@ def _sample_view(sample: Any) -> dict[str, Any]:
             "pids": sample.pids}
 
 
-def _exec_env(method: Callable[..., Any]) -> dict[str, Any]:
-    """`env=` for an adapter's exec: the trace context of the exec's span (docs/telemetry.md),
-    when tracing is on and the adapter takes an environment (sandboxer.adapters.base.Adapter.exec)."""
-    env = telemetry.trace_env()
-    if not env or not _takes(getattr(method, "__func__", method), "env"):
-        return {}
-    return {"env": env}
-
-
-def _destroy_hints(method: Callable[..., Any], row: Mapping[str, Any]) -> dict[str, Any]:
-    """`services=` for an adapter's destroy that takes it: whether the sandbox was made with
-    services beside it (its profile as recorded at create), so one made without any is not
-    looked through for them."""
-    if not _takes(getattr(method, "__func__", method), "services"):
-        return {}
-    return {"services": bool(json.loads(row["profile_json"] or "{}").get("services"))}
-
-
-@functools.cache
-def _takes(function: Callable[..., Any], name: str) -> bool:
-    import inspect
-
-    return name in inspect.signature(function).parameters
+def _made_with_services(row: Mapping[str, Any]) -> bool:
+    """Whether the sandbox was made with services beside it (its profile as recorded at
+    create): destroy's `services=` (sandboxer.adapters.base.Adapter.destroy), so one made
+    without any is not looked through for them."""
+    return bool(json.loads(row["profile_json"] or "{}").get("services"))
 
 
 def _digest(data: bytes) -> dict[str, Any]:

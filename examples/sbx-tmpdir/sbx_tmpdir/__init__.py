@@ -96,7 +96,7 @@ class TmpdirAdapter(Adapter):
         partial.rename(folder / META)  # the sandbox exists once its labels do
         return self._object(folder)
 
-    async def destroy(self, ref: str) -> None:
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
         folder = self._folder(ref)
         trash = root() / f".gone-{ref}-{secrets.token_hex(4)}"
         try:
