@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from sandboxer import AsyncSandboxer
-from sandboxer.core.store.apikeys import Scope
+from sandboxer.service import Scope
 
 LOCAL = "local"  # the caller of a request over the unix socket without a key
 
@@ -54,7 +54,7 @@ class Refused(Exception):
 
 def _over_socket(request: Request) -> bool:
     server = request.scope.get("server")
-    path = request.app.state.socket_path
+    path = request.app.state.service.socket_path
     return bool(path and server and server[1] is None and server[0] == path)
 
 
@@ -68,10 +68,11 @@ def _bearer(request: Request) -> str | None:
 
 async def caller(request: Request, needed: Scope) -> Caller:
     """The caller of this request, or Refused."""
-    client: AsyncSandboxer = request.app.state.client
+    service = request.app.state.service
+    client: AsyncSandboxer = service.client
     token = _bearer(request)
     if token is None and _over_socket(request):
-        return Caller(client, LOCAL, Scope.ADMIN, request.app.state.actor)
+        return Caller(client, LOCAL, Scope.ADMIN, service.actor)
     if not token:
         raise Refused(401, "this service needs an API key: send `Authorization: Bearer KEY` "
                            "(sbx api-keys create makes one)")

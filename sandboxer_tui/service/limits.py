@@ -83,7 +83,7 @@ class Limits:
             return
         principal = None
         if not public:
-            from sandboxer.core.store.apikeys import Scope as KeyScope
+            from sandboxer.service import Scope as KeyScope
             from sandboxer_tui.service.auth import Refused, caller
 
             try:  # the key is looked up once: caller() finds it in the request's state

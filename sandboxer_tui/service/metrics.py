@@ -1,7 +1,8 @@
 """`GET /metrics`: Prometheus text (prometheus-client), one registry per app. The service's
 own families never take a sandbox id as a label value: every label (state, backend, kind,
 result, reason, sink) has a handful of values. The per-sandbox container families
-(sandboxer.core.follow.containermetrics) are the exception by nature: one series per running sandbox."""
+(`sandboxer.service.container_collector`) are the exception by nature: one series per running
+sandbox."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class ServiceMetrics:
                                   "its sinks (the webhook, the JSON Lines file), by result",
                                   ["sink", "result"], registry=self.registry)
         # the per-sandbox container families, as `sbx metrics --all --format prometheus`
-        # prints them (sandboxer.core.follow.containermetrics), read live at each scrape
+        # prints them (sandboxer.service.container_collector), read live at each scrape
         self.containers = _Containers()
         self.registry.register(self.containers)
 
@@ -88,12 +89,12 @@ class ServiceMetrics:
 
 
 class _Containers:
-    """The container families of the last readings (sandboxer.core.follow.containermetrics), one scrape's."""
+    """The container families of the last readings, one scrape's."""
 
     def __init__(self) -> None:
         self.readings: list[dict[str, Any]] = []
 
     def collect(self) -> Any:
-        from sandboxer.core.follow.containermetrics import collector
+        from sandboxer.service import container_collector
 
-        return collector(self.readings).collect()
+        return container_collector(self.readings).collect()

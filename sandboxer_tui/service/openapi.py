@@ -13,10 +13,10 @@ from typing import Any
 
 def document() -> dict[str, Any]:
     """The document, made without a database or a backend (the routes are not called)."""
-    from sandboxer import AsyncSandboxer
+    from sandboxer.service import ServiceClient
     from sandboxer_tui.service.app import build_app
 
-    return build_app(AsyncSandboxer(_transport=object()), actor="-").openapi()
+    return build_app(ServiceClient(_transport=object()), actor="-").openapi()
 
 
 def text() -> str:

@@ -145,7 +145,7 @@ async def _serve(listen_text: str | None, socket_path: str | None,
     from sandboxer.core.rules import settings
 
     _Server = _server_class()
-    from sandboxer import AsyncSandboxer
+    from sandboxer.service import ServiceClient
     from sandboxer_tui.service.app import build_app
 
     if listen_text is not None:
@@ -153,13 +153,10 @@ async def _serve(listen_text: str | None, socket_path: str | None,
     else:  # loopback by default; only the socket when just --socket is given
         listen = None if socket_path else parse_listen(DEFAULT_LISTEN)
     bound: str | None = None  # the socket file this service made (and removes)
-    from sandboxer._local import LocalTransport
-
     actor = settings.actor()
     # The core on uvicorn's own loop: no hop to a core thread and back on every call
     # (docs/design.md, "The library").
-    client = AsyncSandboxer(_transport=LocalTransport(actor=actor,
-                                                      loop=asyncio.get_running_loop()))
+    client = ServiceClient.on_running_loop(actor=actor)
     sockets: list[socket.socket] = []
     try:
         await client.ready()  # the database answers and is migrated before anyone calls

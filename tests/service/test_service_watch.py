@@ -59,11 +59,11 @@ def test_the_inventory_answers_304_and_reads_nothing_until_someone_commits(
 
 async def test_the_librarys_watch_asks_again_with_the_etag_of_its_last_answer(
         live, stub_named, monkeypatch):
-    from sandboxer_tui.service import app as service_app
+    from sandboxer_tui.service.routes import sandboxes as inventory_route
 
     unchanged = []  # what the service found of each If-None-Match
-    real = service_app.matches
-    monkeypatch.setattr(service_app, "matches",
+    real = inventory_route.matches
+    monkeypatch.setattr(inventory_route, "matches",
                         lambda *args: unchanged.append(real(*args)) or unchanged[-1])
     async with sandboxer.AsyncSandboxer(url=live.url, token=live.key("read")) as sbx, \
             sbx.watch() as watch:
