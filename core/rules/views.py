@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from sandboxer.core.rules.clock import from_iso, to_iso
 from sandboxer.core.rules.states import ON_THE_CLOCK
@@ -17,7 +17,38 @@ VIEW_COLUMNS = ("id", "name", "profile", "backend", "backend_ref", "state", "own
                 "pool", "launch")
 
 
+class SandboxView(TypedDict):
+    """A sandbox as every front end shows it, in `sandbox_view`'s order: the one shape the
+    library's SandboxRecord reads and the service's document derives its models from
+    (tests/service/test_documented_shapes.py checks that it names what is sent)."""
+
+    id: str
+    name: str | None
+    profile: str
+    backend: str
+    backend_ref: str | None
+    state: str
+    owner: str
+    task: str | None
+    labels: dict[str, str]
+    install: str
+    host: str | None
+    created_at: str
+    started_at: str | None
+    deadline: str
+    hard_deadline: str
+    last_activity_at: str
+    idle_timeout_s: int | None
+    idle_deadline: str | None
+    ended_at: str | None
+    error: str | None
+    launch: str | None
+    pool: str | None
+    ttl_left_s: NotRequired[int | None]  # only when read with a `now`
+
+
 def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
+    """The row as a `SandboxView`."""
     view = {
         "id": row["id"],
         "name": row["name"],

@@ -1,14 +1,26 @@
 """The request bodies and response shapes of the API, as the OpenAPI document states them.
 Responses are the records' `to_dict()` (the shapes `sbx ... --json` prints, docs/cli.md);
-these models describe them and are not used to build them."""
+these models describe them and are not used to build them. Where a record's shape is typed
+in one place, the model is derived from it (`derived`): a sandbox from
+`sandboxer.core.rules.views.SandboxView`, an event, a metric sample, a command's result, a
+backend's status and a profile from the library's records. The others are written here."""
 
 from __future__ import annotations
 
+import enum
+import functools
+import operator
+import types
+import typing
+from collections.abc import Collection, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, create_model
 
-from sandboxer.core.store.apikeys import MAX_QUOTA
+import sandboxer
+from sandboxer.core.rules.views import SandboxView
+from sandboxer.service import MAX_QUOTA
 
 # "30m", "1h30m", or seconds; strict numbers, so JSON `true` is refused, not read as 1 s
 Duration = str | StrictFloat | StrictInt
@@ -111,42 +123,72 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-class SandboxFields(BaseModel):
-    id: str
-    name: str | None
-    profile: str
-    backend: str
-    backend_ref: str | None
-    state: str
-    owner: str
-    task: str | None
-    labels: dict[str, str]
-    install: str
-    host: str | None
-    created_at: str
-    started_at: str | None
-    deadline: str
-    hard_deadline: str
-    last_activity_at: str
-    idle_timeout_s: int | None
-    idle_deadline: str | None
-    ended_at: str | None
-    error: str | None
+class Output(BaseModel):
+    base64: str
 
 
-class SandboxRecord(SandboxFields):
-    """`sbx show --json`; `profile_resolved` only when asked for."""
+def json_type(hint: Any) -> Any:
+    """The type a record's field has in JSON: a time is ISO 8601 text, a duration seconds,
+    output bytes text (or `{"base64"}` when not UTF-8), an enum its word, a set or tuple a
+    list, a mapping an object."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        members: list[Any] = []
+        for arg in args:
+            member = json_type(arg)
+            if member not in members:  # EventType | str: the word either way
+                members.append(member)
+        return functools.reduce(operator.or_, members)
+    if origin in (frozenset, set, tuple, list):
+        return list[json_type(args[0])]
+    if origin in (dict, Mapping):
+        return dict[json_type(args[0]), json_type(args[1])]
+    if hint is datetime:
+        return str
+    if hint is timedelta:
+        return float
+    if hint is bytes:
+        return str | Output
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return str
+    return hint
 
-    ttl_left_s: int | None
-    launch: str | None = Field(None, description="how its create was served: \"warm\" (a "
-                                                 "pool member was claimed) or \"cold\"")
-    pool: str | None = Field(None, description="the pool it came from, if any")
-    profile_resolved: dict[str, Any] | None = None
+
+def derived(name: str, shape: type, *, doc: str | None = None, skip: Collection[str] = (),
+            optional: Collection[str] = (), described: Mapping[str, str] | None = None,
+            **extra: Any) -> type[BaseModel]:
+    """A response model named `name` with the fields of `shape` (a TypedDict or a record
+    dataclass) in its order, as JSON types: each required unless `optional` (then null by
+    default), `described` where the document says more; then the `extra` fields, as
+    pydantic's create_model takes them."""
+    described = described or {}
+    fields: dict[str, Any] = {}
+    for field, hint in typing.get_type_hints(shape).items():
+        if field in skip:
+            continue
+        default = None if field in optional else ...
+        fields[field] = (json_type(hint), Field(default, description=described.get(field)))
+    return create_model(name, __doc__=doc, __module__=__name__, **fields, **extra)
 
 
-class WatchedSandbox(SandboxFields):
-    """A sandbox as a watch of the inventory sees it: the stored fields only (no
-    `ttl_left_s`, which changes by itself as time passes)."""
+# launch and pool came with warm pools, after the inventory's watch was documented: the
+# document has them optional on a record and does not name them on a watched sandbox (whose
+# items carry them too)
+_LATER = ("launch", "pool")
+
+SandboxRecord = derived(
+    "SandboxRecord", SandboxView, doc="`sbx show --json`; `profile_resolved` only when asked "
+                                      "for.",
+    optional=_LATER, described={
+        "launch": "how its create was served: \"warm\" (a pool member was claimed) or "
+                  "\"cold\"",
+        "pool": "the pool it came from, if any"},
+    profile_resolved=(dict[str, Any] | None, None))
+
+WatchedSandbox = derived(
+    "WatchedSandbox", SandboxView, skip=(*_LATER, "ttl_left_s"),
+    doc="A sandbox as a watch of the inventory sees it: the stored fields only (no\n"
+        "`ttl_left_s`, which changes by itself as time passes).")
 
 
 class Extended(SandboxRecord):
@@ -163,22 +205,16 @@ class SandboxPage(BaseModel):
                                                 "null on the last")
 
 
-class Output(BaseModel):
-    base64: str
-
-
-class ExecResult(BaseModel):
-    exit_code: int
-    stdout: str | Output = Field(description="text, or {\"base64\"} when not UTF-8; at most "
-                                             "SBX_SERVE_MAX_EXEC_OUTPUT bytes (1MiB)")
-    stderr: str | Output = Field(description="as stdout")
-    duration: float
-    timed_out: bool
-    stdout_bytes: int = Field(description="how much stdout the command wrote")
-    stderr_bytes: int = Field(description="how much stderr the command wrote")
-    stdout_truncated: bool = Field(description="stdout holds only the first part: the stream "
-                                               "form (Accept: text/event-stream) sends it all")
-    stderr_truncated: bool = Field(description="as stdout_truncated")
+ExecResult = derived(
+    "ExecResult", sandboxer.ExecResult, described={
+        "stdout": "text, or {\"base64\"} when not UTF-8; at most SBX_SERVE_MAX_EXEC_OUTPUT "
+                  "bytes (1MiB)",
+        "stderr": "as stdout"},
+    stdout_bytes=(int, Field(description="how much stdout the command wrote")),
+    stderr_bytes=(int, Field(description="how much stderr the command wrote")),
+    stdout_truncated=(bool, Field(description="stdout holds only the first part: the stream "
+                                              "form (Accept: text/event-stream) sends it all")),
+    stderr_truncated=(bool, Field(description="as stdout_truncated")))
 
 
 class CheckpointRecord(BaseModel):
@@ -203,27 +239,8 @@ class CheckpointRecord(BaseModel):
     exported_at: str | None = None
 
 
-class Event(BaseModel):
-    id: int
-    time: str
-    sandbox_id: str | None
-    type: str
-    actor: str
-    reason: str | None
-    payload: dict[str, Any]
-    prev_hash: str
-    hash: str
-
-
-class MetricSample(BaseModel):
-    sandbox_id: str
-    time: str
-    cpu_pct: float | None
-    memory_bytes: int | None
-    memory_limit: int | None
-    net_rx_bytes: int | None
-    net_tx_bytes: int | None
-    pids: int | None
+Event = derived("Event", sandboxer.Event)
+MetricSample = derived("MetricSample", sandboxer.MetricSample)
 
 
 class Origin(BaseModel):
@@ -232,23 +249,10 @@ class Origin(BaseModel):
                                                   "have been removed")
 
 
-class BackendStatus(BaseModel):
-    name: str
-    loaded: bool
-    test_double: bool
-    capabilities: list[str]
-    checked: bool
-    reachable: bool | None = Field(description="null when not checked")
-    credentials: bool | None = Field(description="null when not checked or not reached")
-    detail: str
-
-
-class ProfileInfo(BaseModel):
-    name: str
-    backend: str | None
-    description: str | None
-    source: str
-    error: str | None = None
+BackendStatus = derived("BackendStatus", sandboxer.BackendStatus, described={
+    "reachable": "null when not checked",
+    "credentials": "null when not checked or not reached"})
+ProfileInfo = derived("ProfileInfo", sandboxer.ProfileInfo, optional=("error",))
 
 
 class ApiKey(BaseModel):
