@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from sandboxer._records import (
     BackendStatus,
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 Duration = timedelta | str | int | float
 
 
+@overload
+def _duration(value: Duration, what: str) -> timedelta: ...
+@overload
+def _duration(value: Duration | None, what: str) -> timedelta | None: ...
 def _duration(value: Duration | None, what: str) -> timedelta | None:
     """A timedelta, a duration such as "30m", or seconds; BadInput naming `what` otherwise."""
     if value is None or isinstance(value, timedelta):
@@ -127,16 +131,6 @@ class AsyncSandboxer:
     async def get(self, ref: str) -> AsyncSandbox:
         """A sandbox by id, unique id prefix or name, as the CLI takes them."""
         return AsyncSandbox(self, await self._transport.get(ref))
-
-    async def list(self, *, state: str | None = None, backend: str | None = None,
-                   labels: Mapping[str, str] | None = None,
-                   include_destroyed: bool = False) -> list[AsyncSandbox]:
-        """Sandboxes, oldest first; destroyed ones only with `include_destroyed` (or a
-        `state`). `labels`: only those carrying all of them."""
-        views = await self._transport.list(
-            state=None if state is None else str(state), backend=backend,
-            labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
-        return [AsyncSandbox(self, v) for v in views]
 
     async def destroy(self, *refs: str) -> dict[str, list[Any]]:
         """Destroy several sandboxes; one failure does not stop the others. Every ref is
@@ -424,6 +418,19 @@ class AsyncSandboxer:
         "error"}]}` (`sbx pool drain`)."""
         return await self._transport.drain_pool(profile)
 
+    # `list` comes last: a method of that name hides the builtin from the annotations below it
+    # (for a type checker), so none is below it.
+
+    async def list(self, *, state: str | None = None, backend: str | None = None,
+                   labels: Mapping[str, str] | None = None,
+                   include_destroyed: bool = False) -> list[AsyncSandbox]:
+        """Sandboxes, oldest first; destroyed ones only with `include_destroyed` (or a
+        `state`). `labels`: only those carrying all of them."""
+        views = await self._transport.list(
+            state=None if state is None else str(state), backend=backend,
+            labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
+        return [AsyncSandbox(self, v) for v in views]
+
 
 class _Creating:
     """What `AsyncSandboxer.create` returns: await it, or use it as `async with`."""
@@ -491,7 +498,7 @@ class AsyncSandbox(SandboxRecord):
                 yield ExecExit(value["exit_code"], timedelta(seconds=value["duration"]),
                                bool(value.get("timed_out")))
             else:
-                yield OutputChunk(kind, value)
+                yield OutputChunk("stderr" if kind == "stderr" else "stdout", value)
 
     async def logs(self, *, follow: bool = False, tail: int | None = None,
                    ) -> AsyncIterator[bytes]:

@@ -5,23 +5,36 @@ records; `to_dict()` gives that shape back."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 from sandboxer.core.rules.catalog import EventType, Reason
 from sandboxer.core.rules.states import State
 
 
+@overload
+def _time(text: str) -> datetime: ...
+@overload
+def _time(text: None) -> None: ...
+@overload
+def _time(text: str | None) -> datetime | None: ...
 def _time(text: str | None) -> datetime | None:
     if text is None:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
 
-def _maybe_enum(enum_type, value):
+E = TypeVar("E")
+
+
+@overload
+def _maybe_enum(enum_type: Callable[[str], E], value: str) -> E | str: ...
+@overload
+def _maybe_enum(enum_type: Callable[[str], E], value: None) -> None: ...
+def _maybe_enum(enum_type: Callable[[str], E], value: str | None) -> E | str | None:
     if value is None:
         return None
     try:
@@ -49,17 +62,50 @@ class SandboxRecord:
         """The record as `sbx show --json` prints it (without the resolved profile)."""
         return dict(self._view)
 
-    id = property(lambda self: self._view["id"])
-    name = property(lambda self: self._view["name"])
-    profile = property(lambda self: self._view["profile"])
-    backend = property(lambda self: self._view["backend"])
-    backend_ref = property(lambda self: self._view["backend_ref"])
-    owner = property(lambda self: self._view["owner"])
-    task = property(lambda self: self._view["task"])
-    host = property(lambda self: self._view.get("host"))
-    error = property(lambda self: self._view.get("error"))
-    idle_timeout = property(lambda self: None if not self._view.get("idle_timeout_s")
-                            else timedelta(seconds=self._view["idle_timeout_s"]))
+    @property
+    def id(self) -> str:
+        return self._view["id"]
+
+    @property
+    def name(self) -> str | None:
+        return self._view["name"]
+
+    @property
+    def profile(self) -> str:
+        """The name of the profile it was made from."""
+        return self._view["profile"]
+
+    @property
+    def backend(self) -> str:
+        return self._view["backend"]
+
+    @property
+    def backend_ref(self) -> str | None:
+        """The backend's own id for it (None before the backend made it)."""
+        return self._view["backend_ref"]
+
+    @property
+    def owner(self) -> str:
+        return self._view["owner"]
+
+    @property
+    def task(self) -> str | None:
+        return self._view["task"]
+
+    @property
+    def host(self) -> str | None:
+        """The machine of the installation that made it."""
+        return self._view.get("host")
+
+    @property
+    def error(self) -> str | None:
+        """Why it failed (or why its setup did), if it did."""
+        return self._view.get("error")
+
+    @property
+    def idle_timeout(self) -> timedelta | None:
+        seconds = self._view.get("idle_timeout_s")
+        return timedelta(seconds=seconds) if seconds else None
 
     @property
     def state(self) -> State:
@@ -69,13 +115,33 @@ class SandboxRecord:
     def labels(self) -> Mapping[str, str]:
         return MappingProxyType(self._view["labels"])
 
-    created_at = property(lambda self: _time(self._view["created_at"]))
-    started_at = property(lambda self: _time(self._view.get("started_at")))
-    deadline = property(lambda self: _time(self._view["deadline"]))
-    hard_deadline = property(lambda self: _time(self._view["hard_deadline"]))
-    idle_deadline = property(lambda self: _time(self._view.get("idle_deadline")))
-    last_activity_at = property(lambda self: _time(self._view.get("last_activity_at")))
-    ended_at = property(lambda self: _time(self._view.get("ended_at")))
+    @property
+    def created_at(self) -> datetime:
+        return _time(self._view["created_at"])
+
+    @property
+    def started_at(self) -> datetime | None:
+        return _time(self._view.get("started_at"))
+
+    @property
+    def deadline(self) -> datetime:
+        return _time(self._view["deadline"])
+
+    @property
+    def hard_deadline(self) -> datetime:
+        return _time(self._view["hard_deadline"])
+
+    @property
+    def idle_deadline(self) -> datetime | None:
+        return _time(self._view.get("idle_deadline"))
+
+    @property
+    def last_activity_at(self) -> datetime | None:
+        return _time(self._view.get("last_activity_at"))
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return _time(self._view.get("ended_at"))
 
     @property
     def ttl_left(self) -> timedelta | None:
@@ -85,7 +151,8 @@ class SandboxRecord:
 
         if self._view["state"] not in ON_THE_CLOCK:
             return None
-        ends = min(t for t in (self.deadline, self.idle_deadline) if t is not None)
+        idle = self.idle_deadline
+        ends = self.deadline if idle is None else min(self.deadline, idle)
         return max(timedelta(0), ends - clock_from_env().now())
 
     def __repr__(self) -> str:
@@ -98,9 +165,16 @@ class SandboxRecord:
     def __hash__(self) -> int:
         return hash(self._view["id"])
 
-    # how its create was served: "warm" (a pool member was claimed, docs/pools.md) or "cold"
-    launch = property(lambda self: self._view.get("launch", "cold"))
-    pool = property(lambda self: self._view.get("pool"))  # the pool it came from, if any
+    @property
+    def launch(self) -> str | None:
+        """How its create was served: "warm" (a pool member was claimed, docs/pools.md) or
+        "cold"."""
+        return self._view.get("launch", "cold")
+
+    @property
+    def pool(self) -> str | None:
+        """The warm pool it came from, if any."""
+        return self._view.get("pool")
 
 
 class CheckpointRecord:
@@ -122,18 +196,55 @@ class CheckpointRecord:
         """The record as `sbx checkpoints --json` prints it."""
         return dict(self._view)
 
-    id = property(lambda self: self._view["id"])
-    name = property(lambda self: self._view["name"])
-    sandbox = property(lambda self: self._view["sandbox_id"])
-    parent = property(lambda self: self._view["parent_id"])
-    kind = property(lambda self: self._view["kind"])
-    state = property(lambda self: self._view["state"])
-    backend = property(lambda self: self._view["backend"])
-    profile = property(lambda self: self._view["profile"])
-    size_bytes = property(lambda self: self._view.get("size_bytes"))
-    origin_sandbox = property(lambda self: self._view.get("origin_sandbox_id"))
-    created_at = property(lambda self: _time(self._view["created_at"]))
-    expires_at = property(lambda self: _time(self._view.get("expires_at")))
+    @property
+    def id(self) -> str:
+        return self._view["id"]
+
+    @property
+    def name(self) -> str | None:
+        return self._view["name"]
+
+    @property
+    def sandbox(self) -> str | None:
+        return self._view["sandbox_id"]
+
+    @property
+    def parent(self) -> str | None:
+        return self._view["parent_id"]
+
+    @property
+    def kind(self) -> str:
+        """What it saved: "filesystem" (or "memory")."""
+        return self._view["kind"]
+
+    @property
+    def state(self) -> str:
+        """"pending" while the backend makes it, then "ready"."""
+        return self._view["state"]
+
+    @property
+    def backend(self) -> str:
+        return self._view["backend"]
+
+    @property
+    def profile(self) -> str:
+        return self._view["profile"]
+
+    @property
+    def size_bytes(self) -> int | None:
+        return self._view.get("size_bytes")
+
+    @property
+    def origin_sandbox(self) -> str | None:
+        return self._view.get("origin_sandbox_id")
+
+    @property
+    def created_at(self) -> datetime:
+        return _time(self._view["created_at"])
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return _time(self._view.get("expires_at"))
 
     def __repr__(self) -> str:
         name = f" {self.name!r}" if self.name else ""
@@ -306,7 +417,7 @@ def lineage(checkpoints: list[CheckpointRecord]) -> list[dict[str, Any]]:
     """Checkpoints as nested nodes: a checkpoint's `children` were taken from sandboxes
     restored from it. A parent not among `checkpoints` makes its children roots."""
     nodes = {c.id: {**c.to_dict(), "children": []} for c in checkpoints}
-    roots = []
+    roots: list[dict[str, Any]] = []
     for node in nodes.values():
         parent = nodes.get(node["parent_id"]) if node["parent_id"] else None
         (parent["children"] if parent else roots).append(node)
@@ -401,17 +512,49 @@ class PoolInfo:
         """The record as `sbx pool ls --json` prints it."""
         return dict(self._view)
 
-    profile = property(lambda self: self._view["profile"])
-    backend = property(lambda self: self._view["backend"])
-    declared = property(lambda self: bool(self._view["declared"]))
-    size = property(lambda self: self._view["size"])
-    size_set = property(lambda self: bool(self._view["size_set"]))
-    ready = property(lambda self: self._view["ready"])
-    starting = property(lambda self: self._view["starting"])
-    claimed = property(lambda self: self._view["claimed"])
-    since = property(lambda self: _time(self._view.get("since")))
-    oldest = property(lambda self: _time(self._view.get("oldest")))
-    error = property(lambda self: self._view.get("error"))
+    @property
+    def profile(self) -> str:
+        return self._view["profile"]
+
+    @property
+    def backend(self) -> str | None:
+        return self._view["backend"]
+
+    @property
+    def declared(self) -> bool:
+        return bool(self._view["declared"])
+
+    @property
+    def size(self) -> int:
+        return self._view["size"]
+
+    @property
+    def size_set(self) -> bool:
+        return bool(self._view["size_set"])
+
+    @property
+    def ready(self) -> int:
+        return self._view["ready"]
+
+    @property
+    def starting(self) -> int:
+        return self._view["starting"]
+
+    @property
+    def claimed(self) -> int:
+        return self._view["claimed"]
+
+    @property
+    def since(self) -> datetime | None:
+        return _time(self._view.get("since"))
+
+    @property
+    def oldest(self) -> datetime | None:
+        return _time(self._view.get("oldest"))
+
+    @property
+    def error(self) -> str | None:
+        return self._view.get("error")
 
     @property
     def max_age(self) -> timedelta | None:

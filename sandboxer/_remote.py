@@ -287,19 +287,6 @@ class RemoteTransport:
         return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}",
                                 params={"with_profile": with_profile or None})
 
-    async def list(self, *, state: str | None, backend: str | None,
-                   labels: Mapping[str, str] | None,
-                   include_destroyed: bool) -> list[dict[str, Any]]:
-        views: list[dict[str, Any]] = []
-        cursor = None
-        while True:
-            page, cursor = await self.list_page(
-                state=state, backend=backend, labels=labels,
-                include_destroyed=include_destroyed, limit=PAGE, cursor=cursor)
-            views += page
-            if cursor is None:
-                return views
-
     async def destroy(self, ref: str) -> tuple[dict[str, Any], bool]:
         view = await self._json("DELETE", f"/v1/sandboxes/{_seg(ref)}")
         return view, not view.pop("already_destroyed", False)
@@ -588,6 +575,22 @@ class RemoteTransport:
 
     async def drain_pool(self, profile: str) -> dict[str, Any]:
         return await self._json("POST", f"/v1/pools/{_seg(profile)}/drain")
+
+    # `list` comes last: a method of that name hides the builtin from the annotations below it
+    # (for a type checker), so none is below it.
+
+    async def list(self, *, state: str | None, backend: str | None,
+                   labels: Mapping[str, str] | None,
+                   include_destroyed: bool) -> list[dict[str, Any]]:
+        views: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            page, cursor = await self.list_page(
+                state=state, backend=backend, labels=labels,
+                include_destroyed=include_destroyed, limit=PAGE, cursor=cursor)
+            views += page
+            if cursor is None:
+                return views
 
 
 class RemoteWatch:

@@ -81,12 +81,6 @@ class Transport(Protocol):
         """A sandbox's view by id, id prefix or name (with its resolved profile, if asked)."""
         ...
 
-    async def list(self, *, state: str | None, backend: str | None,
-                   labels: Mapping[str, str] | None,
-                   include_destroyed: bool) -> list[dict[str, Any]]:
-        """Every sandbox's view that passes the filters, oldest first."""
-        ...
-
     async def destroy(self, ref: str) -> tuple[dict[str, Any], bool]:
         """Destroy one sandbox: (its view, True when this call destroyed it)."""
         ...
@@ -326,6 +320,15 @@ class Transport(Protocol):
 
     async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
         """One live reading of every running sandbox whose backend reports metrics."""
+        ...
+
+    # `list` comes last: a method of that name hides the builtin from the annotations below it
+    # (for a type checker), so none is below it.
+
+    async def list(self, *, state: str | None, backend: str | None,
+                   labels: Mapping[str, str] | None,
+                   include_destroyed: bool) -> list[dict[str, Any]]:
+        """Every sandbox's view that passes the filters, oldest first."""
         ...
 
 
