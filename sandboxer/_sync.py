@@ -1,18 +1,27 @@
 """The sync API, made from the async one: each method of `Sandboxer`, `Sandbox` and
 `Checkpoint` runs its async twin on the client's core loop and waits for it; async
-iterators become iterators. Nothing here knows what an operation does."""
+iterators become iterators. Nothing here knows what an operation does.
+
+The twins are attached at import, which a type checker does not see: `_sync.pyi`, generated
+from these classes and their async twins by scripts/sync_stub.py, says what they are
+(tests/api/test_typing.py fails when it is stale)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer
 from sandboxer._records import CheckpointRecord, InventoryChange, SandboxRecord
+
+if TYPE_CHECKING:
+    from sandboxer._transport import Transport
+
+T = TypeVar("T")
 
 
 def _wrap(value: Any) -> Any:
@@ -35,36 +44,37 @@ def _wrap(value: Any) -> Any:
     return value
 
 
-class SyncIterator(Iterator):
+class SyncIterator(Iterator[T], Generic[T]):
     """An async iterator of the core loop, one item at a time. Close it (or use `with`)
     to stop a stream that never ends, such as followed events or logs."""
 
-    def __init__(self, transport: Any, agen: Any) -> None:
+    def __init__(self, transport: Transport, agen: AsyncIterator[Any]) -> None:
         self._transport = transport
         self._agen = agen
 
-    def __iter__(self) -> SyncIterator:
+    def __iter__(self) -> SyncIterator[T]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> T:
         try:
             return _wrap(self._transport.call_blocking(self._agen.__anext__()))
         except StopAsyncIteration:
             raise StopIteration from None
 
     def close(self) -> None:
+        """Stop the stream (what it holds open on the core loop is closed)."""
         self._transport.call_blocking(self._agen.aclose())
 
-    def __enter__(self) -> SyncIterator:
+    def __enter__(self) -> SyncIterator[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _twin_of(name: str, member: Any) -> Any:
+def _twin_of(name: str, member: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(member)
-    def method(self, *args: Any, **kwargs: Any) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = getattr(self._async, name)(*args, **kwargs)
         transport = self._async_client._transport
         if inspect.isawaitable(result):
@@ -97,9 +107,11 @@ class Sandboxer:
             print(box.exec(["sh", "-c", "echo hello"]).stdout)
     """
 
+    _async: AsyncSandboxer
+
     def __init__(self, home: str | Path | None = None, database_url: str | None = None,
                  actor: str | None = None, *, url: str | None = None,
-                 token: str | None = None, _transport: Any = None) -> None:
+                 token: str | None = None, _transport: Transport | None = None) -> None:
         self._async = AsyncSandboxer(home, database_url, actor, url=url, token=token,
                                      _transport=_transport)
 
@@ -129,6 +141,7 @@ class Sandbox(SandboxRecord):
     leaving, on an exception too."""
 
     __slots__ = ("_async",)
+    _async: AsyncSandbox
     _view = property(lambda self: self._async._view)  # one record, shared with the twin
 
     @classmethod
@@ -152,6 +165,7 @@ class Checkpoint(CheckpointRecord):
     """The sync twin of `AsyncCheckpoint`."""
 
     __slots__ = ("_async",)
+    _async: AsyncCheckpoint
     _view = property(lambda self: self._async._view)
 
     @classmethod
