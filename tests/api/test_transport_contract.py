@@ -1,7 +1,8 @@
 """The transport contract (sandboxer/_transport.py) holds: both transports, and the acting
 one the service uses, have every operation of `Transport` with its exact signature and no
-public method beside them; the library asks its transport for nothing else; and the check
-itself catches a transport that lacks an operation or renames a parameter."""
+public method beside them; the library asks its transport for nothing else; the check
+itself catches a transport that lacks an operation or renames a parameter; and what a
+transport returns reaches the caller alike in process and over a service."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 
 import pytest
 
+import sandboxer
 from sandboxer._local import ActingTransport, LocalTransport, LocalWatch
 from sandboxer._remote import RemoteTransport, RemoteWatch
 from sandboxer._transport import Transport, Watch, operations
@@ -174,3 +176,18 @@ def test_an_acting_transport_records_its_actor_and_keeps_the_signatures():
     assert seen == [("box", timedelta(minutes=5), "alice", "alice")]
     assert str(inspect.signature(ActingTransport.extend)) == \
         str(inspect.signature(Transport.extend))
+
+
+# -- what both transports answer alike ------------------------------------------------------
+
+
+async def test_destroy_says_whether_this_call_destroyed_it(client, stub_profile):
+    """The engine knows whether a destroy did the work or found it done (the transport's
+    `destroy` returns it); the handle keeps it instead of dropping it, in process and over a
+    service alike."""
+    box = await client.create(stub_profile, ttl="5m")
+    again = await client.get(box.id)
+    assert await box.destroy() is True
+    assert box.state is sandboxer.State.DESTROYED
+    assert await again.destroy() is False
+    assert again.state is sandboxer.State.DESTROYED
