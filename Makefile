@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup test-setup venv launcher bytecode docker image service-image python-base postgres sshd tmux compose lint bench clean
+.PHONY: run test setup test-setup venv bytecode docker image service-image python-base postgres sshd tmux compose lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -17,13 +17,7 @@ test: setup test-setup
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q --durations=25
 
-setup: venv launcher bytecode docker image
-
-# The compiled launcher (sandboxer_tui/server/launcher.c) in place of the Python `sbx` script pip
-# wrote: a command that `sbx server` runs then starts no interpreter of its own (about 10 ms
-# a command). Without a C compiler the Python launcher stays; it does the same work.
-launcher: venv
-	scripts/build-launcher.sh "$(BIN)/sbx" "$(CURDIR)/$(BIN)/python"
+setup: venv bytecode docker image
 
 # The project's modules compiled ahead, as pip does for an installed package: the `sbx`
 # launcher is imported by every command, and compiling it each time (PYTHONDONTWRITEBYTECODE
@@ -84,7 +78,7 @@ lint: venv
 
 # Each benchmark writes its results to bench/results/NAME.json (committed), and the README's
 # performance table is made from them (scripts/perf_table.py; a test checks they agree).
-BENCHES ?= lifecycle oneshot api clients service pool reap checkpoints delivery metrics tui fleet
+BENCHES ?= lifecycle oneshot api service pool reap checkpoints delivery metrics tui fleet
 bench: setup test-setup
 	mkdir -p bench/results
 	for b in $(BENCHES); do $(BIN)/python bench/bench_$$b.py --json bench/results/$$b.json || exit 1; done

@@ -11,13 +11,13 @@ rounds interleaved (and the order within a round alternated) to cancel drift:
 2. `sbx restore CKPT --json` against `docker run -d` of the image `docker commit` made, with the
    same limits and command as adapters/docker.py (KEEPALIVE). Target: ratio of medians <= 1.3.
 
-With `sbx server`, every timed command (sbx or docker) starts on an idle server whose spare
-child has warmed up (untimed wait, common.settle): sbx commands that come after a pause, and
-docker commands that never share the machine with the server's background work.
+With `sbx server`, every timed command (sbx or docker) starts on an idle server, no command
+of its own running (untimed wait, common.settle): sbx commands that come after a pause, and
+docker commands that never share the machine with the previous command's teardown.
 
-For context: `sbx --version` and `python -c pass` (fresh-process start-up), and each launcher
-alone (the compiled `sbx` make setup builds, the Python one, `/bin/true`) against a socket
-that answers at once. Every container
+For context: `sbx --version` and `python -c pass` (fresh-process start-up), and the launcher
+alone (pip's `sbx` script, `python -m sandboxer_tui`, `/bin/true`) against a socket that
+answers at once. Every container
 carries `sbx-bench=<runid>` and is removed by id; the images this run made are removed by the
 tags it gave them (`sandboxer/checkpoint:<ckpt-id>-<installation digest>` for sbx,
 `sbx-bench-commit:<runid>-<n>` for docker). Never prunes. Exit 0 whatever the figures; non-zero only when something crashed.
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     results["launcher_alone_s"] = alone
     print_table(["launcher, start to exit", "median"],
                 [[f"sbx ls ({meta['launcher']})", ms(alone["sbx"])],
-                 ["python -m sandboxer_tui.server.launcher ls", ms(alone["python_launcher"])],
+                 ["python -m sandboxer_tui ls", ms(alone["python_launcher"])],
                  ["/bin/true", ms(alone["true"])]],
                 title="4. the launcher alone, against a socket that answers at once, "
                       f"for context ({args.rounds * 3} runs)")

@@ -8,7 +8,7 @@ Three measurements in one run, each against its target:
    against `docker run -d ...` + `docker rm -f ID` with the same image, command and limits.
    Rounds are interleaved (sbx, docker, sbx, docker, ...) to cancel drift. sbx runs
    one-shot (SBX_NO_SERVER=1), and with `sbx server` twice: "resident", each command after a
-   pause (untimed: until the server is idle and its spare child warm, as between an agent's
+   pause (untimed: until the server runs no command, as between an agent's
    steps), and "resident back-to-back" (destroy right after create, as in a script). Every
    docker command also starts on an idle server, so sbx's background work never overlaps it.
    Target: median(sbx resident) / median(docker) <= 1.3.

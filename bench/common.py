@@ -142,7 +142,7 @@ class BenchContext:
         self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
         self.tmp = Path(self._tmp.name)
         sbx = Path(sys.executable).parent / "sbx"
-        self.sbx = [str(sbx)] if sbx.exists() else [sys.executable, "-m", "sandboxer_tui.cli"]
+        self.sbx = [str(sbx)] if sbx.exists() else [sys.executable, "-m", "sandboxer_tui"]
         self.containers: set[str] = set()  # every container id this run made and may still hold
         self.notes: list[str] = []
 
@@ -156,16 +156,15 @@ class BenchContext:
         return self.run([*self.sbx, *args], env=env, cwd=self.tmp, check=check)
 
     def settle(self, env: dict[str, str], timeout_s: float = 5.0) -> None:
-        """Untimed: wait until the `sbx server` for env's SBX_HOME (if one runs) is idle with
-        its spare child warmed up. Then a timed `docker` command never shares the machine
-        with the server's background work, and a timed sbx command is one that came after
-        a pause (the spare warms up after 50 ms with no command)."""
-        from sandboxer_tui.server.resident import query_status
+        """Untimed: wait until the `sbx server` for env's SBX_HOME (if one runs) runs no
+        command (the last one's child has exited and been reaped). Then a timed command
+        never shares the machine with the previous one's teardown."""
+        from sandboxer_tui.resident.resident import query_status
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status = query_status(Path(env["SBX_HOME"]))
-            if not status or "pid" not in status or status.get("spare_warm"):
+            if not status or "pid" not in status or not status.get("commands_running"):
                 return
             time.sleep(0.005)
 
@@ -175,12 +174,13 @@ class BenchContext:
 
     def launcher_alone(self, rounds: int) -> dict[str, float]:
         """Median wall time of `sbx ls` from start to exit against a socket that answers `pid`
-        and `exit 0` at once, for the `sbx` this run times and for the Python launcher, with
-        `/bin/true` as the floor: what a launcher itself adds to every command."""
+        and `exit 0` at once, for the `sbx` this run times and for `python -m sandboxer_tui`
+        (the same launcher), with `/bin/true` as the floor: what the launcher itself adds to
+        every command."""
         import socket
         import threading
 
-        from sandboxer_tui.server.resident import _read_frame
+        from sandboxer_tui.resident.resident import _read_frame
 
         folder = self.home("instant-server")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -202,7 +202,7 @@ class BenchContext:
         threading.Thread(target=answer, daemon=True).start()
         env = self.sbx_env(folder)
         commands = {"sbx": [*self.sbx, "ls"],
-                    "python_launcher": [sys.executable, "-m", "sandboxer_tui.server.launcher", "ls"],
+                    "python_launcher": [sys.executable, "-m", "sandboxer_tui", "ls"],
                     "true": ["/bin/true"]}
         times: dict[str, list[float]] = {name: [] for name in commands}
         try:
@@ -317,11 +317,10 @@ def preflight(timeout: float = TIMEOUT_S) -> dict[str, Any]:
 
 
 def launcher_kind() -> str:
-    """Which `sbx` the run times: `make setup` compiles launcher.c in place of pip's script."""
+    """Which `sbx` the run times: pip's script (sandboxer_tui/resident/launcher.py), or
+    `python -m sandboxer_tui`, the same code, where the venv has no script."""
     sbx = Path(sys.executable).parent / "sbx"
-    if not sbx.exists():
-        return "none (python -m sandboxer_tui.cli)"
-    return "compiled" if sbx.read_bytes()[:4] == b"\x7fELF" else "python"
+    return "python" if sbx.exists() else "none (python -m sandboxer_tui)"
 
 
 def print_banner(name: str, ctx: BenchContext, meta: dict[str, Any]) -> None:

@@ -1,2 +1,4 @@
-"""The front ends over the library: the click CLI, the Textual dashboard, the HTTP service
-(`sbx serve`), and `sbx server` with its launchers."""
+"""The front ends over the library, each in a room of its own: the click CLI (cli/), the
+Textual dashboard (dashboard/), the HTTP service of `sbx serve` (service/), and the resident
+server of `sbx server` with the `sbx` entry point (resident/). `python -m sandboxer_tui` is
+`sbx`. Empty on purpose: the entry point imports only built-in modules."""

@@ -18,7 +18,7 @@ RESULTS = ROOT / "bench" / "results"
 README = ROOT / "README.md"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 # the benchmarks in the order the table lists them
-ORDER = ("lifecycle", "oneshot", "api", "clients", "service", "pool", "reap", "checkpoints", "delivery", "metrics",
+ORDER = ("lifecycle", "oneshot", "api", "service", "pool", "reap", "checkpoints", "delivery", "metrics",
          "fleet", "tui")
 
 

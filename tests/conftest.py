@@ -1,9 +1,7 @@
 """The fixtures every test may use; they and the helpers tests import live in tests/support."""
 
 from support import (  # noqa: F401 (fixtures pytest finds here)
-    compiled_launcher,
     docker_api,
-    launcher_argv,
     sbx,
     sbx_home,
     tmux,

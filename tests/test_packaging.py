@@ -151,7 +151,7 @@ def test_testing_extra_brings_pytest_for_the_conformance_kit(installed, tmp_path
 
 
 def _imported(args, env):
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sandboxer_tui.cli", *args],
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sandboxer_tui", *args],
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return {line.split("|")[-1].strip() for line in proc.stderr.splitlines()

@@ -1,15 +1,12 @@
 """`sbx server`: commands handed to a resident process behave exactly as one-shot commands.
 
-Every test runs a real launcher against a real server started with `sbx server start` in the
-test's own SBX_HOME, and on the real Docker engine where a sandbox is involved. The tests
-that concern the launcher run on both: the Python one (`python -m sandboxer_tui.server.launcher`,
-what pip's `sbx` script runs) and the compiled one (sandboxer_tui/server/launcher.c, which
-`make setup` puts in its place), built here by scripts/build-launcher.sh.
+Every test runs `sbx` as pip's script runs it (sandboxer_tui/resident/launcher.py) against a
+real server started with `sbx server start` in the test's own SBX_HOME, and on the real Docker
+engine where a sandbox is involved.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from support import (
-    PYTHON_LAUNCHER,
     RUN_LABEL,
+    SBX,
     Launcher,
     SbxRunner,
     one_json,
@@ -38,8 +35,8 @@ CONDITION_LIMIT = 60  # s: how long a step may take on a busy machine before the
 
 
 @pytest.fixture
-def via(sbx: SbxRunner, launcher_argv: list[str]) -> Launcher:
-    launcher = Launcher(sbx.home, sbx.cwd, launcher_argv)
+def via(sbx: SbxRunner) -> Launcher:
+    launcher = Launcher(sbx.home, sbx.cwd)
     started = launcher("server", "start", "--json")
     assert started.code == 0, started.err
     pid = started.json()["pid"]
@@ -64,7 +61,8 @@ def test_commands_run_in_the_server_with_the_same_results(via: Launcher, sbx: Sb
     assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1
     # the server ran them (one child each), and the one-shot CLI sees the same inventory
     assert via.status()["served"] == before + 4
-    served, direct = via("ls", "--json").json(), sbx("ls", "--json").json()
+    served = via("ls", "--json").json()
+    direct = sbx("ls", "--json", env={"SBX_NO_SERVER": "1"}).json()
     for a, b in zip(served, direct, strict=True):  # read a moment apart: the countdown moved
         assert abs(a.pop("ttl_left_s") - b.pop("ttl_left_s")) <= 2
     assert served == direct
@@ -142,9 +140,8 @@ def test_a_server_whose_code_changed_steps_aside(via: Launcher) -> None:
         os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-def test_without_a_server_or_with_a_dead_one_commands_run_here(
-        sbx: SbxRunner, launcher_argv: list[str]) -> None:
-    launcher = Launcher(sbx.home, sbx.cwd, launcher_argv)
+def test_without_a_server_or_with_a_dead_one_commands_run_here(sbx: SbxRunner) -> None:
+    launcher = Launcher(sbx.home, sbx.cwd)
     assert launcher("ls", "--json").json() == []
     sbx.home.mkdir(parents=True, exist_ok=True)
     (sbx.home / "server.sock").touch()  # a server killed with -9 leaves its socket behind
@@ -166,11 +163,10 @@ def test_socket_is_private_and_nothing_of_the_environment_is_written(
             assert secret.encode() not in path.read_bytes(), path
 
 
-def test_a_long_home_path_still_reaches_the_server(sbx: SbxRunner, tmp_path: Path,
-                                                  launcher_argv: list[str]) -> None:
+def test_a_long_home_path_still_reaches_the_server(sbx: SbxRunner, tmp_path: Path) -> None:
     """AF_UNIX paths are limited to 107 bytes; a deep SBX_HOME must not lose the server."""
     deep = tmp_path / ("d" * 60) / ("e" * 60) / "sbx-home"
-    launcher = Launcher(deep, sbx.cwd, launcher_argv)
+    launcher = Launcher(deep, sbx.cwd)
     started = launcher("server", "start", "--json")
     assert started.code == 0, started.err
     try:
@@ -214,8 +210,8 @@ def test_json_status_is_one_document(via: Launcher) -> None:
     assert doc["running"] is True and doc["python"] == sys.executable
 
 
-# Where the folder comes from. The launchers write platformdirs' rule out where all its
-# releases agree, and ask it otherwise (blank, padded or relative XDG_DATA_HOME).
+# Where the folder comes from. The launcher writes platformdirs' rule out where all its
+# releases agree, and asks it otherwise (blank, padded or relative XDG_DATA_HOME).
 FOLDER_CASES = [
     {"SBX_HOME": "~/elsewhere/sbx"},
     {"XDG_DATA_HOME": "/srv/data"},
@@ -242,37 +238,13 @@ def test_the_launcher_finds_the_folder_the_core_uses(case: dict[str, str], tmp_p
     """The launcher spares itself platformdirs' import by writing its rule out; were the
     two to disagree, `sbx` would look for its server in the wrong folder."""
     from sandboxer.core.rules.settings import sbx_home
-    from sandboxer_tui.server import launcher
+    from sandboxer_tui.resident import launcher
 
     for name in ("SBX_HOME", "XDG_DATA_HOME"):
         monkeypatch.delenv(name, raising=False)
     for name, value in folder_env(case, tmp_path).items():
         monkeypatch.setenv(name, value)
     assert launcher.home() == str(sbx_home())
-
-
-@pytest.mark.parametrize("case", FOLDER_CASES)
-def test_the_compiled_launcher_reaches_the_server_in_the_folder_the_core_uses(
-        case: dict[str, str], tmp_path: Path, compiled_launcher: Path) -> None:
-    """A server started where the core puts it (`sbx server start` runs the core's rule) takes
-    the compiled launcher's command: the two found the same folder."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SBX_HOME", "XDG_DATA_HOME")}
-    env.update(folder_env(case, tmp_path), XDG_CONFIG_HOME=str(tmp_path / "xdg-config"))
-
-    def run(argv: list[str], *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*argv, *args], cwd=tmp_path, env=env, text=True,
-                              capture_output=True, timeout=60)
-
-    started = run(PYTHON_LAUNCHER, "server", "start", "--json")
-    assert started.returncode == 0, started.stderr
-    try:
-        listed = run([str(compiled_launcher)], "ls", "--json")
-        assert (listed.returncode, listed.stdout.strip()) == (0, "[]"), listed.stderr
-        assert json.loads(run(PYTHON_LAUNCHER, "server", "status", "--json").stdout)["served"] == 1
-    finally:
-        run(PYTHON_LAUNCHER, "server", "stop")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(json.loads(started.stdout)["pid"], signal.SIGKILL)
 
 
 def test_text_that_is_not_utf8_reaches_the_command_unchanged(via: Launcher,
@@ -282,7 +254,7 @@ def test_text_that_is_not_utf8_reaches_the_command_unchanged(via: Launcher,
     before = via.status()["served"]
     through = subprocess.run([*via.argv, "show", b"sbx-caf\xe9"], cwd=via.cwd, env=via.env(),
                              capture_output=True)
-    here = subprocess.run([*PYTHON_LAUNCHER, "show", b"sbx-caf\xe9"], cwd=sbx.cwd,
+    here = subprocess.run([*SBX, "show", b"sbx-caf\xe9"], cwd=sbx.cwd,
                           env=sbx.env({"SBX_NO_SERVER": "1"}), capture_output=True)
     assert (through.returncode, through.stdout, through.stderr) == (
         here.returncode, here.stdout, here.stderr) == (
@@ -313,7 +285,7 @@ class FakeServer:
     def take(self) -> dict:
         import marshal
 
-        from sandboxer_tui.server.resident import _read_frame
+        from sandboxer_tui.resident.resident import _read_frame
 
         conn, _ = self.listener.accept()
         with conn:
@@ -331,10 +303,10 @@ class FakeServer:
     {"LC_ALL": "C.UTF-8", "LC_CTYPE": "C"},
     {"SBX_NOTE": "café ☕", "EMPTY": ""},
 ])
-def test_both_launchers_send_the_same_request(case: dict[str, str | None], tmp_path: Path,
-                                              compiled_launcher: Path) -> None:
-    """The compiled launcher says exactly what the Python one says (argv, environment,
-    working folder, umask), and exits with the code it is told."""
+def test_the_launcher_sends_the_callers_argv_environment_folder_and_umask(
+        case: dict[str, str | None], tmp_path: Path) -> None:
+    """What the server runs the command with is the caller's own, as the caller had it; and
+    the launcher exits with the code it is told."""
     home = tmp_path / "home"
     server = FakeServer(home)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
@@ -344,21 +316,22 @@ def test_both_launchers_send_the_same_request(case: dict[str, str | None], tmp_p
             env.pop(name, None)
         else:
             env[name] = value
-    requests = []
     with ThreadPoolExecutor(1) as pool:
-        for argv in (PYTHON_LAUNCHER, [str(compiled_launcher)]):
-            taken = pool.submit(server.take)
-            code = subprocess.run([*argv, "ls", "--name", "café", "--json"], cwd=tmp_path,
-                                  env=env, umask=0o027, timeout=30).returncode
-            assert code == 7
-            requests.append(taken.result(timeout=30))
-    python, compiled = requests
-    assert python["argv"] == ["ls", "--name", "café", "--json"] and python["umask"] == 0o027
-    assert compiled == python
+        taken = pool.submit(server.take)
+        code = subprocess.run([*SBX, "ls", "--name", "café", "--json"], cwd=tmp_path,
+                              env=env, umask=0o027, timeout=30).returncode
+        request = taken.result(timeout=30)
+    assert code == 7
+    assert request["argv"] == ["ls", "--name", "café", "--json"]
+    assert (request["umask"], request["cwd"]) == (0o027, str(tmp_path))
+    assert os.path.realpath(request["executable"]) == os.path.realpath(sys.executable)
+    assert {name: request["env"].get(name) for name, value in case.items()
+            if value is not None} == {name: value for name, value in case.items()
+                                      if value is not None}
 
 
 def test_a_command_that_ended_before_its_launcher_looked_is_not_run_again(
-        tmp_path: Path, launcher_argv: list[str]) -> None:
+        tmp_path: Path) -> None:
     """The server may answer `pid` and `exit` and close before the launcher has finished
     sending; the launcher must not take that for a missing server and run the command
     itself too (a second `create`). A local run would print and exit 0, not 7."""
@@ -369,10 +342,25 @@ def test_a_command_that_ended_before_its_launcher_looked_is_not_run_again(
     with ThreadPoolExecutor(1) as pool:
         for _ in range(20):
             taken = pool.submit(server.take)
-            run = subprocess.run([*launcher_argv, "ls"], cwd=tmp_path, env=env, text=True,
+            run = subprocess.run([*SBX, "ls"], cwd=tmp_path, env=env, text=True,
                                  capture_output=True, timeout=30)
             taken.result(timeout=30)
             assert (run.returncode, run.stdout) == (7, ""), run.stderr
+
+
+def test_sbx_serve_runs_where_it_is_started_not_in_the_server(via: Launcher) -> None:
+    """`sbx serve` is a long-running service of its own: with a server running for its
+    SBX_HOME it still runs in the process that started it, never as the server's child."""
+    from tests.service.live import start_process, stop_process
+
+    before = via.status()
+    proc, _url = start_process(via.argv, via.env(), cwd=via.cwd)
+    try:
+        during = via.status()  # `sbx server status` itself is never handed to the server
+        assert during["running"], (via.home / "server.log").read_text()
+        assert (during["served"], during["commands_running"]) == (before["served"], 0)
+    finally:
+        stop_process(proc)
 
 
 def test_sbx_no_server_runs_the_command_here(via: Launcher) -> None:
@@ -380,94 +368,6 @@ def test_sbx_no_server_runs_the_command_here(via: Launcher) -> None:
     result = via("ls", "--json", env={"SBX_NO_SERVER": "1"})
     assert (result.code, result.json()) == (0, [])
     assert via.status()["served"] == before
-
-
-def test_the_spare_child_goes_with_its_server(sbx: SbxRunner) -> None:
-    """The server keeps one child forked ahead; stopped, or killed with -9, it leaves none."""
-    launcher = Launcher(sbx.home, sbx.cwd)
-    for stop in ("stop", "kill -9"):
-        started = launcher("server", "start", "--json")
-        assert started.code == 0, started.err
-        server = started.json()["pid"]
-        try:
-            deadline = time.monotonic() + CONDITION_LIMIT
-            while not launcher.status().get("spare_warm") and time.monotonic() < deadline:
-                time.sleep(0.05)
-            spare = launcher.status()["spare"]
-            assert spare and spare != server
-            if stop == "stop":
-                assert launcher("server", "stop").code == 0
-            else:
-                os.kill(server, signal.SIGKILL)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server, signal.SIGKILL)
-        deadline = time.monotonic() + CONDITION_LIMIT
-        while Path(f"/proc/{spare}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not Path(f"/proc/{spare}").exists(), f"spare {spare} outlived the server ({stop})"
-        (sbx.home / "server.sock").unlink(missing_ok=True)
-    # the spare was told to warm up as soon as it said `ready`: it lived on to take a command
-    # (a signal landing while it said `ready` once ended it)
-    assert "exited unused" not in (sbx.home / "server.log").read_text()
-
-
-def test_a_database_file_replaced_under_the_server_is_the_one_commands_use(
-        via: Launcher, sbx: SbxRunner, tmp_path: Path) -> None:
-    """The spare child opens the database ahead of the next command; if the file is
-    replaced meanwhile (a backup restored as SQLite has it: the file in place, its -wal and
-    -shm removed), the command works on the new one, not on the file it replaced."""
-    import sqlite3
-
-    assert via("ls", "--json").json() == []  # served; the next spare holds the file open
-    deadline = time.monotonic() + CONDITION_LIMIT
-    while via.status().get("spare") is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    other = SbxRunner(tmp_path / "other-home", sbx.cwd)
-    made = other("create", "--label", RUN_LABEL, "--json")
-    assert made.code == 0, made.err
-    sandbox = made.json()
-    try:
-        backup = via.home / "restored.db"
-        with sqlite3.connect(other.home / "sbx.db") as source, sqlite3.connect(backup) as copy:
-            source.backup(copy)
-        os.replace(backup, via.home / "sbx.db")
-        for stale in ("sbx.db-wal", "sbx.db-shm"):
-            (via.home / stale).unlink(missing_ok=True)
-        gone = via("destroy", "--yes", sandbox["id"])  # a command that writes, via the spare
-        assert gone.code == 0, gone.err
-        assert via("show", sandbox["id"], "--json").json()["state"] == "destroyed"
-        with sqlite3.connect(via.home / "sbx.db") as db:
-            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    finally:  # its own record of it: gone already, or removed now
-        assert other("destroy", "--yes", sandbox["id"]).code == 0
-
-
-def test_the_spare_warms_up_after_a_pause_and_changes_nothing(via: Launcher,
-                                                               sbx: SbxRunner) -> None:
-    """After a pause the spare runs the warm-up (on throwaway state): the inventory, the
-    event log and its anchor are exactly as before, and the next command runs as usual."""
-    made = via("create", "--label", RUN_LABEL, "--json")
-    assert made.code == 0, made.err
-
-    def warm() -> bool:
-        deadline = time.monotonic() + CONDITION_LIMIT
-        while not via.status().get("spare_warm") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return via.status().get("spare_warm")
-
-    assert warm()
-    def state() -> tuple:
-        rows = [(r["id"], r["state"], r["last_activity_at"])
-                for r in sbx("ls", "--all", "--json").json()]
-        return rows, sbx("events", "--json").out, (sbx.home / "sbx.db.head").read_text()
-
-    before = state()
-    shown = via("show", made.json()["id"], "--json")  # taken by the warmed spare
-    assert shown.code == 0, shown.err
-    assert warm()
-    assert state() == before
-    assert sbx("events", "verify").code == 0
 
 
 # -- trust: the folder, the listener, what the server answers -----------------------------
@@ -481,7 +381,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another use
 def test_a_launcher_hands_nothing_to_a_server_in_a_folder_others_can_write_to(
         via: Launcher, how: str) -> None:
     """Anyone who can write to the folder can put a socket of theirs where the server's is:
-    neither launcher connects there. Each leaves the command to the core, which refuses the
+    the launcher does not connect there. It leaves the command to the core, which refuses the
     folder with one line (exit 2); the server running there serves nothing."""
     before = via.status()["served"]
     home = via.home
@@ -505,10 +405,10 @@ def test_a_launcher_hands_nothing_to_a_server_in_a_folder_others_can_write_to(
 
 
 def test_a_state_folder_that_is_a_file_is_refused_in_one_line(
-        sbx: SbxRunner, tmp_path: Path, launcher_argv: list[str]) -> None:
+        sbx: SbxRunner, tmp_path: Path) -> None:
     home = tmp_path / "a-file"
     home.write_text("not a folder\n")
-    result = Launcher(home, sbx.cwd, launcher_argv)("ls")
+    result = Launcher(home, sbx.cwd)("ls")
     assert (result.code, result.out) == (2, ""), result.err
     assert result.err.splitlines() == [f"sbx: state folder {home} is not a folder"]
     assert home.read_text() == "not a folder\n"
@@ -534,16 +434,15 @@ print(len(data), len(fds), flush=True)
 
 
 @needs_root
-def test_a_listener_of_another_user_gets_nothing(sbx: SbxRunner,
-                                                 launcher_argv: list[str]) -> None:
-    """Neither launcher sends argv, environment or fds to a socket whose listener runs as
+def test_a_listener_of_another_user_gets_nothing(sbx: SbxRunner) -> None:
+    """The launcher sends no argv, environment or fds to a socket whose listener runs as
     another uid (SO_PEERCRED), even in a folder that looks right; the command runs here."""
     sbx.home.mkdir(mode=0o700)
     listener = subprocess.Popen([sys.executable, "-c", LISTEN_AS_NOBODY,
                                  str(sbx.home / "server.sock")], stdout=subprocess.PIPE, text=True)
     try:
         assert listener.stdout.readline() == "listening\n"
-        result = Launcher(sbx.home, sbx.cwd, launcher_argv)("ls", "--json",
+        result = Launcher(sbx.home, sbx.cwd)("ls", "--json",
                                                             env={"SBX_NOTE": "for-server-only"})
         out, _ = listener.communicate(timeout=30)
     finally:
@@ -562,31 +461,30 @@ def test_a_listener_of_another_user_gets_nothing(sbx: SbxRunner,
     (f"pid {os.getpid()}\nexit seven\n".encode(), "no exit code"),
 ])
 def test_a_reply_that_is_not_a_process_or_a_code_is_refused(
-        answer: bytes, says: str, tmp_path: Path, launcher_argv: list[str]) -> None:
+        answer: bytes, says: str, tmp_path: Path) -> None:
     home = tmp_path / "home"
     server = FakeServer(home, answer)
     with ThreadPoolExecutor(1) as pool:
         taken = pool.submit(server.take)
-        run = Launcher(home, tmp_path, launcher_argv)("ls")
+        run = Launcher(home, tmp_path)("ls")
         taken.result(timeout=30)
     assert (run.code, run.out, run.err) == (1, "", f"sbx: the sbx server answered with {says}\n")
 
 
-def test_a_server_that_never_answers_is_given_up_on(tmp_path: Path,
-                                                    launcher_argv: list[str]) -> None:
+def test_a_server_that_never_answers_is_given_up_on(tmp_path: Path) -> None:
     """A listener that takes the connection (the kernel does, for a server that is stuck)
     and answers nothing: the launcher gives up after launcher.ANSWER_WITHIN_S, says so, and
     runs the command itself."""
     import socket
 
-    from sandboxer_tui.server.launcher import ANSWER_WITHIN_S
+    from sandboxer_tui.resident.launcher import ANSWER_WITHIN_S
 
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
         stuck.bind(str(home / "server.sock"))
         stuck.listen(4)  # and never accepts
-        run = Launcher(home, tmp_path, launcher_argv)("ls", "--json", timeout=60)
+        run = Launcher(home, tmp_path)("ls", "--json", timeout=60)
     assert (run.code, run.out.strip()) == (0, "[]"), run.err
     assert run.err == (f"sbx: the sbx server did not answer within {ANSWER_WITHIN_S} s; "
                        "running the command here\n")
@@ -632,8 +530,8 @@ def test_bad_requests_are_declined_and_the_server_serves_the_next(via: Launcher)
     import marshal
     import socket
 
-    from sandboxer_tui.server.launcher import PROTOCOL
-    from sandboxer_tui.server.resident import MAX_REQUEST_BYTES
+    from sandboxer_tui.resident.launcher import PROTOCOL
+    from sandboxer_tui.resident.resident import MAX_REQUEST_BYTES
 
     status = via.status()
 

@@ -1,9 +1,9 @@
 """Who is at the other end of a Unix socket (SO_PEERCRED, Linux): a client checks it before
 it sends anything there, since whoever could bind the path first gets what is sent.
 
-It imports only modules built into the interpreter: the `sbx` launcher
-(sandboxer_tui/server/launcher.py), whose every millisecond is paid by every command, uses it
-too, and so does the remote client (sandboxer/_remote.py)."""
+It imports only modules built into the interpreter; the remote client (sandboxer/_remote.py)
+uses it. The `sbx` launcher (sandboxer_tui/resident/launcher.py) writes the same rule out:
+importing this module imports the library, which the launcher must not."""
 
 from __future__ import annotations
 

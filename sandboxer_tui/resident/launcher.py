@@ -1,14 +1,17 @@
 """The `sbx` entry point: hands the command to a running `sbx server` when there is one.
 
 Most of an `sbx` command's time is Python importing SQLAlchemy, pydantic and docker-py, not
-the work. A resident server (sandboxer_tui/server/resident.py) imports them once and forks a child
-per command; this launcher only connects, passes its argv, environment, working folder and
-its own stdin/stdout/stderr, forwards signals and exits with the child's code. With no
-server, or one that cannot take the command, the command runs here as it always did.
+the work. A resident server (sandboxer_tui/resident/resident.py) imports them once and forks a
+child per command; this launcher only connects, passes its argv, environment, working folder
+and its own stdin/stdout/stderr, forwards signals and exits with the child's code. With no
+server, or one that cannot take the command, the command runs here as it always did: that is
+what `sbx` does by default (a server runs only when started with `sbx server start`, or on
+first use with SBX_SERVER_AUTOSTART=1).
 
 Every millisecond here is paid by every command, so this file imports only modules built
-into the interpreter (`_socket`, `_signal`, `marshal`), and sandboxer.core.rules.peercred, which imports
-nothing else: not `socket`, `signal` or `json`, which pull in `enum` and `re`, nor `pathlib`.
+into the interpreter (`_socket`, `_signal`, `marshal`): not `socket`, `signal` or `json`,
+which pull in `enum` and `re`, nor `pathlib`, nor anything of `sandboxer` (importing the
+library takes about 140 ms).
 
 The protocol: the request is a 4-byte big-endian length and a `marshal`led dict. Replies
 are text lines: `pid N` when a child took the command, then `exit N`; or `declined REASON`
@@ -34,17 +37,27 @@ import marshal
 import os
 import sys
 
-from sandboxer.core.rules.peercred import (
-    peer_uid_pid,  # built-in modules only; the remote client's check too
-)
-
 SOCKET_NAME = "server.sock"
 PROTOCOL = 3
 ANSWER_WITHIN_S = 5  # a server answers `pid` within milliseconds; one that has not is stuck
+# ExitCode.FAILED (sandboxer.core.rules.errors), written out: importing it imports the library
+FAILED = 1
 APP_NAME = "sandboxer"
 # Not through the server: the dashboard needs the terminal as its own (job control,
-# resizes), and the server commands manage the server itself.
-_LOCAL_COMMANDS = {"tui", "server"}
+# resizes), the server commands manage the server itself, and `sbx serve` is a long-running
+# service of its own, never a child of the server.
+_LOCAL_COMMANDS = {"tui", "server", "serve"}
+# The root options that take a value: the word after one is not the command.
+_OPTIONS_WITH_A_VALUE = {"--url"}
+
+
+def peer_uid_pid(sock) -> tuple[int, int]:
+    """The uid and pid of the process at the other end of a Unix socket (SO_PEERCRED).
+    sandboxer.core.rules.peercred's rule, written out here: importing it would import the
+    library."""
+    cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
+    return (int.from_bytes(cred[4:8], sys.byteorder),
+            int.from_bytes(cred[0:4], sys.byteorder, signed=True))
 
 
 def home() -> str:
@@ -52,8 +65,7 @@ def home() -> str:
 
     Where every platformdirs release agrees (Linux, XDG_DATA_HOME absolute or empty, HOME
     absolute), its rule is written out here to spare its import; anything else is left to
-    it. tests/test_resident_server.py checks that this, and launcher.c's copy, agree with
-    the core."""
+    it. tests/test_resident_server.py checks that the two agree."""
     raw = os.environ.get("SBX_HOME")
     if raw:
         return os.path.expanduser(raw)
@@ -71,8 +83,9 @@ def home() -> str:
 
 def private_folder(folder: str) -> bool:
     """Whether `folder` is a folder of this user that group and others cannot write to:
-    sandboxer.adapters.base.state_folder_problem's rule, written out here to spare its import
-    (launcher.c has a copy). False when it does not exist: then no server runs there."""
+    the core's rule for the state folder (sandboxer.adapters.base.state_folder_problem),
+    written out here to spare its import. False when it does not exist: then no server runs
+    there."""
     try:
         st = os.stat(folder)
     except (OSError, ValueError):
@@ -83,7 +96,7 @@ def private_folder(folder: str) -> bool:
 
 def reply_number(text: str, low: int, high: int) -> int | None:
     """A reply's number: an optional `-` and ASCII digits, nothing else, in range; None if it
-    is not one (launcher.c's reply_number takes exactly the same)."""
+    is not one."""
     digits = text[1:] if text[:1] == "-" else text
     if not (digits.isascii() and digits.isdigit()):
         return None
@@ -135,11 +148,21 @@ class _Lines:
         return word, rest
 
 
+def command_word(args: list[str]) -> str | None:
+    """The command's first word (`ls` of `sbx --url URL ls -a`), None when there is none."""
+    words = iter(args)
+    for arg in words:
+        if arg in _OPTIONS_WITH_A_VALUE:
+            next(words, None)
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def wants_server(args: list[str]) -> bool:
     if os.environ.get("SBX_NO_SERVER"):
         return False
-    first = next((a for a in args if not a.startswith("-")), None)
-    return bool(args) and first not in _LOCAL_COMMANDS
+    return bool(args) and command_word(args) not in _LOCAL_COMMANDS
 
 
 def through_server(args: list[str]) -> int | None:
@@ -180,7 +203,7 @@ def through_server(args: list[str]) -> int | None:
     if child is None:  # never 0 or -1: a signal forwarded there reaches a process group
         sock.close()
         print("sbx: the sbx server answered with no process id", file=sys.stderr)
-        return 1
+        return FAILED
     sock.settimeout(None)  # the command takes as long as it takes
     try:
         send_fds(sock, [0, 1, 2])
@@ -203,11 +226,11 @@ def through_server(args: list[str]) -> int | None:
     sock.close()
     if not finished or finished[0] != "exit":
         print("sbx: the sbx server went away while running the command", file=sys.stderr)
-        return 1
+        return FAILED
     code = reply_number(finished[1], -(2**31), 2**31 - 1)
     if code is None:
         print("sbx: the sbx server answered with no exit code", file=sys.stderr)
-        return 1
+        return FAILED
     return code
 
 
@@ -228,10 +251,10 @@ def main() -> None:
 
 
 def run_here(args: list[str]) -> None:
-    """The command in this process: what main() falls back to, and what the compiled launcher
-    (launcher.c) execs Python for when no server takes the command. When no server runs for
-    the folder, one is started behind it for the commands that follow (see autostart)."""
-    if wants_server(args) and autostart_idle_s() is not None:
+    """The command in this process: what main() does when no server takes it. With
+    SBX_SERVER_AUTOSTART=1, a server is started behind it for the commands that follow (see
+    autostart)."""
+    if wants_server(args) and autostart_idle_s() is not None and not is_remote(args):
         autostart()
     from sandboxer_tui.cli import main as run_cli
 
@@ -243,9 +266,12 @@ AUTOSTART_IDLE = "15m"
 
 
 def autostart_idle_s() -> float | None:
-    """How long a server started on first use waits for commands; None: start none
-    (`SBX_SERVER_AUTOSTART=0`)."""
-    if os.environ.get("SBX_SERVER_AUTOSTART", "1").strip().lower() in ("0", "no", "off", "false"):
+    """How long a server started on first use waits for commands; None: start none. Off
+    unless SBX_SERVER_AUTOSTART=1 (or yes, on, true): a process that stays behind, holding
+    the database open and receiving every command's environment, is started only when asked
+    for."""
+    if os.environ.get("SBX_SERVER_AUTOSTART", "").strip().lower() not in ("1", "yes", "on",
+                                                                          "true"):
         return None
     from sandboxer.core.rules.durations import parse_duration
     from sandboxer.core.rules.errors import BadInput
@@ -255,6 +281,13 @@ def autostart_idle_s() -> float | None:
                               "SBX_SERVER_IDLE").total_seconds()
     except BadInput:
         return None  # the command itself does not depend on it: it just runs here
+
+
+def is_remote(args: list[str]) -> bool:
+    """Whether the command is a client of an sbx service (SBX_URL, or --url): it keeps
+    nothing in the local state folder, so no server is started for it."""
+    return bool(os.environ.get("SBX_URL", "").strip()) or any(
+        arg == "--url" or arg.startswith("--url=") for arg in args)
 
 
 def autostart() -> None:
@@ -274,7 +307,7 @@ def autostart() -> None:
         probe.close()
     from pathlib import Path
 
-    from sandboxer_tui.server import resident
+    from sandboxer_tui.resident import resident
 
     try:
         resident.spawn(Path(folder), autostart_idle_s())

@@ -22,19 +22,18 @@ import importlib
 import json
 import marshal
 import os
-import select
 import selectors
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandboxer.adapters.base import open_state_file, state_folder
-from sandboxer_tui.server.launcher import (
+from sandboxer.core.rules.errors import ExitCode
+from sandboxer.core.rules.settings import open_state_file, sbx_home
+from sandboxer_tui.resident.launcher import (
     PROTOCOL,
     SOCKET_NAME,
     peer_uid_pid,
@@ -49,7 +48,7 @@ LOCK_FILE = "server.lock"  # held by the one server of a folder
 # a frame announcing more is declined before it is read.
 MAX_REQUEST_BYTES = 16 * 1024**2
 # A connection that has not sent its whole request by then is closed (a launcher sends it
-# at once; the launchers give up waiting for an answer after launcher.ANSWER_WITHIN_S).
+# at once; the launcher gives up waiting for an answer after launcher.ANSWER_WITHIN_S).
 READ_REQUEST_WITHIN_S = 10.0
 # What a request holds, by type; anything else is declined as a bad request.
 REQUEST_FIELDS = {"protocol": int, "executable": str, "argv": list, "env": dict, "cwd": str,
@@ -76,10 +75,6 @@ PRELOAD = (
     "tomllib",
     "netrc",  # requests imports it on a client's first request
 )
-# The spare warms up once the server has had no command for this long: a burst of commands
-# (a script) is never slowed by it, a command after a pause (an agent thinking) gains.
-WARM_AFTER_IDLE_S = 0.05
-LOCAL_BACKENDS = ("docker", "stub", "ssh")  # preloaded above; a spare reaches them ahead
 _PACKAGES = ("sandboxer", "sandboxer_tui")
 
 
@@ -109,81 +104,9 @@ def _changed(stamps: dict[str, float]) -> str | None:
     return None
 
 
-def _warm_up(stop: Callable[[], bool] = lambda: False) -> None:
-    """Take once, on throwaway state, the code paths every command takes, so each child
-    starts with what Python and the libraries memoise on first use (SQLAlchemy's statement
-    and class caches, pydantic) instead of paying it again. `stop` is asked between steps.
-    Everything opened here is closed before serving: children inherit no connection."""
-    import tempfile
-
-    from sandboxer.core.store.db import Database
-
-    with tempfile.TemporaryDirectory(prefix="sbx-warm-up-") as folder:
-        db = Database(f"sqlite:///{folder}/warm.db")
-        _warm_up_on(db, stop)
-        db.dispose()
-
-
-def _warm_up_on(db, stop: Callable[[], bool]) -> None:
-    """The warm-up's commands, on the stub test double, through `db`."""
-    import asyncio
-    from datetime import timedelta
-
-    from sandboxer.core.lifecycle.checkpoints import Checkpoints
-    from sandboxer.core.lifecycle.manager import Manager
-    from sandboxer.core.rules.profiles import Profile
-    from sandboxer.core.rules.views import sandbox_view
-
-    mgr = Manager(db, actor="warm-up", install_id="inst-warm-up",
-                  adapters={"stub": _warm_up_adapter()})
-    checkpoints = Checkpoints(mgr)
-
-    async def commands() -> None:
-        try:
-            row = await mgr.create(Profile(name="warm-up", backend="stub"),
-                                   labels={"a": "b"})
-            steps = [lambda: mgr.resolve(row["id"]), lambda: sandbox_view(row, None),
-                     lambda: mgr.list(include_all=True),
-                     lambda: mgr.extend(row["id"], timedelta(minutes=1)),
-                     lambda: mgr.exec(row["id"], ["true"]),
-                     lambda: checkpoints.snapshot(row["id"]),
-                     lambda: checkpoints.list(),
-                     lambda: mgr.destroy(row["id"])]
-            for step in steps:
-                if stop():
-                    return
-                done = step()
-                if asyncio.iscoroutine(done):
-                    await done
-        finally:
-            await mgr.close()
-
-    from sandboxer.core.observe import telemetry
-
-    with telemetry.suppressed():  # throwaway state: nothing to trace, and no exporter thread
-        asyncio.run(commands())
-
-
-def _warm_up_adapter():
-    """The stub test double, able to snapshot as well, so that the warm-up takes the
-    checkpoint paths too (on throwaway state; nothing reaches a real backend)."""
-    from sandboxer.adapters import registry
-    from sandboxer.adapters.base import Artifact, Capability
-
-    stub = registry.load_class("stub")
-
-    class WarmUpAdapter(stub):  # type: ignore[misc, valid-type]
-        capabilities = stub.capabilities | {Capability.SNAPSHOT}
-
-        async def snapshot(self, ref, labels):
-            return Artifact(f"warm-up:{ref}", dict(labels), 0)
-
-    return WarmUpAdapter()
-
-
 def _read_frame(conn: socket.socket, max_fds: int = 3) -> tuple[bytes, list[int]]:
-    """One whole frame from a blocking socket: between the server and its spare, which
-    trust each other (the server reads callers' requests with `_Incoming`)."""
+    """One whole frame from a blocking socket, for a stand-in server of the tests and the
+    benchmarks (the server reads callers' requests as they come, with `_Incoming`)."""
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, max_fds)
     while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
         more = conn.recv(1 << 20)
@@ -259,11 +182,11 @@ def _run_child(conn: socket.socket, request: dict[str, Any]) -> None:
     (it gave up waiting, and ran the command itself) gets nothing run here: the command never
     runs twice."""
     if not _reply(conn, "pid", os.getpid()):
-        os._exit(1)
+        os._exit(ExitCode.FAILED)
     fds = _caller_fds(conn)
     if fds is None:
-        os._exit(1)
-    code = 1
+        os._exit(ExitCode.FAILED)
+    code = ExitCode.FAILED
     try:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -282,14 +205,15 @@ def _run_child(conn: socket.socket, request: dict[str, Any]) -> None:
 
         try:
             main(request["argv"])
-            code = 0
+            code = ExitCode.OK
         except SystemExit as exc:
-            code = int(exc.code) if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            code = int(exc.code) if isinstance(exc.code, int) else (
+                ExitCode.OK if exc.code is None else ExitCode.FAILED)
             if isinstance(exc.code, str):
                 print(exc.code, file=sys.stderr)
         except KeyboardInterrupt:
             print("sbx: aborted", file=sys.stderr)
-            code = 130
+            code = ExitCode.INTERRUPTED
     except BaseException:  # a bug: show it on the caller's stderr, never in the server
         import traceback
 
@@ -321,61 +245,6 @@ def _caller_fds(conn: socket.socket) -> list[int] | None:
     return None
 
 
-def _wait_as_spare(control: socket.socket, warm_now: int) -> None:
-    """In a spare child, forked while no command waits: open the database and reach the
-    local engine (sandboxer_tui.server.prepared), say so, then wait for a command.
-
-    The fork, the database's first connection and the engine's ping then happen on no
-    command's clock. The command takes what was opened only if its environment names the
-    same database file and engine. When the server has no command running it writes to the
-    `warm_now` pipe: the spare then runs the warm-up, so that its first touches of the memory
-    it shares with the server (copied on write) and of the code paths are not paid by the
-    next command. It stops warming as soon as a command arrives. (Warming while a command
-    runs beside it was measured to slow that command by as much as it saved the next one.)
-    A pipe rather than a signal: a signal raised at the wrong moment (say, while `ready` is
-    being sent) ended the spare. The spare exits when the server closes its end (the server
-    stopping, or dying)."""
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        from sandboxer_tui.server.prepared import prepare
-
-        prepare(LOCAL_BACKENDS)
-
-        def waiting() -> bool:
-            return bool(select.select([control], [], [], 0)[0])
-
-        control.sendall(b"ready\n")
-        while control not in select.select([control, warm_now], [], [])[0]:
-            if not os.read(warm_now, 64):
-                raise EOFError("the server went away")
-            _warm_up(stop=waiting)  # on throwaway state
-            if not waiting():
-                with contextlib.suppress(OSError):  # a command may be on its way in
-                    control.sendall(b"warm\n")
-        body, fds = _read_frame(control, max_fds=1)
-        if len(fds) != 1:
-            raise ValueError("a command comes with its caller's connection")
-        request = marshal.loads(body)
-    except BaseException:
-        os._exit(0)
-    os.close(warm_now)
-    control.close()
-    conn = socket.socket(fileno=fds[0])
-    _run_child(conn, request)  # never returns
-
-
-@dataclasses.dataclass
-class _Spare:
-    pid: int
-    pidfd: int
-    control: socket.socket  # the server's end; the spare's ends when it closes
-    warm_now: int  # the write end of the pipe that tells it to warm up
-    ready: bool = False
-    warming: bool = False  # told to warm up
-    warm: bool = False  # and done
-
-
 class Server:
     def __init__(self, folder: Path, idle_s: float | None = None) -> None:
         self.folder = folder
@@ -388,10 +257,8 @@ class Server:
         self.last_activity = time.monotonic()
         self.stamps: dict[str, float] = {}
         self.stopping = False
-        self.spare: _Spare | None = None
         self.listener: socket.socket | None = None  # while serving
         self.lock: int | None = None  # the folder's server lock (see run)
-        self.spares_lost = 0  # spares that died unused: after a few, fork per command only
 
     def preload(self) -> None:
         for name in PRELOAD:
@@ -399,7 +266,6 @@ class Server:
         from sandboxer.adapters import registry
 
         registry.names()  # reads every distribution's entry points once, for every child
-        _warm_up()
         if threading.active_count() > 1:  # fork would copy a thread's locks, not the thread
             raise RuntimeError(f"a preloaded module started a thread: {threading.enumerate()}")
         self.stamps = _code_fingerprint()
@@ -426,23 +292,16 @@ class Server:
         signal.signal(signal.SIGINT, self._stop)
         self.listener = listener
         self.last_activity = time.monotonic()  # idle from now: preloading took a while
-        self._fork_spare()
         try:
             while not self.stopping:
-                timeout = self._until_warm_up() or 1.0
-                for key, _ in self.selector.select(timeout):
+                for key, _ in self.selector.select(1.0):
                     if key.data == "listener":
                         self._accept(listener)
                     elif isinstance(key.data, _Incoming):
                         self._read_request(key.data)
-                    elif key.data == "spare-says":
-                        self._spare_says()
-                    elif key.data == "spare-exit":
-                        self._spare_lost()
                     else:
                         self._reap(key.fileobj)
                 self._drop_overdue_requests()
-                self._warm_spare_if_idle()
                 if self._idle_expired():
                     break
                 changed = None if self.children else _changed(self.stamps)
@@ -537,19 +396,15 @@ class Server:
             if reason:
                 _reply(conn, "declined", reason)
                 return
-            handed = self._hand_to_spare(conn, body)
-            if handed:
-                pid, pidfd = handed
-            else:
-                pid = os.fork()
-                if pid == 0:
-                    try:  # whatever happens, the child never goes back to serving
-                        self._close_inherited(self.listener)
-                        _run_child(conn, request)  # never returns
-                    finally:
-                        os._exit(1)
-                pidfd = os.pidfd_open(pid)
-                self.selector.register(pidfd, selectors.EVENT_READ, "child")
+            pid = os.fork()
+            if pid == 0:
+                try:  # whatever happens, the child never goes back to serving
+                    self._close_inherited(self.listener)
+                    _run_child(conn, request)  # never returns
+                finally:
+                    os._exit(ExitCode.FAILED)
+            pidfd = os.pidfd_open(pid)
+            self.selector.register(pidfd, selectors.EVENT_READ, "child")
         except Exception as exc:  # noqa: BLE001 (one bad request never ends the server)
             _log(f"request refused: {exc!r}")
             return
@@ -560,103 +415,6 @@ class Server:
                 conn.close()
         self.served += 1
         self.children[pidfd] = (conn, pid)
-        self._fork_spare()
-
-    # -- the spare ---------------------------------------------------------------------------
-
-    def _fork_spare(self) -> None:
-        if self.spare is not None or self.stopping or self.spares_lost >= 3:
-            return
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        warm_read, warm_write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:  # whatever happens, the spare never goes back to serving
-                ours.close()
-                os.close(warm_write)
-                self._close_inherited(self.listener)
-                _wait_as_spare(theirs, warm_read)  # never returns
-            finally:
-                os._exit(0)
-        theirs.close()
-        os.close(warm_read)
-        pidfd = os.pidfd_open(pid)
-        self.spare = _Spare(pid, pidfd, ours, warm_write)
-        self.selector.register(pidfd, selectors.EVENT_READ, "spare-exit")
-        self.selector.register(ours, selectors.EVENT_READ, "spare-says")
-
-    def _spare_says(self) -> None:
-        """`ready` (it has prepared) or `warm` (it has warmed up); nothing: it died, and
-        its pidfd says so next."""
-        spare = self.spare
-        assert spare is not None
-        try:
-            said = spare.control.recv(64)
-        except OSError:
-            said = b""
-        if not said:
-            self.selector.unregister(spare.control)
-            return
-        spare.ready = spare.ready or b"ready\n" in said
-        spare.warm = spare.warm or b"warm\n" in said
-
-    def _until_warm_up(self) -> float | None:
-        """Seconds until the spare is due to warm up; None when it is not to."""
-        spare = self.spare
-        if spare is None or not spare.ready or spare.warming or self.children:
-            return None
-        return max(0.001, self.last_activity + WARM_AFTER_IDLE_S - time.monotonic())
-
-    def _warm_spare_if_idle(self) -> None:
-        """Warm the spare up only after a pause with no command: never on a command's
-        clock, nor while a burst of commands comes in."""
-        spare = self.spare
-        if spare is None or not spare.ready or spare.warming or self.children:
-            return
-        if time.monotonic() - self.last_activity < WARM_AFTER_IDLE_S:
-            return
-        with contextlib.suppress(OSError):  # it died: its pidfd says so next
-            os.write(spare.warm_now, b"w")
-        spare.warming = True
-
-    def _hand_to_spare(self, conn: socket.socket, body: bytes) -> tuple[int, int] | None:
-        """Give the command to the spare if one is ready: its pid and pidfd, else None."""
-        spare = self.spare
-        if spare is None or not spare.ready:
-            return None
-        self.spare = None
-        try:
-            socket.send_fds(spare.control, [len(body).to_bytes(4, "big") + body],
-                            [conn.fileno()])
-        except OSError:  # it died since it said ready
-            self._end_spare(spare)
-            return None
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(spare.control)
-        spare.control.close()
-        os.close(spare.warm_now)
-        self.selector.modify(spare.pidfd, selectors.EVENT_READ, "child")
-        return spare.pid, spare.pidfd
-
-    def _spare_lost(self) -> None:
-        spare = self.spare
-        assert spare is not None
-        self.spare = None
-        self.spares_lost += 1
-        self._end_spare(spare)
-        _log(f"the spare child {spare.pid} exited unused")
-        self._fork_spare()  # another, up to 3 lost in the server's life
-
-    def _end_spare(self, spare: _Spare) -> None:
-        """Close its end (it exits on seeing that) and reap it."""
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(spare.control)
-        spare.control.close()
-        os.close(spare.warm_now)
-        self.selector.unregister(spare.pidfd)
-        os.close(spare.pidfd)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(spare.pid, 0)
 
     def _close_inherited(self, listener: socket.socket) -> None:
         """A child holds nothing of the server's but its own caller's connection: not the
@@ -666,15 +424,9 @@ class Server:
             os.close(self.lock)
         for incoming in self.incoming:
             incoming.close()
-        if self.spare is not None:  # a command forked while the spare was not yet ready
-            self.spare.control.close()
-            os.close(self.spare.warm_now)
         for pidfd, (conn, _) in self.children.items():
             conn.close()
             os.close(pidfd)
-        if self.spare is not None:
-            self.spare.control.close()
-            os.close(self.spare.pidfd)
         self.selector.close()
 
     def _decline_reason(self, request: dict[str, Any], fds: list[int]) -> str | None:
@@ -708,8 +460,6 @@ class Server:
 
     def status(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "served": self.served, "commands_running": len(self.children),
-                "spare": self.spare.pid if self.spare and self.spare.ready else None,
-                "spare_warm": bool(self.spare and self.spare.warm),
                 "since": self.started, "python": sys.executable}
 
     def _cleanup(self, listener: socket.socket, path: Path) -> None:
@@ -718,9 +468,6 @@ class Server:
         listener.close()
         for incoming in list(self.incoming):
             self._forget(incoming)
-        if self.spare is not None:
-            spare, self.spare = self.spare, None
-            self._end_spare(spare)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         with contextlib.suppress(FileNotFoundError):
@@ -735,9 +482,9 @@ def _log(message: str) -> None:
 
 
 def server_folder() -> Path:
-    """The state folder (the core's rule, which the launchers follow), checked: the server
+    """The state folder (the core's rule, which the launcher follows), checked: the server
     neither lives in, nor is looked for in, a folder another user can write to."""
-    return state_folder()
+    return sbx_home()
 
 
 def query_status(folder: Path) -> dict[str, Any] | None:
@@ -772,7 +519,7 @@ def spawn(folder: Path, idle_s: float | None) -> Path:
     with os.fdopen(open_state_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
         os.fchmod(out.fileno(), 0o600)
         subprocess.Popen(
-            [sys.executable, "-m", "sandboxer_tui.server.resident", "" if idle_s is None else str(idle_s)],
+            [sys.executable, "-m", "sandboxer_tui.resident.resident", "" if idle_s is None else str(idle_s)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             cwd="/", close_fds=True)
     return log

@@ -1,5 +1,5 @@
-"""What the tests share: the run label, the real `sbx` in a subprocess (directly or through a
-launcher), reading a test's own database, removing what a test made; and the fixtures
+"""What the tests share: the run label, the real `sbx` in a subprocess (the entry point users
+run: `python -m sandboxer_tui`, pip's `sbx` script's code), reading a test's own database, removing what a test made; and the fixtures
 tests/conftest.py registers. Every test gets its own SBX_HOME (so its own database and
 installation id); everything a test creates on the engine carries the per-run label
 `sbx-test-run`, and teardown removes only those containers, by id."""
@@ -24,12 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # variable a test sees is one it set itself, pointing at a local stand-in.
 for _name in [n for n in os.environ if n.startswith(("E2B_", "MODAL_"))]:
     del os.environ[_name]
-# A test's sbx starts no server on first use (SBX_SERVER_AUTOSTART): each test has its own
-# SBX_HOME and would leave one behind; tests/test_autostart.py turns it on where it is the point.
-os.environ["SBX_SERVER_AUTOSTART"] = "0"
+# Every test runs sbx as a user gets it by default: no server is started on first use unless
+# SBX_SERVER_AUTOSTART=1 (a developer's shell may set it; tests/test_autostart.py turns it on
+# where it is the point).
+os.environ.pop("SBX_SERVER_AUTOSTART", None)
 RUN_ID = uuid.uuid4().hex[:12]
 RUN_LABEL = f"sbx-test-run={RUN_ID}"
-SBX = [sys.executable, "-m", "sandboxer_tui.cli"]
+# `sbx` exactly as pip's script runs it (sandboxer_tui.resident.launcher:main): a command runs
+# in this process unless an `sbx server` a test started for its SBX_HOME takes it.
+SBX = [sys.executable, "-m", "sandboxer_tui"]
 
 
 @pytest.fixture
@@ -63,8 +66,7 @@ class SbxRunner:
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-        env.update(SBX_HOME=str(self.home), XDG_CONFIG_HOME=str(self.cwd / "xdg-config"),
-                   SBX_SERVER_AUTOSTART="0")
+        env.update(SBX_HOME=str(self.home), XDG_CONFIG_HOME=str(self.cwd / "xdg-config"))
         env.update(extra or {})
         return env
 
@@ -261,16 +263,15 @@ def tmux() -> Iterator[Tmux]:
     server.kill()
 
 
-# -- the launchers (sbx server's clients) ---------------------------------------------------
-
-PYTHON_LAUNCHER = [sys.executable, "-m", "sandboxer_tui.server.launcher"]
+# -- sbx server ------------------------------------------------------------------------------
 
 
 @dataclass
 class Launcher(SbxRunner):
-    """Like the `sbx` fixture, but through a launcher, so a running server takes the command."""
+    """Like the `sbx` fixture, with `argv` to run and the `sbx server` status at hand: a server
+    running for the test's SBX_HOME takes the commands."""
 
-    argv: list[str] = field(default_factory=lambda: PYTHON_LAUNCHER)
+    argv: list[str] = field(default_factory=lambda: SBX)
 
     def __call__(self, *args: str | bytes, env: dict[str, str] | None = None,
                  timeout: float = 120, input: str | None = None) -> Result:
@@ -282,24 +283,3 @@ class Launcher(SbxRunner):
         result = Launcher(self.home, self.cwd)("server", "status", "--json")
         assert result.code == 0, result.err
         return result.json()
-
-
-@pytest.fixture(scope="session")
-def compiled_launcher(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """launcher.c built for this interpreter, as `make setup` builds it for the venv's."""
-    out = tmp_path_factory.mktemp("launcher") / "sbx"
-    built = subprocess.run([ROOT / "scripts" / "build-launcher.sh", out, sys.executable],
-                           capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
-    if not out.exists():  # no working C compiler here: `sbx` is the Python launcher, and
-        # there is no compiled one to test (the script's last line says which compiler failed)
-        pytest.skip(built.stderr.strip().splitlines()[-1])
-    assert "warning" not in built.stderr, built.stderr
-    return out
-
-
-@pytest.fixture(params=["python", "compiled"])
-def launcher_argv(request: pytest.FixtureRequest) -> list[str]:
-    if request.param == "python":
-        return PYTHON_LAUNCHER
-    return [str(request.getfixturevalue("compiled_launcher"))]
