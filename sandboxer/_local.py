@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sandboxer.adapters.base import HOME_OVERRIDE
+from sandboxer.core import api
 from sandboxer.core.rules.errors import as_error
 
 if TYPE_CHECKING:
@@ -223,56 +224,21 @@ class LocalTransport:
     async def create(self, profile: str | Profile, *, ttl: timedelta | None, name: str | None,
                      labels: Mapping[str, str] | None, owner: str | None,
                      task: str | None) -> dict[str, Any]:
-        async def go(mgr: Manager) -> dict[str, Any]:
-            from sandboxer.core.rules.views import sandbox_view
-
-            resolved = _load_profile(profile)
-            row = await mgr.create(resolved, ttl=ttl, name=name, labels=labels, owner=owner,
-                                   task=task)
-            return sandbox_view(row, mgr.now_iso())
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.create(mgr, profile, ttl=ttl, name=name,
+                                                       labels=labels, owner=owner, task=task))
 
     async def get(self, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
-        def go(mgr: Manager) -> dict[str, Any]:
-            import json
-
-            from sandboxer.core.rules.views import sandbox_view
-
-            row = mgr.resolve(ref)
-            view = sandbox_view(row, mgr.now_iso())
-            if with_profile:
-                view["profile_resolved"] = json.loads(row["profile_json"] or "{}")
-            return view
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.get(mgr, ref, with_profile=with_profile))
 
     async def destroy(self, ref: str) -> tuple[dict[str, Any], bool]:
-        async def go(mgr: Manager) -> tuple[dict[str, Any], bool]:
-            from sandboxer.core.rules.views import sandbox_view
-
-            row, done = await mgr.destroy(ref)
-            return sandbox_view(row, mgr.now_iso()), done
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.destroy(mgr, ref))
 
     async def destroy_many(self, refs: Sequence[str]) -> dict[str, list[Any]]:
-        async def go(mgr: Manager):
-            mgr.make_room()  # a nearly full disk: the reserve goes first, so these can end
-            ids = [mgr.resolve(ref)["id"] for ref in refs]  # all known before any is touched
-            return await mgr.destroy_many(ids)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.destroy_many(mgr, refs))
 
     async def exec(self, ref: str, argv: Sequence[str],
                    timeout: timedelta | None) -> dict[str, Any]:
-        async def go(mgr: Manager) -> dict[str, Any]:
-            result = await mgr.exec(ref, list(argv), timeout=timeout)
-            return {"exit_code": result.exit_code, "stdout": result.stdout,
-                    "stderr": result.stderr, "duration": result.duration_s,
-                    "timed_out": result.timed_out}
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.exec(mgr, ref, argv, timeout))
 
     def exec_stream(self, ref: str, argv: Sequence[str],
                     timeout: timedelta | None) -> AsyncIterator[tuple[str, Any]]:
@@ -282,43 +248,19 @@ class LocalTransport:
         return self._stream(lambda mgr: mgr.logs(ref, follow=follow, tail=tail))
 
     async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
-        async def go(mgr: Manager):
-            from sandboxer.core.rules.views import sandbox_view
-
-            row, capped = await mgr.extend(ref, by)
-            return sandbox_view(row, mgr.now_iso()), capped
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.extend(mgr, ref, by))
 
     async def touch(self, ref: str) -> dict[str, Any]:
-        async def go(mgr: Manager):
-            from sandboxer.core.rules.views import sandbox_view
-
-            return sandbox_view(await mgr.record_activity(ref), mgr.now_iso())
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.touch(mgr, ref))
 
     async def pause(self, ref: str) -> dict[str, Any]:
-        return await self._state_change(ref, "pause")
+        return await self._call(lambda mgr: api.pause(mgr, ref))
 
     async def resume(self, ref: str) -> dict[str, Any]:
-        return await self._state_change(ref, "resume")
-
-    async def _state_change(self, ref: str, verb: str) -> dict[str, Any]:
-        async def go(mgr: Manager):
-            from sandboxer.core.rules.views import sandbox_view
-
-            return sandbox_view(await getattr(mgr, verb)(ref), mgr.now_iso())
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.resume(mgr, ref))
 
     async def metrics(self, ref: str) -> dict[str, Any] | None:
-        async def go(mgr: Manager):
-            async for view in mgr.metrics(ref):
-                return view
-            return None
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.metrics(mgr, ref))
 
     def follow_metrics(self, ref: str) -> AsyncIterator[dict[str, Any]]:
         return self._stream(lambda mgr: mgr.metrics(ref, follow=True))
@@ -344,14 +286,7 @@ class LocalTransport:
 
     async def events(self, sandbox: str | None, since: datetime | timedelta | None,
                      after: int | None) -> list[dict[str, Any]]:
-        def go(mgr: Manager):
-            from sandboxer.core.rules.views import event_view
-
-            sandbox_id = mgr.resolve(sandbox)["id"] if sandbox else None
-            return [event_view(r) for r in mgr.events(
-                sandbox_id, since=_since_iso(mgr, since), after_id=after or 0)]
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.events(mgr, sandbox, since, after))
 
     def follow_events(self, sandbox: str | None, after: int | None,
                       every: float) -> AsyncIterator[dict[str, Any]]:
@@ -369,36 +304,16 @@ class LocalTransport:
         return self._stream(follow)
 
     async def verify_events(self) -> dict[str, Any]:
-        def go(mgr: Manager):
-            report = mgr.verify_events()
-            return {"checked": report.checked, "intact": report.intact,
-                    "broken_at": report.broken_at, "problem": report.problem}
-
-        return await self._call(go)
+        return await self._call(api.verify_events)
 
     async def deliver_events(self) -> list[dict[str, Any]]:
-        def go(mgr: Manager):
-            from sandboxer.core.observe.delivery import default_deliverer
-
-            return [r.as_json() for r in default_deliverer(mgr.db).run()]
-
-        return await self._call(go)
+        return await self._call(api.deliver_events)
 
     async def undelivered(self) -> list[dict[str, Any]]:
-        def go(mgr: Manager):
-            from sandboxer.core.observe.delivery import default_deliverer
-
-            return default_deliverer(mgr.db).undelivered()
-
-        return await self._call(go)
+        return await self._call(api.undelivered)
 
     async def redeliver(self, event_ids: Sequence[int] | None) -> list[dict[str, Any]]:
-        def go(mgr: Manager):
-            from sandboxer.core.observe.delivery import default_deliverer
-
-            return default_deliverer(mgr.db).redeliver(list(event_ids) if event_ids else None)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.redeliver(mgr, event_ids))
 
     # -- the reaper -------------------------------------------------------------------------
 
@@ -432,73 +347,31 @@ class LocalTransport:
     # -- checkpoints ------------------------------------------------------------------------
 
     async def snapshot(self, ref: str, name: str | None) -> dict[str, Any]:
-        async def go(mgr: Manager):
-            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
-
-            return checkpoint_view(await Checkpoints(mgr).snapshot(ref, name))
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.snapshot(mgr, ref, name))
 
     async def checkpoint(self, ref: str) -> dict[str, Any]:
-        def go(mgr: Manager):
-            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
-
-            return checkpoint_view(Checkpoints(mgr).resolve(ref))
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.checkpoint(mgr, ref))
 
     async def checkpoints(self, sandbox: str | None) -> list[dict[str, Any]]:
-        def go(mgr: Manager):
-            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
-
-            return [checkpoint_view(r) for r in Checkpoints(mgr).list(sandbox)]
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.checkpoints(mgr, sandbox))
 
     async def restore(self, ref: str, *, ttl: timedelta | None, name: str | None,
                       labels: Mapping[str, str] | None, owner: str | None, task: str | None,
                       profile: str | None) -> dict[str, Any]:
-        async def go(mgr: Manager):
-            from sandboxer.core.lifecycle.checkpoints import Checkpoints
-            from sandboxer.core.rules.views import sandbox_view
-
-            row = await Checkpoints(mgr).restore(ref, ttl=ttl, name=name, labels=labels,
-                                                 owner=owner, task=task, profile_name=profile)
-            return sandbox_view(row, mgr.now_iso())
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.restore(mgr, ref, ttl=ttl, name=name, labels=labels,
+                                                        owner=owner, task=task, profile=profile))
 
     async def remove_checkpoint(self, ref: str) -> dict[str, Any]:
-        async def go(mgr: Manager):
-            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
-
-            return checkpoint_view(await Checkpoints(mgr).remove(ref))
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.remove_checkpoint(mgr, ref))
 
     async def prune_checkpoints(self) -> list[str]:
-        async def go(mgr: Manager):
-            from sandboxer.core.lifecycle.checkpoints import Checkpoints
-
-            return await Checkpoints(mgr).prune()
-
-        return await self._call(go)
+        return await self._call(api.prune_checkpoints)
 
     async def export_checkpoint(self, ref: str, path: str) -> dict[str, Any]:
-        async def go(mgr: Manager):
-            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
-
-            return checkpoint_view(await Checkpoints(mgr).export(ref, path))
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.export_checkpoint(mgr, ref, path))
 
     async def import_checkpoint(self, path: str, name: str | None) -> dict[str, Any]:
-        async def go(mgr: Manager):
-            from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
-
-            return checkpoint_view(await Checkpoints(mgr).import_(path, name))
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.import_checkpoint(mgr, path, name))
 
     # -- profiles, health, the store --------------------------------------------------------
 
@@ -520,15 +393,10 @@ class LocalTransport:
         return await self._call(go, needs_manager=False)
 
     async def profile(self, name: str) -> Profile:
-        return await self._call(lambda: _load_profile(name), needs_manager=False)
+        return await self._call(lambda: api.load_profile(name), needs_manager=False)
 
     async def check_profile(self, profile: Profile | Mapping[str, Any]) -> Profile:
-        def go(mgr: Manager) -> Profile:
-            resolved = _load_profile(profile)
-            mgr.check_profile(resolved)
-            return resolved
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.check_profile(mgr, profile))
 
     async def doctor(self) -> dict[str, Any]:
         async def go() -> dict[str, Any]:
@@ -545,12 +413,7 @@ class LocalTransport:
         return await self._call(go, needs_manager=False)
 
     async def copy_database(self, target_url: str) -> dict[str, Any]:
-        def go(mgr: Manager):
-            from sandboxer.core.store.dbcopy import copy_inventory
-
-            return copy_inventory(mgr.db, target_url).as_json()
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.copy_database(mgr, target_url))
 
     # -- watching, backends, recent samples, origin, shell ----------------------------------
 
@@ -559,32 +422,16 @@ class LocalTransport:
 
     async def backends(self, names: Sequence[str] | None, *, check: bool,
                        timeout: float) -> list[dict[str, Any]]:
-        async def go(mgr: Manager) -> list[dict[str, Any]]:
-            from sandboxer.core.lifecycle.backends import backend_statuses
-
-            return await backend_statuses(mgr, names, check=check, timeout_s=timeout)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.backends(mgr, names, check=check, timeout=timeout))
 
     async def recent_metrics(self, since: datetime | timedelta) -> list[dict[str, Any]]:
-        def go(mgr: Manager) -> list[dict[str, Any]]:
-            from sandboxer.core.follow.watch import recent_samples
-
-            start = mgr.clock.now() - since if isinstance(since, timedelta) else since
-            return recent_samples(mgr, start)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.recent_metrics(mgr, since))
 
     async def origin(self, ref: str) -> str | None:
         return await self._call(lambda mgr: mgr.resolve(ref)["restored_from"])
 
     async def shell_command(self, ref: str) -> list[str]:
-        async def go(mgr: Manager) -> list[str]:
-            from sandboxer.core.lifecycle.backends import shell_argv
-
-            return await shell_argv(mgr, ref)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.shell_command(mgr, ref))
 
     def _database_url(self) -> str:
         """The database this transport reads (call on the core loop: `home` applies)."""
@@ -604,156 +451,55 @@ class LocalTransport:
                         labels: Mapping[str, str] | None, include_destroyed: bool,
                         limit: int | None, cursor: str | None,
                         ) -> tuple[list[dict[str, Any]], str | None]:
-        def go(mgr: Manager):
-            from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_view
-            from sandboxer.core.store import inventory, tenancy
-
-            after, size = inventory.parse_page(cursor, limit)
-            placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
-            with mgr.db.read() as conn:
-                rows = inventory.list_sandboxes(
-                    conn.connection.driver_connection, include_all=include_destroyed,
-                    state=state, backend=backend, labels=labels, placeholder=placeholder,
-                    columns=VIEW_COLUMNS, after=after, limit=size + 1, pool_members=False,
-                    owner=tenancy.current())
-            more = len(rows) > size
-            rows = rows[:size]
-            now = mgr.now_iso()
-            return ([sandbox_view(r, now) for r in rows],
-                    inventory.page_cursor(rows[-1]) if more else None)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.list_page(mgr, state=state, backend=backend,
+                                                          labels=labels,
+                                                          include_destroyed=include_destroyed,
+                                                          limit=limit, cursor=cursor))
 
     async def create_idempotent(self, key: str, caller: str, profile: str | Profile, *,
                                 ttl: timedelta | None, name: str | None,
                                 labels: Mapping[str, str] | None, owner: str | None,
                                 task: str | None) -> dict[str, Any]:
-        async def go(mgr: Manager) -> dict[str, Any]:
-            from sandboxer.core.lifecycle import idempotency
-            from sandboxer.core.rules.profiles import dump
-            from sandboxer.core.rules.views import sandbox_view
-
-            resolved = _load_profile(profile)
-            asked = {"profile": dump(resolved), "ttl": ttl.total_seconds() if ttl else None,
-                     "name": name, "labels": dict(labels or {}), "owner": owner, "task": task}
-            row = await idempotency.create_once(
-                mgr, caller, key, asked,
-                lambda bind: mgr.create(resolved, ttl=ttl, name=name, labels=labels,
-                                        owner=owner, task=task, bind=bind))
-            return sandbox_view(row, mgr.now_iso())
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.create_idempotent(mgr, key, caller, profile,
+                                                                  ttl=ttl, name=name, labels=labels,
+                                                                  owner=owner, task=task))
 
     async def create_api_key(self, scope: str, owner: str | None,
                              quotas: Mapping[str, Any] | None = None,
                              ) -> tuple[dict[str, Any], str]:
-        def go(mgr: Manager):
-            from sandboxer.core.store import apikeys
-
-            return apikeys.create(mgr.db, scope=scope, owner=owner or mgr.actor,
-                                  created_by=mgr.actor, now=mgr.now_iso(), quotas=quotas,
-                                  record=_recorder(mgr))
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.create_api_key(mgr, scope, owner, quotas))
 
     async def api_keys(self) -> list[dict[str, Any]]:
-        def go(mgr: Manager):
-            from sandboxer.core.store import apikeys
-
-            return apikeys.list_keys(mgr.db)
-
-        return await self._call(go)
+        return await self._call(api.api_keys)
 
     async def revoke_api_key(self, key_id: str) -> dict[str, Any]:
-        def go(mgr: Manager):
-            from sandboxer.core.store import apikeys
-
-            view, _ = apikeys.revoke(mgr.db, key_id, now=mgr.now_iso(), record=_recorder(mgr))
-            return view
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.revoke_api_key(mgr, key_id))
 
     async def authenticate(self, token: str) -> dict[str, Any] | None:
-        def go(mgr: Manager):
-            from sandboxer.core.store import apikeys
-
-            return apikeys.authenticate(mgr.db, token)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.authenticate(mgr, token))
 
     async def usable_api_keys(self) -> int:
-        def go(mgr: Manager):
-            from sandboxer.core.store import apikeys
-
-            return apikeys.usable_keys(mgr.db)
-
-        return await self._call(go)
+        return await self._call(api.usable_api_keys)
 
     async def sandbox_counts(self) -> list[dict[str, Any]]:
-        def go(mgr: Manager):
-            from sandboxer.core.store import inventory, tenancy
-
-            placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
-            with mgr.db.read() as conn:
-                return inventory.count_sandboxes(conn.connection.driver_connection,
-                                                 tenancy.current(), placeholder)
-
-        return await self._call(go)
+        return await self._call(api.sandbox_counts)
 
     async def ready(self) -> dict[str, Any]:
-        def go(mgr: Manager):
-            from sandboxer.core.rules.errors import Unavailable
-            from sandboxer.core.store.db import redact
-            from sandboxer.core.store.migrations import SCHEMA_HEAD
-
-            mgr.db.migrate()
-            schema = mgr.db.schema_version()
-            if schema != SCHEMA_HEAD:
-                raise Unavailable(f"the database schema is {schema}, not {SCHEMA_HEAD}")
-            return {"database": redact(mgr.db.url), "schema": schema}
-
-        return await self._call(go)
+        return await self._call(api.ready)
 
     async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
-        async def go(mgr: Manager) -> list[dict[str, Any]]:
-            from sandboxer.core.follow.containermetrics import READ_TIMEOUT, read_all
-
-            return await read_all(mgr, timeout or READ_TIMEOUT)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.current_metrics(mgr, timeout))
 
     # -- warm pools (core/pools/__init__.py) ---------------------------------------------------------
 
     async def pools(self) -> list[dict[str, Any]]:
-        def go(mgr: Manager) -> list[dict[str, Any]]:
-            from sandboxer.core import pools
-
-            return pools.statuses(mgr)
-
-        return await self._call(go)
+        return await self._call(api.pools)
 
     async def set_pool_size(self, profile: str, size: int) -> dict[str, Any]:
-        async def go(mgr: Manager) -> dict[str, Any]:
-            from sandboxer.core import pools
-
-            resolved = _load_profile(profile)
-            await pools.set_size(mgr, resolved, size)  # made (or retired) now
-            return pools.statuses(mgr, {resolved.name: resolved}, only=resolved.name)[0]
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.set_pool_size(mgr, profile, size))
 
     async def drain_pool(self, profile: str) -> dict[str, Any]:
-        async def go(mgr: Manager) -> dict[str, Any]:
-            from sandboxer.core import pools
-            from sandboxer.core.rules.errors import NotFound
-
-            try:
-                resolved = _load_profile(profile)
-            except NotFound:  # gone from the search path: what is left can still go
-                resolved = None
-            return await pools.drain(mgr, profile, resolved)
-
-        return await self._call(go)
+        return await self._call(lambda mgr: api.drain_pool(mgr, profile))
 
     # `list` comes last: a method of that name hides the builtin from the annotations below it
     # (for a type checker), so none is below it.
@@ -790,31 +536,6 @@ class LocalTransport:
             filters.pop("owner")  # the Manager narrows to the tenant itself
             rows = await self._call(lambda mgr: mgr.list(**filters))
         return views(rows)
-
-
-def _recorder(mgr: Manager) -> Callable[[Any, str, dict[str, Any]], None]:
-    """An event of no sandbox, written in the caller's transaction as the acting actor."""
-    return lambda conn, type, payload: mgr.event(conn, None, type, payload=payload)
-
-
-def _load_profile(profile: str | Profile) -> Profile:
-    from sandboxer.core.rules.profiles import Profile, ProfileLoader
-
-    if isinstance(profile, Profile):
-        return profile
-    if isinstance(profile, Mapping):
-        return ProfileLoader().load_mapping(dict(profile))
-    return ProfileLoader().load(profile)
-
-
-def _since_iso(mgr: Manager, since: datetime | timedelta | None) -> str | None:
-    from sandboxer.core.rules.clock import to_iso
-
-    if since is None:
-        return None
-    if isinstance(since, timedelta):
-        return to_iso(mgr.clock.now() - since)
-    return to_iso(since)
 
 
 class LocalWatch:

@@ -1,0 +1,409 @@
+"""The operations, written once: what every front end reaches through the library's
+transport contract (sandboxer/_transport.py). Each takes the Manager first, runs the
+operation and returns the record shapes of sandboxer.core.rules.views, plain data a
+transport hands on unchanged: the in-process transport (sandboxer/_local.py) calls these
+on its core loop, one line per operation; `sbx serve` reaches them through the library.
+
+This is the engine's top room: it may use every room below it (pools and the reaper
+included); nothing in the engine imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import Profile
+
+
+def recorder(mgr: Manager) -> Callable[[Any, str, dict[str, Any]], None]:
+    """An event of no sandbox, written in the caller's transaction as the acting actor."""
+    return lambda conn, type, payload: mgr.event(conn, None, type, payload=payload)
+
+
+def load_profile(profile: str | Profile) -> Profile:
+    from sandboxer.core.rules.profiles import Profile, ProfileLoader
+
+    if isinstance(profile, Profile):
+        return profile
+    if isinstance(profile, Mapping):
+        return ProfileLoader().load_mapping(dict(profile))
+    return ProfileLoader().load(profile)
+
+
+def since_iso(mgr: Manager, since: datetime | timedelta | None) -> str | None:
+    from sandboxer.core.rules.clock import to_iso
+
+    if since is None:
+        return None
+    if isinstance(since, timedelta):
+        return to_iso(mgr.clock.now() - since)
+    return to_iso(since)
+
+
+async def create(
+    mgr: Manager,
+    profile: str | Profile,
+    *,
+    ttl: timedelta | None,
+    name: str | None,
+    labels: Mapping[str, str] | None,
+    owner: str | None,
+    task: str | None,
+) -> dict[str, Any]:
+    from sandboxer.core.rules.views import sandbox_view
+
+    resolved = load_profile(profile)
+    row = await mgr.create(resolved, ttl=ttl, name=name, labels=labels, owner=owner,
+                           task=task)
+    return sandbox_view(row, mgr.now_iso())
+
+
+def get(mgr: Manager, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
+    import json
+
+    from sandboxer.core.rules.views import sandbox_view
+
+    row = mgr.resolve(ref)
+    view = sandbox_view(row, mgr.now_iso())
+    if with_profile:
+        view["profile_resolved"] = json.loads(row["profile_json"] or "{}")
+    return view
+
+
+async def destroy(mgr: Manager, ref: str) -> tuple[dict[str, Any], bool]:
+    from sandboxer.core.rules.views import sandbox_view
+
+    row, done = await mgr.destroy(ref)
+    return sandbox_view(row, mgr.now_iso()), done
+
+
+async def destroy_many(mgr: Manager, refs: Sequence[str]) -> dict[str, list[Any]]:
+    mgr.make_room()  # a nearly full disk: the reserve goes first, so these can end
+    ids = [mgr.resolve(ref)["id"] for ref in refs]  # all known before any is touched
+    return await mgr.destroy_many(ids)
+
+
+async def exec(
+    mgr: Manager,
+    ref: str,
+    argv: Sequence[str],
+    timeout: timedelta | None,
+) -> dict[str, Any]:
+    result = await mgr.exec(ref, list(argv), timeout=timeout)
+    return {"exit_code": result.exit_code, "stdout": result.stdout,
+            "stderr": result.stderr, "duration": result.duration_s,
+            "timed_out": result.timed_out}
+
+
+async def extend(mgr: Manager, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
+    from sandboxer.core.rules.views import sandbox_view
+
+    row, capped = await mgr.extend(ref, by)
+    return sandbox_view(row, mgr.now_iso()), capped
+
+
+async def touch(mgr: Manager, ref: str) -> dict[str, Any]:
+    from sandboxer.core.rules.views import sandbox_view
+
+    return sandbox_view(await mgr.record_activity(ref), mgr.now_iso())
+
+
+async def metrics(mgr: Manager, ref: str) -> dict[str, Any] | None:
+    async for view in mgr.metrics(ref):
+        return view
+    return None
+
+
+def events(
+    mgr: Manager,
+    sandbox: str | None,
+    since: datetime | timedelta | None,
+    after: int | None,
+) -> list[dict[str, Any]]:
+    from sandboxer.core.rules.views import event_view
+
+    sandbox_id = mgr.resolve(sandbox)["id"] if sandbox else None
+    return [event_view(r) for r in mgr.events(
+        sandbox_id, since=since_iso(mgr, since), after_id=after or 0)]
+
+
+def verify_events(mgr: Manager) -> dict[str, Any]:
+    report = mgr.verify_events()
+    return {"checked": report.checked, "intact": report.intact,
+            "broken_at": report.broken_at, "problem": report.problem}
+
+
+def deliver_events(mgr: Manager) -> list[dict[str, Any]]:
+    from sandboxer.core.observe.delivery import default_deliverer
+
+    return [r.as_json() for r in default_deliverer(mgr.db).run()]
+
+
+def undelivered(mgr: Manager) -> list[dict[str, Any]]:
+    from sandboxer.core.observe.delivery import default_deliverer
+
+    return default_deliverer(mgr.db).undelivered()
+
+
+def redeliver(mgr: Manager, event_ids: Sequence[int] | None) -> list[dict[str, Any]]:
+    from sandboxer.core.observe.delivery import default_deliverer
+
+    return default_deliverer(mgr.db).redeliver(list(event_ids) if event_ids else None)
+
+
+async def snapshot(mgr: Manager, ref: str, name: str | None) -> dict[str, Any]:
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
+
+    return checkpoint_view(await Checkpoints(mgr).snapshot(ref, name))
+
+
+def checkpoint(mgr: Manager, ref: str) -> dict[str, Any]:
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
+
+    return checkpoint_view(Checkpoints(mgr).resolve(ref))
+
+
+def checkpoints(mgr: Manager, sandbox: str | None) -> list[dict[str, Any]]:
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
+
+    return [checkpoint_view(r) for r in Checkpoints(mgr).list(sandbox)]
+
+
+async def restore(
+    mgr: Manager,
+    ref: str,
+    *,
+    ttl: timedelta | None,
+    name: str | None,
+    labels: Mapping[str, str] | None,
+    owner: str | None,
+    task: str | None,
+    profile: str | None,
+) -> dict[str, Any]:
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints
+    from sandboxer.core.rules.views import sandbox_view
+
+    row = await Checkpoints(mgr).restore(ref, ttl=ttl, name=name, labels=labels,
+                                         owner=owner, task=task, profile_name=profile)
+    return sandbox_view(row, mgr.now_iso())
+
+
+async def remove_checkpoint(mgr: Manager, ref: str) -> dict[str, Any]:
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
+
+    return checkpoint_view(await Checkpoints(mgr).remove(ref))
+
+
+async def prune_checkpoints(mgr: Manager) -> list[str]:
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints
+
+    return await Checkpoints(mgr).prune()
+
+
+async def export_checkpoint(mgr: Manager, ref: str, path: str) -> dict[str, Any]:
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
+
+    return checkpoint_view(await Checkpoints(mgr).export(ref, path))
+
+
+async def import_checkpoint(mgr: Manager, path: str, name: str | None) -> dict[str, Any]:
+    from sandboxer.core.lifecycle.checkpoints import Checkpoints, checkpoint_view
+
+    return checkpoint_view(await Checkpoints(mgr).import_(path, name))
+
+
+def check_profile(mgr: Manager, profile: Profile | Mapping[str, Any]) -> Profile:
+    resolved = load_profile(profile)
+    mgr.check_profile(resolved)
+    return resolved
+
+
+def copy_database(mgr: Manager, target_url: str) -> dict[str, Any]:
+    from sandboxer.core.store.dbcopy import copy_inventory
+
+    return copy_inventory(mgr.db, target_url).as_json()
+
+
+async def backends(
+    mgr: Manager,
+    names: Sequence[str] | None,
+    *,
+    check: bool,
+    timeout: float,
+) -> list[dict[str, Any]]:
+    from sandboxer.core.lifecycle.backends import backend_statuses
+
+    return await backend_statuses(mgr, names, check=check, timeout_s=timeout)
+
+
+def recent_metrics(mgr: Manager, since: datetime | timedelta) -> list[dict[str, Any]]:
+    from sandboxer.core.follow.watch import recent_samples
+
+    start = mgr.clock.now() - since if isinstance(since, timedelta) else since
+    return recent_samples(mgr, start)
+
+
+async def shell_command(mgr: Manager, ref: str) -> list[str]:
+    from sandboxer.core.lifecycle.backends import shell_argv
+
+    return await shell_argv(mgr, ref)
+
+
+def list_page(
+    mgr: Manager,
+    *,
+    state: str | None,
+    backend: str | None,
+    labels: Mapping[str, str] | None,
+    include_destroyed: bool,
+    limit: int | None,
+    cursor: str | None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_view
+    from sandboxer.core.store import inventory, tenancy
+
+    after, size = inventory.parse_page(cursor, limit)
+    placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
+    with mgr.db.read() as conn:
+        rows = inventory.list_sandboxes(
+            conn.connection.driver_connection, include_all=include_destroyed,
+            state=state, backend=backend, labels=labels, placeholder=placeholder,
+            columns=VIEW_COLUMNS, after=after, limit=size + 1, pool_members=False,
+            owner=tenancy.current())
+    more = len(rows) > size
+    rows = rows[:size]
+    now = mgr.now_iso()
+    return ([sandbox_view(r, now) for r in rows],
+            inventory.page_cursor(rows[-1]) if more else None)
+
+
+async def create_idempotent(
+    mgr: Manager,
+    key: str,
+    caller: str,
+    profile: str | Profile,
+    *,
+    ttl: timedelta | None,
+    name: str | None,
+    labels: Mapping[str, str] | None,
+    owner: str | None,
+    task: str | None,
+) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import idempotency
+    from sandboxer.core.rules.profiles import dump
+    from sandboxer.core.rules.views import sandbox_view
+
+    resolved = load_profile(profile)
+    asked = {"profile": dump(resolved), "ttl": ttl.total_seconds() if ttl else None,
+             "name": name, "labels": dict(labels or {}), "owner": owner, "task": task}
+    row = await idempotency.create_once(
+        mgr, caller, key, asked,
+        lambda bind: mgr.create(resolved, ttl=ttl, name=name, labels=labels,
+                                owner=owner, task=task, bind=bind))
+    return sandbox_view(row, mgr.now_iso())
+
+
+def create_api_key(
+    mgr: Manager,
+    scope: str,
+    owner: str | None,
+    quotas: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], str]:
+    from sandboxer.core.store import apikeys
+
+    return apikeys.create(mgr.db, scope=scope, owner=owner or mgr.actor,
+                          created_by=mgr.actor, now=mgr.now_iso(), quotas=quotas,
+                          record=recorder(mgr))
+
+
+def api_keys(mgr: Manager) -> list[dict[str, Any]]:
+    from sandboxer.core.store import apikeys
+
+    return apikeys.list_keys(mgr.db)
+
+
+def revoke_api_key(mgr: Manager, key_id: str) -> dict[str, Any]:
+    from sandboxer.core.store import apikeys
+
+    view, _ = apikeys.revoke(mgr.db, key_id, now=mgr.now_iso(), record=recorder(mgr))
+    return view
+
+
+def authenticate(mgr: Manager, token: str) -> dict[str, Any] | None:
+    from sandboxer.core.store import apikeys
+
+    return apikeys.authenticate(mgr.db, token)
+
+
+def usable_api_keys(mgr: Manager) -> int:
+    from sandboxer.core.store import apikeys
+
+    return apikeys.usable_keys(mgr.db)
+
+
+def sandbox_counts(mgr: Manager) -> list[dict[str, Any]]:
+    from sandboxer.core.store import inventory, tenancy
+
+    placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
+    with mgr.db.read() as conn:
+        return inventory.count_sandboxes(conn.connection.driver_connection,
+                                         tenancy.current(), placeholder)
+
+
+def ready(mgr: Manager) -> dict[str, Any]:
+    from sandboxer.core.rules.errors import Unavailable
+    from sandboxer.core.store.db import redact
+    from sandboxer.core.store.migrations import SCHEMA_HEAD
+
+    mgr.db.migrate()
+    schema = mgr.db.schema_version()
+    if schema != SCHEMA_HEAD:
+        raise Unavailable(f"the database schema is {schema}, not {SCHEMA_HEAD}")
+    return {"database": redact(mgr.db.url), "schema": schema}
+
+
+async def current_metrics(mgr: Manager, timeout: timedelta | None = None) -> list[dict[str, Any]]:
+    from sandboxer.core.follow.containermetrics import READ_TIMEOUT, read_all
+
+    return await read_all(mgr, timeout or READ_TIMEOUT)
+
+
+def pools(mgr: Manager) -> list[dict[str, Any]]:
+    from sandboxer.core import pools
+
+    return pools.statuses(mgr)
+
+
+async def set_pool_size(mgr: Manager, profile: str, size: int) -> dict[str, Any]:
+    from sandboxer.core import pools
+
+    resolved = load_profile(profile)
+    await pools.set_size(mgr, resolved, size)  # made (or retired) now
+    return pools.statuses(mgr, {resolved.name: resolved}, only=resolved.name)[0]
+
+
+async def drain_pool(mgr: Manager, profile: str) -> dict[str, Any]:
+    from sandboxer.core import pools
+    from sandboxer.core.rules.errors import NotFound
+
+    try:
+        resolved = load_profile(profile)
+    except NotFound:  # gone from the search path: what is left can still go
+        resolved = None
+    return await pools.drain(mgr, profile, resolved)
+
+
+async def pause(mgr: Manager, ref: str) -> dict[str, Any]:
+    from sandboxer.core.rules.views import sandbox_view
+
+    return sandbox_view(await mgr.pause(ref), mgr.now_iso())
+
+
+async def resume(mgr: Manager, ref: str) -> dict[str, Any]:
+    from sandboxer.core.rules.views import sandbox_view
+
+    return sandbox_view(await mgr.resume(ref), mgr.now_iso())
