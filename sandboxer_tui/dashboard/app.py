@@ -16,9 +16,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import WorkerState
 
-from sandboxer_tui.formatting import one_line
 from sandboxer_tui.dashboard.model import Dashboard
 from sandboxer_tui.dashboard.screens.main import MainScreen
+from sandboxer_tui.formatting import one_line
 
 
 class SandboxerApp(App):

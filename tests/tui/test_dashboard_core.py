@@ -16,9 +16,6 @@ import pytest
 from sandboxer import MetricSample
 from sandboxer.core.follow.watch import InventoryWatcher
 from sandboxer.core.rules.errors import BadInput
-from sandboxer_tui.formatting import compact_age as human_age
-from sandboxer_tui.formatting import compact_duration as human_duration
-from sandboxer_tui.formatting import human_bytes
 from sandboxer_tui.dashboard.model import (
     MetricsBuffer,
     SandboxRow,
@@ -31,6 +28,9 @@ from sandboxer_tui.dashboard.model import (
     sparkline,
     ttl_level,
 )
+from sandboxer_tui.formatting import compact_age as human_age
+from sandboxer_tui.formatting import compact_duration as human_duration
+from sandboxer_tui.formatting import human_bytes
 
 from .helpers import make_dashboard
 
@@ -293,7 +293,8 @@ def test_one_module_formats_durations_and_sizes_for_the_cli_and_the_dashboard():
     """`sbx ls` keeps every unit (a TTL it prints can be pasted back into `--ttl`); the
     dashboard's cells keep two. Both come from sandboxer_tui.formatting."""
     from sandboxer.core.rules.durations import parse_duration
-    from sandboxer_tui import cli
+    from sandboxer_tui.cli import metrics
+    from sandboxer_tui.cli import output as cli
     from sandboxer_tui.formatting import exact_duration, megabytes
 
     seconds = 86400 + 3600 + 60 + 1
@@ -303,7 +304,7 @@ def test_one_module_formats_durations_and_sizes_for_the_cli_and_the_dashboard():
     assert cli.human_age("2026-03-01T08:00:00.000000Z", "2026-03-02T09:01:01.000000Z") == \
         "1d1h1m1s"
     assert human_duration(seconds) == "1d1h" and human_age(seconds) == "1d1h"
-    line = cli._metric_line({"time": "t", "cpu_pct": 1.5, "memory_bytes": 64 * 1024**2,
+    line = metrics._metric_line({"time": "t", "cpu_pct": 1.5, "memory_bytes": 64 * 1024**2,
                              "memory_limit": 512 * 1024**2, "pids": 3, "net_rx_bytes": None,
                              "net_tx_bytes": None})
     assert "mem 64.0MB / 512.0MB" in line and megabytes(None) == "-"

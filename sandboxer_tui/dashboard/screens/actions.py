@@ -16,7 +16,6 @@ from textual import work
 from textual.binding import Binding
 
 from sandboxer import Error
-from sandboxer_tui.formatting import exact_duration, one_line
 from sandboxer_tui.dashboard.model import (
     MUTATING,
     SORT_COLUMNS,
@@ -35,6 +34,7 @@ from sandboxer_tui.dashboard.screens.modals import (
     HelpScreen,
 )
 from sandboxer_tui.dashboard.screens.pickers import CheckpointPicker, ProfilePicker
+from sandboxer_tui.formatting import exact_duration, one_line
 
 if TYPE_CHECKING:
     from sandboxer_tui.dashboard.widgets.detail import DetailPanel

@@ -11,8 +11,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, RichLog, Static
 
-from sandboxer_tui.formatting import one_line
 from sandboxer_tui.dashboard.model import Dashboard, Outcome, SandboxRow
+from sandboxer_tui.formatting import one_line
 
 IDLE = "Enter runs · Escape closes"
 

@@ -19,7 +19,6 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from sandboxer_tui.formatting import one_line
 from sandboxer_tui.dashboard.model import Dashboard, SandboxRow, health_state
 from sandboxer_tui.dashboard.screens.actions import ActionsMixin
 from sandboxer_tui.dashboard.screens.messages import (
@@ -39,6 +38,7 @@ from sandboxer_tui.dashboard.widgets.detail import TABS, DetailPanel
 from sandboxer_tui.dashboard.widgets.filter import FilterInput
 from sandboxer_tui.dashboard.widgets.header import HealthBar
 from sandboxer_tui.dashboard.widgets.table import SandboxTable
+from sandboxer_tui.formatting import one_line
 
 
 class MainScreen(ActionsMixin, Screen):

@@ -17,8 +17,8 @@ from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from sandboxer import BadInput
-from sandboxer_tui.formatting import human_bytes
 from sandboxer_tui.dashboard.model import CreateArgs, ProfileChoice, parse_create_args
+from sandboxer_tui.formatting import human_bytes
 
 if TYPE_CHECKING:
     from sandboxer import AsyncCheckpoint

@@ -31,9 +31,9 @@ from textual.widgets import (
 )
 
 from sandboxer import Event, MetricSample
-from sandboxer_tui.formatting import compact_duration, human_bytes
 from sandboxer_tui.dashboard.model import SandboxDetail, SandboxRow, ttl_level
 from sandboxer_tui.dashboard.widgets.table import STATE_STYLES, TTL_STYLES
+from sandboxer_tui.formatting import compact_duration, human_bytes
 
 TABS = ("overview", "logs", "events", "metrics", "checkpoints")
 HIGHLIGHT = "bold black on yellow"

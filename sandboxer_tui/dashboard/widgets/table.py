@@ -18,7 +18,6 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from sandboxer import MetricSample, State
-from sandboxer_tui.formatting import compact_age, compact_duration, human_bytes
 from sandboxer_tui.dashboard.model import (
     SORT_COLUMNS,
     Inventory,
@@ -30,6 +29,7 @@ from sandboxer_tui.dashboard.model import (
     sparkline,
     ttl_level,
 )
+from sandboxer_tui.formatting import compact_age, compact_duration, human_bytes
 
 STATE_STYLES = {State.RUNNING: "green", State.PAUSED: "cyan", State.CREATING: "blue",
                 State.DESTROYING: "magenta", State.DESTROYED: "dim", State.FAILED: "bold red",
