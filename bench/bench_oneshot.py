@@ -1,6 +1,6 @@
 """What a command costs a user who never started `sbx server`: fresh `sbx` processes in a new
-SBX_HOME with the defaults (the first command starts a server behind it, docs/server.md),
-against docker's own CLI, rounds interleaved.
+SBX_HOME with SBX_SERVER_AUTOSTART=1 (the first command starts a server behind it,
+docs/server.md; by default none is started), against docker's own CLI, rounds interleaved.
 
     .venv/bin/python bench/bench_oneshot.py [--rounds N] [--json FILE]
 
