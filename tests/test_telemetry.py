@@ -286,11 +286,10 @@ def test_unset_nothing_is_traced_and_commands_work(sbx, receiver):
     assert not any(k.startswith("OTEL_") for k in os.environ)
 
 
-def test_commands_through_sbx_server_are_traced_and_its_warm_up_is_not(sbx, receiver):
-    """`sbx server` started with the OTEL_ variables set: its warm-up (stub operations on
-    throwaway state, before any command) makes no span and starts no exporter thread (the
-    server refuses to fork with a thread running); each command handed to it is traced with
-    its caller's variables."""
+def test_commands_through_sbx_server_are_traced_and_the_server_itself_is_not(sbx, receiver):
+    """`sbx server` started with the OTEL_ variables set: its preloading makes no span and
+    starts no exporter thread (the server refuses to fork with a thread running); each command
+    handed to it is traced with its caller's variables."""
     from tests.test_resident_server import Launcher
 
     launcher = Launcher(sbx.home, sbx.cwd)
