@@ -86,10 +86,8 @@ async def show(who: Read, ref: str, with_profile: bool = False) -> JSONResponse:
                response_model=s.Destroyed, responses=ERRORS)
 async def destroy(who: Write, metrics: Metrics, ref: str) -> JSONResponse:
     box = await who.client.get(ref)
-    # the library's destroy does not say whether this call ended it: the state read first does
-    was = box.to_dict()["state"] == "destroyed"
-    await metrics.timed("destroy", box.destroy(), backend=box.backend)
-    return JSONResponse({**box.to_dict(), "already_destroyed": was})
+    ended_now = await metrics.timed("destroy", box.destroy(), backend=box.backend)
+    return JSONResponse({**box.to_dict(), "already_destroyed": not ended_now})
 
 
 @router.post("/v1/sandboxes/{ref}/extend", summary="Move the deadline",
