@@ -112,7 +112,7 @@ def plan_reconcile(
         state, actual = row["state"], _object_state(obj)
         if state == State.CREATING and (is_member(row) or runs_setup(row)):
             # its maker died: its setup may not have run (or finished), so it is never made
-            # running or warm, and reap then removes its object
+            # running or warm: failed, and its object removed in the same step
             actions.append(Action(FAIL, backend, row["id"], obj.ref, reason="failed",
                                   target=State.FAILED, expect=state))
         elif state == State.CREATING:
@@ -534,6 +534,10 @@ class Reaper:
                 if mgr.record_backend_state(action.sandbox_id, action.expect, action.target,
                                             reason=action.reason):
                     report.reconciled.append(action.describe())
+                    if action.kind == FAIL and action.ref is not None:
+                        # made, but its setup may not have run: ended now, as an idempotent
+                        # retry settling it ends it, never left to look usable
+                        await mgr.destroy_if(action.sandbox_id, action.backend, reason="failed")
         except Conflict as exc:  # another process got there first: that is fine
             report.skipped.append({"id": label, "error": one_line(exc)})
         except Exception as exc:

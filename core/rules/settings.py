@@ -5,8 +5,8 @@ at use, so a test or a library client changes them without a restart.
 Plain functions rather than a pydantic-settings model: `sbx ls` and `sbx reap` load no
 pydantic at all, and pydantic-settings would add about 100 ms to every such start. Adapters
 read their own variables (SBX_SSH_*, SBX_DOCKER_ALLOW_PLAINTEXT, SBX_ADAPTERS, SBX_FAILPOINT) where they use
-them (they do not import the core); the launchers read SBX_HOME, SBX_NO_SERVER and the
-autostart ones with built-in modules only. docs/cli.md lists them all."""
+them (they do not import the core); the `sbx` launcher reads SBX_HOME, SBX_NO_SERVER,
+SBX_URL and the autostart ones with built-in modules only. docs/cli.md lists them all."""
 
 from __future__ import annotations
 
