@@ -80,6 +80,9 @@ def test_the_wheel_installs_only_the_library_and_the_front_ends(installed):
     for room in ("rules", "store", "observe", "lifecycle", "follow", "pools", "reconcile"):
         assert (site / "sandboxer" / "core" / room / "__init__.py").is_file(), room
     assert not (site / "core").exists() and not (site / "adapters").exists()
+    # what a type checker reads: the package is typed, and the sync twin has its stub
+    assert (site / "sandboxer" / "py.typed").is_file()
+    assert (site / "sandboxer" / "_sync.pyi").is_file()
 
 
 def test_plain_install_ships_profiles_and_migrations(installed, tmp_path):

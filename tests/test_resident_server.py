@@ -556,6 +556,11 @@ def test_bad_requests_are_declined_and_the_server_serves_the_next(via: Launcher)
         assert exchange(len(early).to_bytes(4, "big") + early, [null.fileno()] * 3) == (
             b"declined bad request (fds come after `pid`)\n")
     assert exchange(b"\x00\x00\x01\x00half", then_close=True) == b""
+    for argv in (["serve", "--listen", "127.0.0.1:0"], ["--url", "http://x", "tui"]):
+        # a command that runs where it was typed is declined even from another launcher
+        sent = marshal.dumps({**request, "argv": argv})
+        assert exchange(len(sent).to_bytes(4, "big") + sent) == (
+            b"declined a command that runs where it was typed\n")
     result = via("ls", "--json")
     assert (result.code, result.out.strip(), result.err) == (0, "[]", "")
     after = via.status()
@@ -575,3 +580,25 @@ def test_a_link_planted_at_the_servers_files_is_refused_not_followed(
         f"sbx: {planted} is a symbolic link; sbx does not follow links in its state folder "
         "(remove it)"]
     assert not victim.exists() and not (sbx.home / "server.sock").exists()
+
+
+def test_the_launchers_peer_check_is_the_cores() -> None:
+    """The launcher writes out sandboxer.core.rules.peercred's rule (importing it would import
+    the library): both read the same uid and pid of a peer."""
+    import socket
+
+    from sandboxer.core.rules.peercred import peer_uid_pid as cores
+    from sandboxer_tui.resident.launcher import peer_uid_pid as launchers
+
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with left, right:
+        assert launchers(left) == cores(left) == (os.getuid(), os.getpid())
+
+
+def test_only_sbxs_own_url_option_makes_a_command_remote(monkeypatch) -> None:
+    from sandboxer_tui.resident.launcher import is_remote
+
+    monkeypatch.delenv("SBX_URL", raising=False)
+    assert is_remote(["--url", "http://127.0.0.1:1", "ls"])
+    assert is_remote(["--url=http://127.0.0.1:1", "ls"])
+    assert not is_remote(["exec", "box", "--", "curl", "--url", "http://127.0.0.1:1"])

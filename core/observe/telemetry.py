@@ -36,7 +36,6 @@ PROTOCOLS = ("http/protobuf", "grpc")
 EXPORTERS = ("otlp", "console")
 
 _current: ContextVar[_Operation | None] = ContextVar("sbx_operation", default=None)
-_suppressed: ContextVar[bool] = ContextVar("sbx_telemetry_suppressed", default=False)
 _lock = threading.Lock()
 _tracing: _Tracing | None = None
 _metering: _Metering | None = None
@@ -69,11 +68,11 @@ def _exporters(signal: str) -> list[str]:
 
 def tracing_on() -> bool:
     """Whether spans are made now (cheap: the environment, no import)."""
-    return not _suppressed.get() and _sdk_present("traces")
+    return _sdk_present("traces")
 
 
 def metrics_on() -> bool:
-    return not _suppressed.get() and _sdk_present("metrics")
+    return _sdk_present("metrics")
 
 
 def _sdk_present(signal: str) -> bool:
@@ -431,17 +430,6 @@ def trace_env() -> dict[str, str]:
     TraceContextTextMapPropagator().inject(carrier,
                                            context=trace.set_span_in_context(operation.span))
     return {key.upper(): value for key, value in carrier.items()}
-
-
-@contextlib.contextmanager
-def suppressed() -> Iterator[None]:
-    """No spans or metrics in this block whatever the environment says (`sbx server`'s
-    warm-up on throwaway state)."""
-    token = _suppressed.set(True)
-    try:
-        yield
-    finally:
-        _suppressed.reset(token)
 
 
 # -- metrics ---------------------------------------------------------------------------------

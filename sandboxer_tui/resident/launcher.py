@@ -46,7 +46,7 @@ APP_NAME = "sandboxer"
 # Not through the server: the dashboard needs the terminal as its own (job control,
 # resizes), the server commands manage the server itself, and `sbx serve` is a long-running
 # service of its own, never a child of the server.
-_LOCAL_COMMANDS = {"tui", "server", "serve"}
+LOCAL_COMMANDS = {"tui", "server", "serve"}
 # The root options that take a value: the word after one is not the command.
 _OPTIONS_WITH_A_VALUE = {"--url"}
 
@@ -162,7 +162,7 @@ def command_word(args: list[str]) -> str | None:
 def wants_server(args: list[str]) -> bool:
     if os.environ.get("SBX_NO_SERVER"):
         return False
-    return bool(args) and command_word(args) not in _LOCAL_COMMANDS
+    return bool(args) and command_word(args) not in LOCAL_COMMANDS
 
 
 def through_server(args: list[str]) -> int | None:
@@ -286,8 +286,10 @@ def autostart_idle_s() -> float | None:
 def is_remote(args: list[str]) -> bool:
     """Whether the command is a client of an sbx service (SBX_URL, or --url): it keeps
     nothing in the local state folder, so no server is started for it."""
+    word = command_word(args)
+    root = args[:args.index(word)] if word is not None else args  # sbx's own options
     return bool(os.environ.get("SBX_URL", "").strip()) or any(
-        arg == "--url" or arg.startswith("--url=") for arg in args)
+        arg == "--url" or arg.startswith("--url=") for arg in root)
 
 
 def autostart() -> None:

@@ -34,8 +34,10 @@ from typing import Any
 from sandboxer.core.rules.errors import ExitCode
 from sandboxer.core.rules.settings import open_state_file, sbx_home
 from sandboxer_tui.resident.launcher import (
+    LOCAL_COMMANDS,
     PROTOCOL,
     SOCKET_NAME,
+    command_word,
     peer_uid_pid,
     send_request,
     socket_address,
@@ -439,6 +441,8 @@ class Server:
                 or not all(isinstance(k, str) and isinstance(v, str)
                            for k, v in request["env"].items())):
             return "bad request"
+        if command_word(request["argv"]) in LOCAL_COMMANDS:  # `sbx serve` runs where typed
+            return "a command that runs where it was typed"
         if os.path.realpath(request["executable"]) != os.path.realpath(sys.executable):
             return "another Python"
         changed = _changed(self.stamps)
