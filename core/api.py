@@ -407,3 +407,58 @@ async def resume(mgr: Manager, ref: str) -> dict[str, Any]:
     from sandboxer.core.rules.views import sandbox_view
 
     return sandbox_view(await mgr.resume(ref), mgr.now_iso())
+
+
+async def reap(*, database_url: str | None, manager: Manager | None, actor: str | None,
+               dry_run: bool, orphans: bool, reap: bool = True,
+               timeout: timedelta | None = None) -> dict[str, Any]:
+    """One reconcile-and-reap cycle. It reads with the driver alone when it can, so a cycle
+    with nothing to do loads neither the ORM nor Alembic (no Manager is made for it)."""
+    import asyncio
+
+    from sandboxer.core.reconcile.reaper import default_reaper
+
+    reaper = default_reaper(orphans=orphans, dry_run=dry_run, reap=reap,
+                            database_url=database_url, manager=manager, actor=actor)
+    try:
+        job = reaper.cycle()
+        try:
+            report = await (asyncio.wait_for(job, timeout.total_seconds()) if timeout else job)
+        except TimeoutError:
+            from sandboxer.core.rules.durations import format_duration
+            from sandboxer.core.rules.errors import TimedOut
+
+            raise TimedOut(f"timed out after {format_duration(timeout)}; the next "
+                           "run completes what this one left") from None
+    finally:
+        await reaper.close(keep_manager=manager is not None)
+    return report.as_json()
+
+
+def profiles() -> list[dict[str, Any]]:
+    """Every profile on the search path, with the reason one cannot be used."""
+    from sandboxer.core.rules.errors import BadInput
+    from sandboxer.core.rules.profiles import ProfileLoader
+
+    loader = ProfileLoader()
+    found = []
+    for name, path in loader.names().items():
+        try:
+            found.append({**loader.load(name).summary(), "source": str(path)})
+        except BadInput as exc:
+            found.append({"name": name, "backend": None, "description": None,
+                          "source": str(path), "error": str(exc)})
+    return found
+
+
+async def doctor(database_url: str | None) -> dict[str, Any]:
+    """What `sbx doctor` reports, on a database of its own (never the Manager's)."""
+    from sandboxer.core.observe import doctor as checks
+    from sandboxer.core.rules import settings
+    from sandboxer.core.store.db import Database
+
+    db = Database(database_url or settings.database_url())
+    try:
+        return await checks.report(db)
+    finally:
+        db.dispose()

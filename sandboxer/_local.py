@@ -319,30 +319,9 @@ class LocalTransport:
 
     async def reap(self, *, dry_run: bool, orphans: bool, reap: bool = True,
                    timeout: timedelta | None = None) -> dict[str, Any]:
-        """One cycle. It reads with the driver alone when it can, so a cycle with nothing to
-        do loads neither the ORM nor Alembic."""
-        async def go() -> dict[str, Any]:
-            from sandboxer.core.reconcile.reaper import default_reaper
-
-            reaper = default_reaper(orphans=orphans, dry_run=dry_run, reap=reap,
-                                    database_url=self.database_url,
-                                    manager=self._mgr, actor=self.actor)
-            try:
-                job = reaper.cycle()
-                try:
-                    report = await (asyncio.wait_for(job, timeout.total_seconds())
-                                    if timeout else job)
-                except TimeoutError:
-                    from sandboxer.core.rules.durations import format_duration
-                    from sandboxer.core.rules.errors import TimedOut
-
-                    raise TimedOut(f"timed out after {format_duration(timeout)}; the next "
-                                   "run completes what this one left") from None
-            finally:
-                await reaper.close(keep_manager=self._mgr is not None)
-            return report.as_json()
-
-        return await self._call(go, needs_manager=False)
+        return await self._call(lambda: api.reap(
+            database_url=self.database_url, manager=self._mgr, actor=self.actor,
+            dry_run=dry_run, orphans=orphans, reap=reap, timeout=timeout), needs_manager=False)
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -376,21 +355,7 @@ class LocalTransport:
     # -- profiles, health, the store --------------------------------------------------------
 
     async def profiles(self) -> list[dict[str, Any]]:
-        def go() -> list[dict[str, Any]]:
-            from sandboxer.core.rules.errors import BadInput
-            from sandboxer.core.rules.profiles import ProfileLoader
-
-            loader = ProfileLoader()
-            found = []
-            for name, path in loader.names().items():
-                try:
-                    found.append({**loader.load(name).summary(), "source": str(path)})
-                except BadInput as exc:
-                    found.append({"name": name, "backend": None, "description": None,
-                                  "source": str(path), "error": str(exc)})
-            return found
-
-        return await self._call(go, needs_manager=False)
+        return await self._call(api.profiles, needs_manager=False)
 
     async def profile(self, name: str) -> Profile:
         return await self._call(lambda: api.load_profile(name), needs_manager=False)
@@ -399,18 +364,7 @@ class LocalTransport:
         return await self._call(lambda mgr: api.check_profile(mgr, profile))
 
     async def doctor(self) -> dict[str, Any]:
-        async def go() -> dict[str, Any]:
-            from sandboxer.core.observe import doctor
-            from sandboxer.core.rules import settings
-            from sandboxer.core.store.db import Database
-
-            db = Database(self.database_url or settings.database_url())
-            try:
-                return await doctor.report(db)
-            finally:
-                db.dispose()
-
-        return await self._call(go, needs_manager=False)
+        return await self._call(lambda: api.doctor(self.database_url), needs_manager=False)
 
     async def copy_database(self, target_url: str) -> dict[str, Any]:
         return await self._call(lambda mgr: api.copy_database(mgr, target_url))
