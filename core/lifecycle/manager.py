@@ -109,6 +109,8 @@ def _marking_activity(states: Iterable[State]) -> sa.Update:
 
 _MARK_ACTIVE = _marking_activity(ACTIVE)
 _MARK_RUNNING = _marking_activity({State.RUNNING})
+_MARK_EXECUTED = (SANDBOXES.update().where(SANDBOXES.c.id == sa.bindparam("sandbox_id"))
+                  .values(last_activity_at=sa.bindparam("at")))  # built once: every exec's
 _INSERT = SANDBOXES.insert()
 # the error of a create whose maker (a process) stopped before it was made (or set up)
 MAKER_STOPPED = "the process making it stopped before it was ready"
@@ -991,8 +993,7 @@ class Manager:
                      stdout: Mapping[str, Any], stderr: Mapping[str, Any]) -> None:
         """The exec's event; `recorded` is the argv as the log keeps it (masked)."""
         with self.db.write() as conn:
-            conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox_id)
-                         .values(last_activity_at=self._now()))
+            conn.execute(_MARK_EXECUTED, {"sandbox_id": sandbox_id, "at": self._now()})
             self.event(conn, sandbox_id, "sandbox.exec", payload={
                 "argv": list(recorded),
                 "exit_code": result.exit_code,
