@@ -462,7 +462,7 @@ class AdapterConformance:
             if capability in (Capability.MEMORY_CHECKPOINT, Capability.SERVICES):
                 # no call of their own: supports() is all there is (services ride on
                 # CreateRequest.services, which the core refuses for a backend without them;
-                # the Docker pods are tested in tests/test_docker_pods.py)
+                # the Docker pods are tested in tests/backends/test_docker_pods.py)
                 return
             if capability in (Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER):
                 # asked through CreateRequest, which the core refuses for a backend without them

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sandboxer.core.rules import settings
 from sandboxer.core.rules.errors import NotFound, QuotaExceeded
 
-if TYPE_CHECKING:  # `sbx ls` reads current() and loads no SQLAlchemy (tests/test_import_hygiene.py)
+if TYPE_CHECKING:  # `sbx ls` reads current() and loads no SQLAlchemy (tests/packaging/test_import_hygiene.py)
     import sqlalchemy as sa
 
 

@@ -65,7 +65,7 @@ def home() -> str:
 
     Where every platformdirs release agrees (Linux, XDG_DATA_HOME absolute or empty, HOME
     absolute), its rule is written out here to spare its import; anything else is left to
-    it. tests/test_resident_server.py checks that the two agree."""
+    it. tests/cli/test_resident_server.py checks that the two agree."""
     raw = os.environ.get("SBX_HOME")
     if raw:
         return os.path.expanduser(raw)

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from support import SBX
 
+from tests.events.test_evidence_signing import independently_verified
 from tests.service.live import LiveService, start_process, stop_process
-from tests.test_evidence_signing import independently_verified
 
 
 def test_the_service_signs_with_its_own_key(sbx_home, stub_named, tmp_path, keys_for_service):

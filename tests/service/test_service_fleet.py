@@ -11,7 +11,7 @@ import pytest
 from support import RUN_LABEL, SBX
 
 from tests.service.live import start_process, stop_process
-from tests.test_postgres import pg_url  # noqa: F401 (the fixture)
+from tests.store.test_postgres import pg_url  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.docker, pytest.mark.postgres]
 

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from support import SbxRunner
 
 from tests.service.live import LiveService
-from tests.test_postgres import pg_url  # noqa: F401 (the fixture)
+from tests.store.test_postgres import pg_url  # noqa: F401 (the fixture)
 
 TABLES = ("sandboxes", "events", "api_keys", "tenants", "checkpoints", "idempotency_keys")
 SQL_MARKS = ("SELECT ", "INSERT ", "UPDATE ", "%(", "[parameters", "[SQL", "psycopg",

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 for _name in [n for n in os.environ if n.startswith(("E2B_", "MODAL_"))]:
     del os.environ[_name]
 # Every test runs sbx as a user gets it by default: no server is started on first use unless
-# SBX_SERVER_AUTOSTART=1 (a developer's shell may set it; tests/test_autostart.py turns it on
+# SBX_SERVER_AUTOSTART=1 (a developer's shell may set it; tests/cli/test_autostart.py turns it on
 # where it is the point).
 os.environ.pop("SBX_SERVER_AUTOSTART", None)
 RUN_ID = uuid.uuid4().hex[:12]

@@ -1,5 +1,5 @@
 """How an exec's argv is masked before its event is written (end to end, on Docker:
-tests/test_event_masking.py)."""
+tests/events/test_event_masking.py)."""
 
 import re
 

@@ -1,7 +1,7 @@
 """A full disk (sandboxer.core.rules.errors.is_disk_full, sandboxer.core.rules.reserve, sandboxer.core.store.db): one error, exit 5, nothing
 written; the reserve makes room for what ends sandboxes. On a real SQLite file and the stub
 backend (a test double); the full disk itself is simulated here, and real in
-tests/test_hard_faults.py."""
+tests/reliability/test_hard_faults.py."""
 
 import asyncio
 import errno

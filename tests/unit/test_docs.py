@@ -65,13 +65,13 @@ def test_reliability_doc_cites_only_tests_that_exist():
 def test_the_reference_check_refuses_what_does_not_exist():
     assert _problem("tests/unit/test_docs.py::test_reliability_doc_cites_only_tests_that_exist") \
         is None
-    assert _problem("tests/test_reliability.py::test_kill_9_at_a_failpoint_leaves_nothing_behind"
+    assert _problem("tests/reliability/test_reliability.py::test_kill_9_at_a_failpoint_leaves_nothing_behind"
                     "[create-create.after-intent]") is None
     assert _problem("tests/unit/test_lifecycle_model.py::TestLifecycle") is None
     assert _problem("tests/unit/test_docs.py::test_no_such_thing")
     assert _problem("tests/unit/no_such_file.py::test_x")
     assert _problem("tests/unit/test_docs.py::ROOT")  # a name, but not a test
-    assert _problem("tests/test_conformance.py::TestDockerConformance::test_not_there")
+    assert _problem("tests/backends/test_conformance.py::TestDockerConformance::test_not_there")
 
 
 def test_no_tracked_file_cites_notes_outside_the_repository():

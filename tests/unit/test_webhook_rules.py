@@ -1,5 +1,5 @@
 """Which webhook URLs and secrets the sink accepts (the end-to-end cases are in
-tests/test_delivery.py; these are the address forms a receiver here cannot stand for)."""
+tests/events/test_delivery.py; these are the address forms a receiver here cannot stand for)."""
 
 import base64
 

@@ -290,7 +290,7 @@ def test_commands_through_sbx_server_are_traced_and_the_server_itself_is_not(sbx
     """`sbx server` started with the OTEL_ variables set: its preloading makes no span and
     starts no exporter thread (the server refuses to fork with a thread running); each command
     handed to it is traced with its caller's variables."""
-    from tests.test_resident_server import Launcher
+    from tests.cli.test_resident_server import Launcher
 
     launcher = Launcher(sbx.home, sbx.cwd)
     env = {k: v for k, v in otel_env(receiver.url).items() if k != "SBX_NO_SERVER"}

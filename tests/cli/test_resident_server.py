@@ -26,11 +26,11 @@ from support import (
     write_profile,
 )
 
-from tests.test_reliability import wait_until
+from tests.reliability.test_reliability import wait_until
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONDITION_LIMIT = 60  # s: how long a step may take on a busy machine before the test fails
 
 

@@ -2,7 +2,7 @@
 real `sbx`): each installation holds an image by a tag of its own and lets go of that tag
 only; a restore never pulls a checkpoint's image from a registry; an untagged checkpoint
 image nobody holds is reaped, and nothing else is. Every installation is the test's own; the
-`made` fixture (tests/test_checkpoints.py) removes what they made, by id."""
+`made` fixture (tests/checkpoints/test_checkpoints.py) removes what they made, by id."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import docker
 import httpx
 import pytest
 from support import RUN_ID, RUN_LABEL, containers_of, install_id_of, query, table_rows
-from test_checkpoints import (
+
+from tests.checkpoints.test_checkpoints import (
     REPOSITORY,
     Made,
     checkpoint_rows,
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture
 def made(sbx, docker_api):
-    """What the test made beyond its containers, removed after it (tests/test_checkpoints.py)."""
+    """What the test made beyond its containers, removed after it (tests/checkpoints/test_checkpoints.py)."""
     tracker = Made(docker_api, sbx.home)
     yield tracker
     tracker.cleanup()
@@ -229,7 +230,7 @@ def test_a_restore_never_pulls_a_missing_checkpoint_image(sbx, docker_api, made,
 
 def test_a_compose_checkpoint_whose_images_are_gone_is_lost(sbx, docker_api, made, tmp_path):
     """The same rule on the compose backend, whose checkpoint is one image per service."""
-    from test_compose import nothing_left, objects, stack
+    from tests.backends.test_compose import nothing_left, objects, stack
 
     env = stack(tmp_path / "profiles")
     box = sbx.create("--profile", "stack", env=env)

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.tmux
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Not shared with the installed venv: the project itself (the editable install's entries)
 # and pytest, which only the `testing` extra brings.
 NOT_SHARED = ("__editable__", "sandboxer", "pytest", "_pytest", "py.py", "__pycache__")

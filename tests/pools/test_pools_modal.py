@@ -8,7 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from support import show
-from test_modal import created, image, modal_env, standin  # noqa: F401 (fixtures)
+
+from tests.backends.test_modal import created, image, modal_env, standin  # noqa: F401 (fixtures)
 
 
 def when(text: str) -> datetime:

@@ -26,8 +26,8 @@ from support import (
     table_rows,
 )
 
-from tests.test_postgres import Host, pg_url  # noqa: F401 (a fixture)
-from tests.test_reliability import finish, popen, process_state, wait_until, warm_up
+from tests.reliability.test_reliability import finish, popen, process_state, wait_until, warm_up
+from tests.store.test_postgres import Host, pg_url  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.docker
 

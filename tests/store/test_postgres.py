@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support import RUN_ID, RUN_LABEL, SbxRunner, containers_of, events_of, install_id_of, show
 
-from tests.test_reliability import create_many, exists, finish, popen, running
+from tests.reliability.test_reliability import create_many, exists, finish, popen, running
 
 pytestmark = [pytest.mark.docker, pytest.mark.postgres]
 

@@ -12,9 +12,9 @@ import pytest
 from support import RUN_LABEL, query, show, table_rows
 
 import sandboxer
+from tests.pools.test_pools import members, near, parse, pool_of, pooled
+from tests.reliability.test_reliability import warm_up
 from tests.service.live import LiveService
-from tests.test_pools import members, near, parse, pool_of, pooled
-from tests.test_reliability import warm_up
 
 pytestmark = pytest.mark.docker
 

@@ -1,8 +1,8 @@
 """The compose backend through the real `sbx` CLI: the real Docker Compose on the real engine,
 locally and through a real OpenSSH server on 127.0.0.1 (`DOCKER_HOST=ssh://...`, as
-tests/test_docker_pods.py does). The project's traffic stays on its own internal network;
+tests/backends/test_docker_pods.py does). The project's traffic stays on its own internal network;
 nothing is sent from the host to a container. (The conformance kit runs on the same adapter
-in tests/test_conformance.py.)"""
+in tests/backends/test_conformance.py.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 127.0.0.1 (tests/sshd.py). The server listens on three ports; an inventory lists each port as
 a host of its own, so one sshd stands in for three machines. Setup and cleanup commands run
 on "the host", which is this machine: their traces are files in the test's tmp folder.
-(The conformance kit runs against the same server in tests/test_conformance.py.)
+(The conformance kit runs against the same server in tests/backends/test_conformance.py.)
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from test_e2b import e2b, e2b_env, near, parse, standin  # noqa: F401 (fixtures)
-
 from sandboxer.adapters.e2b import DEADLINE_GRACE
+from tests.backends.test_e2b import e2b, e2b_env, near, parse, standin  # noqa: F401 (fixtures)
 
 
 def test_an_e2b_member_is_claimed_and_e2bs_timeout_starts_at_the_claim(e2b, standin):  # noqa: F811
