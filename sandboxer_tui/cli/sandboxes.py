@@ -45,10 +45,12 @@ def create_command(profile_name, profile_file, ttl, name, labels, owner, task, a
         raise BadInput("give --profile or --profile-file, not both")
     ttl_delta = parse_duration(ttl, "--ttl") if ttl is not None else None
     parsed_labels = parse_labels(labels)
+    # a named profile goes by its name: the library (or the service) loads it where it
+    # creates, once; a file is loaded here, where it is
+    profile = load_profile(profile_file) if profile_file else (profile_name or "default")
     with client() as sbx:
-        profile = load_profile(profile_file) if profile_file else sbx.profile(
-            profile_name or "default")
-        progress(f"creating a sandbox from profile {profile.name} on {profile.backend}...")
+        progress(f"creating a sandbox from profile {profile}..." if isinstance(profile, str)
+                 else f"creating a sandbox from profile {profile.name} on {profile.backend}...")
         view = sbx.create(profile, ttl=ttl_delta, name=name, labels=parsed_labels,
                           owner=owner, task=task).to_dict()
     if as_json:
