@@ -115,6 +115,7 @@ _INSERT = SANDBOXES.insert()
 # the error of a create whose maker (a process) stopped before it was made (or set up)
 MAKER_STOPPED = "the process making it stopped before it was ready"
 
+
 class WarmSource(Protocol):
     """Warm pools as the lifecycle sees them: a hook a Manager is given (sbx's own is
     sandboxer.core.pools.WarmPools), so that the lifecycle never imports the pools. Without
@@ -140,7 +141,6 @@ class WarmSource(Protocol):
         """The backend made a member: set it up and make it warm."""
 
 
-
 class Manager:
     """One per process (or per test). Holds the database, the clock and loaded adapters."""
 
@@ -152,8 +152,8 @@ class Manager:
         actor: str | None = None,
         install_id: str | None = None,
         lease_ttl: timedelta | None = None,
-        warm: WarmSource | None = None,
         adapters: dict[str, Adapter] | None = None,
+        warm: WarmSource | None = None,
     ) -> None:
         if db is None:
             url = settings.database_url()
@@ -164,8 +164,8 @@ class Manager:
         self.install_id = install_id or settings.install_id()
         self.lease_ttl = lease_ttl or settings.lease_ttl()
         self.lease_owner = lease_owner(self.install_id)
-        self.warm = warm  # the pools, plugged in by whoever makes the Manager
         self._adapters: dict[str, Adapter] = adapters if adapters is not None else {}
+        self.warm = warm  # the pools, plugged in by whoever makes the Manager
         # each owner's commands running in this process, and its quota (core/store/tenancy.py)
         self._execs_running: collections.Counter[str] = collections.Counter()
         self._exec_limits: dict[str, int | None] = {}
@@ -353,8 +353,8 @@ class Manager:
             settings.mask_patterns()  # the setup's exec events need them: refused before
         now = self.clock.now()
         sandbox_id = new_sandbox_id()
-        pools = self.warm
         deadline, hard_deadline = now + ttl, now + profile.ttl.max
+        pools = self.warm
         if pool_member:
             if pools is None:
                 raise Conflict("no warm pools are plugged into this Manager (warm=)")
