@@ -159,7 +159,7 @@ class BenchContext:
         """Untimed: wait until the `sbx server` for env's SBX_HOME (if one runs) runs no
         command (the last one's child has exited and been reaped). Then a timed command
         never shares the machine with the previous one's teardown."""
-        from sandboxer_tui.resident.resident import query_status
+        from sandboxer_tui.resident.control import query_status
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

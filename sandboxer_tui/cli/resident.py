@@ -25,10 +25,10 @@ def server_group() -> None:
 def server_start_command(idle: str | None, as_json: bool) -> None:
     """Start the server in the background (nothing happens if one runs)."""
     from sandboxer.core.rules.durations import parse_duration
-    from sandboxer_tui.resident import resident
+    from sandboxer_tui.resident import control
 
     idle_s = parse_duration(idle, "--idle").total_seconds() if idle else None
-    status, new = resident.start(idle_s)
+    status, new = control.start(idle_s)
     if as_json:
         emit_json({**status, "started": new})
     else:
@@ -40,9 +40,9 @@ def server_start_command(idle: str | None, as_json: bool) -> None:
 @command
 def server_stop_command(as_json: bool) -> None:
     """Stop the server; commands it is running finish first."""
-    from sandboxer_tui.resident import resident
+    from sandboxer_tui.resident import control
 
-    status = resident.stop()
+    status = control.stop()
     if as_json:
         emit_json({"stopped": status is not None, "pid": status and status["pid"]})
     else:
@@ -54,9 +54,9 @@ def server_stop_command(as_json: bool) -> None:
 @command
 def server_status_command(as_json: bool) -> None:
     """Whether a server runs for this SBX_HOME, and how many commands it served."""
-    from sandboxer_tui.resident import resident
+    from sandboxer_tui.resident import control
 
-    status = resident.query_status(resident.server_folder())
+    status = control.query_status(control.server_folder())
     running = bool(status and "pid" in status)
     if as_json:
         emit_json({"running": running, **(status or {})})

@@ -1,4 +1,4 @@
-"""The `sbx` entry point: hands the command to a running `sbx server` when there is one.
+"""How `sbx` hands a command to a running `sbx server` (sandboxer_tui/__main__.py is the entry).
 
 Most of an `sbx` command's time is Python importing SQLAlchemy, pydantic and docker-py, not
 the work. A resident server (sandboxer_tui/resident/resident.py) imports them once and forks a
@@ -240,27 +240,6 @@ def _umask() -> int:
     return mask
 
 
-def main() -> None:
-    args = sys.argv[1:]
-    if wants_server(args):
-        code = through_server(args)
-        if code is not None:
-            sys.stderr.flush()
-            os._exit(code)  # skips the interpreter's teardown (~3 ms): nothing here needs it
-    run_here(args)
-
-
-def run_here(args: list[str]) -> None:
-    """The command in this process: what main() does when no server takes it. With
-    SBX_SERVER_AUTOSTART=1, a server is started behind it for the commands that follow (see
-    autostart)."""
-    if wants_server(args) and autostart_idle_s() is not None and not is_remote(args):
-        autostart()
-    from sandboxer_tui.cli import main as run_cli
-
-    run_cli(args)
-
-
 # A server started on first use exits after this long without a command (SBX_SERVER_IDLE).
 AUTOSTART_IDLE = "15m"
 
@@ -290,32 +269,3 @@ def is_remote(args: list[str]) -> bool:
     root = args[:args.index(word)] if word is not None else args  # sbx's own options
     return bool(os.environ.get("SBX_URL", "").strip()) or any(
         arg == "--url" or arg.startswith("--url=") for arg in root)
-
-
-def autostart() -> None:
-    """Start a server for this folder, not waiting for it, unless one listens there. It
-    takes the next command; this one runs here. Two first commands at once start one
-    server: the second leaves at once (resident.run's lock)."""
-    folder = home()
-    if not private_folder(folder):
-        return  # no folder yet (the command makes it), or one the core refuses
-    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        probe.connect(socket_address(folder))
-        return  # a server listens: it declined this command (another Python, new code)
-    except OSError:
-        pass
-    finally:
-        probe.close()
-    from pathlib import Path
-
-    from sandboxer_tui.resident import resident
-
-    try:
-        resident.spawn(Path(folder), autostart_idle_s())
-    except Exception:  # noqa: BLE001 (a server is an accelerator: never fail a command for it)
-        pass
-
-
-if __name__ == "__main__":
-    main()

@@ -22,7 +22,7 @@ out = sys.argv.pop(1)
 atexit.register(lambda: open(out, "w").write(json.dumps(sorted(
     name for name, module in sys.modules.items() if module is not None))))
 sys.argv[0] = "sbx"
-from sandboxer_tui.resident.launcher import main  # what `sbx` runs
+from sandboxer_tui.__main__ import main  # what `sbx` runs
 main()
 """
 

@@ -30,7 +30,7 @@ for _name in [n for n in os.environ if n.startswith(("E2B_", "MODAL_"))]:
 os.environ.pop("SBX_SERVER_AUTOSTART", None)
 RUN_ID = uuid.uuid4().hex[:12]
 RUN_LABEL = f"sbx-test-run={RUN_ID}"
-# `sbx` exactly as pip's script runs it (sandboxer_tui.resident.launcher:main): a command runs
+# `sbx` exactly as pip's script runs it (sandboxer_tui.__main__:main): a command runs
 # in this process unless an `sbx server` a test started for its SBX_HOME takes it.
 SBX = [sys.executable, "-m", "sandboxer_tui"]
 
