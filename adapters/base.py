@@ -11,11 +11,12 @@ import abc
 import enum
 import errno
 import os
+import posixpath
 import stat
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,6 +37,10 @@ class Capability(enum.StrEnum):
     READ_ONLY_ROOT = "read-only-root"  # `read_only: true`: a read-only root, a writable /tmp
     RUN_AS_USER = "run-as-user"  # `user:` the main process and every exec run as
     SHELL = "shell"  # an interactive shell a person's terminal can be handed to (shell_argv)
+    # work inside the sandbox (exec's env, cwd and stdin come with EXEC; its `user=` needs
+    # RUN_AS_USER)
+    FILES = "files"  # files and trees in and out, list/stat/remove/mkdir/rename
+    PROCESSES = "processes"  # background processes (needs EXEC and a POSIX sh in the sandbox)
 
 
 # Labels sbx puts on every backend object; the `sbx.` prefix is reserved for them.
@@ -80,6 +85,10 @@ class ArtifactRefused(AdapterError):
 
 class BackendObjectGone(AdapterError):
     """The backend no longer has the object (it was removed out of band)."""
+
+
+class NoSuchPath(AdapterError):
+    """A path in the sandbox does not exist (exit 3, HTTP 404)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,44 @@ class ExecResult:
     stderr: bytes
     duration_s: float
     timed_out: bool = False
+
+
+# What a command reads on its standard input: bytes, or chunks as they come (streamed, never
+# gathered whole); None: its standard input is empty (closed at once).
+Stdin = bytes | AsyncIterator[bytes] | None
+
+
+async def stdin_chunks(stdin: Stdin) -> AsyncIterator[bytes]:
+    """`stdin` as chunks, whichever form it came in (empty chunks left out)."""
+    if stdin is None:
+        return
+    if isinstance(stdin, bytes | bytearray | memoryview):
+        if stdin:
+            yield bytes(stdin)
+        return
+    async for chunk in stdin:
+        if chunk:
+            yield bytes(chunk)
+
+
+def exec_options(cwd: str | None = None, user: str | None = None,
+                 stdin: Stdin = None) -> dict[str, Any]:
+    """The keyword options of `exec` that were given: the core passes only these, so an
+    adapter written before cwd/user/stdin existed still runs a command without them."""
+    return {k: v for k, v in (("cwd", cwd), ("user", user), ("stdin", stdin)) if v is not None}
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One entry of a sandbox's filesystem."""
+
+    path: str  # absolute path in the sandbox
+    name: str  # base name
+    type: str  # "file" | "dir" | "symlink" | "other"
+    size: int
+    mode: int  # permission bits, e.g. 0o644
+    mtime: datetime  # aware, UTC
+    target: str | None = None  # a symlink's target
 
 
 @dataclass(frozen=True)
@@ -253,20 +300,31 @@ class Adapter(abc.ABC):
 
     async def exec(
         self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+        user: str | None = None, stdin: Stdin = None,
     ) -> ExecResult:
         """Run `argv`; `env`: variables added to this command's environment only (the core
-        passes the trace context, TRACEPARENT, this way; the conformance kit checks it)."""
+        passes the trace context, TRACEPARENT, this way; the conformance kit checks it).
+        `cwd`: an absolute folder to run in; `user`: whom to run as ("UID", "UID:GID",
+        "NAME", "NAME:GROUP"; a backend without RUN_AS_USER raises CapabilityNotSupported
+        naming itself); `stdin`: written to the command's standard input, then closed
+        (streamed: an iterator is never gathered whole; None: empty).
+        On `timeout_s` the exec's whole process tree is ended and, within 0.5 s of the
+        deadline, an ExecResult comes back with exit code 124, `timed_out=True` and the output
+        produced until then (stderr ending with the "sbx: timed out after Ns" note)."""
         raise self._unsupported("run commands")
 
     async def exec_stream(
         self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+        user: str | None = None, stdin: Stdin = None,
     ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
         """A command's output as it comes, `("stdout" | "stderr", bytes)` pairs, then its
         ExecResult (whose stdout and stderr are empty: they were sent). A backend that
-        cannot stream keeps this default: the whole output once the command ends."""
-        result = await self.exec(ref, argv, timeout_s, env=env)
+        cannot stream keeps this default: the whole output once the command ends. The
+        options are exec's."""
+        result = await self.exec(ref, argv, timeout_s, env=env,
+                                 **exec_options(cwd, user, stdin))
         for stream, data in (("stdout", result.stdout), ("stderr", result.stderr)):
             if data:
                 yield stream, data
@@ -274,6 +332,75 @@ class Adapter(abc.ABC):
 
     def logs(self, ref: str, follow: bool = False, tail: int | None = None) -> AsyncIterator[bytes]:
         raise self._unsupported("show logs")
+
+    # -- files (Capability.FILES) -----------------------------------------------------------
+    # Paths are absolute POSIX paths in the sandbox (the core refuses others before it calls).
+    # The defaults below run POSIX tools (sh, tar, find, stat, rm, mkdir, mv) through `exec`
+    # with streamed stdin, so they work in any image that has them (busybox and Debian do); a
+    # backend with an API of its own for files (Docker's archive API, SFTP, E2B's files) may
+    # override them.
+
+    async def _files_sh(self, ref: str, script: str, *args: str,
+                        stdin: Stdin = None) -> ExecResult:
+        """`sh -c script sh args...` (arguments never spliced into the script), its output
+        gathered; a missing path (the script's `exit 3`) raised as NoSuchPath."""
+        if not self.supports(Capability.FILES):
+            raise self._unsupported("read or write files")
+        options = {"stdin": stdin} if stdin is not None else {}
+        result = await self.exec(ref, ["sh", "-c", script, "sh", *args], **options)
+        _files_check(result, args[0] if args else "")
+        return result
+
+    async def put_archive(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> None:
+        """Unpack the tar stream into the folder `path` (made, with parents, if missing)."""
+        await self._files_sh(ref, _PUT_ARCHIVE, path, stdin=tar)
+
+    async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """`path` (a file or a folder) as a tar stream whose one top entry is its base name.
+        NoSuchPath when it does not exist."""
+        if not self.supports(Capability.FILES):
+            raise self._unsupported("read or write files")
+        parent, name = posixpath.split(posixpath.normpath(path))
+        stderr = bytearray()
+        async for item in self.exec_stream(ref, ["sh", "-c", _GET_ARCHIVE, "sh", path,
+                                                 parent or "/", name or "."]):
+            if isinstance(item, ExecResult):
+                _files_check(ExecResult(item.exit_code, b"", bytes(stderr), item.duration_s,
+                                        item.timed_out), path)
+            elif item[0] == "stdout":
+                yield item[1]
+            elif len(stderr) < 4096:
+                stderr += item[1]
+
+    async def list_files(self, ref: str, path: str, depth: int = 1) -> list[FileInfo]:
+        """What is under the folder `path`, `depth` levels down (a file: itself).
+        NoSuchPath when it does not exist."""
+        result = await self._files_sh(ref, _LIST, path, str(max(1, depth)))
+        return _parse_listing(result.stdout)
+
+    async def stat_file(self, ref: str, path: str) -> FileInfo | None:
+        """`path` itself (a symbolic link is not followed), or None when it does not exist."""
+        try:
+            result = await self._files_sh(ref, _STAT, path)
+        except NoSuchPath:
+            return None
+        found = _parse_listing(result.stdout)
+        return found[0] if found else None
+
+    async def remove_file(self, ref: str, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, a link or an empty folder (`recursive`: a folder and all in it).
+        NoSuchPath when it does not exist."""
+        await self._files_sh(ref, _REMOVE, path, "1" if recursive else "")
+
+    async def make_dir(self, ref: str, path: str, *, parents: bool = True) -> None:
+        """Make the folder `path` (`parents`: its missing parents too, and an existing folder
+        is success). NoSuchPath when its parent is missing and `parents` is False."""
+        await self._files_sh(ref, _MKDIR, path, "1" if parents else "")
+
+    async def rename_file(self, ref: str, src: str, dst: str) -> None:
+        """Move `src` to `dst` (into it, when `dst` is an existing folder). NoSuchPath when
+        `src` does not exist."""
+        await self._files_sh(ref, _RENAME, src, dst)
 
     async def set_deadline(self, ref: str, deadline: datetime) -> None:
         """Make the backend end the sandbox at `deadline` by itself (E2B's timeout, say)."""
@@ -328,6 +455,76 @@ class Adapter(abc.ABC):
         host's terminal (the dashboard's `e` runs it): a program of the backend's own that
         reaches the same engine or account as this adapter."""
         raise self._unsupported("open an interactive shell")
+
+
+# -- the default FILES primitives' scripts (POSIX sh; busybox and GNU tools alike) ----------
+# exit 3: the path ($1) does not exist; exit 4: the request does not fit what is there.
+_MISSING_EXIT, _REFUSED_EXIT = 3, 4
+_EXISTS = 'test -e "$1" || test -L "$1" || exit 3; '
+# -o: files belong to whoever extracts them, not to the uid/gid recorded in the archive
+_PUT_ARCHIVE = 'mkdir -p -- "$1" && cd -- "$1" && exec tar -x -o -f -'
+_GET_ARCHIVE = _EXISTS + 'cd -- "$2" && exec tar -c -f - -- "$3"'
+# one record per entry: "<raw mode in hex> <size> <mtime>\n<path>\0<link target>\0"
+_ONE = ('stat -c "%f %s %Y" -- "$f" || exit 1; printf "%s\\0" "$f"; '
+        'if [ -L "$f" ]; then readlink -- "$f"; fi; printf "\\0"')
+_LIST = (_EXISTS + 'if [ -d "$1" ]; then d="${1%/}/"; '
+         'find "$d" -mindepth 1 -maxdepth "$2" -exec sh -c '
+         '\'for f; do ' + _ONE + '; done\' sh {} +; '
+         'else f="$1"; ' + _ONE + '; fi')
+_STAT = _EXISTS + 'f="$1"; ' + _ONE
+_REMOVE = (_EXISTS + 'if [ -n "$2" ]; then exec rm -rf -- "$1"; fi; '
+           'if [ -d "$1" ] && [ ! -L "$1" ]; then rmdir -- "$1" 2>/dev/null || '
+           '{ echo "$1 is a folder that is not empty (remove it recursively)" >&2; exit 4; }; '
+           'else exec rm -f -- "$1"; fi')
+_MKDIR = ('if [ -n "$2" ]; then exec mkdir -p -- "$1"; fi; '
+          'p=$(dirname -- "$1"); [ -d "$p" ] || { set -- "$p"; exit 3; }; '
+          'if [ -e "$1" ] || [ -L "$1" ]; then echo "$1 already exists" >&2; exit 4; fi; '
+          'exec mkdir -- "$1"')
+_RENAME = _EXISTS + 'exec mv -f -- "$1" "$2"'
+
+
+def _files_check(result: ExecResult, path: str) -> None:
+    """Raise what a default FILES script's exit says."""
+    if result.exit_code == 0:
+        return
+    said = " ".join(result.stderr.decode(errors="replace").split())[:300]
+    if result.exit_code == _MISSING_EXIT:
+        raise NoSuchPath(f"{path} does not exist in the sandbox")
+    if result.exit_code == _REFUSED_EXIT:
+        raise InvalidRequest(said or f"{path}: refused")
+    raise AdapterError(f"{path}: {said or f'exit {result.exit_code}'}")
+
+
+def _file_type(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "other"
+
+
+def _parse_listing(out: bytes) -> list[FileInfo]:
+    """The records the scripts above print (see `_ONE`)."""
+    parts = out.split(b"\0")
+    found = []
+    for i in range(0, len(parts) - 2, 2):
+        head, _, name = parts[i].partition(b"\n")
+        fields = head.split()
+        if len(fields) != 3:
+            continue
+        mode, size, mtime = int(fields[0], 16), int(fields[1]), int(fields[2])
+        path = posixpath.normpath(name.decode(errors="surrogateescape"))
+        if path.startswith("//"):
+            path = "/" + path.lstrip("/")
+        kind = _file_type(mode)
+        target = parts[i + 1].rstrip(b"\n").decode(errors="surrogateescape") \
+            if kind == "symlink" else None
+        found.append(FileInfo(path=path, name=posixpath.basename(path) or "/", type=kind,
+                              size=size, mode=stat.S_IMODE(mode),
+                              mtime=datetime.fromtimestamp(mtime, UTC), target=target))
+    return sorted(found, key=lambda info: info.path)
 
 
 APP_NAME = "sandboxer"

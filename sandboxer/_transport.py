@@ -89,13 +89,19 @@ class Transport(Protocol):
         """Destroy several, all resolved first: `{"destroyed", "already_destroyed", "failed"}`."""
         ...
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout: timedelta | None) -> dict[str, Any]:
-        """Run a command and wait: `{"exit_code", "stdout", "stderr", "duration", "timed_out"}`."""
+    async def exec(self, ref: str, argv: Sequence[str], timeout: timedelta | None, *,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None, stdin: bytes | None = None) -> dict[str, Any]:
+        """Run a command and wait: `{"exit_code", "stdout", "stderr", "duration", "timed_out"}`
+        (on a timeout, the output produced until then). `env` values are secrets (events
+        record names only); `cwd` an absolute folder; `user` needs RUN_AS_USER; `stdin`
+        written to the command, then closed."""
         ...
 
-    def exec_stream(self, ref: str, argv: Sequence[str],
-                    timeout: timedelta | None) -> AsyncIterator[tuple[str, Any]]:
+    def exec_stream(self, ref: str, argv: Sequence[str], timeout: timedelta | None, *,
+                    env: Mapping[str, str] | None = None, cwd: str | None = None,
+                    user: str | None = None, stdin: bytes | None = None,
+                    ) -> AsyncIterator[tuple[str, Any]]:
         """Run a command: `("stdout"|"stderr", bytes)` as they come, then `("exit", {...})`."""
         ...
 
@@ -150,6 +156,90 @@ class Transport(Protocol):
 
     async def shell_command(self, ref: str) -> list[str]:
         """The command line that opens an interactive shell in a running sandbox."""
+        ...
+
+    # -- files in a sandbox (absolute paths; a backend without FILES refuses, exit 4) --------
+    # `data` and `tar` are read chunk by chunk as they are sent on, never gathered whole.
+
+    async def write_file(self, ref: str, path: str, data: AsyncIterator[bytes], *,
+                         mode: int | None = None) -> dict[str, Any]:
+        """Write a file (its folder made if missing): `{"path", "bytes", "sha256"}`."""
+        ...
+
+    def read_file(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """A file's bytes as they come (NotFound when missing)."""
+        ...
+
+    async def put_tree(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> dict[str, Any]:
+        """Unpack a tar stream into the folder `path`: `{"path", "bytes", "sha256",
+        "entries"}` (bytes and sha256 of the tar stream)."""
+        ...
+
+    def get_tree(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """A file or folder as a tar stream whose one top entry is its base name."""
+        ...
+
+    async def list_files(self, ref: str, path: str, depth: int) -> list[dict[str, Any]]:
+        """What is under a folder, `depth` levels down: FileInfo dicts (mtime ISO-8601)."""
+        ...
+
+    async def stat_file(self, ref: str, path: str) -> dict[str, Any]:
+        """One path's FileInfo dict (NotFound when missing)."""
+        ...
+
+    async def remove_file(self, ref: str, path: str, *, recursive: bool) -> None:
+        """Remove a file, a link or an empty folder (`recursive`: any folder)."""
+        ...
+
+    async def make_dir(self, ref: str, path: str, *, parents: bool) -> None:
+        """Make a folder (`parents`: its missing parents too)."""
+        ...
+
+    async def rename_file(self, ref: str, src: str, dst: str) -> None:
+        """Move a path to another."""
+        ...
+
+    # -- background processes (a backend without PROCESSES refuses, exit 4) -----------------
+    # a process's view: {"pid", "argv", "cwd", "user", "env_names", "stdin": bool,
+    # "started_at", "running": bool, "exit_code": int | None, "ended_at": ISO | None}
+
+    async def start_process(self, ref: str, argv: Sequence[str], *,
+                            env: Mapping[str, str] | None = None, cwd: str | None = None,
+                            user: str | None = None, stdin: bool = False) -> dict[str, Any]:
+        """Start a command in the background (`stdin`: keep its input open): its view."""
+        ...
+
+    async def list_processes(self, ref: str) -> list[dict[str, Any]]:
+        """The views of a sandbox's background processes."""
+        ...
+
+    async def get_process(self, ref: str, pid: int) -> dict[str, Any]:
+        """One background process's view."""
+        ...
+
+    async def wait_process(self, ref: str, pid: int,
+                           timeout: timedelta | None) -> dict[str, Any]:
+        """Wait for a process to end (at most `timeout`): its view."""
+        ...
+
+    async def signal_process(self, ref: str, pid: int, signal: int) -> dict[str, Any]:
+        """Send a signal to a process: its view."""
+        ...
+
+    async def write_process_stdin(self, ref: str, pid: int, data: bytes) -> None:
+        """Write to a process's standard input."""
+        ...
+
+    async def close_process_stdin(self, ref: str, pid: int) -> None:
+        """Close a process's standard input."""
+        ...
+
+    def process_output(self, ref: str, pid: int, *, stdout_offset: int = 0,
+                       stderr_offset: int = 0, follow: bool = False,
+                       ) -> AsyncIterator[dict[str, Any]]:
+        """`{"stream", "offset", "data"}` items from the offsets on (kept output is bounded:
+        an offset older than the oldest kept byte starts there), then, once the process has
+        ended and all was sent, `{"exit": view}`. Without `follow` it ends when caught up."""
         ...
 
     # -- events -----------------------------------------------------------------------------

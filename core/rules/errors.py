@@ -17,6 +17,7 @@ from sandboxer.adapters.base import (
     BackendUnavailable,
     CapabilityNotSupported,
     InvalidRequest,
+    NoSuchPath,
 )
 from sandboxer.adapters.base import one_line as _text_of
 
@@ -221,6 +222,8 @@ def classify(exc: BaseException) -> tuple[int, str]:
         return ExitCode.CONFLICT, "conflict"
     if isinstance(exc, BackendObjectGone):
         return ExitCode.CONFLICT, "conflict"
+    if isinstance(exc, NoSuchPath):
+        return ExitCode.NOT_FOUND, "not_found"
     return ExitCode.FAILED, "failed"  # AdapterError and anything unexpected
 
 
