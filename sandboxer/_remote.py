@@ -13,6 +13,7 @@ never closed on a loop that has gone.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -48,6 +49,7 @@ CODES: dict[int, type[SbxError]] = {int(c.exit_code): c for c in (
 PAGE = 1000
 SSE = "text/event-stream"
 FOLLOW_RETRIES = 5  # a followed stream that drops reconnects this many times in a row
+DOWNLOAD_CHUNK = 1024 * 1024  # a download's body is handed on in pieces of at most this
 
 
 def error_from(status: int, body: Any, url: str) -> SbxError:
@@ -294,26 +296,40 @@ class RemoteTransport:
     async def destroy_many(self, refs: Sequence[str]) -> dict[str, list[Any]]:
         return await self._json("POST", "/v1/sandboxes/destroy", json_body={"refs": list(refs)})
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout: timedelta | None) -> dict[str, Any]:
+    async def exec(self, ref: str, argv: Sequence[str], timeout: timedelta | None, *,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None, stdin: bytes | None = None) -> dict[str, Any]:
         """The whole output, as in process: read from the stream form, since the JSON reply
         keeps only the first part of a large output (docs/service.md, "Limits")."""
         chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         ended: dict[str, Any] = {}
-        async for stream, data in self.exec_stream(ref, argv, timeout):
+        async for stream, data in self.exec_stream(ref, argv, timeout, env=env, cwd=cwd,
+                                                   user=user, stdin=stdin):
             if stream == "exit":
                 ended = data
             else:
                 chunks[stream].append(data)
         return {**ended, **{stream: b"".join(parts) for stream, parts in chunks.items()}}
 
-    async def exec_stream(self, ref: str, argv: Sequence[str],
-                          timeout: timedelta | None) -> AsyncIterator[tuple[str, Any]]:
+    async def exec_stream(self, ref: str, argv: Sequence[str], timeout: timedelta | None, *,
+                          env: Mapping[str, str] | None = None, cwd: str | None = None,
+                          user: str | None = None, stdin: bytes | None = None,
+                          ) -> AsyncIterator[tuple[str, Any]]:
+        """stdin travels in the JSON body as base64, so the service's body limit caps it
+        (SBX_SERVE_MAX_BODY); a larger input goes in as a file, or to a process's stdin."""
         from sandboxer._records import output_bytes
 
+        body: dict[str, Any] = {"argv": list(argv), "timeout": _seconds(timeout)}
+        if env:
+            body["env"] = dict(env)
+        if cwd is not None:
+            body["cwd"] = cwd
+        if user is not None:
+            body["user"] = user
+        if stdin is not None:
+            body["stdin"] = base64.b64encode(stdin).decode()
         async for event, data, _ in self._events(
-                "POST", f"/v1/sandboxes/{_seg(ref)}/exec",
-                json_body={"argv": list(argv), "timeout": _seconds(timeout)}):
+                "POST", f"/v1/sandboxes/{_seg(ref)}/exec", json_body=body):
             if event in ("stdout", "stderr"):
                 yield event, output_bytes(data["data"])
             elif event == "exit":
@@ -329,6 +345,117 @@ class RemoteTransport:
             if event == "log":
                 yield output_bytes(data["data"])
             elif event == "end":
+                return
+
+    # -- files ----------------------------------------------------------------------------
+
+    async def write_file(self, ref: str, path: str, data: AsyncIterator[bytes], *,
+                         mode: int | None = None) -> dict[str, Any]:
+        """The bytes go as the request's body, chunk by chunk as `data` gives them."""
+        return await self._json("PUT", f"/v1/sandboxes/{_seg(ref)}/files",
+                                params={"path": path, "mode": _mode(mode)},
+                                content=_body(data),
+                                headers={"Content-Type": "application/octet-stream"})
+
+    def read_file(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        return self._download(f"/v1/sandboxes/{_seg(ref)}/files", {"path": path})
+
+    async def put_tree(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> dict[str, Any]:
+        return await self._json("PUT", f"/v1/sandboxes/{_seg(ref)}/files/tree",
+                                params={"path": path}, content=_body(tar),
+                                headers={"Content-Type": "application/x-tar"})
+
+    def get_tree(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        return self._download(f"/v1/sandboxes/{_seg(ref)}/files/tree", {"path": path})
+
+    async def list_files(self, ref: str, path: str, depth: int) -> list[dict[str, Any]]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/files/list",
+                                params={"path": path, "depth": depth})
+
+    async def stat_file(self, ref: str, path: str) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/files/stat",
+                                params={"path": path})
+
+    async def remove_file(self, ref: str, path: str, *, recursive: bool) -> None:
+        await self._send("DELETE", f"/v1/sandboxes/{_seg(ref)}/files",
+                         params={"path": path, "recursive": recursive or None})
+
+    async def make_dir(self, ref: str, path: str, *, parents: bool) -> None:
+        await self._send("POST", f"/v1/sandboxes/{_seg(ref)}/files/mkdir",
+                         json_body={"path": path, "parents": parents})
+
+    async def rename_file(self, ref: str, src: str, dst: str) -> None:
+        await self._send("POST", f"/v1/sandboxes/{_seg(ref)}/files/rename",
+                         json_body={"src": src, "dst": dst})
+
+    def _download(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[bytes]:
+        """A streamed GET's body, in chunks of up to DOWNLOAD_CHUNK, on the transport's
+        loop (one hop a chunk); an error answer is the library's error."""
+        async def source() -> AsyncIterator[bytes]:
+            import httpx
+
+            try:
+                async with self._client().stream("GET", path, params=_params(params)) as reply:
+                    if reply.status_code >= 400:
+                        await reply.aread()
+                        raise error_from(reply.status_code, _json_or_none(reply), self.url)
+                    async for chunk in reply.aiter_bytes(DOWNLOAD_CHUNK):
+                        yield chunk
+            except httpx.HTTPError as exc:
+                raise self._unreachable(exc) from None
+
+        return self._stream(source)
+
+    # -- processes --------------------------------------------------------------------------
+
+    async def start_process(self, ref: str, argv: Sequence[str], *,
+                            env: Mapping[str, str] | None = None, cwd: str | None = None,
+                            user: str | None = None, stdin: bool = False) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/processes", json_body={
+            "argv": list(argv), "env": dict(env) if env else None, "cwd": cwd, "user": user,
+            "stdin": stdin})
+
+    async def list_processes(self, ref: str) -> list[dict[str, Any]]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/processes")
+
+    async def get_process(self, ref: str, pid: int) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/processes/{int(pid)}")
+
+    async def wait_process(self, ref: str, pid: int,
+                           timeout: timedelta | None) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/processes/{int(pid)}/wait",
+                                params={"timeout": _seconds(timeout)})
+
+    async def signal_process(self, ref: str, pid: int, signal: int) -> dict[str, Any]:
+        return await self._json(
+            "POST", f"/v1/sandboxes/{_seg(ref)}/processes/{int(pid)}/signal",
+            json_body={"signal": int(signal)})
+
+    async def write_process_stdin(self, ref: str, pid: int, data: bytes) -> None:
+        await self._send("POST", f"/v1/sandboxes/{_seg(ref)}/processes/{int(pid)}/stdin",
+                         content=bytes(data),
+                         headers={"Content-Type": "application/octet-stream"})
+
+    async def close_process_stdin(self, ref: str, pid: int) -> None:
+        await self._send("DELETE", f"/v1/sandboxes/{_seg(ref)}/processes/{int(pid)}/stdin")
+
+    async def process_output(self, ref: str, pid: int, *, stdout_offset: int = 0,
+                             stderr_offset: int = 0,
+                             follow: bool = False) -> AsyncIterator[dict[str, Any]]:
+        """Server-sent `stdout`/`stderr` events (each with the chunk's offset), then `exit`;
+        a followed stream that drops resumes where it was (its id is the next offsets)."""
+        from sandboxer._records import output_bytes
+
+        async for event, data, _ in self._events(
+                "GET", f"/v1/sandboxes/{_seg(ref)}/processes/{int(pid)}/output",
+                resume=follow, params={"stdout_offset": stdout_offset or None,
+                                       "stderr_offset": stderr_offset or None,
+                                       "follow": follow or None}):
+            if event in ("stdout", "stderr"):
+                yield {"stream": event, "offset": data["offset"],
+                       "data": output_bytes(data["data"])}
+            elif event == "exit":
+                yield {"exit": data}
                 return
 
     async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
@@ -702,3 +829,15 @@ def _async(make: Callable[[], T]) -> Callable[[], Awaitable[T]]:
         return make()
 
     return run
+
+
+def _mode(mode: int | None) -> str | None:
+    """A file's permission bits as the service's query takes them: octal digits."""
+    return None if mode is None else format(int(mode), "o")
+
+
+async def _body(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A request body from an async iterator (httpx wants an async iterable of bytes)."""
+    async for chunk in chunks:
+        if chunk:
+            yield bytes(chunk)
