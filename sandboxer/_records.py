@@ -377,16 +377,19 @@ class ReapReport:
     warned: tuple[str, ...] = ()
     planned: tuple[Mapping[str, Any], ...] = field(default=())
     pools: tuple[Mapping[str, Any], ...] = field(default=())  # pool members warmed, retired
+    # each destroyed id: why it ended ("ttl", "idle", "max-ttl"), as its event says
+    reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ReapReport:
         return cls(**{k: tuple(doc.get(k) or ()) for k in (
             "destroyed", "failed", "orphans", "skipped", "reconciled", "warned", "planned",
-            "pools")})
+            "pools")}, reasons=MappingProxyType(dict(doc.get("reasons") or {})))
 
     def to_dict(self) -> dict[str, Any]:
-        doc = {k: list(getattr(self, k)) for k in (
+        doc: dict[str, Any] = {k: list(getattr(self, k)) for k in (
             "destroyed", "failed", "orphans", "skipped", "reconciled", "warned")}
+        doc["reasons"] = dict(self.reasons)
         if self.planned:
             doc["planned"] = list(self.planned)
         if self.pools:

@@ -632,9 +632,11 @@ class Manager:
                 raise
             raise OperationFailed(f"destroy failed on {row['backend']}: {message}") from exc
         failpoint("destroy.after-backend")
-        return self.leases.finish(lease, State.DESTROYED, reason=lease.reason,
-                                  values={"ended_at": self._now(),
-                                          **({"error": error} if error else {})})
+        row = self.leases.finish(lease, State.DESTROYED, reason=lease.reason,
+                                 values={"ended_at": self._now(),
+                                         **({"error": error} if error else {})})
+        # why, as the sandbox.destroying event says (the reaper's report carries it on)
+        return {**row, "destroy_reason": lease.reason}
 
     # -- deadlines --------------------------------------------------------------------------
 

@@ -224,9 +224,11 @@ class Report:
     warned: list[str] = field(default_factory=list)
     planned: list[dict[str, Any]] = field(default_factory=list)
     pools: list[dict[str, Any]] = field(default_factory=list)  # members warmed or retired
+    reasons: dict[str, str] = field(default_factory=dict)  # each destroyed id: why (ttl, idle...)
 
     def as_json(self) -> dict[str, Any]:
-        return {"destroyed": self.destroyed, "failed": self.failed, "orphans": self.orphans,
+        return {"destroyed": self.destroyed, "reasons": self.reasons, "failed": self.failed,
+                "orphans": self.orphans,
                 "skipped": self.skipped, "reconciled": self.reconciled, "warned": self.warned,
                 **({"planned": self.planned} if self.planned else {}),
                 **({"pools": self.pools} if self.pools else {})}
@@ -488,6 +490,7 @@ class Reaper:
                                          "reason": action.reason})
                 elif action.reason in EXPIRY_REASONS:
                     report.destroyed.append(label)
+                    report.reasons[label] = done.get("destroy_reason") or action.reason
                 else:
                     report.reconciled.append({**action.describe(), "state": done["state"]})
             elif action.kind == DESTROY_OBJECT:

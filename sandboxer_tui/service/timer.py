@@ -5,11 +5,10 @@ through the sandboxes' and the sinks' leases."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import timedelta
 
-from sandboxer import AsyncSandboxer, EventType, ReapReport
+from sandboxer import AsyncSandboxer, ReapReport
 from sandboxer import Error as SbxError
 from sandboxer_tui.service.errors import error_body
 from sandboxer_tui.service.metrics import ServiceMetrics
@@ -20,24 +19,11 @@ log = logging.getLogger("sbx.serve")
 async def run(client: AsyncSandboxer, every: timedelta, stop: asyncio.Event,
               metrics: ServiceMetrics) -> None:
     """Reap and deliver every `every` until `stop` is set."""
-    pending: set[asyncio.Task] = set()
-
-    async def count_reasons(ids: tuple[str, ...]) -> None:
-        # the reaper's report names what it destroyed, not why: each one's last
-        # sandbox.destroying event says
-        for sandbox_id in ids:
-            with contextlib.suppress(Exception):
-                reasons = [e.reason for e in await client.events(sandbox_id)
-                           if e.type == EventType.SANDBOX_DESTROYING]
-                metrics.reaped.labels(str(reasons[-1]) if reasons else "unknown").inc()
-
     def on_report(outcome: ReapReport | SbxError) -> None:
         if isinstance(outcome, ReapReport):
             metrics.reaper_runs.labels("failed" if outcome.failed else "ok").inc()
-            if outcome.destroyed:
-                task = asyncio.create_task(count_reasons(outcome.destroyed))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
+            for sandbox_id in outcome.destroyed:
+                metrics.reaped.labels(outcome.reasons.get(sandbox_id, "unknown")).inc()
             for failure in outcome.failed:
                 log.warning("reap: %s: %s", failure.get("id"), failure.get("error"))
         else:

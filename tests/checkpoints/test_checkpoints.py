@@ -361,6 +361,7 @@ def test_paused_sandbox_burns_no_cpu_resumes_intact_and_is_reaped_on_time(
     offset = {"SBX_CLOCK_OFFSET": "6m"}
     report = ok(sbx("reap", "--json", env=offset)).json()
     assert report["destroyed"] == [burner["id"]], report
+    assert report["reasons"] == {burner["id"]: "ttl"}, report  # why, as its event says
     assert report["failed"] == [], report
     assert state_of(sbx.home, burner["id"]) == "destroyed"
     destroying = [e for e in events(sbx.home, burner["id"]) if e["type"] == "sandbox.destroying"]
