@@ -17,12 +17,15 @@ import hashlib
 import io
 import json
 import os
+import queue
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -75,7 +78,11 @@ from sandboxer.adapters.base import (  # noqa: E402
     Health,
     InvalidRequest,
     MetricSample,
+    NoSuchPath,
     ServiceSpec,
+    Stdin,
+    one_line,
+    stdin_chunks,
 )
 
 BASE_IMAGE = "sandboxer/base:busybox"
@@ -308,6 +315,209 @@ def _marked(env: Mapping[str, str] | None, timeout_s: float | None,
         return None, dict(env) if env else None
     mark = uuid.uuid4().hex
     return mark, {**(env or {}), EXEC_MARK: mark}
+
+
+# How an exec's bytes move (DockerAdapter._exec): its output at most EXEC_QUEUE pieces ahead
+# of whoever reads it, each at most EXEC_READ bytes; stdin in pieces of at most STDIN_PIECE,
+# at most STDIN_QUEUE of them on their way (a stream of any length is never held whole).
+EXEC_QUEUE = 64
+EXEC_READ = 64 * 1024
+STDIN_PIECE = 256 * 1024
+STDIN_QUEUE = 4
+# A timed-out exec's result comes at most this long after its deadline (the issue's bound is
+# 0.5 s): the kill and the last of the output are waited for until then, no longer.
+EXEC_TIMEOUT_RETURN_S = 0.4
+# The exec's stream can end a moment before the engine records its exit code.
+EXIT_CODE_WAIT_S = 2.0
+# What the engine writes on the exec's stdout when the command never started: a working
+# folder or a user the sandbox does not have comes back as exit 126 and one of these lines.
+START_FAILURES = (b"OCI runtime exec failed", b"unable to find user", b"unable to find group")
+_STREAMS = {1: "stdout", 2: "stderr"}
+# Kills still finishing after the exec they were for returned (held so they are not dropped).
+_BACKGROUND: set[asyncio.Future[Any]] = set()
+
+
+def _start_failure(said: bytes, cwd: str | None, user: str | None) -> AdapterError | None:
+    """What the engine's line about a command that never started means, or None when it is
+    not about the working folder or the user."""
+    text = said.decode(errors="replace")
+    if cwd and "chdir to cwd" in text:
+        if "no such file or directory" in text:
+            return NoSuchPath(f"{cwd} does not exist in the sandbox (the command's working "
+                              "folder)")
+        return InvalidRequest(f"the command cannot run in {cwd}: not a folder it may enter")
+    if user and ("unable to find user" in text or "unable to find group" in text):
+        return InvalidRequest(f"user {user!r} does not exist in the sandbox")
+    return None
+
+
+async def _stdin_pieces(stdin: Stdin) -> AsyncIterator[bytes | memoryview]:
+    """`stdin` in pieces of at most STDIN_PIECE bytes (bytes are sliced, not copied)."""
+    async for chunk in stdin_chunks(stdin):
+        view = memoryview(chunk)
+        for at in range(0, len(view), STDIN_PIECE):
+            yield view[at:at + STDIN_PIECE]
+
+
+class _ExecSocket:
+    """An exec's hijacked connection (`exec_start(socket=True)`): the command's stdin is
+    written to it and its write side shut; its stdout and stderr come back as the engine's
+    multiplexed frames (8 bytes: the stream, three zeros, the length big-endian; then the
+    data). Read through the HTTP response's own buffer: bytes that came with the headers
+    are there, not on the socket."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock  # socket.SocketIO (a local or TCP engine), or an ssh channel
+        self._raw = getattr(sock, "_sock", sock)
+        response = getattr(sock, "_response", None)
+        buffered = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+        self._reader = buffered if hasattr(buffered, "read1") else None
+        if hasattr(self._raw, "settimeout"):
+            self._raw.settimeout(None)  # a command may be silent for longer than any timeout
+        self._pending = b""
+        self._left = 0  # bytes of the current frame not read yet
+        self._stream = 1
+
+    def _recv(self, n: int) -> bytes:
+        if self._pending:
+            data, self._pending = self._pending[:n], self._pending[n:]
+            return data
+        try:
+            data = self._reader.read1(n) if self._reader is not None else self._raw.recv(n)
+        except (OSError, ValueError):  # shut down or closed under us: the end
+            return b""
+        return data or b""
+
+    def read(self) -> tuple[int, bytes] | None:
+        """The next piece of output, (1 for stdout or 2 for stderr, bytes); None at the end."""
+        while not self._left:
+            header = b""
+            while len(header) < 8:
+                more = self._recv(8 - len(header))
+                if not more:
+                    return None
+                header += more
+            self._stream, self._left = struct.unpack(">BxxxL", header)
+        data = self._recv(min(self._left, EXEC_READ))
+        if not data:
+            return None
+        self._left -= len(data)
+        return self._stream, data
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._raw.sendall(data)
+
+    def close_stdin(self) -> None:
+        """End the command's stdin (the engine closes its pipe on our half-close)."""
+        shutdown_write = getattr(self._raw, "shutdown_write", None)  # a paramiko channel
+        if shutdown_write is not None:
+            shutdown_write()
+        else:
+            self._raw.shutdown(socket.SHUT_WR)
+
+    def shutdown(self) -> None:
+        """Both directions: a read or write blocked on the connection returns at once."""
+        with contextlib.suppress(OSError, AttributeError, TypeError):
+            self._raw.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for thing in (getattr(self._sock, "_response", None), self._sock, self._raw):
+            with contextlib.suppress(Exception):
+                if thing is not None:
+                    thing.close()
+
+
+class _ExecPump:
+    """Moves one exec's bytes between the event loop and its connection, on two threads of
+    its own (a read or a write that blocks for as long as the command runs never holds a
+    thread of the loop's pool): output out, at most EXEC_QUEUE pieces ahead of `get`; stdin
+    in, at most STDIN_QUEUE pieces ahead of the connection."""
+
+    def __init__(self, conn: _ExecSocket, loop: asyncio.AbstractEventLoop,
+                 stdin: Stdin) -> None:
+        self.conn, self.loop = conn, loop
+        self.reads = 0
+        self._out: asyncio.Queue[Any] = asyncio.Queue()
+        self._slots = threading.Semaphore(EXEC_QUEUE)
+        self._stopped = False
+        self._feeder: asyncio.Task[None] | None = None
+        self._writer: threading.Thread | None = None
+        self._pieces: queue.SimpleQueue[bytes | memoryview | None] = queue.SimpleQueue()
+        if stdin is not None:
+            self._room = asyncio.Semaphore(STDIN_QUEUE)
+            self._writing = True
+            self._writer = threading.Thread(target=self._write, name="sbx-exec-stdin",
+                                            daemon=True)
+            self._writer.start()
+            self._feeder = loop.create_task(self._feed(stdin))
+        self._reader = threading.Thread(target=self._read, name="sbx-exec-output", daemon=True)
+        self._reader.start()
+
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    async def _feed(self, stdin: Stdin) -> None:
+        try:
+            async for piece in _stdin_pieces(stdin):
+                await self._room.acquire()
+                if self._stopped or not self._writing:
+                    return
+                self._pieces.put(piece)
+        finally:
+            self._pieces.put(None)
+
+    def _write(self) -> None:
+        try:
+            while (piece := self._pieces.get()) is not None and not self._stopped:
+                self.conn.write(piece)
+                self._soon(self._room.release)
+            if not self._stopped:
+                self.conn.close_stdin()
+        except OSError:
+            pass  # the command ended without reading it all: the rest is not wanted
+        finally:
+            self._writing = False
+            self._soon(self._room.release)  # a feeder waiting for room sees it is over
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self._slots.acquire()
+                if self._stopped:
+                    return
+                item = self.conn.read()
+                self._soon(self._out.put_nowait, item)
+                if item is None:
+                    return
+        except Exception as exc:  # noqa: BLE001 (handed to the reader, raised there)
+            self._soon(self._out.put_nowait, exc)
+        finally:
+            self.conn.shutdown()  # the exec is over: a write still blocked returns
+            self._pieces.put(None)
+            if self._writer is not None:
+                self._writer.join()
+            self.conn.close()
+
+    async def get(self) -> tuple[str, bytes] | None:
+        """The next piece of output, ("stdout" | "stderr", bytes); None once it ended."""
+        item = await self._out.get()
+        self._slots.release()
+        if isinstance(item, BaseException):
+            raise AdapterError(f"docker exec failed: {one_line(item)}")
+        if item is None:
+            return None
+        self.reads += 1
+        return _STREAMS.get(item[0], "stdout"), item[1]
+
+    def abort(self) -> None:
+        """Stop both threads and drop the connection (done when the exec's reader leaves)."""
+        self._stopped = True
+        if self._feeder is not None:
+            self._feeder.cancel()
+        self._pieces.put(None)
+        self._slots.release()
+        self.conn.shutdown()
 
 
 class DockerAdapter(Adapter):
@@ -603,88 +813,144 @@ class DockerAdapter(Adapter):
         return objects
 
     async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
-        started = time.perf_counter()
-        exec_id: dict[str, str] = {}
-        mark, environment = _marked(env, timeout_s)
-
-        def run(api: docker.APIClient) -> tuple[int, bytes, bytes]:
-            exec_id["id"] = api.exec_create(ref, list(argv), stdout=True, stderr=True,
-                                            environment=environment)["Id"]
-            out, err = api.exec_start(exec_id["id"], demux=True)
-            code = api.exec_inspect(exec_id["id"])["ExitCode"]
-            return (code if code is not None else -1), out or b"", err or b""
-
-        try:
-            job = self._call(run)
-            code, out, err = await (asyncio.wait_for(job, timeout_s) if timeout_s else job)
-        except TimeoutError:
-            killed = await self._kill_exec(ref, exec_id.get("id"), mark)
-            note = "" if killed else " (the process may still run inside the sandbox)"
-            return ExecResult(124, b"", f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
-                              time.perf_counter() - started, timed_out=True)
-        except docker_errors.NotFound as exc:
-            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
-        except docker_errors.APIError as exc:
-            if exc.status_code == 409:
-                raise BackendObjectGone(f"container {ref[:12]} is not running") from exc
-            raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
-        return ExecResult(code, out, err, time.perf_counter() - started)
+                   env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                   user: str | None = None, stdin: Stdin = None) -> ExecResult:
+        out, err = bytearray(), bytearray()
+        async for item in self._exec(ref, argv, timeout_s, env, cwd, user, stdin):
+            if isinstance(item, ExecResult):
+                return replace(item, stdout=bytes(out), stderr=bytes(err))
+            (out if item[0] == "stdout" else err).extend(item[1])
+        raise AdapterError("docker exec ended without a result")  # never: _exec ends with one
 
     async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-                          env: Mapping[str, str] | None = None,
+                          env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                          user: str | None = None, stdin: Stdin = None,
                           ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        async for item in self._exec(ref, argv, timeout_s, env, cwd, user, stdin):
+            yield item
+
+    async def _exec(self, ref: str, argv: Sequence[str], timeout_s: float | None,
+                    env: Mapping[str, str] | None, cwd: str | None, user: str | None,
+                    stdin: Stdin) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        """One exec on its hijacked connection (`exec_start(socket=True)`): stdin streamed in
+        while stdout and stderr stream out, then the ExecResult (its outputs empty). On the
+        deadline the exec's whole process tree is killed, what it wrote until then is still
+        given, and the result (exit 124) comes within EXEC_TIMEOUT_RETURN_S of the deadline."""
         started = time.perf_counter()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         mark, environment = _marked(env, timeout_s)
 
-        def start(api: docker.APIClient) -> tuple[str, Iterator[tuple[bytes, bytes]]]:
+        def start(api: docker.APIClient) -> tuple[str, Any]:
             exec_id = api.exec_create(ref, list(argv), stdout=True, stderr=True,
-                                      environment=environment)["Id"]
-            return exec_id, api.exec_start(exec_id, stream=True, demux=True)
+                                      stdin=stdin is not None, environment=environment,
+                                      workdir=cwd, user=user or "")["Id"]
+            return exec_id, api.exec_start(exec_id, socket=True)
 
         try:
-            exec_id, frames = await self._call(start)
+            exec_id, sock = await self._call(start)
         except docker_errors.NotFound as exc:
             raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
         except docker_errors.APIError as exc:
             if exc.status_code == 409:
                 raise BackendObjectGone(f"container {ref[:12]} is not running") from exc
             raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
-        chunks = _in_thread(frames)
+        pump = _ExecPump(_ExecSocket(sock), asyncio.get_running_loop(), stdin)
+        held: bytes | None = None  # a first line that may be the engine's own start failure
         try:
             while True:
-                left = None if timeout_s is None else timeout_s - (time.perf_counter() - started)
+                left = None if deadline is None else deadline - time.monotonic()
                 try:
                     if left is not None and left <= 0:
                         raise TimeoutError
-                    frame = await asyncio.wait_for(anext(chunks, None), left)
+                    item = await asyncio.wait_for(pump.get(), left)
                 except TimeoutError:
-                    killed = await self._kill_exec(ref, exec_id, mark)
-                    note = "" if killed else " (the process may still run inside the sandbox)"
-                    yield "stderr", f"sbx: timed out after {timeout_s:g}s{note}\n".encode()
-                    yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
+                    if held is not None:
+                        yield "stdout", held
+                    async for item in self._time_out(ref, exec_id, mark, user, pump,
+                                                     deadline or 0.0, timeout_s or 0.0,
+                                                     started):
+                        yield item
                     return
-                if frame is None:
+                if item is None:
                     break
-                out, err = frame
-                if out:
-                    yield "stdout", out
-                if err:
-                    yield "stderr", err
+                stream, data = item
+                if pump.reads == 1 and stream == "stdout" and data.startswith(START_FAILURES):
+                    held = data
+                    continue
+                if held is not None:
+                    yield "stdout", held
+                    held = None
+                yield stream, data
+            code = await self._exit_code(exec_id)
+            if held is not None:
+                failure = _start_failure(held, cwd, user) if code == 126 else None
+                if failure is not None:
+                    raise failure
+                yield "stdout", held
+            yield ExecResult(code, b"", b"", time.perf_counter() - started)
         finally:
-            await chunks.aclose()
-        code = (await self._call(lambda api: api.exec_inspect(exec_id)))["ExitCode"]
-        yield ExecResult(code if code is not None else -1, b"", b"",
-                         time.perf_counter() - started)
+            pump.abort()
 
-    async def _kill_exec(self, ref: str, exec_id: str | None, mark: str | None) -> bool:
-        """Kill a timed-out exec. The engine reports its pid as the engine sees it: a pid of
-        this host only when the engine runs here, natively (in a VM, rootless or behind a
-        forwarded socket it names some other process, or none). So that pid is killed only
-        once /proc shows it is a process of this container; otherwise the container kills
-        the exec's processes itself, found by the mark in their environment."""
+    async def _time_out(self, ref: str, exec_id: str, mark: str | None, user: str | None,
+                        pump: _ExecPump, deadline: float, timeout_s: float, started: float,
+                        ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        """Past the deadline: kill the exec's processes while still passing on what they
+        wrote, until its stream ends or EXEC_TIMEOUT_RETURN_S after the deadline."""
+        killing = asyncio.ensure_future(self._kill_exec(ref, exec_id, mark, user))
+        until = deadline + EXEC_TIMEOUT_RETURN_S
+        ended = False
+        while (left := until - time.monotonic()) > 0:
+            try:
+                item = await asyncio.wait_for(pump.get(), left)
+            except TimeoutError:
+                break
+            if item is None:
+                ended = True  # every process holding its output is gone
+                break
+            yield item
+        if not killing.done():
+            await asyncio.wait({killing}, timeout=max(0.0, until - time.monotonic()))
+        if killing.done():
+            killed = ended or (not killing.cancelled() and killing.exception() is None
+                               and killing.result())
+        else:  # it finishes on its own; the caller is not kept waiting
+            killed = ended
+            _BACKGROUND.add(killing)
+            killing.add_done_callback(_BACKGROUND.discard)
+        note = "" if killed else " (the process may still run inside the sandbox)"
+        yield "stderr", f"sbx: timed out after {timeout_s:g}s{note}\n".encode()
+        yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
+
+    async def _exit_code(self, exec_id: str) -> int:
+        """The exec's exit code. Its stream can end a moment before the engine has it."""
+        def inspect(api: docker.APIClient) -> int:
+            give_up = time.monotonic() + EXIT_CODE_WAIT_S
+            while True:
+                info = api.exec_inspect(exec_id)
+                code = info.get("ExitCode")
+                if code is not None and not info.get("Running"):
+                    return int(code)
+                if time.monotonic() > give_up:
+                    return -1
+                time.sleep(0.005)
+
+        try:
+            return await self._call(inspect)
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
+
+    async def _kill_exec(self, ref: str, exec_id: str | None, mark: str | None,
+                         user: str | None = None) -> bool:
+        """Kill a timed-out exec and everything it started: every process of the container
+        whose environment carries the exec's mark, killed from inside the container (as the
+        exec's user: with every capability dropped, only it may). Without the mark (or a
+        shell in the image) the exec's own process is killed from this host, once /proc
+        shows it is a process of this container: the engine reports its pid as the engine
+        sees it, a pid of this host only when the engine runs here, natively."""
         if not exec_id:
             return False
+        if mark is not None and await self._kill_marked(ref, mark, user):
+            return True
         try:
             info = await self._call(lambda api: api.exec_inspect(exec_id))
         except (AdapterError, docker_errors.APIError):
@@ -693,21 +959,21 @@ class DockerAdapter(Adapter):
             return True  # it ended on its own meanwhile
         container = info.get("ContainerID") or ref
         pid = info.get("Pid")
-        if isinstance(pid, int) and pid > 0 and kill_if_in_container(pid, container):
-            return True
-        return mark is not None and await self._kill_marked(ref, mark)
+        return isinstance(pid, int) and pid > 0 and kill_if_in_container(pid, container)
 
-    async def _kill_marked(self, ref: str, mark: str) -> bool:
+    async def _kill_marked(self, ref: str, mark: str, user: str | None = None) -> bool:
         """`kill -KILL` inside the container, of every process whose environment carries
-        the exec's mark (the exec's process and what it started). Needs a shell, `tr` and
-        `grep` in the image (the base image has them)."""
-        script = ('found=1; for d in /proc/[0-9]*; do '
+        the exec's mark (the exec's process and what it started), pass after pass until a
+        pass finds none (a process forked during one is found by the next). Needs a shell,
+        `tr` and `grep` in the image (the base image has them)."""
+        script = ('found=1; n=0; while [ $n -lt 5 ]; do hit=0; for d in /proc/[0-9]*; do '
                   'if tr "\\0" "\\n" < "$d/environ" 2>/dev/null | grep -qxF "$1=$0"; then '
-                  'kill -KILL "${d#/proc/}" 2>/dev/null && found=0; fi; done; exit $found')
+                  'kill -KILL "${d#/proc/}" 2>/dev/null && { found=0; hit=1; }; fi; done; '
+                  '[ $hit = 0 ] && break; n=$((n+1)); done; exit $found')
 
         def kill(api: docker.APIClient) -> bool:
             killer = api.exec_create(ref, ["sh", "-c", script, mark, EXEC_MARK],
-                                     stdout=True, stderr=True)["Id"]
+                                     stdout=True, stderr=True, user=user or "")["Id"]
             api.exec_start(killer)
             return api.exec_inspect(killer).get("ExitCode") == 0
 
