@@ -5,7 +5,9 @@ of a Packer manifest (`options: {packer_manifest: PATH, build: NAME}`: the manif
 post-processor's file, read again at each create); a profile picks them by labels
 (`options: {match: {pool: ci}}`). Create leases a free matching host, checks
 that it answers and runs the profile's setup commands on it; exec runs commands over SSH and
-returns their exit codes; destroy runs the cleanup commands, ends the user's processes and
+returns their exit codes (with env, a working folder and stdin streamed over the session; a
+timeout ends every process the command started, found by a mark in their environment, and
+keeps the output produced until then; files go in and out as tar over the same session); destroy runs the cleanup commands, ends the user's processes and
 removes its temporary files (SWEEP), and releases the host.
 
 Leases are rows of a small SQLite file of this adapter's own (`$SBX_HOME/ssh-leases.db`), one
@@ -41,7 +43,8 @@ import shutil
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,7 +62,9 @@ from sandboxer.adapters.base import (
     ExecResult,
     Health,
     InvalidRequest,
+    Stdin,
     state_folder,
+    stdin_chunks,
 )
 
 INVENTORY_ENV = "SBX_SSH_INVENTORY"
@@ -79,6 +84,22 @@ LOCK_WAIT_S = 60.0
 LEASED, RELEASING = "leased", "releasing"
 PID_MARKER = b"sbx-pid "
 REPORT_PID_THEN_EXEC = 'printf "sbx-pid %s\\n" "$$" >&2; exec "$@"'
+EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a timeout's kill finds
+# Run on the host when an exec times out ($0: the mark, $1: EXEC_MARK, $2: the command's
+# process group): the group first (it stops forking), then, in rounds, every process whose
+# environment carries the mark (those that left the group: setsid, a daemon). GNU or busybox
+# grep reads /proc/PID/environ with NUL as the line end.
+KILL_MARKED = r"""found=1
+[ -n "$2" ] && kill -KILL -- "-$2" 2>/dev/null && found=0
+for round in 1 2 3 4 5; do
+  left=
+  for f in $(grep -lzxF "$1=$0" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null && found=0 left=1
+  done
+  [ -z "$left" ] && break
+done
+exit $found"""
+STREAM_CHUNK = 64 * 1024
 NO_CLIENT = "no OpenSSH client (`ssh`) on PATH: install it (on Debian: apt-get install openssh-client)"
 # Run on the host (POSIX sh, Linux /proc) as a lease ends, after the profile's cleanup, so the
 # next lessee meets nothing of this one: every process of the user ends but this script's own
@@ -655,7 +676,9 @@ def _ssh_path(path: Path | str) -> str:
 class SSHAdapter(Adapter):
     name = "ssh"
     description = "leases on existing hosts over SSH, from an inventory file (attach)"
-    capabilities = frozenset({Capability.EXEC})
+    # files: the base's defaults (tar, find, stat, rm, mkdir, mv on the host, through exec
+    # with its input streamed over the session); processes: the core's, on exec and sh
+    capabilities = frozenset({Capability.EXEC, Capability.FILES, Capability.PROCESSES})
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home
@@ -765,61 +788,136 @@ class SSHAdapter(Adapter):
                 f"ssh host {host.describe()} is unreachable: {_last_line(result[2])}")
 
     async def run(self, host: Host, argv: Sequence[str], *, connect_timeout: float,
-                  timeout_s: float | None) -> ExecResult:
+                  timeout_s: float | None, cwd: str | None = None, stdin: Stdin = None,
+                  env: Mapping[str, str] | None = None) -> ExecResult:
         """Run `argv` on the host (no shell in between): its exit status, stdout and stderr.
-        A command that outlives `timeout_s` is killed on the host with its process group."""
+        A command that outlives `timeout_s` is killed on the host with everything it started,
+        and its result keeps the output it produced until then."""
+        out, err = bytearray(), bytearray()
+        async for item in self.stream(host, argv, connect_timeout=connect_timeout,
+                                      timeout_s=timeout_s, cwd=cwd, stdin=stdin, env=env):
+            if isinstance(item, ExecResult):
+                return ExecResult(item.exit_code, bytes(out), bytes(err) + item.stderr,
+                                  item.duration_s, item.timed_out)
+            (out if item[0] == "stdout" else err).extend(item[1])
+        raise AssertionError("unreachable: the stream ends with its result")
+
+    async def stream(self, host: Host, argv: Sequence[str], *, connect_timeout: float,
+                     timeout_s: float | None, cwd: str | None = None, stdin: Stdin = None,
+                     env: Mapping[str, str] | None = None,
+                     ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        """`run`, as its output comes: ("stdout" | "stderr", bytes) pairs, then the
+        ExecResult (its stderr holds only the timeout's note). `stdin` (bytes or chunks) is
+        written to the ssh client's stdin, which the session carries to the command, then
+        closed; without it the command's stdin is empty. Every process of the command
+        carries a mark in its environment (EXEC_MARK), which is how a timeout finds and ends
+        all of them, including those that left its process group."""
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         await self.connect(host, connect_timeout)
+        mark = uuid.uuid4().hex
+        variables = {**(env or {}), EXEC_MARK: mark}
+        # env(1) sets the variables for this command only, then becomes it
+        command = ["env", *(f"{k}={v}" for k, v in variables.items()), *argv]
         # the remote shell reports its pid (= its process group: sshd starts each command in
         # a session of its own), then becomes the command
-        remote = f"exec sh -c {shlex.quote(REPORT_PID_THEN_EXEC)} sbx {shlex.join(argv)}"
+        remote = f"exec sh -c {shlex.quote(REPORT_PID_THEN_EXEC)} sbx {shlex.join(command)}"
+        if cwd is not None:
+            remote = f"cd -- {shlex.quote(cwd)} && {remote}"
         ssh = self._ssh(host, connect_timeout)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *ssh, "-o", "ControlMaster=no", host.host, remote,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)
         except FileNotFoundError:
             raise BackendUnavailable(NO_CLIENT) from None
         remote_pid: list[int] = []
+        before = bytearray()  # what the remote login shell printed before the marker (rc files)
+        tail = bytearray()  # the end of stderr: the client's own message, when it fails
+        queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(maxsize=16)
 
-        async def read_stderr() -> bytes:
-            before = b""  # what the remote login shell printed before the marker (rc files)
-            while line := await proc.stderr.readline():
-                if line.startswith(PID_MARKER) and line[len(PID_MARKER):].strip().isdigit():
-                    remote_pid.append(int(line[len(PID_MARKER):]))
-                    break
-                before += line
-            return before + await proc.stderr.read()
+        async def pump(reader: asyncio.StreamReader, name: str) -> None:
+            if name == "stderr":
+                while line := await reader.readline():
+                    if line.startswith(PID_MARKER) and line[len(PID_MARKER):].strip().isdigit():
+                        remote_pid.append(int(line[len(PID_MARKER):]))
+                        break
+                    before.extend(line)
+                if before and remote_pid:
+                    await queue.put((name, bytes(before)))
+            while chunk := await reader.read(STREAM_CHUNK):
+                if name == "stderr":
+                    tail[:] = (tail + chunk)[-4096:]
+                await queue.put((name, chunk))
+            await queue.put(None)
 
-        reading = asyncio.gather(proc.stdout.read(), read_stderr(), proc.wait())
+        async def feed() -> None:
+            try:
+                async for chunk in stdin_chunks(stdin):
+                    proc.stdin.write(chunk)
+                    await proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the command stopped reading its input: its exit status says the rest
+            finally:
+                proc.stdin.close()
+
+        tasks = [asyncio.create_task(pump(proc.stdout, "stdout")),
+                 asyncio.create_task(pump(proc.stderr, "stderr"))]
+        if stdin is not None:
+            tasks.append(asyncio.create_task(feed()))
+        open_streams, timed_out = 2, False
         try:
-            out, err, code = await asyncio.wait_for(reading, timeout_s)
-        except TimeoutError:
-            killed = await self._kill_remote(host, connect_timeout, remote_pid)
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(TimeoutError):  # the master holds the pipes until the
-                await asyncio.wait_for(proc.wait(), 5)  # remote command is gone
-            note = "" if killed else f" (the command may still run on {host.name})"
-            return ExecResult(124, b"", f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
-                              time.perf_counter() - started, timed_out=True)
+            while open_streams:
+                left = None if deadline is None else deadline - loop.time()
+                try:
+                    if left is not None and left <= 0:
+                        raise TimeoutError
+                    item = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    timed_out = True
+                    break
+                if item is None:
+                    open_streams -= 1
+                else:
+                    yield item
+            if timed_out:
+                killed = await self._kill_remote(host, connect_timeout, remote_pid, mark)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                while not queue.empty():  # what was read before the deadline is kept
+                    item = queue.get_nowait()
+                    if item is not None:
+                        yield item
+                note = "" if killed else f" (the command may still run on {host.name})"
+                yield ExecResult(124, b"", f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
+                                 time.perf_counter() - started, timed_out=True)
+                return
+            code = await proc.wait()
         finally:
+            for task in tasks:
+                task.cancel()
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
         if code == 255 and not remote_pid:  # the client's own failure: the command never ran
-            raise BackendUnavailable(f"ssh host {host.describe()}: {_last_line(err)}")
+            raise BackendUnavailable(f"ssh host {host.describe()}: {_last_line(bytes(before))}")
         if code == 255 and not await self._master_running(host, connect_timeout):
             raise BackendUnavailable(f"lost the connection to ssh host {host.describe()}: "
-                                     f"{_last_line(err)}")
-        return ExecResult(code, out, err, time.perf_counter() - started)
+                                     f"{_last_line(bytes(tail or before))}")
+        if before and not remote_pid:  # the login shell failed before the command (cd DIR)
+            yield "stderr", bytes(before)
+        yield ExecResult(code, b"", b"", time.perf_counter() - started)
 
-    async def _kill_remote(self, host: Host, connect_timeout: float, pid: list[int]) -> bool:
-        if not pid:
-            return False
+    async def _kill_remote(self, host: Host, connect_timeout: float, pid: list[int],
+                           mark: str) -> bool:
+        """End the command's process group and every process carrying its mark."""
+        script = shlex.quote(KILL_MARKED)
         result = await _spawn([*self._ssh(host, connect_timeout), "-o", "ControlMaster=no",
-                               host.host, f"kill -KILL -- -{pid[0]}"], connect_timeout + 5)
+                               host.host, f"sh -c {script} {mark} {EXEC_MARK} "
+                               f"{pid[0] if pid else ''}"], connect_timeout + 5)
         return result is not None and result[0] == 0
 
     async def _run_checked(self, lease: Lease, command: str, step: str) -> None:
@@ -945,15 +1043,32 @@ class SSHAdapter(Adapter):
         want = dict(labels).items()
         return [lease.object() for lease in self.leases.all() if want <= dict(lease.labels).items()]
 
-    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
+    def _lease(self, ref: str, user: str | None) -> Lease:
+        if user is not None:
+            raise CapabilityNotSupported(
+                "the ssh backend runs every command as the host's inventory user; it cannot "
+                f"run one as {user!r} (remove user, or list the host with that user)")
         lease = self.leases.get(ref)
         if lease is None:
             raise BackendObjectGone(f"ssh lease {ref} is released")
-        if env:  # env(1) on the host sets them for this command only, then becomes it
-            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+        return lease
+
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                   user: str | None = None, stdin: Stdin = None) -> ExecResult:
+        lease = self._lease(ref, user)
         return await self.run(lease.host, argv, connect_timeout=lease.connect_timeout,
-                              timeout_s=timeout_s)
+                              timeout_s=timeout_s, cwd=cwd, stdin=stdin, env=env)
+
+    async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                          env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                          user: str | None = None, stdin: Stdin = None,
+                          ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        """Output as it comes over the session (a tree read with get_archive is streamed)."""
+        lease = self._lease(ref, user)
+        async for item in self.stream(lease.host, argv, connect_timeout=lease.connect_timeout,
+                                      timeout_s=timeout_s, cwd=cwd, stdin=stdin, env=env):
+            yield item
 
 
 def _digest(text: str) -> str:
