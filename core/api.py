@@ -10,7 +10,7 @@ included); nothing in the engine imports it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -92,11 +92,90 @@ async def exec(
     ref: str,
     argv: Sequence[str],
     timeout: timedelta | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    user: str | None = None,
+    stdin: bytes | AsyncIterator[bytes] | None = None,
 ) -> dict[str, Any]:
-    result = await mgr.exec(ref, list(argv), timeout=timeout)
+    result = await mgr.exec(ref, list(argv), timeout=timeout, env=env, cwd=cwd, user=user,
+                            stdin=stdin)
     return {"exit_code": result.exit_code, "stdout": result.stdout,
             "stderr": result.stderr, "duration": result.duration_s,
             "timed_out": result.timed_out}
+
+
+def exec_stream(
+    mgr: Manager,
+    ref: str,
+    argv: Sequence[str],
+    timeout: timedelta | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    user: str | None = None,
+    stdin: bytes | AsyncIterator[bytes] | None = None,
+) -> AsyncIterator[tuple[str, Any]]:
+    return mgr.exec_stream(ref, list(argv), timeout=timeout, env=env, cwd=cwd, user=user,
+                           stdin=stdin)
+
+
+# -- files in a sandbox (core/lifecycle/files.py) ------------------------------------------------
+
+async def write_file(mgr: Manager, ref: str, path: str, data: AsyncIterator[bytes], *,
+                     mode: int | None = None) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import files
+
+    return await files.write_file(mgr, ref, path, data, mode=mode)
+
+
+def read_file(mgr: Manager, ref: str, path: str) -> AsyncIterator[bytes]:
+    from sandboxer.core.lifecycle import files
+
+    return files.read_file(mgr, ref, path)
+
+
+async def put_tree(mgr: Manager, ref: str, path: str,
+                   tar: AsyncIterator[bytes]) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import files
+
+    return await files.put_tree(mgr, ref, path, tar)
+
+
+def get_tree(mgr: Manager, ref: str, path: str) -> AsyncIterator[bytes]:
+    from sandboxer.core.lifecycle import files
+
+    return files.get_tree(mgr, ref, path)
+
+
+async def list_files(mgr: Manager, ref: str, path: str, depth: int) -> list[dict[str, Any]]:
+    from sandboxer.core.lifecycle import files
+
+    return await files.list_files(mgr, ref, path, depth)
+
+
+async def stat_file(mgr: Manager, ref: str, path: str) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import files
+
+    return await files.stat_file(mgr, ref, path)
+
+
+async def remove_file(mgr: Manager, ref: str, path: str, *, recursive: bool) -> None:
+    from sandboxer.core.lifecycle import files
+
+    await files.remove_file(mgr, ref, path, recursive=recursive)
+
+
+async def make_dir(mgr: Manager, ref: str, path: str, *, parents: bool) -> None:
+    from sandboxer.core.lifecycle import files
+
+    await files.make_dir(mgr, ref, path, parents=parents)
+
+
+async def rename_file(mgr: Manager, ref: str, src: str, dst: str) -> None:
+    from sandboxer.core.lifecycle import files
+
+    await files.rename_file(mgr, ref, src, dst)
 
 
 async def extend(mgr: Manager, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
@@ -462,3 +541,60 @@ async def doctor(database_url: str | None) -> dict[str, Any]:
         return await checks.report(db)
     finally:
         db.dispose()
+
+
+# -- background processes (core/lifecycle/processes.py) ------------------------------------
+
+
+async def start_process(mgr: Manager, ref: str, argv: Sequence[str], *,
+                        env: Mapping[str, str] | None = None, cwd: str | None = None,
+                        user: str | None = None, stdin: bool = False) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import processes
+
+    return await processes.start(mgr, ref, argv, env=env, cwd=cwd, user=user, stdin=stdin)
+
+
+async def list_processes(mgr: Manager, ref: str) -> list[dict[str, Any]]:
+    from sandboxer.core.lifecycle import processes
+
+    return await processes.list_processes(mgr, ref)
+
+
+async def get_process(mgr: Manager, ref: str, pid: int) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import processes
+
+    return await processes.get(mgr, ref, pid)
+
+
+async def wait_process(mgr: Manager, ref: str, pid: int,
+                       timeout: timedelta | None) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import processes
+
+    return await processes.wait(mgr, ref, pid, timeout)
+
+
+async def signal_process(mgr: Manager, ref: str, pid: int, signal: int) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import processes
+
+    return await processes.signal(mgr, ref, pid, signal)
+
+
+async def write_process_stdin(mgr: Manager, ref: str, pid: int, data: bytes) -> None:
+    from sandboxer.core.lifecycle import processes
+
+    await processes.write_stdin(mgr, ref, pid, data)
+
+
+async def close_process_stdin(mgr: Manager, ref: str, pid: int) -> None:
+    from sandboxer.core.lifecycle import processes
+
+    await processes.close_stdin(mgr, ref, pid)
+
+
+def process_output(mgr: Manager, ref: str, pid: int, *, stdout_offset: int = 0,
+                   stderr_offset: int = 0, follow: bool = False,
+                   ) -> AsyncIterator[dict[str, Any]]:
+    from sandboxer.core.lifecycle import processes
+
+    return processes.output(mgr, ref, pid, stdout_offset=stdout_offset,
+                            stderr_offset=stderr_offset, follow=follow)

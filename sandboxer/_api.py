@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 from sandboxer._records import (
     BackendStatus,
@@ -26,6 +26,8 @@ from sandboxer._records import (
 if TYPE_CHECKING:
     import asyncio
 
+    from sandboxer._files import AsyncFiles
+    from sandboxer._processes import AsyncProcesses
     from sandboxer._transport import Transport
     from sandboxer.core.rules.errors import SbxError as Error
     from sandboxer.core.rules.profiles import Profile
@@ -70,6 +72,35 @@ def _argv(argv: Sequence[str] | str) -> list[str]:
     if not argv or not all(isinstance(a, str) for a in argv):
         raise BadInput("argv must be a non-empty list of strings")
     return argv
+
+
+async def _exec_options(env: Mapping[str, str] | None, cwd: str | None, user: str | None,
+                        stdin: bytes | str | BinaryIO | None) -> dict[str, Any]:
+    """exec's options as the transport takes them (only those given): text stdin as UTF-8,
+    a file object read off the loop."""
+    options: dict[str, Any] = {}
+    if env is not None:
+        options["env"] = dict(env)
+    if cwd is not None:
+        options["cwd"] = cwd
+    if user is not None:
+        options["user"] = user
+    if stdin is not None:
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        elif not isinstance(stdin, bytes | bytearray | memoryview):
+            read = getattr(stdin, "read", None)
+            if read is None:
+                from sandboxer.core.rules.errors import BadInput
+
+                raise BadInput("stdin must be bytes, text or a binary file object, not "
+                               f"{type(stdin).__name__}")
+            import asyncio
+
+            data = await asyncio.to_thread(read)
+            stdin = data.encode() if isinstance(data, str) else data
+        options["stdin"] = bytes(stdin)
+    return options
 
 
 class AsyncSandboxer:
@@ -482,23 +513,49 @@ class AsyncSandbox(SandboxRecord):
         self._replace(view)
         return resolved
 
-    async def exec(self, argv: Sequence[str], timeout: Duration | None = None) -> ExecResult:
-        """Run a command and wait for it; its output, exit code and duration. Recorded in
-        the event log (argv, exit code, duration, output digests; never the output)."""
-        doc = await self._t.exec(self.id, _argv(argv), _duration(timeout, "timeout"))
+    async def exec(self, argv: Sequence[str], timeout: Duration | None = None, *,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None, stdin: bytes | str | BinaryIO | None = None,
+                   ) -> ExecResult:
+        """Run a command and wait for it; its output, exit code and duration (on a timeout,
+        the output produced until then, `timed_out` True and exit code 124). `env`:
+        variables for this command only (secrets: the event log records their names, never
+        their values); `cwd`: an absolute folder to run in; `user`: whom to run as (needs a
+        backend with `run-as-user`); `stdin`: bytes, text or a binary file object, read and
+        written to the command's input, then closed. Recorded in the event log (argv, exit
+        code, duration, output and stdin digests; never the output)."""
+        doc = await self._t.exec(self.id, _argv(argv), _duration(timeout, "timeout"),
+                                 **await _exec_options(env, cwd, user, stdin))
         return ExecResult.from_dict(doc)
 
-    async def exec_stream(self, argv: Sequence[str], timeout: Duration | None = None,
+    async def exec_stream(self, argv: Sequence[str], timeout: Duration | None = None, *,
+                          env: Mapping[str, str] | None = None, cwd: str | None = None,
+                          user: str | None = None, stdin: bytes | str | BinaryIO | None = None,
                           ) -> AsyncIterator[OutputChunk | ExecExit]:
         """Run a command: its stdout and stderr as they come (`OutputChunk`), then how it
-        ended (`ExecExit`)."""
+        ended (`ExecExit`). The options are `exec`'s."""
+        options = await _exec_options(env, cwd, user, stdin)
         async for kind, value in self._t.exec_stream(self.id, _argv(argv),
-                                                     _duration(timeout, "timeout")):
+                                                     _duration(timeout, "timeout"), **options):
             if kind == "exit":
                 yield ExecExit(value["exit_code"], timedelta(seconds=value["duration"]),
                                bool(value.get("timed_out")))
             else:
                 yield OutputChunk("stderr" if kind == "stderr" else "stdout", value)
+
+    @property
+    def files(self) -> AsyncFiles:
+        """Its files: write, read, list, upload and download trees (docs/api.md, "Files")."""
+        from sandboxer._files import AsyncFiles
+
+        return AsyncFiles(self)
+
+    @property
+    def processes(self) -> AsyncProcesses:
+        """Its background processes: start, list, get (docs/api.md, "Background processes")."""
+        from sandboxer._processes import AsyncProcesses
+
+        return AsyncProcesses(self)
 
     async def logs(self, *, follow: bool = False, tail: int | None = None,
                    ) -> AsyncIterator[bytes]:

@@ -193,6 +193,34 @@ class LocalTransport:
                 with contextlib.suppress(Exception):
                     await hop(agen.aclose)
 
+    def _pull(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """`chunks`, an async iterator of the caller's loop, readable on the core loop: each
+        step runs on the caller's loop and its chunk is handed across (the reverse of
+        `_stream`), so nothing is gathered whole. Call it on the caller's loop."""
+        if not hasattr(chunks, "__aiter__"):
+            return chunks  # not a stream: the core says what is wrong with it
+        caller = asyncio.get_running_loop()
+        source = chunks.__aiter__()
+        if self._core is not None and self._core.loop is caller:
+            return source  # the core runs on the caller's loop (adopted, or the sync API)
+
+        async def across() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    try:
+                        chunk = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+                            _next(source), caller))
+                    except StopAsyncIteration:
+                        return
+                    yield chunk
+            finally:
+                if hasattr(source, "aclose") and not caller.is_closed():
+                    with contextlib.suppress(Exception):
+                        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+                            source.aclose(), caller))
+
+        return across()
+
     async def close(self) -> None:
         _flush_telemetry()
         if self._closed:
@@ -236,13 +264,84 @@ class LocalTransport:
     async def destroy_many(self, refs: Sequence[str]) -> dict[str, list[Any]]:
         return await self._call(lambda mgr: api.destroy_many(mgr, refs))
 
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout: timedelta | None) -> dict[str, Any]:
-        return await self._call(lambda mgr: api.exec(mgr, ref, argv, timeout))
+    async def exec(self, ref: str, argv: Sequence[str], timeout: timedelta | None, *,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None, stdin: bytes | None = None) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.exec(mgr, ref, argv, timeout, env=env, cwd=cwd,
+                                                     user=user, stdin=stdin))
 
-    def exec_stream(self, ref: str, argv: Sequence[str],
-                    timeout: timedelta | None) -> AsyncIterator[tuple[str, Any]]:
-        return self._stream(lambda mgr: mgr.exec_stream(ref, list(argv), timeout=timeout))
+    def exec_stream(self, ref: str, argv: Sequence[str], timeout: timedelta | None, *,
+                    env: Mapping[str, str] | None = None, cwd: str | None = None,
+                    user: str | None = None, stdin: bytes | None = None,
+                    ) -> AsyncIterator[tuple[str, Any]]:
+        return self._stream(lambda mgr: api.exec_stream(mgr, ref, argv, timeout, env=env,
+                                                        cwd=cwd, user=user, stdin=stdin))
+
+    # -- files in a sandbox (core/lifecycle/files.py; incoming chunks pulled across, _pull) --
+
+    async def write_file(self, ref: str, path: str, data: AsyncIterator[bytes], *,
+                         mode: int | None = None) -> dict[str, Any]:
+        incoming = self._pull(data)  # here, on the caller's loop
+        return await self._call(lambda mgr: api.write_file(mgr, ref, path, incoming, mode=mode))
+
+    def read_file(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        return self._stream(lambda mgr: api.read_file(mgr, ref, path))
+
+    async def put_tree(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> dict[str, Any]:
+        incoming = self._pull(tar)  # here, on the caller's loop
+        return await self._call(lambda mgr: api.put_tree(mgr, ref, path, incoming))
+
+    def get_tree(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        return self._stream(lambda mgr: api.get_tree(mgr, ref, path))
+
+    async def list_files(self, ref: str, path: str, depth: int) -> list[dict[str, Any]]:
+        return await self._call(lambda mgr: api.list_files(mgr, ref, path, depth))
+
+    async def stat_file(self, ref: str, path: str) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.stat_file(mgr, ref, path))
+
+    async def remove_file(self, ref: str, path: str, *, recursive: bool) -> None:
+        return await self._call(lambda mgr: api.remove_file(mgr, ref, path, recursive=recursive))
+
+    async def make_dir(self, ref: str, path: str, *, parents: bool) -> None:
+        return await self._call(lambda mgr: api.make_dir(mgr, ref, path, parents=parents))
+
+    async def rename_file(self, ref: str, src: str, dst: str) -> None:
+        return await self._call(lambda mgr: api.rename_file(mgr, ref, src, dst))
+
+    # -- background processes (core/lifecycle/processes.py) ---------------------------------
+
+    async def start_process(self, ref: str, argv: Sequence[str], *,
+                            env: Mapping[str, str] | None = None, cwd: str | None = None,
+                            user: str | None = None, stdin: bool = False) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.start_process(mgr, ref, argv, env=env, cwd=cwd,
+                                                              user=user, stdin=stdin))
+
+    async def list_processes(self, ref: str) -> list[dict[str, Any]]:
+        return await self._call(lambda mgr: api.list_processes(mgr, ref))
+
+    async def get_process(self, ref: str, pid: int) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.get_process(mgr, ref, pid))
+
+    async def wait_process(self, ref: str, pid: int,
+                           timeout: timedelta | None) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.wait_process(mgr, ref, pid, timeout))
+
+    async def signal_process(self, ref: str, pid: int, signal: int) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.signal_process(mgr, ref, pid, signal))
+
+    async def write_process_stdin(self, ref: str, pid: int, data: bytes) -> None:
+        return await self._call(lambda mgr: api.write_process_stdin(mgr, ref, pid, data))
+
+    async def close_process_stdin(self, ref: str, pid: int) -> None:
+        return await self._call(lambda mgr: api.close_process_stdin(mgr, ref, pid))
+
+    def process_output(self, ref: str, pid: int, *, stdout_offset: int = 0,
+                       stderr_offset: int = 0, follow: bool = False,
+                       ) -> AsyncIterator[dict[str, Any]]:
+        return self._stream(lambda mgr: api.process_output(
+            mgr, ref, pid, stdout_offset=stdout_offset, stderr_offset=stderr_offset,
+            follow=follow))
 
     def logs(self, ref: str, *, follow: bool, tail: int | None) -> AsyncIterator[bytes]:
         return self._stream(lambda mgr: mgr.logs(ref, follow=follow, tail=tail))
@@ -621,6 +720,10 @@ class _ActingIterator:
     async def aclose(self) -> None:
         if hasattr(self._agen, "aclose"):
             await _as_actor(self._who, self._agen.aclose())
+
+
+async def _next(source: AsyncIterator[T]) -> T:
+    return await source.__anext__()
 
 
 def _flush_telemetry() -> None:

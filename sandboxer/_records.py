@@ -581,3 +581,57 @@ class PoolInfo:
 
     def __hash__(self) -> int:
         return hash(self._view["profile"])
+
+
+# -- files in a sandbox (box.files, sandboxer/_files.py) ------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One entry of a sandbox's filesystem. `path` is absolute in the sandbox; `mode` the
+    permission bits (0o644); `target` a symbolic link's target."""
+
+    path: str
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: datetime
+    target: str | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> FileInfo:
+        return cls(doc["path"], doc["name"], doc["type"], int(doc["size"]), int(doc["mode"]),
+                   _time(doc["mtime"]), doc.get("target"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "name": self.name, "type": self.type, "size": self.size,
+                "mode": self.mode, "mtime": self.mtime.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                "target": self.target}
+
+
+@dataclass(frozen=True, slots=True)
+class FileTransfer:
+    """A file or tree moved into or out of a sandbox: where, how many bytes and their
+    SHA-256 (of the file; for a tree, of its tar stream), and a tree's entries. The event
+    log's `sandbox.file` event records the same."""
+
+    path: str
+    bytes: int
+    sha256: str
+    entries: int | None = None
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> FileTransfer:
+        return cls(doc["path"], int(doc["bytes"]), doc["sha256"], doc.get("entries"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256,
+                "entries": self.entries}

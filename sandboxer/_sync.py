@@ -16,6 +16,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer
+from sandboxer._files import AsyncFiles
+from sandboxer._processes import AsyncProcess, AsyncProcesses, ProcessRecord
 from sandboxer._records import CheckpointRecord, InventoryChange, SandboxRecord
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ def _wrap(value: Any) -> Any:
         return Sandbox._of(value)
     if isinstance(value, AsyncCheckpoint):
         return Checkpoint._of(value)
+    if isinstance(value, AsyncProcess):
+        return Process._of(value)
     if isinstance(value, AsyncSandboxer):
         return Sandboxer._of(value)
     if isinstance(value, list):
@@ -160,6 +164,69 @@ class Sandbox(SandboxRecord):
     def __exit__(self, *exc: object) -> None:
         self.destroy()
 
+    @property
+    def files(self) -> Files:
+        """Its files: write, read, list, upload and download trees (docs/api.md, "Files")."""
+        return Files._of(self._async.files)
+
+    @property
+    def processes(self) -> Processes:
+        """Its background processes: start, list, get (docs/api.md, "Background processes")."""
+        return Processes._of(self._async.processes)
+
+
+class Files:
+    """The sync twin of `AsyncFiles` (`box.files`)."""
+
+    __slots__ = ("_async",)
+    _async: AsyncFiles
+
+    @classmethod
+    def _of(cls, handle: AsyncFiles) -> Files:
+        files = cls.__new__(cls)
+        files._async = handle
+        return files
+
+    @property
+    def _async_client(self) -> AsyncSandboxer:
+        return self._async._box._client
+
+
+class Processes:
+    """The sync twin of `AsyncProcesses` (`box.processes`)."""
+
+    __slots__ = ("_async",)
+    _async: AsyncProcesses
+
+    @classmethod
+    def _of(cls, handle: AsyncProcesses) -> Processes:
+        processes = cls.__new__(cls)
+        processes._async = handle
+        return processes
+
+    @property
+    def _async_client(self) -> AsyncSandboxer:
+        return self._async._box._client
+
+
+class Process(ProcessRecord):
+    """The sync twin of `AsyncProcess`; `output()` is an iterator (close it, or use `with`,
+    to stop following)."""
+
+    __slots__ = ("_async",)
+    _async: AsyncProcess
+    _view = property(lambda self: self._async._view)  # one record, shared with the twin
+
+    @classmethod
+    def _of(cls, handle: AsyncProcess) -> Process:
+        proc = cls.__new__(cls)
+        object.__setattr__(proc, "_async", handle)
+        return proc
+
+    @property
+    def _async_client(self) -> AsyncSandboxer:
+        return self._async._box._client
+
 
 class Checkpoint(CheckpointRecord):
     """The sync twin of `AsyncCheckpoint`."""
@@ -182,3 +249,6 @@ class Checkpoint(CheckpointRecord):
 _make_twin(Sandboxer, AsyncSandboxer)
 _make_twin(Sandbox, AsyncSandbox)
 _make_twin(Checkpoint, AsyncCheckpoint)
+_make_twin(Files, AsyncFiles)
+_make_twin(Processes, AsyncProcesses)
+_make_twin(Process, AsyncProcess)

@@ -6,15 +6,18 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer, Duration
+from sandboxer._files import AsyncFiles
 from sandboxer._records import (
     BackendStatus,
     CheckpointRecord,
     Event,
     ExecExit,
     ExecResult,
+    FileInfo,
+    FileTransfer,
     InventoryChange,
     MetricSample,
     OutputChunk,
@@ -317,6 +320,11 @@ class Sandbox(SandboxRecord):
 
     def __exit__(self, *exc: object) -> None: ...
 
+    @property
+    def files(self) -> Files:
+        """Its files: write, read, list, upload and download trees (docs/api.md, "Files")."""
+        ...
+
     def refresh(self) -> Sandbox:
         """Read the record again."""
         ...
@@ -325,15 +333,20 @@ class Sandbox(SandboxRecord):
         """The resolved profile this sandbox was made from (secrets as references)."""
         ...
 
-    def exec(self, argv: Sequence[str], timeout: Duration | None = None) -> ExecResult:
-        """Run a command and wait for it; its output, exit code and duration. Recorded in
-        the event log (argv, exit code, duration, output digests; never the output).
+    def exec(self, argv: Sequence[str], timeout: Duration | None = None, *, env: Mapping[str, str] | None = None, cwd: str | None = None, user: str | None = None, stdin: bytes | str | BinaryIO | None = None) -> ExecResult:
+        """Run a command and wait for it; its output, exit code and duration (on a timeout,
+        the output produced until then, `timed_out` True and exit code 124). `env`:
+        variables for this command only (secrets: the event log records their names, never
+        their values); `cwd`: an absolute folder to run in; `user`: whom to run as (needs a
+        backend with `run-as-user`); `stdin`: bytes, text or a binary file object, read and
+        written to the command's input, then closed. Recorded in the event log (argv, exit
+        code, duration, output and stdin digests; never the output).
         """
         ...
 
-    def exec_stream(self, argv: Sequence[str], timeout: Duration | None = None) -> SyncIterator[OutputChunk | ExecExit]:
+    def exec_stream(self, argv: Sequence[str], timeout: Duration | None = None, *, env: Mapping[str, str] | None = None, cwd: str | None = None, user: str | None = None, stdin: bytes | str | BinaryIO | None = None) -> SyncIterator[OutputChunk | ExecExit]:
         """Run a command: its stdout and stderr as they come (`OutputChunk`), then how it
-        ended (`ExecExit`).
+        ended (`ExecExit`). The options are `exec`'s.
         """
         ...
 
@@ -440,4 +453,74 @@ class Checkpoint(CheckpointRecord):
 
     def remove(self) -> None:
         """Remove it and its backend artifact."""
+        ...
+
+
+class Files:
+    """The sync twin of `AsyncFiles` (`box.files`)."""
+
+    _async: AsyncFiles
+
+    @classmethod
+    def _of(cls, handle: AsyncFiles) -> Files: ...
+
+    @property
+    def _async_client(self) -> AsyncSandboxer: ...
+
+    def write(self, path: str, data: bytes | str | BinaryIO | Path, *, mode: int | None = None) -> FileTransfer:
+        """Write a file in the sandbox (its folder made if missing; an existing file is
+        replaced): `data` as bytes, text (UTF-8), a binary file object or a local `Path`,
+        read and sent in pieces. `mode`: its permission bits (default 0o644).
+        """
+        ...
+
+    def read(self, path: str) -> bytes:
+        """A file's bytes (a symbolic link is followed). NotFound when it is missing."""
+        ...
+
+    def read_text(self, path: str, encoding: str = 'utf-8') -> str: ...
+
+    def stream(self, path: str) -> SyncIterator[bytes]:
+        """A file's bytes as they come, never held whole."""
+        ...
+
+    def list(self, path: str, depth: int = 1) -> list[FileInfo]:
+        """What is in a folder, `depth` levels down, by path (a file: itself)."""
+        ...
+
+    def stat(self, path: str) -> FileInfo:
+        """One path (a symbolic link itself, not its target). NotFound when missing."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file, a link or an empty folder (`recursive`: a folder and all in it).
+        NotFound when missing.
+        """
+        ...
+
+    def mkdir(self, path: str, parents: bool = True) -> None:
+        """Make a folder (`parents`: and its missing parents; an existing folder is fine)."""
+        ...
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move `src` to `dst` (into it, when `dst` is an existing folder)."""
+        ...
+
+    def upload(self, local: Path | str, remote: str) -> FileTransfer:
+        """Copy a local file or folder into the sandbox, as `cp -r` does: it becomes
+        `remote`, or goes inside `remote` when that is an existing folder. A folder goes as
+        one tar stream (bytes and SHA-256 of that stream; `entries` its members).
+        """
+        ...
+
+    def download(self, remote: str, local: Path | str) -> FileTransfer:
+        """Copy a file or folder out of the sandbox, as `cp -r` does: it becomes `local`,
+        or goes inside `local` when that is an existing folder. The tree is untrusted:
+        nothing is written outside its destination (no absolute names, `..`, links
+        pointing out, devices or setuid bits), and the size and entry caps hold while it is
+        read; a refused tree leaves nothing behind. Bytes and SHA-256 are of the tar
+        stream.
+        """
         ...

@@ -38,6 +38,7 @@ IMPORTS = {
     "timedelta": "from datetime import timedelta",
     "Path": "from pathlib import Path",
     "Any": "from typing import Any",
+    "BinaryIO": "from typing import BinaryIO",
     "Generic": "from typing import Generic",
     "Literal": "from typing import Literal",
     "TypeVar": "from typing import TypeVar",
@@ -45,9 +46,10 @@ IMPORTS = {
     "AsyncSandbox": "from sandboxer._api import AsyncSandbox",
     "AsyncSandboxer": "from sandboxer._api import AsyncSandboxer",
     "Duration": "from sandboxer._api import Duration",
+    "AsyncFiles": "from sandboxer._files import AsyncFiles",
     **{name: f"from sandboxer._records import {name}" for name in (
-        "BackendStatus", "CheckpointRecord", "Event", "ExecExit", "ExecResult",
-        "InventoryChange", "MetricSample", "OutputChunk", "PoolInfo", "ProfileInfo",
+        "BackendStatus", "CheckpointRecord", "Event", "ExecExit", "ExecResult", "FileInfo",
+        "FileTransfer", "InventoryChange", "MetricSample", "OutputChunk", "PoolInfo", "ProfileInfo",
         "ReapReport", "SandboxRecord")},
     "Transport": "from sandboxer._transport import Transport",
     "Error": "from sandboxer.core.rules.errors import SbxError as Error",
@@ -63,6 +65,7 @@ SYNC_OF = {
     "AsyncSandboxer": "Sandboxer",
     "AsyncSandbox": "Sandbox",
     "AsyncCheckpoint": "Checkpoint",
+    "AsyncFiles": "Files",
     "_Creating": "Sandbox",
     "AsyncInventoryWatch": "SyncIterator[InventoryChange]",
 }
@@ -201,12 +204,13 @@ def stub() -> str:
     for cls, bases in ((_sync.SyncIterator, "Iterator[T], Generic[T]"),
                        (_sync.Sandboxer, ""),
                        (_sync.Sandbox, "SandboxRecord"),
-                       (_sync.Checkpoint, "CheckpointRecord")):
+                       (_sync.Checkpoint, "CheckpointRecord"),
+                       (_sync.Files, "")):
         body += ["", "", *_class(cls, bases)]
     text = "\n".join(body)
     used = {re.match(r"\w+", name).group() for name in re.findall(r"[A-Za-z_][\w.]*",
                                                                  " ".join(_NOTED))}
-    defined = {"T", "SyncIterator", "Sandboxer", "Sandbox", "Checkpoint"}
+    defined = {"T", "SyncIterator", "Sandboxer", "Sandbox", "Checkpoint", "Files"}
     wanted = sorted(used - BUILTINS - defined)
     unknown = [name for name in wanted if name not in IMPORTS]
     if unknown:

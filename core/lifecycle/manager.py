@@ -39,6 +39,8 @@ from sandboxer.adapters.base import (
     InvalidRequest,
     ResourceLimits,
     ServiceSpec,
+    Stdin,
+    exec_options,
 )
 from sandboxer.core.lifecycle.leases import Lease, Leases, making_room
 from sandboxer.core.observe import telemetry
@@ -906,10 +908,12 @@ class Manager:
         return adapter
 
     def _start_using(self, ref: str, capability: Capability, verb: str,
-                     argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
-        """The sandbox `ref` names, checked usable for `verb` and marked active (a long
-        command is activity from its start), with `argv` as the log keeps it: one write
-        transaction, so a refusal (not running, a bad mask pattern) changes nothing."""
+                     argv: Sequence[str], *, also: tuple[Capability, str] | None = None,
+                     ) -> tuple[dict[str, Any], list[str]]:
+        """The sandbox `ref` names, checked usable for `verb` (and, with `also`, for that
+        capability's own verb) and marked active (a long command is activity from its
+        start), with `argv` as the log keeps it: one write transaction, so a refusal (not
+        running, a bad mask pattern, a capability its backend lacks) changes nothing."""
         from sandboxer.core.store.refs import resolve, whole_id
 
         at = self._now()
@@ -926,6 +930,8 @@ class Manager:
                     raise Conflict(f"sandbox {ref} changed meanwhile: cannot {verb}")
             tenancy.check(row, "sandbox", ref)  # a whole id of another tenant's: not found
             self._usable(row, capability, verb)
+            if also is not None:
+                self._usable(row, *also)
             recorded = self._masked_argv(row, argv)
             if capability is Capability.EXEC:
                 limits = tenancy.quotas(conn, row["owner"])
@@ -948,41 +954,49 @@ class Manager:
             self._execs_running[owner] -= 1
 
     @telemetry.traced("sbx.exec")
-    async def exec(self, ref: str, argv: Sequence[str],
-                   timeout: timedelta | None = None) -> ExecResult:
-        """Run a command; record it as an event (argv, exit code, duration, output digests)."""
-        if not argv:
-            raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
-        row, recorded = self._start_using(ref, Capability.EXEC, "exec", argv)
+    async def exec(self, ref: str, argv: Sequence[str], timeout: timedelta | None = None, *,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None, stdin: Stdin = None) -> ExecResult:
+        """Run a command; record it as an event (argv, exit code, duration, output digests;
+        env by names only, cwd, user, stdin's digest)."""
+        options = _exec_options(argv, env, cwd, user)
+        row, recorded = self._start_using(ref, Capability.EXEC, "exec", argv,
+                                          also=_as_user(user))
+        feed = _Digesting(stdin)
         with self._exec_slot(row["owner"]):
             adapter = await self.adapter_for(row)
             result = await adapter.exec(row["backend_ref"], list(argv),
                                         timeout.total_seconds() if timeout else None,
-                                        env=telemetry.trace_env() or None)
+                                        env=_exec_env(env),
+                                        **exec_options(cwd, user, feed.stdin))
         self._record_exec(row["id"], recorded, result, _digest(result.stdout),
-                          _digest(result.stderr))
+                          _digest(result.stderr), options=feed.recorded(options))
         return result
 
     @telemetry.traced("sbx.exec")
     async def exec_stream(self, ref: str, argv: Sequence[str],
-                          timeout: timedelta | None = None,
+                          timeout: timedelta | None = None, *,
+                          env: Mapping[str, str] | None = None, cwd: str | None = None,
+                          user: str | None = None, stdin: Stdin = None,
                           ) -> AsyncIterator[tuple[str, Any]]:
         """Run a command, yielding `("stdout" | "stderr", bytes)` as the output comes and
         then `("exit", {"exit_code", "duration", "timed_out"})`; recorded as exec is."""
-        if not argv:
-            raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
-        row, recorded = self._start_using(ref, Capability.EXEC, "exec", argv)
+        options = _exec_options(argv, env, cwd, user)
+        row, recorded = self._start_using(ref, Capability.EXEC, "exec", argv,
+                                          also=_as_user(user))
+        feed = _Digesting(stdin)
         with self._exec_slot(row["owner"]):
             adapter = await self.adapter_for(row)
             digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
             sizes = {"stdout": 0, "stderr": 0}
             async for item in adapter.exec_stream(row["backend_ref"], list(argv),
                                                   timeout.total_seconds() if timeout else None,
-                                                  env=telemetry.trace_env() or None):
+                                                  env=_exec_env(env),
+                                                  **exec_options(cwd, user, feed.stdin)):
                 if isinstance(item, ExecResult):
                     self._record_exec(row["id"], recorded, item, *(
                         {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
-                        for s in ("stdout", "stderr")))
+                        for s in ("stdout", "stderr")), options=feed.recorded(options))
                     yield "exit", {"exit_code": item.exit_code, "duration": item.duration_s,
                                    "timed_out": item.timed_out}
                     return
@@ -992,8 +1006,10 @@ class Manager:
                 yield stream, data
 
     def _record_exec(self, sandbox_id: str, recorded: Sequence[str], result: ExecResult,
-                     stdout: Mapping[str, Any], stderr: Mapping[str, Any]) -> None:
-        """The exec's event; `recorded` is the argv as the log keeps it (masked)."""
+                     stdout: Mapping[str, Any], stderr: Mapping[str, Any], *,
+                     options: Mapping[str, Any] | None = None) -> None:
+        """The exec's event; `recorded` is the argv as the log keeps it (masked); `options`
+        what was given of env (names only), cwd, user and stdin (its digest)."""
         with self.db.write() as conn:
             conn.execute(_MARK_EXECUTED, {"sandbox_id": sandbox_id, "at": self._now()})
             self.event(conn, sandbox_id, "sandbox.exec", payload={
@@ -1003,6 +1019,7 @@ class Manager:
                 "duration_s": round(result.duration_s, 3),
                 "stdout": stdout,
                 "stderr": stderr,
+                **(options or {}),
             })
 
     @staticmethod
@@ -1101,6 +1118,92 @@ def _made_with_services(row: Mapping[str, Any]) -> bool:
 
 def _digest(data: bytes) -> dict[str, Any]:
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+# -- exec's options (issue 31: env, cwd, user, stdin) -------------------------------------------
+
+def _exec_options(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
+                  user: str | None) -> dict[str, Any]:
+    """Check exec's argv and options before anything is written (BadInput, exit 2), and
+    return what the event records of them: env by names only (its values are secrets),
+    cwd and user as given."""
+    if not argv:
+        raise BadInput("no command given: use sbx exec ID -- CMD [ARG...]")
+    recorded: dict[str, Any] = {}
+    if env:
+        if not isinstance(env, Mapping):
+            raise BadInput("env must be a mapping of names to values")
+        for name, value in env.items():
+            if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+                raise BadInput(f"env: bad variable name {name!r} (no '=' and not empty)")
+            if not isinstance(value, str) or "\0" in value:
+                raise BadInput(f"env: the value of {name} must be text without NUL")
+        recorded["env"] = sorted(env)
+    if cwd is not None:
+        recorded["cwd"] = sandbox_path(cwd, "cwd")
+    if user is not None:
+        if not isinstance(user, str) or not user.strip() or any(c.isspace() for c in user):
+            raise BadInput(f"user: {user!r} is not a user (give NAME, UID, NAME:GROUP "
+                           "or UID:GID)")
+        recorded["user"] = user
+    return recorded
+
+
+def sandbox_path(path: Any, what: str = "path") -> str:
+    """An absolute POSIX path inside a sandbox, normalised; BadInput (exit 2) otherwise."""
+    import posixpath
+
+    if not isinstance(path, str) or not path:
+        raise BadInput(f"{what}: give an absolute path inside the sandbox, such as /work")
+    if "\0" in path:
+        raise BadInput(f"{what}: a path cannot hold a NUL character")
+    if not path.startswith("/"):
+        raise BadInput(f"{what} {path!r} is relative: give an absolute path inside the "
+                       "sandbox (starting with /)")
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+def _as_user(user: str | None) -> tuple[Capability, str] | None:
+    return None if user is None else (Capability.RUN_AS_USER, "run a command as another user")
+
+
+def _exec_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The caller's variables, with the trace context (TRACEPARENT) while tracing is on."""
+    merged = {**(env or {}), **telemetry.trace_env()}
+    return merged or None
+
+
+class _Digesting:
+    """exec's stdin as given (bytes, or chunks streamed on as they come), its SHA-256 and
+    size taken while it passes, for the event; never kept."""
+
+    def __init__(self, stdin: Stdin) -> None:
+        self._hash = hashlib.sha256()
+        self._bytes = 0
+        self.given = stdin is not None
+        if stdin is None:
+            self.stdin: Stdin = None
+        elif isinstance(stdin, bytes | bytearray | memoryview):
+            self.stdin = bytes(stdin)
+            self._hash.update(self.stdin)
+            self._bytes = len(self.stdin)
+        elif hasattr(stdin, "__aiter__"):
+            self.stdin = self._through(stdin)
+        else:
+            raise BadInput("stdin must be bytes or an async iterator of bytes")
+
+    async def _through(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in chunks:
+            if not isinstance(chunk, bytes | bytearray | memoryview):
+                raise BadInput("stdin: each chunk must be bytes")
+            self._hash.update(chunk)
+            self._bytes += len(chunk)
+            yield bytes(chunk)
+
+    def recorded(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        if not self.given:
+            return dict(options)
+        return {**options, "stdin": {"sha256": self._hash.hexdigest(), "bytes": self._bytes}}
 
 
 def _request_for(profile: Profile, sandbox_id: str, labels: Mapping[str, str],

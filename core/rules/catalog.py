@@ -26,11 +26,15 @@ class EventType(enum.StrEnum):
     SANDBOX_CLAIMED = "sandbox.claimed"  # a create took a warm pool member
     # what happens to a sandbox without changing its state
     SANDBOX_EXEC = "sandbox.exec"
+    SANDBOX_FILE = "sandbox.file"  # a file or tree in or out, a remove, mkdir or rename
     SANDBOX_EXTENDED = "sandbox.extended"
     SANDBOX_TOUCHED = "sandbox.touched"
     SANDBOX_EXPIRING = "sandbox.expiring"
     SANDBOX_ATTEMPT_FAILED = "sandbox.attempt-failed"
     SANDBOX_ORPHAN_DESTROYED = "sandbox.orphan-destroyed"
+    # background processes (core/lifecycle/processes.py): started, and its end once observed
+    SANDBOX_PROCESS_STARTED = "sandbox.process.started"
+    SANDBOX_PROCESS_EXITED = "sandbox.process.exited"
     # checkpoints
     CHECKPOINT_CREATING = "checkpoint.creating"
     CHECKPOINT_CREATED = "checkpoint.created"
