@@ -480,6 +480,11 @@ class Reaper:
     async def _apply(self, mgr: Manager, action: Action, report: Report) -> None:
         label = action.sandbox_id or action.ref or "?"
         try:
+            if action.kind == DESTROY and action.reason == "idle" and await _runs_a_process(
+                    mgr, action.sandbox_id):
+                report.skipped.append({"id": label, "error": "a background process runs in "
+                                       "it: that is activity, recorded"})
+                return
             if action.kind == DESTROY:
                 done = await mgr.destroy_if(action.sandbox_id, action.backend,
                                             reason=action.reason)
@@ -558,6 +563,17 @@ class Reaper:
             for adapter in self.adapters.values():
                 await adapter.close()
 
+
+
+async def _runs_a_process(mgr: Manager, sandbox_id: str | None) -> bool:
+    """The idle rule's exception (docs/reliability.md, "Idle limit and background
+    processes"): a sandbox with a recorded process not known to have ended is asked; one
+    that still runs there is activity (recorded now), so the sandbox is not idle."""
+    if sandbox_id is None:
+        return False
+    from sandboxer.core.lifecycle.processes import keeps_busy
+
+    return await keeps_busy(mgr, sandbox_id)
 
 
 _sized_loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -189,3 +189,27 @@ class Pool(SQLModel, table=True):
     started_at: str = Field(max_length=TIME)
     set_at: str | None = Field(default=None, max_length=TIME)
     set_by: str | None = Field(default=None, max_length=256)
+
+
+class Process(SQLModel, table=True):
+    """A background process started in a sandbox (core/lifecycle/processes.py). Its output
+    lives in the sandbox; the row keeps who started what, and how it ended once anyone saw
+    it end (exit_code None with an ended_at: it ended with its sandbox, or its supervisor
+    was lost)."""
+
+    __tablename__ = "processes"
+    __table_args__ = (Index("ix_processes_sandbox_pid", "sandbox_id", "pid"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    sandbox_id: str = Field(max_length=40)
+    owner: str = Field(index=True, max_length=256)  # the sandbox's tenant (core/store/tenancy.py)
+    pid: int
+    argv_json: str = Field(sa_type=Text)  # masked as an exec's argv is
+    env_names_json: str = Field(default="[]", sa_type=Text)  # names only, never the values
+    cwd: str | None = Field(default=None, sa_type=Text)
+    user: str | None = Field(default=None, max_length=256)
+    stdin: bool = Field(default=False)
+    started_at: str = Field(max_length=TIME)
+    started_by: str = Field(max_length=256)
+    ended_at: str | None = Field(default=None, max_length=TIME)
+    exit_code: int | None = Field(default=None)
