@@ -51,9 +51,11 @@ from sandboxer.adapters.base import (
     CapabilityNotSupported,
     CreateRequest,
     ExecResult,
+    FileInfo,
     Health,
     InvalidRequest,
     MetricSample,
+    Stdin,
     failpoint,
     state_folder,
 )
@@ -549,7 +551,8 @@ class ComposeAdapter(_Adapter):
     name = "compose"
     description = "Docker Compose projects on a Docker engine (local socket or DOCKER_HOST)"
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
-                              Capability.PAUSE, Capability.SNAPSHOT})
+                              Capability.PAUSE, Capability.SNAPSHOT, Capability.FILES,
+                              Capability.PROCESSES})
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
         self.base_url = base_url or engine_url()
@@ -828,15 +831,40 @@ class ComposeAdapter(_Adapter):
         return main["Id"]
 
     async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
-        return await self.docker.exec(await self._main_id(ref), argv, timeout_s, env=env)
+                   env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                   user: str | None = None, stdin: Stdin = None) -> ExecResult:
+        """In the named service's container, through the docker backend (stdin streamed,
+        the timeout's kill of the whole process tree); `user` is refused, as for the
+        profile: the project's file says whom each service runs as."""
+        if user is not None:
+            raise self._unsupported("run a command as another user (the compose file says "
+                                    "whom each service runs as)")
+        return await self.docker.exec(await self._main_id(ref), argv, timeout_s, env=env,
+                                      cwd=cwd, stdin=stdin)
 
     async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-                          env: Mapping[str, str] | None = None,
+                          env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                          user: str | None = None, stdin: Stdin = None,
                           ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        if user is not None:
+            raise self._unsupported("run a command as another user (the compose file says "
+                                    "whom each service runs as)")
         async for item in self.docker.exec_stream(await self._main_id(ref), argv, timeout_s,
-                                                  env=env):
+                                                  env=env, cwd=cwd, stdin=stdin):
             yield item
+
+    # files: the named service's container, through the docker backend (its archive API);
+    # list, remove, mkdir and rename are the base's, run through exec above
+
+    async def put_archive(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> None:
+        await self.docker.put_archive(await self._main_id(ref), path, tar)
+
+    async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        async for chunk in self.docker.get_archive(await self._main_id(ref), path):
+            yield chunk
+
+    async def stat_file(self, ref: str, path: str) -> FileInfo | None:
+        return await self.docker.stat_file(await self._main_id(ref), path)
 
     async def logs(self, ref: str, follow: bool = False,
                    tail: int | None = None) -> AsyncIterator[bytes]:

@@ -10,6 +10,7 @@ transaction is open while it does.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import errno
@@ -17,6 +18,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import queue
 import re
 import signal
@@ -75,6 +77,7 @@ from sandboxer.adapters.base import (  # noqa: E402
     CapabilityNotSupported,
     CreateRequest,
     ExecResult,
+    FileInfo,
     Health,
     InvalidRequest,
     MetricSample,
@@ -520,12 +523,60 @@ class _ExecPump:
         self.conn.shutdown()
 
 
+# The engine's archive API: its tar stream is passed on in pieces of this size.
+ARCHIVE_CHUNK = 1024 * 1024
+PATH_STAT_HEADER = "X-Docker-Container-Path-Stat"
+# mounts of every container that the archive API does not see into (and tmpfs mounts)
+ARCHIVE_BLIND = ("/dev", "/proc", "/sys")
+TRAITS_KEPT = 1024  # containers whose traits (DockerAdapter._archive_reaches) are remembered
+# Go's os.FileMode type bits, as the engine's path stat gives them
+_GO_DIR, _GO_SYMLINK = 1 << 31, 1 << 27
+_GO_OTHER = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)  # devices, pipes, sockets
+_GO_SPECIAL = ((1 << 23, 0o4000), (1 << 22, 0o2000), (1 << 20, 0o1000))  # setuid, setgid, sticky
+
+
+def _path_stat(api: docker.APIClient, ref: str, path: str) -> dict[str, Any]:
+    """`HEAD /containers/REF/archive?path=`: the path's stat, from a header (base64 JSON)."""
+    response = api.head(api._url("/containers/{0}/archive", ref), params={"path": path})
+    api._raise_for_status(response)
+    header = response.headers.get(PATH_STAT_HEADER)
+    if not header:
+        raise AdapterError(f"the Docker engine gave no stat for {path}")
+    return json.loads(base64.b64decode(header))
+
+
+def _file_info(path: str, found: Mapping[str, Any]) -> FileInfo:
+    mode = int(found.get("mode") or 0)
+    kind = ("symlink" if mode & _GO_SYMLINK else "dir" if mode & _GO_DIR
+            else "other" if mode & _GO_OTHER else "file")
+    bits = mode & 0o777
+    for go, unix in _GO_SPECIAL:
+        if mode & go:
+            bits |= unix
+    return FileInfo(path=path, name=posixpath.basename(path) or "/", type=kind,
+                    size=int(found.get("size") or 0), mode=bits,
+                    mtime=_go_time(found.get("mtime")),
+                    target=(found.get("linkTarget") or None) if kind == "symlink" else None)
+
+
+def _go_time(text: str | None) -> datetime:
+    """A Go RFC 3339 time (nanoseconds, `Z` or an offset) as an aware UTC datetime."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?",
+                         text or "")
+    if match is None:
+        return datetime.fromtimestamp(0, UTC)
+    whole, fraction, zone = match.groups()
+    offset = "+00:00" if zone in (None, "Z") else zone
+    return datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]:0<6}{offset}").astimezone(UTC)
+
+
 class DockerAdapter(Adapter):
     name = "docker"
     description = "containers on a Docker engine (local socket or DOCKER_HOST)"
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.SERVICES,
-                              Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER})
+                              Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER,
+                              Capability.FILES, Capability.PROCESSES})
 
     def supports(self, capability: Capability) -> bool:
         if capability == Capability.MEMORY_CHECKPOINT:
@@ -552,6 +603,8 @@ class DockerAdapter(Adapter):
         self._api: docker.APIClient | None = None
         self._pinged_at: float | None = None  # when the engine last answered a ping
         self._engine_id: str | None = None
+        # by container: (writes must not go as root, mounts the archive API does not see)
+        self._traits: dict[str, tuple[bool, tuple[str, ...]]] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -981,6 +1034,149 @@ class DockerAdapter(Adapter):
             return bool(await self._call(kill))
         except (AdapterError, docker_errors.APIError):
             return False
+
+    # -- files: the engine's archive API (`docker cp`'s) ---------------------------------------
+
+    async def put_archive(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> None:
+        """Streamed into the engine as the request's body (chunked), never held whole; the
+        folder `path` is made first, with its parents, when missing. What is unpacked
+        belongs to the sandbox's user (`copyUIDGID`), as a file the command writes does."""
+        path = posixpath.normpath(path)
+        if not await self._archive_reaches(ref, path, write=True):
+            await super().put_archive(ref, path, tar)
+            return
+        await self._make_folders(ref, path)
+        loop = asyncio.get_running_loop()
+        done = object()
+
+        def body() -> Iterator[bytes]:
+            while (chunk := asyncio.run_coroutine_threadsafe(anext(tar, done), loop).result()
+                   ) is not done:
+                if chunk:
+                    yield chunk
+
+        def put(api: docker.APIClient) -> None:
+            response = api._put(api._url("/containers/{0}/archive", ref), data=body(),
+                                params={"path": path, "copyUIDGID": "1"})
+            api._raise_for_status(response)
+
+        await self._on_path(ref, path, put, "write to")
+
+    async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """The engine's tar of `path` (one top entry, its base name), passed on as it comes."""
+        path = posixpath.normpath(path)
+        if not await self._archive_reaches(ref, path, write=False):
+            async for chunk in super().get_archive(ref, path):
+                yield chunk
+            return
+
+        def start(api: docker.APIClient) -> Any:
+            response = api._get(api._url("/containers/{0}/archive", ref),
+                                params={"path": path}, stream=True,
+                                headers={"Accept-Encoding": "identity"})  # not gzipped
+            api._raise_for_status(response)
+            return response
+
+        response = await self._on_path(ref, path, start, "read")
+        try:
+            async for chunk in _in_thread(response.iter_content(ARCHIVE_CHUNK)):
+                yield chunk
+        finally:
+            await asyncio.to_thread(response.close)
+
+    async def stat_file(self, ref: str, path: str) -> FileInfo | None:
+        """From the engine's `HEAD /archive` (what `docker cp` reads): no command runs, so
+        it works in an image without a shell. A symbolic link is not followed."""
+        path = posixpath.normpath(path)
+        if not await self._archive_reaches(ref, path, write=False):
+            return await super().stat_file(ref, path)
+        try:
+            found = await self._on_path(ref, path, lambda api: _path_stat(api, ref, path),
+                                        "look at")
+        except NoSuchPath:
+            return None
+        info = _file_info(path, found)
+        if info.type == "symlink":  # the engine gives where it leads, resolved, not the link
+            return await super().stat_file(ref, path)
+        return info
+
+    async def _make_folders(self, ref: str, path: str) -> None:
+        """Make the folder `path` and its missing parents (a tar of the missing folders,
+        unpacked into the deepest one that exists); InvalidRequest when it is not a folder."""
+        missing: list[str] = []
+        at = path
+        while True:
+            found = await self.stat_file(ref, at)
+            if found is not None:
+                break
+            missing.append(posixpath.basename(at))
+            at = posixpath.dirname(at)
+        if found.type not in ("dir", "symlink"):  # a link: the engine follows it, or refuses
+            raise InvalidRequest(f"{at} is not a folder in the sandbox")
+        if not missing:
+            return
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as folders:
+            for depth in range(len(missing), 0, -1):
+                info = tarfile.TarInfo("/".join(reversed(missing[depth - 1:])))
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+                folders.addfile(info)
+
+        def put(api: docker.APIClient) -> None:
+            response = api._put(api._url("/containers/{0}/archive", ref), data=buf.getvalue(),
+                                params={"path": at, "copyUIDGID": "1"})
+            api._raise_for_status(response)
+
+        await self._on_path(ref, at, put, "write to")
+
+    async def _archive_reaches(self, ref: str, path: str, *, write: bool) -> bool:
+        """Whether the engine's archive API reaches `path` as a command in the sandbox
+        would. It sees the root filesystem and volumes, not tmpfs mounts (the /tmp of a
+        read-only sandbox) nor /dev, /proc and /sys; and it writes as root, past a read-only
+        root. There the base's defaults (`tar` run in the sandbox, as its user) serve."""
+        traits = self._traits.get(ref)
+        if traits is None:
+            try:
+                info = await self._call(lambda api: api.inspect_container(ref))
+            except docker_errors.NotFound as exc:
+                raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+            host = info.get("HostConfig") or {}
+            mounts = [*ARCHIVE_BLIND, *(host.get("Tmpfs") or {}),
+                      *(m.get("Destination", "") for m in info.get("Mounts") or []
+                        if m.get("Type") == "tmpfs")]
+            traits = (bool((info.get("Config") or {}).get("User") or host.get("ReadonlyRootfs")),
+                      tuple(m.rstrip("/") for m in mounts if m))
+            if len(self._traits) >= TRAITS_KEPT:
+                self._traits.pop(next(iter(self._traits)))
+            self._traits[ref] = traits
+        not_as_root, blind = traits
+        if write and not_as_root:
+            return False
+        return not any(path == m or path.startswith(m + "/") for m in blind)
+
+    async def _container_exists(self, ref: str) -> bool:
+        try:
+            await self._call(lambda api: api.inspect_container(ref))
+        except docker_errors.NotFound:
+            return False
+        return True
+
+    async def _on_path(self, ref: str, path: str, fn: Callable[[docker.APIClient], Any],
+                       verb: str) -> Any:
+        """`fn` on the container's archive API, its refusals said in sbx's terms: a missing
+        path NoSuchPath, a missing container BackendObjectGone."""
+        try:
+            return await self._call(fn)
+        except docker_errors.NotFound as exc:
+            if not await self._container_exists(ref):  # a HEAD's 404 does not say which
+                raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+            raise NoSuchPath(f"{path} does not exist in the sandbox") from exc
+        except docker_errors.APIError as exc:
+            if exc.status_code == 400:
+                raise InvalidRequest(f"cannot {verb} {path} in the sandbox: "
+                                     f"{_short(exc)}") from exc
+            raise AdapterError(f"docker could not {verb} {path} in the sandbox: "
+                               f"{_short(exc)}") from exc
 
     async def logs(self, ref: str, follow: bool = False,
                    tail: int | None = None) -> AsyncIterator[bytes]:
