@@ -10,6 +10,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 
 from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer, Duration
 from sandboxer._files import AsyncFiles
+from sandboxer._processes import AsyncProcess, AsyncProcesses, ProcessOutput, ProcessRecord
 from sandboxer._records import (
     BackendStatus,
     CheckpointRecord,
@@ -325,6 +326,11 @@ class Sandbox(SandboxRecord):
         """Its files: write, read, list, upload and download trees (docs/api.md, "Files")."""
         ...
 
+    @property
+    def processes(self) -> Processes:
+        """Its background processes: start, list, get (docs/api.md, "Background processes")."""
+        ...
+
     def refresh(self) -> Sandbox:
         """Read the record again."""
         ...
@@ -522,5 +528,79 @@ class Files:
         pointing out, devices or setuid bits), and the size and entry caps hold while it is
         read; a refused tree leaves nothing behind. Bytes and SHA-256 are of the tar
         stream.
+        """
+        ...
+
+
+class Processes:
+    """The sync twin of `AsyncProcesses` (`box.processes`)."""
+
+    _async: AsyncProcesses
+
+    @classmethod
+    def _of(cls, handle: AsyncProcesses) -> Processes: ...
+
+    @property
+    def _async_client(self) -> AsyncSandboxer: ...
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None, user: str | None = None, stdin: bool = True) -> Process:
+        """Start `argv` in the background (with `env` added, in `cwd`, as `user`) and return
+        at once. With `stdin`, its standard input stays open for `write` until
+        `close_stdin`; without, it reads nothing. Starting it is activity, and while it
+        runs the reaper does not end the sandbox for being idle.
+        """
+        ...
+
+    def list(self) -> list[Process]:
+        """Every process started in the sandbox, oldest first, as they are now."""
+        ...
+
+    def get(self, pid: int) -> Process:
+        """A process by its pid (NotFound when none was started with it)."""
+        ...
+
+
+class Process(ProcessRecord):
+    """The sync twin of `AsyncProcess`; `output()` is an iterator (close it, or use `with`,
+    to stop following).
+    """
+
+    _async: AsyncProcess
+
+    @classmethod
+    def _of(cls, handle: AsyncProcess) -> Process: ...
+
+    @property
+    def _async_client(self) -> AsyncSandboxer: ...
+
+    def refresh(self) -> Process:
+        """Read it again (an end seen now is recorded)."""
+        ...
+
+    def wait(self, timeout: Duration | None = None) -> int | None:
+        """Wait for it to end: its exit code (None when how it ended is not known). TimedOut
+        (exit 1) when `timeout` passes first; it runs on.
+        """
+        ...
+
+    def kill(self, signal: int = 9) -> None:
+        """Send `signal` (a number or a `signal.Signals`; SIGKILL, 9, by default) to it;
+        `wait` then says how it ended (143 after SIGTERM, 137 after SIGKILL).
+        """
+        ...
+
+    def write(self, data: bytes | str) -> None:
+        """Write to its standard input (it must have been started with `stdin=True`)."""
+        ...
+
+    def close_stdin(self) -> None:
+        """Close its standard input: it reads end-of-file after what was written."""
+        ...
+
+    def output(self, stdout_offset: int = 0, stderr_offset: int = 0, *, follow: bool = True) -> SyncIterator[ProcessOutput]:
+        """Its output from these offsets on, as it comes; with `follow`, until it has ended
+        and all of it was read (then the record says how it ended), else until caught up.
+        Read again from each stream's last `end` to resume: nothing is missed that is still
+        kept.
         """
         ...

@@ -47,6 +47,8 @@ IMPORTS = {
     "AsyncSandboxer": "from sandboxer._api import AsyncSandboxer",
     "Duration": "from sandboxer._api import Duration",
     "AsyncFiles": "from sandboxer._files import AsyncFiles",
+    **{name: f"from sandboxer._processes import {name}" for name in (
+        "AsyncProcess", "AsyncProcesses", "ProcessOutput", "ProcessRecord")},
     **{name: f"from sandboxer._records import {name}" for name in (
         "BackendStatus", "CheckpointRecord", "Event", "ExecExit", "ExecResult", "FileInfo",
         "FileTransfer", "InventoryChange", "MetricSample", "OutputChunk", "PoolInfo", "ProfileInfo",
@@ -66,6 +68,8 @@ SYNC_OF = {
     "AsyncSandbox": "Sandbox",
     "AsyncCheckpoint": "Checkpoint",
     "AsyncFiles": "Files",
+    "AsyncProcesses": "Processes",
+    "AsyncProcess": "Process",
     "_Creating": "Sandbox",
     "AsyncInventoryWatch": "SyncIterator[InventoryChange]",
 }
@@ -205,12 +209,15 @@ def stub() -> str:
                        (_sync.Sandboxer, ""),
                        (_sync.Sandbox, "SandboxRecord"),
                        (_sync.Checkpoint, "CheckpointRecord"),
-                       (_sync.Files, "")):
+                       (_sync.Files, ""),
+                       (_sync.Processes, ""),
+                       (_sync.Process, "ProcessRecord")):
         body += ["", "", *_class(cls, bases)]
     text = "\n".join(body)
     used = {re.match(r"\w+", name).group() for name in re.findall(r"[A-Za-z_][\w.]*",
                                                                  " ".join(_NOTED))}
-    defined = {"T", "SyncIterator", "Sandboxer", "Sandbox", "Checkpoint", "Files"}
+    defined = {"T", "SyncIterator", "Sandboxer", "Sandbox", "Checkpoint", "Files", "Processes",
+               "Process"}
     wanted = sorted(used - BUILTINS - defined)
     unknown = [name for name in wanted if name not in IMPORTS]
     if unknown:
