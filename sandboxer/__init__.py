@@ -14,11 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sandboxer._api import AsyncCheckpoint, AsyncInventoryWatch, AsyncSandbox, AsyncSandboxer
+from sandboxer._files import AsyncFiles
 from sandboxer._records import (
     BackendStatus,
     Event,
     ExecExit,
     ExecResult,
+    FileInfo,
+    FileTransfer,
     InventoryChange,
     MetricSample,
     OutputChunk,
@@ -27,7 +30,7 @@ from sandboxer._records import (
     ReapReport,
     lineage,
 )
-from sandboxer._sync import Checkpoint, Sandbox, Sandboxer, SyncIterator
+from sandboxer._sync import Checkpoint, Files, Sandbox, Sandboxer, SyncIterator
 from sandboxer._tools import (
     generate_keys,
     load_profile,
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncCheckpoint",
+    "AsyncFiles",
     "AsyncInventoryWatch",
     "AsyncSandbox",
     "AsyncSandboxer",
@@ -68,6 +72,9 @@ __all__ = [
     "ExecExit",
     "ExecResult",
     "ExitCode",
+    "FileInfo",
+    "FileTransfer",
+    "Files",
     "InventoryChange",
     "MetricSample",
     "NotFound",
