@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxer._api import AsyncCheckpoint, AsyncInventoryWatch, AsyncSandbox, AsyncSandboxer
 from sandboxer._files import AsyncFiles
+from sandboxer._processes import AsyncProcess, AsyncProcesses, ProcessOutput
 from sandboxer._records import (
     BackendStatus,
     Event,
@@ -30,7 +31,15 @@ from sandboxer._records import (
     ReapReport,
     lineage,
 )
-from sandboxer._sync import Checkpoint, Files, Sandbox, Sandboxer, SyncIterator
+from sandboxer._sync import (
+    Checkpoint,
+    Files,
+    Process,
+    Processes,
+    Sandbox,
+    Sandboxer,
+    SyncIterator,
+)
 from sandboxer._tools import (
     generate_keys,
     load_profile,
@@ -60,6 +69,8 @@ __all__ = [
     "AsyncCheckpoint",
     "AsyncFiles",
     "AsyncInventoryWatch",
+    "AsyncProcess",
+    "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSandboxer",
     "BackendStatus",
@@ -81,6 +92,9 @@ __all__ = [
     "OperationFailed",
     "OutputChunk",
     "PoolInfo",
+    "Process",
+    "ProcessOutput",
+    "Processes",
     "Profile",
     "ProfileInfo",
     "QuotaExceeded",

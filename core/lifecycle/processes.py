@@ -42,12 +42,13 @@ from sandboxer.core.rules.clock import from_iso, to_iso
 from sandboxer.core.rules.errors import BadInput, Conflict, NotFound, OperationFailed, one_line
 from sandboxer.core.rules.states import State
 from sandboxer.core.store import tenancy
-from sandboxer.core.store.models import Process
+from sandboxer.core.store.models import Process, Sandbox
 
 if TYPE_CHECKING:
     from sandboxer.core.lifecycle.manager import Manager
 
 PROCESSES = Process.__table__
+SANDBOXES = Sandbox.__table__
 ROOT = "/tmp/.sbx-processes"
 KEEP_BYTES = 8 * 1024 * 1024  # of each stream, at least the last this many bytes are kept
 START_TIMEOUT_S = 60.0  # the starting exec returns at once; this only bounds a stuck one
@@ -361,13 +362,14 @@ async def start(mgr: Manager, ref: str, argv: Sequence[str], *,
                 env: Mapping[str, str] | None = None, cwd: str | None = None,
                 user: str | None = None, stdin: bool = False) -> dict[str, Any]:
     """Start `argv` in the background; starting it is activity. Recorded with its event
-    (argv masked as an exec's, env names only)."""
+    (argv masked as an exec's, env names only) once it has started: a refusal (bad input,
+    a missing cwd, a backend without PROCESSES) writes nothing."""
     argv, env, cwd = check_argv(argv), check_env(env), check_cwd(cwd)
     if user is not None and (not isinstance(user, str) or not user.strip()):
         raise BadInput(f"bad user {user!r}: a name or uid in the sandbox")
-    # checked usable (running, a backend with PROCESSES: else exit 4) and marked active
-    sandbox, recorded = mgr._start_using(ref, Capability.PROCESSES, "run background processes",
-                                         argv)
+    sandbox = _sandbox(mgr, ref)
+    mgr._usable(sandbox, Capability.PROCESSES, "run background processes")  # else exit 4
+    recorded = mgr._masked_argv(sandbox, argv)  # a bad mask pattern refuses before the start
     result = await _exec(mgr, sandbox, _script("start", cwd or "", int(bool(stdin)), *argv),
                          timeout_s=START_TIMEOUT_S, user=user,
                          env={**env, **telemetry.trace_env()})
@@ -382,7 +384,9 @@ async def start(mgr: Manager, ref: str, argv: Sequence[str], *,
         raise OperationFailed(f"the process could not be started in sandbox "
                               f"{sandbox['id']}: {why}")
     pid, now = int(said), mgr.now_iso()
-    with mgr.db.write() as conn:
+    with mgr.db.write() as conn:  # started: that is activity (the idle clock starts again)
+        conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == sandbox["id"])
+                     .values(last_activity_at=now))
         for old in conn.execute(sa.select(PROCESSES).where(  # its pid was used before
                 PROCESSES.c.sandbox_id == sandbox["id"], PROCESSES.c.pid == pid,
                 PROCESSES.c.ended_at.is_(None))).mappings():

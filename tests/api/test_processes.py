@@ -1,0 +1,271 @@
+"""Background processes (docs/api.md, "Background processes") on the real Docker engine, in
+the busybox image: started with env and cwd, their output read and read again from an offset
+by another client, stdin written and closed, signals and exit codes, the bounded tail of a
+large output, the exit recorded once, the idle rule of the reaper, and processes ending with
+their sandbox. Every sandbox carries the run label and is removed by id (the client fixture)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+import sandboxer
+from sandboxer.core.lifecycle.processes import KEEP_BYTES
+from sandboxer.core.rules.profiles import ProfileLoader
+from tests.api.conftest import RUN
+
+pytestmark = pytest.mark.docker
+
+
+def another_client(client: sandboxer.AsyncSandboxer, sbx_home: Path,
+                   service) -> sandboxer.AsyncSandboxer:
+    """A second, independent client of the same sbx (a new Sandboxer: nothing shared in
+    memory with `client`)."""
+    if service is None:
+        return sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test")
+    return sandboxer.AsyncSandboxer(url=service.url, token=service.key())
+
+
+async def read_all(proc, **offsets) -> dict[str, list[sandboxer.ProcessOutput]]:
+    items: dict[str, list] = {"stdout": [], "stderr": []}
+    async for item in proc.output(**offsets):
+        items[item.stream].append(item)
+    return items
+
+
+def joined(items) -> bytes:
+    return b"".join(i.data for i in items)
+
+
+def of_type(events, kind: str):
+    return [e for e in events if e.type == kind]
+
+
+async def test_start_with_env_and_cwd_then_another_client_reattaches_from_an_offset(
+        client, sbx_home, service):
+    box = await client.create("default", ttl="10m", labels=RUN)
+    proc = await box.processes.start(
+        ["sh", "-c", 'echo "$GREETING from $(pwd)"; read line; echo "line: $line"; '
+                     'echo warned >&2'],
+        env={"GREETING": "hello"}, cwd="/tmp", stdin=True)
+    assert proc.pid > 0 and proc.running and proc.exit_code is None
+    assert (proc.cwd, proc.env_names, proc.stdin) == ("/tmp", ["GREETING"], True)
+
+    # the first line, as it comes (the process then waits for its input)
+    first: list[sandboxer.ProcessOutput] = []
+    async with contextlib.aclosing(proc.output(follow=True)) as stream:
+        async for item in stream:
+            first.append(item)
+            if joined(first).endswith(b"\n"):
+                break
+    assert joined(first) == b"hello from /tmp\n"
+    resume_at = first[-1].end
+    assert resume_at == len(b"hello from /tmp\n")
+
+    await proc.write("abc\n")
+    await proc.close_stdin()
+
+    # a new client, which never saw this process, finds it by pid and reads what it missed
+    other = another_client(client, sbx_home, service)
+    try:
+        again = await (await other.get(box.id)).processes.get(proc.pid)
+        assert again.argv == proc.argv
+        missed = await read_all(again, stdout_offset=resume_at, stderr_offset=0)
+        assert joined(missed["stdout"]) == b"line: abc\n"
+        assert missed["stdout"][0].offset == resume_at
+        assert joined(missed["stderr"]) == b"warned\n"
+        assert not again.running and again.exit_code == 0  # following ended with its exit
+        whole = await read_all(again)  # from the start, as often as anyone likes
+        assert joined(whole["stdout"]) == b"hello from /tmp\nline: abc\n"
+    finally:
+        await other.close()
+    assert await proc.wait(timeout="30s") == 0
+    assert proc.ended_at is not None and proc.ended_at >= proc.started_at
+
+    events = await box.events()
+    started = of_type(events, "sandbox.process.started")
+    assert [e.payload["pid"] for e in started] == [proc.pid]
+    assert started[0].payload["env"] == ["GREETING"] and started[0].payload["cwd"] == "/tmp"
+    assert "hello" not in json.dumps([dict(e.payload) for e in events])  # names, never values
+    await box.destroy()
+
+
+async def test_signals_end_it_with_their_exit_code_recorded_once(client, sbx_home, service):
+    box = await client.create("default", ttl="10m", labels=RUN)
+    termed = await box.processes.start(["sleep", "1000"], stdin=False)
+    killed = await box.processes.start(["sleep", "1000"])
+    assert {p.pid for p in await box.processes.list()} == {termed.pid, killed.pid}
+
+    await termed.kill(signal.SIGTERM)
+    assert await termed.wait(timeout="30s") == 143
+    await killed.kill()  # SIGKILL by default
+    assert await killed.wait(timeout="30s") == 137
+
+    # everyone who looks sees the same end; it is recorded once
+    other = another_client(client, sbx_home, service)
+    try:
+        again = await (await other.get(box.id)).processes.get(termed.pid)
+        assert (again.running, again.exit_code) == (False, 143)
+        assert await again.wait() == 143
+        async for _ in again.output():
+            pass
+    finally:
+        await other.close()
+    assert [(p.pid, p.exit_code) for p in await box.processes.list()] == [
+        (termed.pid, 143), (killed.pid, 137)]
+    exits = of_type(await box.events(), "sandbox.process.exited")
+    assert sorted((e.payload["pid"], e.payload["exit_code"]) for e in exits) == sorted(
+        [(termed.pid, 143), (killed.pid, 137)])
+    assert all(e.payload["duration_s"] >= 0 for e in exits)
+
+    with pytest.raises(sandboxer.Conflict) as ended:  # nothing left to signal
+        await termed.kill()
+    assert ended.value.exit_code == 4 and "has ended" in str(ended.value)
+    await box.destroy()
+
+
+async def test_wait_with_a_timeout_says_it_still_runs(client):
+    box = await client.create("default", ttl="10m", labels=RUN)
+    proc = await box.processes.start(["sleep", "1000"], stdin=False)
+    with pytest.raises(sandboxer.OperationFailed) as late:
+        await proc.wait(timeout="1s")
+    assert "still runs" in str(late.value) and late.value.exit_code == 1
+    assert (await proc.refresh()).running
+    await box.destroy()
+
+
+async def test_more_output_than_is_kept_leaves_the_bounded_tail_and_the_offsets_show_the_gap(
+        client):
+    box = await client.create("default", ttl="10m", labels=RUN)
+    count = 2_000_000  # `seq` prints about 14.9 MB: more than the 8 MiB kept
+    expected = "".join(f"{i}\n" for i in range(1, count + 1)).encode()
+    proc = await box.processes.start(["seq", "1", str(count)], stdin=False)
+    assert await proc.wait(timeout="120s") == 0
+
+    items = (await read_all(proc))["stdout"]
+    first = items[0].offset
+    assert first > 0  # the beginning is gone: the first item says where what is kept starts
+    kept = joined(items)
+    assert kept == expected[first:]  # continuous from there to the very end
+    # docs/api.md: at least the last 8 MiB of each stream, less than 10 MiB in all
+    assert KEEP_BYTES <= len(kept) < KEEP_BYTES + 2 * 1024 * 1024
+    for before, after in zip(items, items[1:], strict=False):
+        assert after.offset == before.end
+
+    # asking from an offset inside what is kept starts exactly there
+    later = first + 12345
+    tail = (await read_all(proc, stdout_offset=later))["stdout"]
+    assert tail[0].offset == later and joined(tail) == expected[later:]
+    await box.destroy()
+
+
+def idle_profile(tmp_path: Path):
+    path = tmp_path / "idler.yaml"
+    path.write_text("extends: default\nttl:\n  default: 2h\n  idle: 5m\n")
+    return ProfileLoader().load_file(path)
+
+
+async def test_a_running_process_keeps_an_idle_sandbox_from_the_reaper(
+        sbx_home, tmp_path, monkeypatch):
+    """Idle 5m: a reaper whose clock is 10m ahead ends the sandbox that has nothing running,
+    and keeps (recording activity) the one whose process still runs; once that process has
+    ended, the next cycle ends it too."""
+    from support import remove_test_containers
+
+    profile = idle_profile(tmp_path)
+    async with sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
+        try:
+            busy = await sbx.create(profile, labels=RUN)
+            idle = await sbx.create(profile, labels=RUN)
+            proc = await busy.processes.start(["sleep", "100000"], stdin=False)
+            before = (await busy.refresh()).idle_deadline
+            # a process that ended long ago is no activity
+            done = await idle.processes.start(["true"], stdin=False)
+            assert await done.wait(timeout="30s") == 0
+
+            monkeypatch.setenv("SBX_CLOCK_OFFSET", "10m")
+            async with sandboxer.AsyncSandboxer(home=sbx_home, actor="reaper") as later:
+                report = await later.reap()
+            assert report.destroyed == (idle.id,) and report.reasons[idle.id] == "idle"
+            assert [s["id"] for s in report.skipped] == [busy.id]
+            await busy.refresh()
+            assert busy.state is sandboxer.State.RUNNING
+            assert busy.idle_deadline - before >= timedelta(minutes=9)  # activity at +10m
+
+            await proc.kill()
+            monkeypatch.setenv("SBX_CLOCK_OFFSET", "30m")
+            async with sandboxer.AsyncSandboxer(home=sbx_home, actor="reaper") as later:
+                report = await later.reap()
+            assert report.destroyed == (busy.id,) and report.reasons[busy.id] == "idle"
+            exits = of_type(await busy.events(), "sandbox.process.exited")
+            assert [(e.payload["pid"], e.payload["exit_code"], e.actor) for e in exits] == [
+                (proc.pid, 137, "reaper")]  # the reaper saw it end, and recorded it
+        finally:
+            monkeypatch.delenv("SBX_CLOCK_OFFSET", raising=False)
+            remove_test_containers(sbx_home)
+
+
+async def test_processes_end_with_their_sandbox(client, docker_api):
+    box = await client.create("default", ttl="10m", labels=RUN)
+    proc = await box.processes.start(["sleep", "100000"], stdin=False)
+    ref = box.backend_ref
+    assert any("sleep 100000" in " ".join(p) for p in docker_api.top(ref)["Processes"])
+    await box.destroy()
+    assert docker_api.containers(all=True, filters={"id": ref}) == []
+    [gone] = await box.processes.list()
+    assert (gone.pid, gone.running, gone.exit_code) == (proc.pid, False, None)
+    [ended] = of_type(await box.events(), "sandbox.process.exited")
+    assert ended.payload["how"] == "sandbox-ended"
+    with pytest.raises(sandboxer.Conflict):
+        async for _ in gone.output():
+            pass
+
+
+async def test_bad_input_is_refused_and_changes_nothing(client):
+    box = await client.create("default", ttl="10m", labels=RUN)
+    proc = await box.processes.start(["sleep", "1000"], stdin=False)
+    events_before = await box.events()
+    activity_before = (await box.refresh()).idle_deadline
+
+    for argv in ([], "sleep 1", ["ok", 3]):
+        with pytest.raises(sandboxer.BadInput) as bad:
+            await box.processes.start(argv)
+        assert bad.value.exit_code == 2 and "argv" in str(bad.value)
+    with pytest.raises(sandboxer.BadInput) as relative:
+        await box.processes.start(["pwd"], cwd="tmp")
+    assert "absolute" in str(relative.value)
+    with pytest.raises(sandboxer.BadInput) as env:
+        await box.processes.start(["env"], env={"NOT OK": "x"})
+    assert "NOT OK" in str(env.value)
+    with pytest.raises(sandboxer.NotFound) as no_dir:
+        await box.processes.start(["pwd"], cwd="/no/such/folder")
+    assert no_dir.value.exit_code == 3 and "/no/such/folder" in str(no_dir.value)
+
+    unknown = 999_999
+    with pytest.raises(sandboxer.NotFound) as missing:
+        await box.processes.get(unknown)
+    assert missing.value.exit_code == 3 and str(unknown) in str(missing.value)
+    with pytest.raises(sandboxer.Conflict) as no_stdin:  # started with stdin=False
+        await proc.write("x")
+    assert no_stdin.value.exit_code == 4
+
+    assert [p.pid for p in await box.processes.list()] == [proc.pid]
+    assert [(e.id, e.type) for e in await box.events()] == [
+        (e.id, e.type) for e in events_before]
+    assert (await box.refresh()).idle_deadline == activity_before
+    await box.destroy()
+
+
+async def test_a_backend_without_processes_refuses_with_exit_4(stub_profile, sbx_home):
+    async with sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
+        box = await sbx.create(stub_profile)
+        with pytest.raises(sandboxer.Conflict) as refused:
+            await box.processes.start(["true"])
+        assert refused.value.exit_code == 4 and "stub" in str(refused.value)
+        assert await box.processes.list() == []
+        await box.destroy()
