@@ -24,8 +24,9 @@ import math
 import os
 import re
 import time
+import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,9 @@ from sandboxer.adapters.base import (
     CreateRequest,
     ExecResult,
     Health,
+    Stdin,
     one_line,
+    stdin_chunks,
 )
 
 if TYPE_CHECKING:
@@ -65,6 +68,20 @@ MAX_TIMEOUT_S = 24 * 3600  # Modal's longest sandbox timeout
 CHECKPOINT_REGISTRY = "sandboxer-checkpoints"  # a Modal Dict: snapshot image id -> labels
 INSTALL_HINT = "pip install 'sandboxer[modal]'"
 TOKEN_HINT = "create one with `modal token new` or in your Modal workspace settings"
+EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a timeout's kill finds
+EXEC_BACKSTOP_S = 2  # Modal's own exec timeout: this much after sbx's, should sbx's kill fail
+STDIN_CHUNK = 1024 * 1024  # per drain (the SDK buffers up to 16 MiB before one)
+# Run in the sandbox when an exec times out ($0: the mark, $1: EXEC_MARK): in rounds, every
+# process whose environment carries the mark (GNU or busybox grep, NUL as the line end).
+KILL_MARKED = r"""found=1
+for round in 1 2 3 4 5; do
+  left=
+  for f in $(grep -lzxF "$1=$0" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null && found=0 left=1
+  done
+  [ -z "$left" ] && break
+done
+exit $found"""
 
 
 @dataclass(frozen=True)
@@ -188,7 +205,8 @@ class ModalAdapter(Adapter):
     name = "modal"
     shared = True  # sandboxes live in a Modal workspace: any fleet host reaching it may reap them
     description = "Modal sandboxes with your own token (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET)"
-    capabilities = frozenset({Capability.EXEC, Capability.SNAPSHOT})
+    # files: the base's defaults (tar, find, stat, rm, mkdir, mv through exec with stdin)
+    capabilities = frozenset({Capability.EXEC, Capability.SNAPSHOT, Capability.FILES})
 
     def __init__(self) -> None:
         # clients by (server, token): in memory for this process only
@@ -474,31 +492,123 @@ class ModalAdapter(Adapter):
         await self.exec(ref, ["true"], timeout_s=30)
 
     async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
-        from modal.exception import ConflictError, ExecTimeoutError, NotFoundError
+                   env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                   user: str | None = None, stdin: Stdin = None) -> ExecResult:
+        out, err = bytearray(), bytearray()
+        async for item in self.exec_stream(ref, argv, timeout_s, env, cwd=cwd, user=user,
+                                           stdin=stdin):
+            if isinstance(item, ExecResult):
+                return ExecResult(item.exit_code, bytes(out), bytes(err),
+                                  item.duration_s, item.timed_out)
+            (out if item[0] == "stdout" else err).extend(item[1])
+        raise AssertionError("unreachable: the stream ends with its result")
 
+    async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                          env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                          user: str | None = None, stdin: Stdin = None,
+                          ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        """`Sandbox.exec` with `workdir=` and `env=`; stdin written through the process's
+        stdin (write, drain, then write_eof: without stdin, at once, so a command that reads
+        it sees it empty); the output as the command router sends it. sbx keeps the deadline
+        itself: at `timeout_s` every process carrying the exec's mark (EXEC_MARK) is killed
+        by a second exec, and the output so far is kept. Modal's own exec timeout, a little
+        later, is the backstop."""
+        from modal.exception import ConflictError, NotFoundError
+
+        if user is not None:
+            raise CapabilityNotSupported(
+                f"the modal backend cannot run a command as {user!r}: Modal's exec runs as "
+                "the image's user (remove user)")
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
         if sandbox is None:
             raise BackendObjectGone(f"Modal sandbox {split_ref(ref)[0]} is gone")
+        mark = uuid.uuid4().hex
         try:
             process = await sandbox.exec.aio(
-                *argv, timeout=math.ceil(timeout_s) if timeout_s else None, text=False,
-                **({"env": dict(env)} if env else {}))
-            out, err = await asyncio.gather(process.stdout.read.aio(), process.stderr.read.aio())
-            code = await process.wait.aio()
-        except ExecTimeoutError:
-            code, out, err = -1, b"", b""
+                *argv, timeout=math.ceil(timeout_s) + EXEC_BACKSTOP_S if timeout_s else None,
+                text=False, env={**(env or {}), EXEC_MARK: mark},
+                **({"workdir": cwd} if cwd is not None else {}))
         except (NotFoundError, ConflictError) as exc:
             raise BackendObjectGone(
                 f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
         except Exception as exc:
             raise self._translate(exc, tokens, "run the command") from exc
-        elapsed = time.perf_counter() - started
-        if code == -1 and timeout_s and elapsed >= timeout_s:  # the SDK's "deadline passed"
-            return ExecResult(124, out, err + f"sbx: timed out after {timeout_s:g}s\n".encode(),
-                              elapsed, timed_out=True)
-        return ExecResult(code, out, err, elapsed)
+        queue: asyncio.Queue[tuple[str, bytes] | BaseException | None] = asyncio.Queue(16)
+
+        async def pump(reader: Any, name: str) -> None:
+            try:
+                async for chunk in reader:
+                    if chunk:
+                        await queue.put((name, bytes(chunk)))
+            except Exception as exc:
+                await queue.put(exc)
+            await queue.put(None)
+
+        async def feed() -> None:
+            try:
+                async for chunk in stdin_chunks(stdin):
+                    for at in range(0, len(chunk), STDIN_CHUNK):
+                        process.stdin.write(chunk[at:at + STDIN_CHUNK])
+                        await process.stdin.drain.aio()
+                process.stdin.write_eof()
+                await process.stdin.drain.aio()
+            except Exception:  # noqa: S110 (the command ended or stopped reading: its exit says)
+                pass
+
+        tasks = [asyncio.create_task(pump(process.stdout, "stdout")),
+                 asyncio.create_task(pump(process.stderr, "stderr")),
+                 asyncio.create_task(feed())]
+        open_streams, timed_out = 2, False
+        try:
+            while open_streams:
+                left = None if deadline is None else deadline - loop.time()
+                try:
+                    if left is not None and left <= 0:
+                        raise TimeoutError
+                    item = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    timed_out = True
+                    break
+                if item is None:
+                    open_streams -= 1
+                elif isinstance(item, BaseException):
+                    raise self._translate(item, tokens, "read the command's output") from item
+                else:
+                    yield item
+            if timed_out:
+                killed = await self._kill_marked(sandbox, mark)
+                while not queue.empty():  # what was read before the deadline is kept
+                    item = queue.get_nowait()
+                    if isinstance(item, tuple):
+                        yield item
+                note = "" if killed else " (the command may still run in the sandbox)"
+                yield "stderr", f"sbx: timed out after {timeout_s:g}s{note}\n".encode()
+                yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
+                return
+            try:
+                code = await process.wait.aio()
+            except (NotFoundError, ConflictError) as exc:
+                raise BackendObjectGone(
+                    f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
+            except Exception as exc:
+                raise self._translate(exc, tokens, "run the command") from exc
+        finally:
+            for task in tasks:
+                task.cancel()
+        yield ExecResult(code, b"", b"", time.perf_counter() - started)
+
+    @staticmethod
+    async def _kill_marked(sandbox: Any, mark: str) -> bool:
+        """Kill, inside the sandbox, every process whose environment carries the mark."""
+        try:
+            killer = await sandbox.exec.aio("sh", "-c", KILL_MARKED, mark, EXEC_MARK,
+                                            timeout=10, text=False)
+            return await asyncio.wait_for(killer.wait.aio(), 10) == 0
+        except Exception:
+            return False
 
     async def _checkpoint_registry(self, client: modal_sdk.Client) -> Any:
         """The Modal Dict that records each snapshot image's labels: Modal images carry none

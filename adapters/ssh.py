@@ -797,7 +797,7 @@ class SSHAdapter(Adapter):
         async for item in self.stream(host, argv, connect_timeout=connect_timeout,
                                       timeout_s=timeout_s, cwd=cwd, stdin=stdin, env=env):
             if isinstance(item, ExecResult):
-                return ExecResult(item.exit_code, bytes(out), bytes(err) + item.stderr,
+                return ExecResult(item.exit_code, bytes(out), bytes(err),
                                   item.duration_s, item.timed_out)
             (out if item[0] == "stdout" else err).extend(item[1])
         raise AssertionError("unreachable: the stream ends with its result")
@@ -807,7 +807,7 @@ class SSHAdapter(Adapter):
                      env: Mapping[str, str] | None = None,
                      ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
         """`run`, as its output comes: ("stdout" | "stderr", bytes) pairs, then the
-        ExecResult (its stderr holds only the timeout's note). `stdin` (bytes or chunks) is
+        ExecResult (a timeout's note comes last on stderr). `stdin` (bytes or chunks) is
         written to the ssh client's stdin, which the session carries to the command, then
         closed; without it the command's stdin is empty. Every process of the command
         carries a mark in its environment (EXEC_MARK), which is how a timeout finds and ends
@@ -892,8 +892,8 @@ class SSHAdapter(Adapter):
                     if item is not None:
                         yield item
                 note = "" if killed else f" (the command may still run on {host.name})"
-                yield ExecResult(124, b"", f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
-                                 time.perf_counter() - started, timed_out=True)
+                yield "stderr", f"sbx: timed out after {timeout_s:g}s{note}\n".encode()
+                yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
                 return
             code = await proc.wait()
         finally:

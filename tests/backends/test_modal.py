@@ -51,6 +51,7 @@ MEASURED_RPCS = {
     "TaskGetCommandRouterAccess",
     # the task command router
     "TaskExecStart", "TaskExecStdioRead", "TaskExecWait", "TaskSnapshotFilesystem",
+    "TaskExecStdinWrite",  # every exec: its stdin, or at least its end (EOF)
 }
 
 
@@ -358,7 +359,7 @@ def test_doctor_reports_modal_and_no_token_value(sbx, standin):
     doctor = sbx("doctor", "--json")
     modal = next(b for b in doctor.json()["backends"] if b["name"] == "modal")
     assert (modal["loaded"], modal["reachable"], modal["credentials"]) == (True, True, True)
-    assert modal["capabilities"] == ["exec", "snapshot"]
+    assert modal["capabilities"] == ["exec", "files", "snapshot"]
     no_token_anywhere(sbx.home, doctor.out, doctor.err)
 
 

@@ -72,6 +72,8 @@ class Exec:
     exit_code: int | None = None
     exit_signal: int | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    stdin_offset: int = 0  # bytes of stdin written so far (a retried write repeats an offset)
+    stdin_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass
@@ -286,13 +288,18 @@ class ModalStandin:
         sandbox.ended.set()
 
     async def _spawn(self, sandbox: Sandbox, argv: list[str], env: dict[str, str], *,
-                     capture: bool) -> asyncio.subprocess.Process:
+                     capture: bool, workdir: str = "") -> asyncio.subprocess.Process:
+        """An entrypoint (no pipes) or an exec (stdin, stdout and stderr piped: stdin stays
+        open until the client writes its EOF, as on Modal). `workdir`: a folder of this host
+        (the stand-in's commands run here), else the sandbox's folder."""
         full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(sandbox.fs),
                     **sandbox.env, **env}
         pipe = asyncio.subprocess.PIPE if capture else asyncio.subprocess.DEVNULL
+        if workdir and not Path(workdir).is_dir():
+            raise GRPCError(Status.FAILED_PRECONDITION, f"workdir {workdir} is not a directory")
         try:
             return await asyncio.create_subprocess_exec(
-                *argv, cwd=sandbox.fs, env=full_env, stdin=asyncio.subprocess.DEVNULL,
+                *argv, cwd=workdir or sandbox.fs, env=full_env, stdin=pipe,
                 stdout=pipe, stderr=pipe, start_new_session=True)
         except OSError as exc:
             raise GRPCError(Status.FAILED_PRECONDITION, f"cannot start {argv[0]!r}: {exc}") from None
@@ -670,7 +677,7 @@ class TaskRouter(_Service, TaskCommandRouterBase):
             for source in request.secret_sources:  # exec(env=...): an inline secret
                 env.update(source.env.contents)
             process = await self.standin._spawn(sandbox, list(request.command_args), env,
-                                                capture=True)
+                                                capture=True, workdir=request.workdir)
             job = Exec(process)
             sandbox.execs[request.exec_id] = job
             sandbox.last_activity = time.time()
@@ -708,6 +715,31 @@ class TaskRouter(_Service, TaskCommandRouterBase):
             job.exit_code = code
         sandbox.last_activity = time.time()
         job.finished.set()
+
+    async def TaskExecStdinWrite(self, stream: Stream) -> None:
+        """Bytes at `offset` of the exec's stdin (a retry of bytes already written is
+        skipped), then, with `eof`, its end."""
+        async def answer(request: router_pb2.TaskExecStdinWriteRequest
+                         ) -> router_pb2.TaskExecStdinWriteResponse:
+            job = self._exec(request.task_id, request.exec_id)
+            pipe = job.process.stdin
+            async with job.stdin_lock:
+                if request.offset > job.stdin_offset:
+                    raise GRPCError(Status.INVALID_ARGUMENT,
+                                    f"stdin offset {request.offset} is past {job.stdin_offset}")
+                data = request.data[job.stdin_offset - request.offset:]
+                if data and pipe is not None and not pipe.is_closing():
+                    try:
+                        pipe.write(data)
+                        await pipe.drain()
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the command stopped reading, as a pipe drops it
+                job.stdin_offset += len(data)
+                if request.eof and pipe is not None and not pipe.is_closing():
+                    pipe.close()
+            return router_pb2.TaskExecStdinWriteResponse()
+
+        await self._unary(stream, "TaskExecStdinWrite", answer)
 
     def _exec(self, task_id: str, exec_id: str) -> Exec:
         sandbox = self.standin._by_task(task_id)
