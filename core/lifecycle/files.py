@@ -86,14 +86,16 @@ async def read_file(mgr: Manager, ref: str, path: str) -> AsyncIterator[bytes]:
             if not member.isfile():
                 raise BadInput(f"{asked} is not a regular file")
             digest, size = hashlib.sha256(), 0
-            async for piece in reader.data(member.size):
-                digest.update(piece)
-                size += len(piece)
-                yield piece
+            try:
+                async for piece in reader.data(member.size):
+                    digest.update(piece)
+                    size += len(piece)
+                    yield piece
+            finally:  # what was sent, also when the reader stopped early
+                _record(mgr, row["id"], op="read", direction="out", path=asked, kind="file",
+                        bytes=size, sha256=digest.hexdigest())
         finally:
             await _close(archive)
-        _record(mgr, row["id"], op="read", direction="out", path=asked, kind="file",
-                bytes=size, sha256=digest.hexdigest())
         return
     raise BadInput(f"{asked}: more than {MAX_LINKS} symbolic links in a row")
 
@@ -119,13 +121,21 @@ async def get_tree(mgr: Manager, ref: str, path: str) -> AsyncIterator[bytes]:
     row, adapter = await _using(mgr, ref)
     counted = _Counted()
     archive = adapter.get_archive(row["backend_ref"], path)
+    failed = False
     try:
         async for chunk in counted.through(archive, "archive"):
             yield chunk
+    except GeneratorExit:  # the reader has what it wanted (a tar's end blocks may be left)
+        raise
+    except BaseException:
+        failed = True
+        raise
     finally:
         await _close(archive)
-    _record(mgr, row["id"], op="download", direction="out", path=path, kind="tree",
-            bytes=counted.bytes, sha256=counted.sha256(), entries=counted.entries.count)
+        if not failed:  # what was sent, recorded whether or not the reader read to the end
+            _record(mgr, row["id"], op="download", direction="out", path=path, kind="tree",
+                    bytes=counted.bytes, sha256=counted.sha256(),
+                    entries=counted.entries.count)
 
 
 async def list_files(mgr: Manager, ref: str, path: str, depth: int = 1) -> list[dict[str, Any]]:
