@@ -269,3 +269,27 @@ async def test_a_backend_without_processes_refuses_with_exit_4(stub_profile, sbx
         assert refused.value.exit_code == 4 and "stub" in str(refused.value)
         assert await box.processes.list() == []
         await box.destroy()
+
+
+DEBIAN = "sandboxer/python-base:bookworm"
+
+
+async def test_the_same_supervisor_runs_on_debian(client, docker_api, tmp_path):
+    """Written once for every POSIX sh: Debian's dash and coreutils run what busybox runs."""
+    if not docker_api.images(name=DEBIAN):
+        pytest.skip(f"{DEBIAN} is built by `make test-setup` (the service image's base); "
+                    "this engine does not have it")
+    path = tmp_path / "debian.yaml"
+    path.write_text(f"extends: default\nimage: {DEBIAN}\n")
+    box = await client.create(ProfileLoader().load_file(path), ttl="10m", labels=RUN)
+    proc = await box.processes.start(["sh", "-c", 'echo "$WHO in $PWD"; cat; exit 5'],
+                                     env={"WHO": "dash"}, cwd="/usr")
+    await proc.write(b"from stdin\n")
+    await proc.close_stdin()
+    out = await read_all(proc)
+    assert joined(out["stdout"]) == b"dash in /usr\nfrom stdin\n"
+    assert (proc.running, proc.exit_code) == (False, 5)
+    sleeper = await box.processes.start(["sleep", "1000"], stdin=False)
+    await sleeper.kill(signal.SIGTERM)
+    assert await sleeper.wait(timeout="30s") == 143
+    await box.destroy()
