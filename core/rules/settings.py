@@ -250,6 +250,18 @@ def import_max_artifact() -> int:
     return _size_env("SBX_IMPORT_MAX_ARTIFACT", "8GiB")
 
 
+def tree_max_bytes() -> int:
+    """The most a tree downloaded from a sandbox may unpack, its files' bytes in all, held
+    while it is read (`SBX_TREE_MAX_BYTES`, 10GiB; docs/security.md)."""
+    return _size_env("SBX_TREE_MAX_BYTES", "10GiB")
+
+
+def tree_max_entries() -> int:
+    """The most entries a tree downloaded from a sandbox may hold (`SBX_TREE_MAX_ENTRIES`,
+    1000000; docs/security.md)."""
+    return _count_env("SBX_TREE_MAX_ENTRIES", 1_000_000)
+
+
 def _count_env(name: str, default: int) -> int:
     raw = os.environ.get(name) or str(default)
     if not raw.strip().isdigit() or int(raw) <= 0:

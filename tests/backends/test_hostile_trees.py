@@ -1,0 +1,225 @@
+"""A tree downloaded from a sandbox is untrusted (docs/security.md, "Trees out of a
+sandbox"): each hostile archive here is made INSIDE a real Docker sandbox (Debian's GNU tar,
+or the engine's own archive of a tree made there), fetched with the adapter (get_archive, or
+`tar -c` through exec where the archive API cannot reach or a tar must be crafted), and
+unpacked with extract_tree. Nothing may be written outside the destination, nothing of a
+refused tree may remain, and the refusal is one line naming the entry (BadInput, exit 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import stat
+from pathlib import Path
+
+import pytest
+from support import RUN_ID
+
+from sandboxer.adapters.base import LABEL_ID, CreateRequest, ExecResult
+from sandboxer.adapters.docker import DockerAdapter
+from sandboxer.core.rules import settings
+from sandboxer.core.rules.errors import BadInput, ExitCode
+from sandboxer.core.rules.trees import extract_tree, pack_tree
+
+pytestmark = pytest.mark.docker
+
+DEBIAN = "sandboxer/python-base:bookworm"  # GNU tar: -P and --transform craft any name
+
+
+class Box:
+    """One real sandbox on the engine, driven through the docker adapter on a loop of its own."""
+
+    def __init__(self, image: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.adapter = DockerAdapter()
+        sandbox_id = f"sbx-hostile-{secrets.token_hex(6)}"
+        request = CreateRequest(sandbox_id=sandbox_id, image=image,
+                                labels={LABEL_ID: sandbox_id, "sbx-test-run": RUN_ID})
+        self.ref = self.run(self.adapter.create(request)).ref
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def sh(self, script: str) -> ExecResult:
+        result = self.run(self.adapter.exec(self.ref, ["sh", "-c", script], timeout_s=60))
+        assert result.exit_code == 0, result
+        return result
+
+    def tar_from(self, script: str) -> list[bytes]:
+        """The stdout of `script` (a tar it writes there), streamed out of the sandbox."""
+        async def read() -> list[bytes]:
+            chunks, end = [], None
+            async for item in self.adapter.exec_stream(self.ref, ["sh", "-c", script], 60):
+                if isinstance(item, ExecResult):
+                    end = item
+                elif item[0] == "stdout":
+                    chunks.append(item[1])
+            assert end is not None and end.exit_code == 0, end
+            return chunks
+
+        return self.run(read())
+
+    def archive(self, path: str) -> list[bytes]:
+        """`path` through the engine's archive API (the adapter's get_archive)."""
+        async def read() -> list[bytes]:
+            return [chunk async for chunk in self.adapter.get_archive(self.ref, path)]
+
+        return self.run(read())
+
+    def close(self) -> None:
+        try:
+            self.run(self.adapter.destroy(self.ref))
+            self.run(self.adapter.close())
+        finally:
+            self.loop.close()
+
+
+@pytest.fixture
+def debian(docker_api):
+    box = Box(DEBIAN)
+    yield box
+    box.close()
+
+
+@pytest.fixture
+def busybox(docker_api):
+    box = Box("sandboxer/base:busybox")
+    yield box
+    box.close()
+
+
+def everything_under(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def refused(chunks: list[bytes], tmp_path: Path, entry: str, why: str, **caps: int) -> None:
+    """extract_tree refuses the tree naming `entry`; nothing appeared anywhere under
+    tmp_path (the destination is three folders down: `..` twice still lands inside it)."""
+    dest = tmp_path / "a" / "b" / "dest"
+    dest.parent.mkdir(parents=True)
+    before = everything_under(tmp_path)
+    with pytest.raises(BadInput) as caught:
+        extract_tree(iter(chunks), dest, **caps)
+    message = str(caught.value)
+    assert caught.value.exit_code == ExitCode.BAD_INPUT == 2
+    assert "\n" not in message and entry in message and why in message, message
+    assert everything_under(tmp_path) == before, "a refused tree left something behind"
+
+
+# -- crafted with GNU tar in the sandbox, fetched through exec -------------------------------
+
+# every archive starts with a harmless file, which must not remain after the refusal
+CRAFTED = {
+    "absolute name": ("mkdir -p {tmp} && echo evil > {tmp}/abs.txt && echo ok > ok.txt && "
+                      "tar -cPf - ok.txt {tmp}/abs.txt", "{tmp}/abs.txt", "absolute"),
+    "dot-dot": ("echo ok > ok.txt && echo evil > dd.txt && "
+                "tar -cPf - --transform 's,^dd.txt,../../dd.txt,' ok.txt dd.txt",
+                "../../dd.txt", "'..'"),
+    "symlink out, then a file through it": (
+        "mkdir -p t d && echo ok > ok.txt && ln -s ../../../escape t/l && echo evil > d/f && "
+        "tar -cf /tmp/x.tar ok.txt t/l && "
+        "tar -rf /tmp/x.tar --transform 's,^d/,t/l/,' d/f && cat /tmp/x.tar",
+        "t/l", "pointing out"),
+    "symlink inside, then a file through it": (
+        "mkdir -p t d && echo ok > ok.txt && ln -s .. t/l && echo evil > d/f && "
+        "tar -cf /tmp/x.tar ok.txt t/l && "
+        "tar -rf /tmp/x.tar --transform 's,^d/,t/l/,' d/f && cat /tmp/x.tar",
+        "t/l/f", "inside the link"),
+    "absolute symlink": ("echo ok > ok.txt && ln -s /etc/passwd pw && tar -cf - ok.txt pw",
+                         "pw", "absolute path"),
+    "hard link out": ("mkdir h && echo ok > h/ok.txt && echo x > h/a && ln h/a h/b && "
+                      "tar -cPf - -C h --transform 's,^a$,../../a,RSh' ok.txt a b",
+                      "b", "hard link"),
+    "device": ("echo ok > ok.txt && tar -cf - ok.txt -C /dev null", "null", "a device"),
+    "setuid": ("echo ok > ok.txt && echo x > s && chmod 4755 s && tar -cf - ok.txt s",
+               "s", "setuid"),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_a_crafted_hostile_tree_is_refused_and_leaves_nothing(debian, tmp_path, case):
+    tmp = f"/tmp/sbx-hostile-{secrets.token_hex(4)}"  # an absolute name: not on this host
+    script, entry, why = (part.format(tmp=tmp) for part in CRAFTED[case])
+    chunks = debian.tar_from(f"mkdir -p /w && cd /w && {script}")
+    refused(chunks, tmp_path, entry, why)
+    assert not Path(tmp).exists()
+
+
+# -- made in the sandbox, fetched through the engine's archive API ---------------------------
+
+
+def test_a_real_tree_with_a_link_out_and_a_setuid_file(busybox, tmp_path):
+    """The engine archives what is there: links as links, modes as they are."""
+    busybox.sh("mkdir -p /work/t && echo ok > /work/t/ok && ln -s /etc/passwd /work/t/pw")
+    refused(busybox.archive("/work/t"), tmp_path, "t/pw", "absolute path")
+    busybox.sh("rm /work/t/pw && echo x > /work/t/s && chmod 4755 /work/t/s")
+    refused(busybox.archive("/work/t"), tmp_path / "again", "t/s", "setuid")
+
+
+def test_too_many_entries(busybox, tmp_path, monkeypatch):
+    monkeypatch.setenv("SBX_TREE_MAX_ENTRIES", "50")
+    busybox.sh("mkdir -p /work/many && cd /work/many && for i in $(seq 1 60); do "
+               "echo $i > f$i; done")
+    refused(busybox.archive("/work/many"), tmp_path, "many/", "50 entries",
+            max_entries=settings.tree_max_entries())
+
+
+def test_too_many_bytes(busybox, tmp_path, monkeypatch):
+    monkeypatch.setenv("SBX_TREE_MAX_BYTES", "1MiB")
+    busybox.sh("mkdir -p /work/big && head -c 700000 /dev/zero > /work/big/one && "
+               "head -c 700000 /dev/zero > /work/big/two")
+    refused(busybox.archive("/work/big"), tmp_path, "big/", "1048576 bytes",
+            max_bytes=settings.tree_max_bytes())
+
+
+def test_a_bad_setting_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setenv("SBX_TREE_MAX_ENTRIES", "many")
+    with pytest.raises(BadInput, match="SBX_TREE_MAX_ENTRIES"):
+        settings.tree_max_entries()
+
+
+# -- a benign tree goes in and comes back as it was -------------------------------------------
+
+
+def test_a_benign_tree_round_trips(busybox, tmp_path):
+    local = tmp_path / "tree"
+    (local / "sub" / "deeper").mkdir(parents=True)
+    (local / "empty").mkdir()
+    (local / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (local / "run.sh").chmod(0o755)
+    (local / "secret").write_bytes(os.urandom(3 * 1024 * 1024 + 7))
+    (local / "secret").chmod(0o600)
+    (local / "sub" / "deeper" / "note.txt").write_text("note\n")
+    (local / "sub").chmod(0o750)
+    (local / "link").symlink_to("sub/deeper/note.txt")
+    (local / "sub" / "up").symlink_to("../run.sh")
+
+    async def upload() -> None:
+        async def chunks():
+            for chunk in pack_tree(local):
+                yield chunk
+        await busybox.adapter.put_archive(busybox.ref, "/work/in", chunks())
+
+    busybox.run(upload())
+    assert busybox.sh("cat /work/in/tree/link && ls -ld /work/in/tree/empty").stdout \
+        .startswith(b"note\n")
+    dest = tmp_path / "back"
+    report = extract_tree(iter(busybox.archive("/work/in/tree")), dest)
+    assert report["entries"] == len(everything_under(local)) + 1  # and the top
+    assert report["bytes"] == 3 * 1024 * 1024 + 7 + len("#!/bin/sh\necho hi\n") + len("note\n")
+    back = dest / "tree"
+    assert everything_under(back) == everything_under(local)
+    for path in local.rglob("*"):
+        twin = back / path.relative_to(local)
+        mine, theirs = os.lstat(path), os.lstat(twin)
+        assert stat.S_IFMT(mine.st_mode) == stat.S_IFMT(theirs.st_mode), path
+        if path.is_symlink():
+            assert os.readlink(twin) == os.readlink(path)
+            continue
+        assert stat.S_IMODE(theirs.st_mode) == stat.S_IMODE(mine.st_mode), path
+        assert int(theirs.st_mtime) == int(mine.st_mtime), path
+        if path.is_file():
+            assert twin.read_bytes() == path.read_bytes()
+    assert list((back / "empty").iterdir()) == []
