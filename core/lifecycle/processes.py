@@ -17,6 +17,9 @@ name, renamed once the pid is known; everything in it works relative to it):
   command: times are centiseconds of the sandbox's uptime, so durations are the sandbox's);
 - `supervisor`: its pid, so that a supervisor that died (killed from inside) is seen as
   lost rather than waited for forever.
+A process's folder is removed by a later start once the process ended over a day ago (a
+host that outlives its sandboxes, ssh, keeps no output forever); in a container it goes
+with the container.
 The command runs as `( cd "$wd" && exec "$@" )`: its pid is the command's own. Everything
 the supervisor starts has its fds detached from the starting exec, which returns at once.
 
@@ -128,6 +131,9 @@ start)
   [ -d "$wd" ] || { echo "no folder $wd" >&2; exit 3; }
   want_stdin=$1; shift
   mkdir -p "$root" 2>/dev/null; chmod 1777 "$root" 2>/dev/null
+  # on a host that outlives its sandboxes (ssh): what ended over a day ago goes
+  find "$root" -mindepth 2 -maxdepth 2 -name exit -mtime +0 2>/dev/null |
+    while read -r f; do rm -rf "${f%/exit}"; done
   dir=$(mktemp -d "$root/.new.XXXXXX") && cd "$dir" && mkfifo stdout.fifo stderr.fifo ready || exit 120
   [ "$want_stdin" = 1 ] && { mkfifo stdin.fifo || exit 120; }
   ( supervise "$@" ) </dev/null >/dev/null 2>&1 &

@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sshd import sshd_server  # noqa: F401 (a fixture)
 
 import sandboxer
 from sandboxer.core.lifecycle.processes import KEEP_BYTES
@@ -293,3 +294,31 @@ async def test_the_same_supervisor_runs_on_debian(client, docker_api, tmp_path):
     await sleeper.kill(signal.SIGTERM)
     assert await sleeper.wait(timeout="30s") == 143
     await box.destroy()
+
+
+@pytest.mark.sshd
+async def test_the_same_supervisor_runs_on_an_ssh_host(sshd_server, sbx_home, tmp_path):  # noqa: F811
+    """No backend code: the ssh backend (a real sshd on 127.0.0.1, so the host is this
+    machine) runs the processes the docker one does; they outlive the exec that started
+    them, which returns at once."""
+    from tests.backends.test_ssh import inventory, ssh_profile
+
+    hosts = inventory(tmp_path, [sshd_server.inventory_entry("proc-host", sshd_server.ports[0])])
+    profile = ProfileLoader().load_file(ssh_profile(tmp_path, hosts, name="proc-ssh"))
+    async with sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
+        box = await sbx.create(profile)
+        try:
+            proc = await box.processes.start(["sh", "-c", 'echo "$WHO"; cat; echo done >&2'],
+                                             env={"WHO": "ssh"}, cwd=str(tmp_path))
+            assert Path(f"/proc/{proc.pid}").exists()  # on this machine, running
+            await proc.write("line\n")
+            await proc.close_stdin()
+            out = await read_all(proc)
+            assert (joined(out["stdout"]), joined(out["stderr"])) == (b"ssh\nline\n", b"done\n")
+            assert proc.exit_code == 0
+            sleeper = await box.processes.start(["sleep", "1000"], stdin=False)
+            await sleeper.kill(signal.SIGTERM)
+            assert await sleeper.wait(timeout="30s") == 143
+            assert not Path(f"/proc/{sleeper.pid}").exists()  # ended, and waited for
+        finally:
+            await box.destroy()
