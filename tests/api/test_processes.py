@@ -19,6 +19,7 @@ import sandboxer
 from sandboxer.core.lifecycle.processes import KEEP_BYTES
 from sandboxer.core.rules.profiles import ProfileLoader
 from tests.api.conftest import RUN
+from tests.store.test_postgres import pg_url  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.docker
 
@@ -322,3 +323,29 @@ async def test_the_same_supervisor_runs_on_an_ssh_host(sshd_server, sbx_home, tm
             assert not Path(f"/proc/{sleeper.pid}").exists()  # ended, and waited for
         finally:
             await box.destroy()
+
+
+@pytest.mark.postgres
+async def test_processes_on_postgresql(pg_url, sbx_home):  # noqa: F811
+    """The processes table and its level-triggered exit on PostgreSQL (fleet mode)."""
+    from support import remove_test_containers
+
+    async with sandboxer.AsyncSandboxer(home=sbx_home, database_url=pg_url,
+                                        actor="api-test") as sbx:
+        try:
+            box = await sbx.create("default", ttl="10m", labels=RUN)
+            proc = await box.processes.start(["sh", "-c", "cat; exit 4"], env={"K": "v"})
+            await proc.write(b"x" * 100_000)
+            await proc.close_stdin()
+            assert await proc.wait(timeout="30s") == 4
+            async with sandboxer.AsyncSandboxer(home=sbx_home, database_url=pg_url,
+                                                actor="api-test") as other:
+                again = await (await other.get(box.id)).processes.get(proc.pid)
+                out = await read_all(again)
+            assert joined(out["stdout"]) == b"x" * 100_000
+            assert [(p.pid, p.exit_code, p.env_names) for p in await box.processes.list()] == [
+                (proc.pid, 4, ["K"])]
+            assert len(of_type(await box.events(), "sandbox.process.exited")) == 1
+            await box.destroy()
+        finally:
+            remove_test_containers(sbx_home)
