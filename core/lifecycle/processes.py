@@ -42,7 +42,7 @@ from sandboxer.adapters.base import Capability, ExecResult
 from sandboxer.core.observe import telemetry
 from sandboxer.core.rules.catalog import EventType
 from sandboxer.core.rules.clock import from_iso, to_iso
-from sandboxer.core.rules.errors import BadInput, Conflict, NotFound, OperationFailed, one_line
+from sandboxer.core.rules.errors import BadInput, Conflict, NotFound, OperationFailed
 from sandboxer.core.rules.states import State
 from sandboxer.core.store import tenancy
 from sandboxer.core.store.models import Process, Sandbox
@@ -134,7 +134,8 @@ start)
   # on a host that outlives its sandboxes (ssh): what ended over a day ago goes
   find "$root" -mindepth 2 -maxdepth 2 -name exit -mtime +0 2>/dev/null |
     while read -r f; do rm -rf "${f%/exit}"; done
-  dir=$(mktemp -d "$root/.new.XXXXXX") && cd "$dir" && mkfifo stdout.fifo stderr.fifo ready || exit 120
+  dir=$(mktemp -d "$root/.new.XXXXXX") && chmod 755 "$dir" && cd "$dir" &&
+    mkfifo stdout.fifo stderr.fifo ready || exit 120
   [ "$want_stdin" = 1 ] && { mkfifo stdin.fifo || exit 120; }
   ( supervise "$@" ) </dev/null >/dev/null 2>&1 &
   read -r pid <ready || exit 120
@@ -176,6 +177,8 @@ output)  # $1 pid, $2 $3: the stdout and stderr offsets, $4: 1 to follow
     [ "$4" = 1 ] || exit 0
     case $(state "$1") in lost*) state "$1"; exit 0;; esac
     quiet=$((quiet + 1)); nap
+    # now and then a line the reader skips: a follower whose reader has gone ends here
+    [ $((quiet % 50)) = 0 ] && echo tick
   done;;
 esac
 '''
@@ -349,11 +352,15 @@ async def _observe(mgr: Manager, sandbox: Mapping[str, Any],
     elif sandbox["state"] != State.RUNNING:
         return procs  # paused: they are frozen with it
     else:
-        result = await _exec(mgr, sandbox, _script("list", *sorted({p["pid"] for p in waiting})))
-        if result.exit_code != 0:
-            raise OperationFailed(f"cannot read the processes of sandbox {sandbox['id']}: "
-                                  f"{one_line(Exception(result.stderr.decode(errors='replace')))}")
-        said = _states(result.stdout)
+        said: dict[int, str] = {}
+        for user in {p["user"] for p in waiting}:  # each user's as that user: its folders
+            result = await _exec(mgr, sandbox, _script("list", *sorted(
+                {p["pid"] for p in waiting if p["user"] == user})), user=user)
+            if result.exit_code != 0:
+                why = " ".join(result.stderr.decode(errors="replace").split())
+                raise OperationFailed(f"cannot read the processes of sandbox "
+                                      f"{sandbox['id']}: {why or result.exit_code}")
+            said.update(_states(result.stdout))
         # a pid used again: only its newest row is the one running now
         newest = {p["pid"]: p["id"] for p in waiting}
         ended = {p["id"]: _apply(mgr, p, said.get(p["pid"], "") if newest[p["pid"]] == p["id"]
@@ -379,7 +386,8 @@ async def start(mgr: Manager, ref: str, argv: Sequence[str], *,
     result = await _exec(mgr, sandbox, _script("start", cwd or "", int(bool(stdin)), *argv),
                          timeout_s=START_TIMEOUT_S, user=user,
                          env={**env, **telemetry.trace_env()})
-    said = result.stdout.decode(errors="replace").strip()
+    lines = result.stdout.decode(errors="replace").split()
+    said = lines[-1] if lines else ""  # after anything a login shell may print
     if result.exit_code == 3:
         raise NotFound(f"no folder {cwd} in sandbox {sandbox['id']}")
     if result.exit_code != 0 or not said.isdigit():
@@ -431,9 +439,12 @@ async def wait(mgr: Manager, ref: str, pid: int, timeout: timedelta | None) -> d
     proc = _one(mgr, sandbox, pid)
     left = None if timeout is None else timeout.total_seconds()
     while proc["ended_at"] is None:
-        if sandbox["state"] != State.RUNNING:
+        if sandbox["state"] in ENDED_STATES:
             proc = (await _observe(mgr, sandbox, [proc]))[0]
             break
+        if sandbox["state"] != State.RUNNING:
+            raise Conflict(f"sandbox {sandbox['id']} is {sandbox['state']}: its processes "
+                           "are frozen with it (resume it to wait)")
         slice_s = WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S)
         result = await _exec(mgr, sandbox, _script("wait", pid, int(slice_s * 100)),
                              timeout_s=slice_s + CONTROL_TIMEOUT_S, user=proc["user"])
@@ -547,8 +558,8 @@ async def output(mgr: Manager, ref: str, pid: int, *, stdout_offset: int = 0,
                         frame = (parts[0], int(parts[1]), int(parts[2]))
                         if frame[2] == 0:
                             frame = None
-                    elif parts:
-                        final = line
+                    elif parts and parts[0] in ("exit", "lost", "gone", "running"):
+                        final = line  # its state line, last (a "tick" keeps it honest)
                     continue
                 name, at, size = frame
                 take = min(size, len(buf))

@@ -349,3 +349,18 @@ async def test_processes_on_postgresql(pg_url, sbx_home):  # noqa: F811
             await box.destroy()
         finally:
             remove_test_containers(sbx_home)
+
+
+async def test_a_process_runs_as_the_user_asked_and_is_still_seen_by_the_reaper(client):
+    box = await client.create("default", ttl="10m", labels=RUN)
+    proc = await box.processes.start(["sh", "-c", "id -u; exec sleep 1000"], user="nobody",
+                                     stdin=False)
+    assert proc.user == "nobody"
+    async with contextlib.aclosing(proc.output()) as stream:
+        async for item in stream:
+            assert item.data == b"65534\n"
+            break
+    assert [p.running for p in await box.processes.list()] == [True]
+    await proc.kill(signal.SIGTERM)  # as that user, too
+    assert await proc.wait(timeout="30s") == 143
+    await box.destroy()
