@@ -43,11 +43,13 @@ class AsyncFiles:
     def _id(self) -> str:
         return self._box.id
 
-    async def write(self, path: str, data: bytes | str | BinaryIO | Path, *,
+    async def write(self, path: str,
+                    data: bytes | str | BinaryIO | Path | AsyncIterator[bytes], *,
                     mode: int | None = None) -> FileTransfer:
         """Write a file in the sandbox (its folder made if missing; an existing file is
-        replaced): `data` as bytes, text (UTF-8), a binary file object or a local `Path`,
-        read and sent in pieces. `mode`: its permission bits (default 0o644)."""
+        replaced): `data` as bytes, text (UTF-8), a binary file object, a local `Path` or
+        an async iterator of chunks (a request body, say), read and sent in pieces.
+        `mode`: its permission bits (default 0o644)."""
         if isinstance(data, Path):
             if data.is_dir():
                 from sandboxer.core.rules.errors import BadInput
@@ -99,6 +101,20 @@ class AsyncFiles:
     async def rename(self, src: str, dst: str) -> None:
         """Move `src` to `dst` (into it, when `dst` is an existing folder)."""
         await self._t.rename_file(self._id, src, dst)
+
+    async def put_tree(self, path: str,
+                       tar: bytes | BinaryIO | AsyncIterator[bytes]) -> FileTransfer:
+        """Unpack a tar stream (bytes, a binary file object or an async iterator of chunks,
+        sent on as it is read) into the folder `path`, made if missing: bytes and SHA-256
+        of the stream, `entries` its members. `upload` packs a local folder itself."""
+        doc = await self._t.put_tree(self._id, path, _chunks(tar))
+        return FileTransfer.from_dict(doc)
+
+    async def get_tree(self, path: str) -> AsyncIterator[bytes]:
+        """`path` (a file or a folder) as a tar stream whose one top entry is its base
+        name, as it comes; untrusted (`download` unpacks it safely)."""
+        async for chunk in self._t.get_tree(self._id, path):
+            yield chunk
 
     async def upload(self, local: Path | str, remote: str) -> FileTransfer:
         """Copy a local file or folder into the sandbox, as `cp -r` does: it becomes
@@ -182,7 +198,11 @@ class AsyncFiles:
 
 # -- local data as chunks, read off the caller's loop ---------------------------------------------
 
-async def _chunks(data: bytes | str | BinaryIO) -> AsyncIterator[bytes]:
+async def _chunks(data: bytes | str | BinaryIO | AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if hasattr(data, "__aiter__"):  # already chunks, from the caller's loop
+        async for chunk in data:  # type: ignore[union-attr]
+            yield bytes(chunk)
+        return
     if isinstance(data, str):
         data = data.encode()
     if isinstance(data, bytes | bytearray | memoryview):

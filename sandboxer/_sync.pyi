@@ -473,10 +473,11 @@ class Files:
     @property
     def _async_client(self) -> AsyncSandboxer: ...
 
-    def write(self, path: str, data: bytes | str | BinaryIO | Path, *, mode: int | None = None) -> FileTransfer:
+    def write(self, path: str, data: bytes | str | BinaryIO | Path | AsyncIterator[bytes], *, mode: int | None = None) -> FileTransfer:
         """Write a file in the sandbox (its folder made if missing; an existing file is
-        replaced): `data` as bytes, text (UTF-8), a binary file object or a local `Path`,
-        read and sent in pieces. `mode`: its permission bits (default 0o644).
+        replaced): `data` as bytes, text (UTF-8), a binary file object, a local `Path` or
+        an async iterator of chunks (a request body, say), read and sent in pieces.
+        `mode`: its permission bits (default 0o644).
         """
         ...
 
@@ -512,6 +513,19 @@ class Files:
 
     def rename(self, src: str, dst: str) -> None:
         """Move `src` to `dst` (into it, when `dst` is an existing folder)."""
+        ...
+
+    def put_tree(self, path: str, tar: bytes | BinaryIO | AsyncIterator[bytes]) -> FileTransfer:
+        """Unpack a tar stream (bytes, a binary file object or an async iterator of chunks,
+        sent on as it is read) into the folder `path`, made if missing: bytes and SHA-256
+        of the stream, `entries` its members. `upload` packs a local folder itself.
+        """
+        ...
+
+    def get_tree(self, path: str) -> SyncIterator[bytes]:
+        """`path` (a file or a folder) as a tar stream whose one top entry is its base
+        name, as it comes; untrusted (`download` unpacks it safely).
+        """
         ...
 
     def upload(self, local: Path | str, remote: str) -> FileTransfer:

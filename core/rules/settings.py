@@ -280,7 +280,8 @@ def serve_max_body() -> int:
 
 
 def serve_max_upload() -> int:
-    """The largest archive `POST /v1/checkpoints/import` takes (`SBX_SERVE_MAX_UPLOAD`, 4GiB)."""
+    """The largest archive `POST /v1/checkpoints/import` takes, and the largest file or tree
+    body of `PUT /v1/sandboxes/{ref}/files[/tree]` (`SBX_SERVE_MAX_UPLOAD`, 4GiB)."""
     return _size_env("SBX_SERVE_MAX_UPLOAD", "4GiB")
 
 

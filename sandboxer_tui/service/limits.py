@@ -6,6 +6,7 @@ deadline for its headers and a cap on their size. Refusals are the service's err
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,7 +22,9 @@ from sandboxer_tui.service.errors import error_body, error_response, refusal
 
 PUBLIC = frozenset({"/healthz", "/readyz", "/openapi.json"})  # no key, and served past the
 # connection limit (the document is public: it says what the service is, not what it holds)
-UPLOAD = ("POST", "/v1/checkpoints/import")  # the one route whose body is an archive
+UPLOAD = ("POST", "/v1/checkpoints/import")  # an archive to import
+STREAMED = re.compile(r"^/v1/sandboxes/[^/]+/files(/tree)?$")  # PUT: a file's or a tree's
+# bytes, streamed on to the sandbox as they come: capped as an upload, not as a JSON body
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this: 431
 KEEP_ALIVE_S = 5  # an idle connection between requests is closed after this
 CONNECTIONS = "sbx.connections"  # scope key: connections open when this request began
@@ -95,7 +98,8 @@ class Limits:
             except SbxError as exc:  # the database cannot be reached, say
                 await body.answer(error_response(exc))
                 return
-        upload = (scope["method"], scope["path"]) == UPLOAD
+        upload = (scope["method"], scope["path"]) == UPLOAD or (
+            scope["method"] == "PUT" and STREAMED.match(scope["path"]) is not None)
         body.limit = self.max_upload if upload else self.max_body
         body.setting = "SBX_SERVE_MAX_UPLOAD" if upload else "SBX_SERVE_MAX_BODY"
         if body.length is not None and body.length > body.limit:

@@ -49,6 +49,37 @@ class Extend(Body):
 class Exec(Body):
     argv: list[str] = Field(min_length=1)
     timeout: Duration | None = None
+    env: dict[str, str] | None = Field(None, description="added to the command's environment; "
+                                                         "the event records the names only")
+    cwd: str | None = Field(None, description="the working directory: an absolute path in "
+                                              "the sandbox")
+    user: str | None = Field(None, description="run as this user (a backend with the "
+                                               "run_as_user capability)")
+    stdin: str | None = Field(None, description="the command's standard input, base64; the "
+                                                "body limit caps it (SBX_SERVE_MAX_BODY)")
+
+
+class StartProcess(Body):
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    user: str | None = None
+    stdin: bool = Field(False, description="keep its stdin open for POST .../stdin (else it "
+                                           "is empty)")
+
+
+class Signal(Body):
+    signal: StrictInt = Field(9, ge=1, le=64, description="a signal number (9: SIGKILL)")
+
+
+class MakeDir(Body):
+    path: str
+    parents: bool = True
+
+
+class Rename(Body):
+    src: str
+    dst: str
 
 
 class Snapshot(Body):
@@ -306,3 +337,37 @@ class PoolDrained(BaseModel):
     profile: str
     destroyed: list[str]
     failed: list[PoolFailure]
+
+
+class FileTransfer(BaseModel):
+    """What one transfer moved: the event `sandbox.file` records the same (never the bytes)."""
+
+    path: str
+    bytes: int
+    sha256: str
+    entries: int | None = Field(None, description="a tree's members")
+
+
+class FileInfo(BaseModel):
+    path: str = Field(description="absolute, in the sandbox")
+    name: str
+    type: str = Field(description="file, dir, symlink or other")
+    size: int
+    mode: int = Field(description="permission bits (0o644 is 420)")
+    mtime: str = Field(description="ISO 8601, UTC")
+    target: str | None = Field(None, description="a symlink's target")
+
+
+class ProcessView(BaseModel):
+    """A background process (docs/service.md, "Processes")."""
+
+    pid: int
+    argv: list[str]
+    cwd: str | None
+    user: str | None
+    env_names: list[str]
+    stdin: bool = Field(description="its stdin is open for writing")
+    started_at: str
+    running: bool
+    exit_code: int | None
+    ended_at: str | None

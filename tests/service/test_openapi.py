@@ -24,6 +24,7 @@ pytestmark = pytest.mark.docker
 
 DOCUMENT = ROOT / "docs" / "openapi.json"
 schemathesis.serializer.alias("application/gzip", "application/octet-stream")  # an archive
+schemathesis.serializer.alias("application/x-tar", "application/octet-stream")  # a tree
 schema = schemathesis.openapi.from_path(str(DOCUMENT))
 FUZZ = settings(max_examples=6, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))

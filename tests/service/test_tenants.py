@@ -87,8 +87,27 @@ def test_each_tenant_sees_and_touches_only_its_own_sandboxes_and_events(
             ("GET", f"/v1/sandboxes/{ref}/evidence", None),
             ("GET", f"/v1/events?sandbox={ref}", None),
             ("GET", f"/v1/checkpoints?sandbox={ref}", None),
-            ("POST", "/v1/sandboxes/destroy", {"refs": [ref]})):
+            ("POST", "/v1/sandboxes/destroy", {"refs": [ref]}),
+            # a sandbox's files and processes (docs/service.md, "Files", "Processes")
+            ("GET", f"/v1/sandboxes/{ref}/files?path=/tmp", None),
+            ("GET", f"/v1/sandboxes/{ref}/files/tree?path=/tmp", None),
+            ("GET", f"/v1/sandboxes/{ref}/files/list?path=/tmp", None),
+            ("GET", f"/v1/sandboxes/{ref}/files/stat?path=/tmp", None),
+            ("DELETE", f"/v1/sandboxes/{ref}/files?path=/tmp", None),
+            ("POST", f"/v1/sandboxes/{ref}/files/mkdir", {"path": "/tmp/x"}),
+            ("POST", f"/v1/sandboxes/{ref}/files/rename", {"src": "/tmp", "dst": "/t"}),
+            ("POST", f"/v1/sandboxes/{ref}/processes", {"argv": ["true"]}),
+            ("GET", f"/v1/sandboxes/{ref}/processes", None),
+            ("GET", f"/v1/sandboxes/{ref}/processes/1", None),
+            ("POST", f"/v1/sandboxes/{ref}/processes/1/wait", None),
+            ("POST", f"/v1/sandboxes/{ref}/processes/1/signal", {"signal": 9}),
+            ("DELETE", f"/v1/sandboxes/{ref}/processes/1/stdin", None),
+            ("GET", f"/v1/sandboxes/{ref}/processes/1/output", None)):
         answer = alice.request(method, path, json=body)
+        not_found_like_a_missing_one(answer, ref)
+    for path in ("files?path=/tmp/x", "files/tree?path=/tmp", "processes/1/stdin"):
+        answer = alice.request("PUT" if "files" in path else "POST",
+                               f"/v1/sandboxes/{ref}/{path}", content=b"data")
         not_found_like_a_missing_one(answer, ref)
     with alice.stream("POST", f"/v1/sandboxes/{ref}/exec", json={"argv": ["true"]},
                       headers={"Accept": "text/event-stream"}) as streamed:

@@ -8,15 +8,18 @@ from sandboxer_tui.service.routes import (
     commands,
     events,
     evidence,
+    files,
     health,
     keys,
     metrics,
     pools,
+    processes,
     profiles,
     reaper,
     sandboxes,
 )
 
-ROUTERS = (health.router, metrics.router, sandboxes.router, commands.router, evidence.router,
+ROUTERS = (health.router, metrics.router, sandboxes.router, commands.router, files.router,
+           processes.router, evidence.router,
            checkpoints.router, events.router, reaper.router, profiles.router, pools.router,
            keys.router)

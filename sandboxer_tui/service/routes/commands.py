@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sandboxer import ExecExit, OutputChunk
-from sandboxer.core.rules.errors import OperationFailed, classify
+from sandboxer.core.rules.errors import BadInput, OperationFailed, classify
 from sandboxer.service import Scope, output_doc
 from sandboxer_tui.service import schemas as s
 from sandboxer_tui.service import sse
@@ -29,14 +29,29 @@ router = APIRouter(tags=["sandboxes"])
                                  "content": {"text/event-stream": {}}}})
 async def exec_(who: Write, service: Service, ref: str, body: s.Exec,
                 accept: Accept = None) -> Response:
+    options = dict(timeout=body.timeout, env=body.env, cwd=body.cwd, user=body.user,
+                   stdin=_stdin(body.stdin))
     box = await who.client.get(ref)
     if sse.wants_stream(accept):
-        items = await sse.primed(box.exec_stream(body.argv, timeout=body.timeout))
+        items = await sse.primed(box.exec_stream(body.argv, **options))
         return sse.stream(_exec_frames(items, service.metrics, box.backend))
     # the stream form, kept up to the cap: the whole output never sits in the service
     result = await service.metrics.timed("exec", _capped_exec(box.exec_stream(
-        body.argv, timeout=body.timeout), service.max_exec_output), backend=box.backend)
+        body.argv, **options), service.max_exec_output), backend=box.backend)
     return JSONResponse(result)
+
+
+def _stdin(text: str | None) -> bytes | None:
+    """The body's `stdin`, base64."""
+    if text is None:
+        return None
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadInput("bad stdin: base64 (RFC 4648) text") from None
 
 
 @router.get("/v1/sandboxes/{ref}/logs", summary="The main process's output",
