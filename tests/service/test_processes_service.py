@@ -10,7 +10,7 @@ import json
 
 import httpx
 import pytest
-from support import RUN_LABEL, remove_test_containers, table_rows
+from support import RUN_LABEL, query, remove_test_containers, table_rows
 
 from tests.service.test_service import everything
 
@@ -54,8 +54,8 @@ def test_exec_takes_env_cwd_and_stdin_and_the_event_keeps_env_names_only(api, bo
     assert answer.status_code == 200, answer.text
     assert answer.json()["stdout"] == "s3cr3t-value in /tmp\nfrom stdin\n"
     assert answer.json()["exit_code"] == 0
-    execs = [json.loads(e["payload_json"]) for e in table_rows(sbx_home, "events")
-             if e["type"] == "sandbox.exec"]
+    execs = [json.loads(e["payload_json"]) for e in query(
+        sbx_home, "SELECT payload_json FROM events WHERE type = 'sandbox.exec' ORDER BY id")]
     assert execs[-1]["env"] == ["TOKEN"] and execs[-1]["cwd"] == "/tmp"
     assert "s3cr3t-value" not in json.dumps(table_rows(sbx_home, "events"))
 
