@@ -18,8 +18,8 @@ RESULTS = ROOT / "bench" / "results"
 README = ROOT / "README.md"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 # the benchmarks in the order the table lists them
-ORDER = ("lifecycle", "oneshot", "api", "service", "pool", "reap", "checkpoints", "delivery", "metrics",
-         "fleet", "tui")
+ORDER = ("lifecycle", "oneshot", "api", "service", "files", "pool", "reap", "checkpoints", "delivery",
+         "metrics", "fleet", "tui")
 
 
 def table(results: Path = RESULTS) -> str:
