@@ -19,10 +19,13 @@ import hashlib
 import ipaddress
 import math
 import os
+import posixpath
 import random
 import re
 import shlex
+import tarfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -42,11 +45,16 @@ from sandboxer.adapters.base import (
     CapabilityNotSupported,
     CreateRequest,
     ExecResult,
+    FileInfo,
     Health,
+    InvalidRequest,
     MetricSample,
+    NoSuchPath,
+    Stdin,
     one_line,
     open_state_file,
     state_folder,
+    stdin_chunks,
 )
 
 T = TypeVar("T")
@@ -67,6 +75,20 @@ RATE_LIMIT_BACKOFF_S = 1.0
 RATE_LIMIT_BACKOFF_MAX_S = 16.0
 KEY_HINT = "get one at https://e2b.dev/dashboard?tab=keys"
 SDK_HINT = "install it: pip install 'sandboxer[e2b]'"
+EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a timeout's kill finds
+STDIN_CHUNK = 1024 * 1024  # per send_stdin call
+TREE_DEPTH = 10_000  # envd lists to a depth: a tree's whole depth
+# Run in the sandbox when an exec times out ($0: the mark, $1: EXEC_MARK): in rounds, every
+# process whose environment carries the mark (GNU or busybox grep, NUL as the line end).
+KILL_MARKED = r"""found=1
+for round in 1 2 3 4 5; do
+  left=
+  for f in $(grep -lzxF "$1=$0" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null && found=0 left=1
+  done
+  [ -z "$left" ] && break
+done
+exit $found"""
 _DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]([a-z0-9-]*[a-z0-9])?")
 _SNAPSHOT_NAME = re.compile(r"sbx_(?P<install>[a-z0-9-]+)_(?P<checkpoint>[a-z0-9-]+)")
 
@@ -165,8 +187,10 @@ class E2BAdapter(Adapter):
     name = "e2b"
     shared = True  # sandboxes live in an E2B account: any fleet host reaching it may reap them
     description = "cloud sandboxes on E2B (your own key: E2B_API_KEY)"
+    # files: envd's filesystem service and /files (a tree in: tar through a command's stdin,
+    # the base's default; out: packed here from downloads, see get_archive)
     capabilities = frozenset({Capability.EXEC, Capability.PAUSE, Capability.SNAPSHOT,
-                              Capability.SET_DEADLINE, Capability.METRICS})
+                              Capability.SET_DEADLINE, Capability.METRICS, Capability.FILES})
 
     def __init__(self) -> None:
         self.metrics_every_s = METRICS_EVERY_S
@@ -419,42 +443,246 @@ class E2BAdapter(Adapter):
                 raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}") from exc
             raise
 
-    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
-        e2b = _sdk()
+    async def _running(self, ref: str) -> tuple[Any, str]:
+        """A connected SDK sandbox for work inside it, and its id; BackendObjectGone when E2B
+        no longer has it or it is paused (connecting would resume it behind sbx's back)."""
         sandbox_id, variable = split_ref(ref)
         info = await self._info(sandbox_id, variable)
         if info is None:
             raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}")
-        if info.state.value != "running":  # connecting would resume it behind sbx's back
+        if info.state.value != "running":
             raise BackendObjectGone(f"E2B sandbox {sandbox_id} is {info.state.value}")
         # connecting asks for a timeout; asking for what is left leaves E2B's clock as it is
         left = max(1, math.ceil((info.end_at - datetime.now(UTC)).total_seconds()))
-        sandbox = await self._connect(sandbox_id, variable, left)
+        return await self._connect(sandbox_id, variable, left), sandbox_id
+
+    async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                   user: str | None = None, stdin: Stdin = None) -> ExecResult:
+        out, err = bytearray(), bytearray()
+        async for item in self.exec_stream(ref, argv, timeout_s, env, cwd=cwd, user=user,
+                                           stdin=stdin):
+            if isinstance(item, ExecResult):
+                return ExecResult(item.exit_code, bytes(out), bytes(err), item.duration_s,
+                                  item.timed_out)
+            (out if item[0] == "stdout" else err).extend(item[1])
+        raise AssertionError("unreachable: the stream ends with its result")
+
+    async def exec_stream(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
+                          env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                          user: str | None = None, stdin: Stdin = None,
+                          ) -> AsyncIterator[tuple[str, bytes] | ExecResult]:
+        """`commands.run(background=True)` with `envs`, `cwd` and, when there is stdin,
+        `stdin=True`: it goes in with `send_stdin` (1 MiB a call), then `close_stdin`. The
+        output as envd sends it (E2B's SDK decodes it as UTF-8: bytes that are not text
+        arrive replaced). At `timeout_s` every process carrying the exec's mark (EXEC_MARK)
+        is killed by a second command, and the output so far is kept."""
+        e2b = _sdk()
+        if user is not None:
+            raise CapabilityNotSupported(
+                f"the e2b backend cannot run a command as {user!r} yet (remove user)")
+        sandbox, sandbox_id = await self._running(ref)
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        mark = uuid.uuid4().hex
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(16)
+
+        async def on_stdout(text: str) -> None:
+            await queue.put(("stdout", text.encode()))
+
+        async def on_stderr(text: str) -> None:
+            await queue.put(("stderr", text.encode()))
+
         try:  # no stream limit: the SDK's own command timeout does not fire on Python 3.11
-            handle = await sandbox.commands.run(shlex.join(argv), background=True, timeout=0,
-                                                envs=dict(env) if env else None)
+            handle = await sandbox.commands.run(
+                shlex.join(argv), background=True, timeout=0, cwd=cwd,
+                envs={**(env or {}), EXEC_MARK: mark}, stdin=stdin is not None,
+                on_stdout=on_stdout, on_stderr=on_stderr, retain_output=False)
+        except e2b.InvalidArgumentException as exc:
+            raise InvalidRequest(f"E2B refused the command in {sandbox_id}: "
+                                 f"{one_line(exc)}") from exc
         except Exception as exc:
             raise AdapterError(f"E2B could not start the command in {sandbox_id}: "
                                f"{one_line(exc)}") from exc
+
+        async def wait() -> None:
+            try:
+                result: Any = await handle.wait()
+            except e2b.CommandExitException as exc:
+                result = exc
+            except Exception as exc:
+                result = exc
+            await queue.put(("done", result))
+
+        async def feed() -> None:
+            try:
+                async for chunk in stdin_chunks(stdin):
+                    for at in range(0, len(chunk), STDIN_CHUNK):
+                        await sandbox.commands.send_stdin(handle.pid, chunk[at:at + STDIN_CHUNK])
+            except Exception:  # noqa: S110 (the command ended or stopped reading: its exit says)
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    await sandbox.commands.close_stdin(handle.pid)
+
+        tasks = [asyncio.create_task(wait())]
+        if stdin is not None:
+            tasks.append(asyncio.create_task(feed()))
+        result: Any = None
         try:
-            result = await asyncio.wait_for(handle.wait(), timeout_s)
-        except e2b.CommandExitException as exc:
-            result = exc
-        except TimeoutError:
-            killed = await self._kill_command(sandbox, handle.pid)
-            with contextlib.suppress(Exception):
-                await handle.disconnect()
-            note = "" if killed else " (the process may still run inside the sandbox)"
-            return ExecResult(124, (handle.stdout or "").encode(),
-                              f"sbx: timed out after {timeout_s:g}s{note}\n".encode(),
-                              time.perf_counter() - started, timed_out=True)
-        except Exception as exc:
+            while result is None:
+                left = None if deadline is None else deadline - loop.time()
+                try:
+                    if left is not None and left <= 0:
+                        raise TimeoutError
+                    kind, value = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    break
+                if kind == "done":
+                    result = value
+                else:
+                    yield kind, value
+            if result is None:  # the deadline
+                killed = await self._kill_marked(sandbox, mark)
+                killed = await self._kill_command(sandbox, handle.pid) or killed
+                with contextlib.suppress(Exception):
+                    await handle.disconnect()
+                while not queue.empty():  # what was read before the deadline is kept
+                    kind, value = queue.get_nowait()
+                    if kind != "done":
+                        yield kind, value
+                note = "" if killed else " (the process may still run inside the sandbox)"
+                yield "stderr", f"sbx: timed out after {timeout_s:g}s{note}\n".encode()
+                yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
+                return
+        finally:
+            for task in tasks:
+                task.cancel()
+        if isinstance(result, Exception) and not isinstance(result, e2b.CommandExitException):
             raise AdapterError(f"the command in E2B sandbox {sandbox_id} failed: "
+                               f"{one_line(result)}") from result
+        yield ExecResult(result.exit_code, b"", b"", time.perf_counter() - started)
+
+    @staticmethod
+    async def _kill_marked(sandbox: Any, mark: str) -> bool:
+        """Kill every process whose environment carries the mark, by a second command."""
+        try:
+            await sandbox.commands.run(shlex.join(["sh", "-c", KILL_MARKED, mark, EXEC_MARK]),
+                                       timeout=10)
+            return True
+        except Exception:
+            return False
+
+    # -- files: envd's filesystem service and /files ----------------------------------------
+
+    async def _files(self, ref: str, what: str, path: str,
+                     call: Callable[[Any], Awaitable[T]]) -> T:
+        """One call on the SDK's `files` of a running sandbox; a missing path -> NoSuchPath."""
+        e2b = _sdk()
+        sandbox, sandbox_id = await self._running(ref)
+        try:
+            return await call(sandbox.files)
+        except e2b.NotFoundException as exc:
+            raise NoSuchPath(f"{path} does not exist in the sandbox") from exc
+        except e2b.InvalidArgumentException as exc:
+            raise InvalidRequest(f"{path}: {one_line(exc)}") from exc
+        except AdapterError:
+            raise
+        except Exception as exc:
+            raise AdapterError(f"E2B could not {what} {path} in {sandbox_id}: "
                                f"{one_line(exc)}") from exc
-        return ExecResult(result.exit_code, (result.stdout or "").encode(),
-                          (result.stderr or "").encode(), time.perf_counter() - started)
+
+    async def stat_file(self, ref: str, path: str) -> FileInfo | None:
+        try:
+            entry = await self._files(ref, "read", path, lambda f: f.get_info(path))
+        except NoSuchPath:
+            return None
+        return _file_info(entry)
+
+    async def list_files(self, ref: str, path: str, depth: int = 1) -> list[FileInfo]:
+        async def listing(files: Any) -> list[Any]:
+            top = await files.get_info(path)
+            if _file_info(top).type != "dir":
+                return [top]
+            return await files.list(path, depth=max(1, depth))
+
+        entries = await self._files(ref, "list", path, listing)
+        return sorted((_file_info(e) for e in entries), key=lambda info: info.path)
+
+    async def remove_file(self, ref: str, path: str, *, recursive: bool = False) -> None:
+        async def remove(files: Any) -> None:
+            top = _file_info(await files.get_info(path))
+            if not recursive and top.type == "dir" and await files.list(path, depth=1):
+                raise InvalidRequest(f"{path} is a folder that is not empty "
+                                     "(remove it recursively)")
+            await files.remove(path)  # envd removes a folder with all in it
+
+        await self._files(ref, "remove", path, remove)
+
+    async def make_dir(self, ref: str, path: str, *, parents: bool = True) -> None:
+        async def make(files: Any) -> None:
+            if not parents:
+                parent = posixpath.dirname(posixpath.normpath(path))
+                if not await files.exists(parent):
+                    raise NoSuchPath(f"{parent} does not exist in the sandbox")
+                if await files.exists(path):
+                    raise InvalidRequest(f"{path} already exists")
+            if not await files.make_dir(path):  # False: it was there already
+                if _file_info(await files.get_info(path)).type != "dir":
+                    raise InvalidRequest(f"{path} already exists and is not a folder")
+
+        await self._files(ref, "make the folder", path, make)
+
+    async def rename_file(self, ref: str, src: str, dst: str) -> None:
+        async def move(files: Any) -> None:
+            target = dst
+            with contextlib.suppress(_sdk().NotFoundException):
+                if _file_info(await files.get_info(dst)).type == "dir":
+                    target = posixpath.join(dst, posixpath.basename(posixpath.normpath(src)))
+            await files.rename(src, target)
+
+        await self._files(ref, "move", src, move)
+
+    async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """The tree packed here from envd's listing and /files downloads (streamed, a file at
+        a time): E2B's command output is text, so tar cannot come out through a command."""
+        top = posixpath.normpath(path)
+        entries = await self._files(ref, "read", path, lambda f: _tree_entries(f, top))
+        sandbox, _ = await self._running(ref)
+        parent = posixpath.dirname(top)
+        for info in entries:
+            header = tarfile.TarInfo(posixpath.relpath(info.path, parent))
+            header.mode, header.mtime = info.mode, int(info.mtime.timestamp())
+            if info.type == "dir":
+                header.type = tarfile.DIRTYPE
+            elif info.type == "symlink":
+                header.type, header.linkname = tarfile.SYMTYPE, info.target or ""
+            elif info.type == "file":
+                header.size = info.size
+            else:
+                continue
+            yield header.tobuf(format=tarfile.PAX_FORMAT)
+            if info.type != "file":
+                continue
+            sent = 0
+            if info.size:
+                try:
+                    stream = await sandbox.files.read(info.path, format="stream")
+                except Exception as exc:
+                    raise AdapterError(f"E2B could not read {info.path}: "
+                                       f"{one_line(exc)}") from exc
+                async with stream:
+                    async for chunk in stream:
+                        chunk = chunk[:info.size - sent]  # it grew since it was listed
+                        sent += len(chunk)
+                        if chunk:
+                            yield chunk
+            if sent < info.size:  # it shrank since it was listed: the header holds
+                yield b"\0" * (info.size - sent)
+            if info.size % tarfile.BLOCKSIZE:
+                yield b"\0" * (tarfile.BLOCKSIZE - info.size % tarfile.BLOCKSIZE)
+        yield b"\0" * (2 * tarfile.BLOCKSIZE)
 
     @staticmethod
     async def _kill_command(sandbox: Any, pid: int) -> bool:
@@ -576,6 +804,29 @@ class E2BAdapter(Adapter):
             if since is None:
                 since = datetime.now(UTC) - timedelta(seconds=1)
             await asyncio.sleep(self.metrics_every_s)
+
+
+async def _tree_entries(files: Any, top: str) -> list[FileInfo]:
+    """`top` and, for a folder, everything under it, parents first."""
+    first = _file_info(await files.get_info(top))
+    if first.type != "dir":
+        return [first]
+    below = [_file_info(e) for e in await files.list(top, depth=TREE_DEPTH)]
+    return [first, *sorted(below, key=lambda info: info.path)]
+
+
+def _file_info(entry: Any) -> FileInfo:
+    """The SDK's EntryInfo as the contract's FileInfo (envd's mode is Go's: the low bits are
+    the permissions)."""
+    kind = {"file": "file", "dir": "dir", "symlink": "symlink"}.get(
+        str(getattr(entry.type, "value", entry.type)), "other")
+    mtime = entry.modified_time
+    if mtime.tzinfo is None:
+        mtime = mtime.replace(tzinfo=UTC)
+    path = entry.path
+    return FileInfo(path=path, name=posixpath.basename(path) or "/", type=kind,
+                    size=entry.size, mode=entry.mode & 0o7777, mtime=mtime.astimezone(UTC),
+                    target=entry.symlink_target if kind == "symlink" else None)
 
 
 def _egress_entry_ok(entry: str) -> bool:

@@ -205,7 +205,7 @@ def test_exec_timeout_kills_the_command_and_the_sandbox_stays_usable(e2b, standi
     result = e2b("exec", box["id"], "--timeout", "1s", "--", "sleep", "30")
     assert result.code == 124, result.err
     assert time.monotonic() - started < 15
-    (pid,) = [int(p) for p in standin.started_pids]
+    pid = standin.started_pids[0]  # the command (the next: the kill by its mark)
     wait_until(lambda: not standin.sandboxes[box["backend_ref"]].processes)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the command itself is gone, not just forgotten
@@ -287,7 +287,8 @@ def test_doctor_reports_e2b_health(e2b, standin):
     good = e2b("doctor", "--json")
     (report,) = [b for b in good.json()["backends"] if b["name"] == "e2b"]
     assert (report["reachable"], report["credentials"]) == (True, True)
-    assert report["capabilities"] == ["exec", "metrics", "pause", "set-deadline", "snapshot"]
+    assert report["capabilities"] == ["exec", "files", "metrics", "pause", "set-deadline",
+                                     "snapshot"]
     bad = e2b("doctor", "--json", env={"E2B_API_KEY": "wrong-key"})
     (report,) = [b for b in bad.json()["backends"] if b["name"] == "e2b"]
     assert (report["reachable"], report["credentials"]) == (True, False)

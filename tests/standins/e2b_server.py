@@ -1,5 +1,6 @@
-"""A stand-in for E2B on 127.0.0.1: its REST API and envd's Connect-RPC process service, in
-one ASGI app served by uvicorn in a thread of the test process.
+"""A stand-in for E2B on 127.0.0.1: its REST API and envd's Connect-RPC process and filesystem
+services and its /files HTTP endpoint, in one ASGI app served by uvicorn in a thread of the
+test process.
 
 Kept honest:
 - every request body is parsed with the SDK's own generated models (`e2b.api.client.models`)
@@ -7,8 +8,11 @@ Kept honest:
 - an endpoint, a query parameter or a body field it does not know is answered 501/400 *and*
   recorded in `problems`, which the test fixture asserts empty: an SDK upgrade that calls
   something new fails the tests loudly instead of passing against a guess;
-- commands really run, as local `sh -c` subprocesses in a folder per sandbox (its
-  filesystem), with their real exit codes, stdout and stderr; a snapshot copies that folder;
+- commands really run, as local `sh -c` subprocesses in a folder per sandbox (their working
+  folder and HOME), with their real exit codes, stdout, stderr and stdin (send_input,
+  close_stdin); a snapshot copies that folder. A path given to envd (a command's cwd, the
+  filesystem service, /files) is a path of this host, as the commands see it; a relative one is
+  under the sandbox's folder;
 - sandboxes expire on their own, as on E2B: a background task removes a running sandbox
   past its end time. Time is the wall clock plus `clock_offset` (`advance()` moves it).
 
@@ -26,6 +30,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat as stat_module
 import string
 import tempfile
 import threading
@@ -55,9 +60,12 @@ from e2b.api.client.models import (
     SnapshotInfo,
 )
 from e2b.api.client.types import UNSET, Unset
+from e2b.envd.filesystem import filesystem_pb as fs_pb
+from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
 from e2b.envd.process import process_pb as pb
 from e2b.envd.process.process_connect import ProcessASGIApplication
 from protobuf import Oneof
+from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 ENVD_VERSION = "0.6.4"
 MiB = 1024**2
@@ -114,6 +122,11 @@ class StandInSandbox:
     timeouts: list[int] = field(default_factory=list)  # every timeout asked for, in seconds
     processes: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
     metrics: list[SandboxMetric] = field(default_factory=list)
+
+    def path(self, raw: str) -> Path:
+        """A path given to envd: a path of this host; a relative one under the sandbox."""
+        path = Path(raw)
+        return path if path.is_absolute() else self.root / path
 
 
 @dataclass
@@ -183,6 +196,8 @@ class E2BStandIn:
         self._lock = threading.Lock()
         self._workdir = Path(tempfile.mkdtemp(prefix="e2b-standin-"))
         self._envd = ProcessASGIApplication(_EnvdProcess(self))
+        self._envd_fs = FilesystemASGIApplication(_EnvdFilesystem(self))
+        self.uploads: list[tuple[str, str]] = []  # (path, content type) of each /files POST
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -240,7 +255,13 @@ class E2BStandIn:
             return
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         if scope["path"].startswith("/process.Process/"):
-            await self._envd_call(scope, receive, send, headers)
+            await self._envd_call(scope, receive, send, headers, self._envd)
+            return
+        if scope["path"].startswith("/filesystem.Filesystem/"):
+            await self._envd_call(scope, receive, send, headers, self._envd_fs)
+            return
+        if scope["path"] == "/files":
+            await self._envd_call(scope, receive, send, headers, self._files)
             return
         body = b""
         while True:
@@ -572,7 +593,7 @@ class E2BStandIn:
 
     # -- envd ----------------------------------------------------------------------------
 
-    async def _envd_call(self, scope, receive, send, headers: dict[str, str]) -> None:
+    async def _envd_call(self, scope, receive, send, headers: dict[str, str], app) -> None:
         """envd sits behind E2B's proxy: the sandbox must exist and run, the token match."""
         sandbox = self.sandboxes.get(headers.get("e2b-sandbox-id", ""))
         status = None
@@ -587,7 +608,65 @@ class E2BStandIn:
                         "headers": [(b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": text})
             return
-        await self._envd(scope, receive, send)
+        await app(scope, receive, send)
+
+    async def _files(self, scope, receive, send) -> None:
+        """envd's /files: GET streams a file out; POST with an application/octet-stream body
+        streams one in (parents made), answering its EntryInfo list as envd does. What else
+        arrives (multipart, another method) is a problem."""
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        sandbox = self.sandboxes[headers["e2b-sandbox-id"]]
+        query = dict(parse_qsl(scope.get("query_string", b"").decode(), keep_blank_values=True))
+        unknown = set(query) - {"path", "username"}
+
+        async def answer(status: int, body: bytes, kind: bytes = b"application/json") -> None:
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", kind)]})
+            await send({"type": "http.response.body", "body": body})
+
+        def error(status: int, message: str) -> bytes:
+            return json.dumps({"code": status, "message": message}).encode()
+
+        if unknown or "path" not in query:
+            self._problem(f"/files: unknown or missing query parameters {sorted(query)}")
+            await answer(400, error(400, "path is required"))
+            return
+        path = sandbox.path(query["path"])
+        if scope["method"] == "GET":
+            if not path.is_file():
+                status = 404 if not path.exists() else 400
+                await answer(status, error(status, f"path '{query['path']}' does not exist"
+                                           if status == 404 else "path is a directory"))
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/octet-stream"),
+                (b"content-length", str(path.stat().st_size).encode())]})
+            with path.open("rb") as file:
+                while chunk := await asyncio.to_thread(file.read, 256 * 1024):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        kind = headers.get("content-type", "")
+        if scope["method"] != "POST" or kind != "application/octet-stream" or \
+                headers.get("content-encoding"):
+            self._problem(f"/files: {scope['method']} with {kind!r} is not served")
+            await answer(400, error(400, "stand-in: only octet-stream uploads"))
+            return
+        self.uploads.append((query["path"], kind))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as file:
+                while True:
+                    message = await receive()
+                    if message.get("body"):
+                        await asyncio.to_thread(file.write, message["body"])
+                    if not message.get("more_body"):
+                        break
+        except OSError as exc:
+            await answer(400, error(400, f"cannot write {query['path']}: {exc.strerror}"))
+            return
+        await answer(200, json.dumps([{"name": path.name, "type": "file",
+                                       "path": str(path)}]).encode())
 
     def envd_sandbox(self, ctx) -> StandInSandbox:
         sandbox = self.sandboxes.get(ctx.request_headers.get("e2b-sandbox-id", ""))
@@ -612,9 +691,13 @@ class _EnvdProcess:
             raise ConnectError(Code.INVALID_ARGUMENT, "stand-in runs only bash -l -c CMD")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(sandbox.root),
                **sandbox.env_vars, **dict(config.envs)}
-        cwd = config.cwd if config.has_field("cwd") and Path(config.cwd).is_dir() else sandbox.root
+        cwd = sandbox.path(config.cwd) if config.has_field("cwd") else sandbox.root
+        if not cwd.is_dir():  # as envd: the process is not started
+            raise ConnectError(Code.INVALID_ARGUMENT, f"cwd '{config.cwd}' does not exist")
+        with_stdin = request.has_field("stdin") and request.stdin
         proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", args[2], cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+            "sh", "-c", args[2], cwd=cwd, env=env,
+            stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)
         sandbox.processes[proc.pid] = proc
@@ -657,15 +740,38 @@ class _EnvdProcess:
                                            status=f"signal: {signal.Signals(-code).name}")
         yield _event("end", end)
 
-    async def send_signal(self, request: pb.SendSignalRequest, ctx) -> pb.SendSignalResponse:
+    def _process(self, request, ctx, what: str) -> asyncio.subprocess.Process:
         sandbox = self.standin.envd_sandbox(ctx)
         selector = request.process.selector if request.process else None
         if not (isinstance(selector, Oneof) and selector.field == "pid"):
-            self.standin._problem(f"envd SendSignal with an unexpected selector: {request!r}")
+            self.standin._problem(f"envd {what} with an unexpected selector: {request!r}")
             raise ConnectError(Code.INVALID_ARGUMENT, "stand-in selects processes by pid")
         proc = sandbox.processes.get(selector.value)
         if proc is None:
             raise ConnectError(Code.NOT_FOUND, f"process with pid {selector.value} not found")
+        return proc
+
+    async def send_input(self, request: pb.SendInputRequest, ctx) -> pb.SendInputResponse:
+        proc = self._process(request, ctx, "SendInput")
+        given = request.input.input if request.input else None
+        if not (isinstance(given, Oneof) and given.field == "stdin"):
+            self.standin._problem(f"envd SendInput with an unexpected input: {request!r}")
+            raise ConnectError(Code.INVALID_ARGUMENT, "stand-in takes stdin input only")
+        if proc.stdin is None or proc.stdin.is_closing():
+            raise ConnectError(Code.FAILED_PRECONDITION, "stdin is not open")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(given.value)
+            await proc.stdin.drain()
+        return pb.SendInputResponse()
+
+    async def close_stdin(self, request: pb.CloseStdinRequest, ctx) -> pb.CloseStdinResponse:
+        proc = self._process(request, ctx, "CloseStdin")
+        if proc.stdin is not None:
+            proc.stdin.close()
+        return pb.CloseStdinResponse()
+
+    async def send_signal(self, request: pb.SendSignalRequest, ctx) -> pb.SendSignalResponse:
+        proc = self._process(request, ctx, "SendSignal")
         number = {pb.Signal.SIGKILL: signal.SIGKILL, pb.Signal.SIGTERM: signal.SIGTERM}.get(
             request.signal)
         if number is None:
@@ -692,6 +798,101 @@ class _EnvdProcess:
         if name.startswith("__"):
             raise AttributeError(name)
         return self._unknown(name)
+
+
+class _EnvdFilesystem:
+    """envd's filesystem service over this host's paths (as the commands see them): stat,
+    list_dir (to a depth), make_dir (with parents; ALREADY_EXISTS when there), move (parents
+    of the destination made) and remove (recursive, as envd's). Missing paths: NOT_FOUND.
+    Watchers are refused loudly."""
+
+    def __init__(self, standin: E2BStandIn) -> None:
+        self.standin = standin
+
+    def _path(self, ctx, raw: str, *, exists: bool = True) -> Path:
+        path = self.standin.envd_sandbox(ctx).path(raw)
+        if exists and not os.path.lexists(path):
+            raise ConnectError(Code.NOT_FOUND, f"path '{raw}' does not exist")
+        return path
+
+    async def stat(self, request: fs_pb.StatRequest, ctx) -> fs_pb.StatResponse:
+        return fs_pb.StatResponse(entry=_entry(self._path(ctx, request.path)))
+
+    async def list_dir(self, request: fs_pb.ListDirRequest, ctx) -> fs_pb.ListDirResponse:
+        top = self._path(ctx, request.path)
+        if not top.is_dir():
+            raise ConnectError(Code.INVALID_ARGUMENT, f"path '{request.path}' is not a directory")
+        depth = request.depth or 1
+        entries = []
+        for folder, dirs, files in os.walk(top):
+            level = len(Path(folder).relative_to(top).parts) + 1
+            for name in sorted(dirs + files):
+                entries.append(_entry(Path(folder) / name))
+            if level >= depth:
+                dirs.clear()
+        return fs_pb.ListDirResponse(entries=entries)
+
+    async def make_dir(self, request: fs_pb.MakeDirRequest, ctx) -> fs_pb.MakeDirResponse:
+        path = self._path(ctx, request.path, exists=False)
+        if os.path.lexists(path):
+            raise ConnectError(Code.ALREADY_EXISTS, f"path '{request.path}' already exists")
+        try:
+            path.mkdir(parents=True)
+        except OSError as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"cannot make {request.path}: "
+                                                      f"{exc.strerror}") from None
+        return fs_pb.MakeDirResponse(entry=_entry(path))
+
+    async def move(self, request: fs_pb.MoveRequest, ctx) -> fs_pb.MoveResponse:
+        source = self._path(ctx, request.source)
+        destination = self._path(ctx, request.destination, exists=False)
+        try:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(source, destination)
+        except OSError as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"cannot move {request.source}: "
+                                                      f"{exc.strerror}") from None
+        return fs_pb.MoveResponse(entry=_entry(destination))
+
+    async def remove(self, request: fs_pb.RemoveRequest, ctx) -> fs_pb.RemoveResponse:
+        path = self._path(ctx, request.path)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        return fs_pb.RemoveResponse()
+
+    def __getattr__(self, name: str):  # watchers: refused loudly
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        async def refuse(request, ctx):
+            self.standin._problem(f"envd filesystem {name} is not implemented by the stand-in")
+            raise ConnectError(Code.UNIMPLEMENTED, f"stand-in: {name} not implemented")
+            yield  # pragma: no cover (an async generator for the streaming watch_dir)
+
+        async def unary(request, ctx):
+            self.standin._problem(f"envd filesystem {name} is not implemented by the stand-in")
+            raise ConnectError(Code.UNIMPLEMENTED, f"stand-in: {name} not implemented")
+
+        return refuse if name == "watch_dir" else unary
+
+
+def _entry(path: Path) -> fs_pb.EntryInfo:
+    """As newer envd reports it: a link's `type` is its target's, `is_symlink` marks it."""
+    st = os.lstat(path)
+    link = stat_module.S_ISLNK(st.st_mode)
+    target = os.stat(path) if link and path.exists() else st
+    kind = fs_pb.FileType.DIRECTORY if stat_module.S_ISDIR(target.st_mode) else \
+        fs_pb.FileType.FILE
+    fields: dict[str, Any] = {}
+    if link:
+        fields["symlink_target"] = os.readlink(path)
+    return fs_pb.EntryInfo(
+        name=path.name, type=kind, path=str(path), size=st.st_size,
+        mode=stat_module.S_IMODE(st.st_mode), permissions=stat_module.filemode(st.st_mode),
+        owner=str(st.st_uid), group=str(st.st_gid),
+        modified_time=Timestamp.from_seconds(int(st.st_mtime)), is_symlink=link, **fields)
 
 
 def _event(kind: str, value: Any) -> pb.StartResponse:
