@@ -10,8 +10,15 @@ Subclass `AdapterConformance` in a test module (a class named `Test...`) and giv
 - in the class, if the backend needs more than `CreateRequest(sandbox_id, labels)` (an image,
   options, a network mode), a fixture `create_request` returning a callable
   `(sandbox_id, labels) -> CreateRequest`;
-- if the backend's sandboxes have no POSIX `sh`, `echo` and `sleep`, override the `argv_*`
-  methods (return None from `argv_stderr`/`argv_sleep` to leave those checks out).
+- if the backend's sandboxes have no POSIX `sh`, `echo`, `sleep`, `pwd` and `cat`, override
+  the `argv_*` methods (return None from `argv_stderr`, `argv_sleep`, `argv_pwd`, `argv_cat`
+  or `argv_echo_then_sleep` to leave those checks out), and `work_folder` if a new sandbox
+  has no /tmp (exec's `cwd` and the FILES cases use it);
+- a backend slower to end a timed-out exec than the contract's 0.5 s may raise
+  `exec_timeout_return_slack_s` (the kit allows 0.5 s of slack by default).
+
+Capabilities a backend does not declare are checked as refused (CapabilityNotSupported);
+the cases of one it does not declare are skipped, saying so.
 
 Fixtures the kit defines (`create_request`, `lose`) are class fixtures: override them in your
 subclass, not in the module, or the kit's own would win.
@@ -24,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import io
 import re
 import secrets
+import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -48,8 +57,11 @@ from sandboxer.adapters.base import (
     CapabilityNotSupported,
     CreateRequest,
     ExecResult,
+    FileInfo,
     Health,
+    InvalidRequest,
     MetricSample,
+    NoSuchPath,
 )
 
 GROUP = "sandboxer.adapters"
@@ -170,6 +182,10 @@ class AdapterConformance:
     # the exec timeout the kit asks for, and the slack it allows beyond it
     exec_timeout_s: float = 2.0
     exec_timeout_slack_s: float = 10.0
+    # a timed-out exec returns within this of its deadline (the contract), plus the slack a
+    # slow backend may declare for itself
+    exec_timeout_return_s: float = 0.5
+    exec_timeout_return_slack_s: float = 0.5
     # first metric sample and first log chunk must come within this
     stream_timeout_s: float = 20.0
     # check that `adapter.name` is registered in the `sandboxer.adapters` entry-point group
@@ -205,6 +221,23 @@ class AdapterConformance:
         """Prints the value of the environment variable `name` and a newline; None: the
         `env` of exec is not checked."""
         return ["sh", "-c", f'echo "${name}"']
+
+    def argv_pwd(self) -> list[str] | None:
+        """Prints the folder it runs in and a newline; None: `cwd` of exec is not checked."""
+        return ["pwd"]
+
+    def argv_cat(self) -> list[str] | None:
+        """Copies its stdin to its stdout; None: `stdin` of exec is not checked."""
+        return ["cat"]
+
+    def argv_echo_then_sleep(self, text: str, seconds: float) -> list[str] | None:
+        """Prints `text` and a newline at once, then runs for `seconds`; None: the output
+        of a timed-out exec is not checked."""
+        return ["sh", "-c", f"echo {text}; sleep {seconds:g}"]
+
+    # a folder that exists in a new sandbox: exec's `cwd` is checked with it, and the FILES
+    # cases work under it (in a folder of their own)
+    work_folder: str = "/tmp"
 
     # the user a backend declaring run-as-user is asked to run as (`user:` of a profile)
     run_as_user: str = "4242"
@@ -370,6 +403,9 @@ class AdapterConformance:
             if adapter.supports(Capability.PAUSE):
                 with pytest.raises(AdapterError):
                     await asyncio.wait_for(adapter.pause(obj.ref), 60)
+            if adapter.supports(Capability.FILES):
+                with pytest.raises(AdapterError):
+                    await asyncio.wait_for(adapter.stat_file(obj.ref, "/"), 60)
 
         self.run(adapter, create_request, body)
 
@@ -452,6 +488,194 @@ class AdapterConformance:
 
         self.run(adapter, create_request, body)
 
+    def test_exec_options(self, adapter: Adapter, create_request) -> None:
+        """`exec(..., cwd=, stdin=, user=)` and the same for exec_stream: the command runs
+        in `cwd`, reads `stdin` (bytes, or chunks from an async iterator) to its end, and
+        runs as `user` on a backend declaring run-as-user; one without it refuses `user`
+        (CapabilityNotSupported naming the backend) and runs nothing."""
+        if not adapter.supports(Capability.EXEC):
+            pytest.skip(f"{adapter.name} does not declare exec")
+        for method in (adapter.exec, adapter.exec_stream):
+            missing = {"cwd", "user", "stdin"} - set(inspect.signature(method).parameters)
+            assert not missing, (
+                f"{type(adapter).__name__}.{method.__name__} takes no {sorted(missing)} "
+                "(docs/adapters.md, exec)")
+
+        async def body(kit: Kit) -> None:
+            obj = await kit.create()
+            pwd = self.argv_pwd()
+            if pwd is not None:
+                here = await adapter.exec(obj.ref, pwd, cwd=self.work_folder)
+                assert (here.exit_code, here.stdout) == (0, f"{self.work_folder}\n".encode()), (
+                    f"exec(cwd={self.work_folder!r}) did not run there: {here}")
+            cat = self.argv_cat()
+            if cat is not None:
+                data = secrets.token_bytes(100_000) + b"\0\n\r\xff"
+
+                async def pieces() -> AsyncIterator[bytes]:
+                    for at in range(0, len(data), 7_000):
+                        yield data[at:at + 7_000]
+
+                echoed = await adapter.exec(obj.ref, cat, stdin=data)
+                assert (echoed.exit_code, echoed.stdout) == (0, data), (
+                    f"exec(stdin=bytes) did not reach the command whole (exit "
+                    f"{echoed.exit_code}, {len(echoed.stdout)} of {len(data)} bytes back)")
+                chunked = await adapter.exec(obj.ref, cat, stdin=pieces())
+                assert chunked.stdout == data, "exec(stdin=<async iterator>) did not"
+                streamed = b""
+                async for item in adapter.exec_stream(obj.ref, cat, stdin=pieces()):
+                    if isinstance(item, tuple) and item[0] == "stdout":
+                        streamed += item[1]
+                assert streamed == data, "exec_stream(stdin=...) did not"
+                empty = await adapter.exec(obj.ref, cat)
+                assert (empty.exit_code, empty.stdout) == (0, b""), (
+                    "without stdin a command reads an empty input, it does not wait")
+            if adapter.supports(Capability.RUN_AS_USER):
+                uid = await adapter.exec(obj.ref, self.argv_uid(), user=self.run_as_user)
+                assert uid.stdout.decode().strip() == self.run_as_user.split(":")[0], (
+                    f"exec(user={self.run_as_user!r}) ran as uid {uid.stdout!r}")
+            else:
+                with pytest.raises(CapabilityNotSupported) as refused:
+                    await adapter.exec(obj.ref, self.argv_echo("no"), user=self.run_as_user)
+                assert adapter.name in str(refused.value), (
+                    f"the refusal of user= must name the backend: {refused.value}")
+
+        self.run(adapter, create_request, body)
+
+    def test_exec_timeout_keeps_the_output(self, adapter: Adapter, create_request) -> None:
+        """A timed-out exec comes back within `exec_timeout_return_s` of its deadline (plus
+        `exec_timeout_return_slack_s` for a slow backend) with exit 124, timed_out, what the
+        command printed until then, and the "sbx: timed out" note on stderr; exec_stream
+        gives the same."""
+        if not adapter.supports(Capability.EXEC):
+            pytest.skip(f"{adapter.name} does not declare exec")
+        argv = self.argv_echo_then_sleep("partial", self.exec_timeout_s + 60)
+        if argv is None:
+            pytest.skip("argv_echo_then_sleep() is None: this backend has no command that "
+                        "prints and then waits")
+        limit = self.exec_timeout_return_s + self.exec_timeout_return_slack_s
+
+        async def body(kit: Kit) -> None:
+            obj = await kit.create()
+            started = time.monotonic()
+            result = await asyncio.wait_for(
+                adapter.exec(obj.ref, argv, timeout_s=self.exec_timeout_s),
+                self.exec_timeout_s + self.exec_timeout_slack_s)
+            late = time.monotonic() - started - self.exec_timeout_s
+            assert (result.exit_code, result.timed_out) == (124, True), result
+            assert late <= limit, (f"a timed-out exec came back {late:.2f}s after its "
+                                   f"deadline (at most {limit:g}s)")
+            assert result.stdout == b"partial\n", (
+                f"the output printed before the timeout was lost: {result.stdout!r}")
+            assert b"sbx: timed out after" in result.stderr, result.stderr
+            items: list[Any] = []
+            started = time.monotonic()
+            async for item in adapter.exec_stream(obj.ref, argv, timeout_s=self.exec_timeout_s):
+                items.append(item)
+            late = time.monotonic() - started - self.exec_timeout_s
+            assert late <= limit, f"exec_stream came back {late:.2f}s after its deadline"
+            out = b"".join(i[1] for i in items if isinstance(i, tuple) and i[0] == "stdout")
+            assert out == b"partial\n", f"exec_stream lost the output: {items}"
+            assert isinstance(items[-1], ExecResult) and items[-1].timed_out
+            assert items[-1].exit_code == 124
+
+        self.run(adapter, create_request, body)
+
+    # -- files (Capability.FILES) -------------------------------------------------------------
+
+    def _files_or_skip(self, adapter: Adapter) -> None:
+        if not adapter.supports(Capability.FILES):
+            pytest.skip(f"{adapter.name} does not declare files (refusal: "
+                        "test_capability[files])")
+
+    def test_files_archive_round_trip(self, adapter: Adapter, create_request) -> None:
+        """put_archive unpacks a tar stream into a folder (made with its parents), and
+        get_archive gives a file or a folder back as a tar whose one top entry is its base
+        name: contents, modes, empty folders and links inside as they went in."""
+        self._files_or_skip(adapter)
+
+        async def body(kit: Kit) -> None:
+            obj = await kit.create()
+            base = f"{self.work_folder.rstrip('/')}/sbx-kit-{secrets.token_hex(4)}"
+            data = secrets.token_bytes(300_000)
+            await adapter.put_archive(obj.ref, f"{base}/in", _chunked(_kit_tree(data)))
+            back = await _gather(adapter.get_archive(obj.ref, f"{base}/in/tree"))
+            members = _members(back)
+            assert sorted(members) == sorted(_KIT_TREE), (
+                f"get_archive of a folder gave {sorted(members)}")
+            for name, (kind, mode, content) in _KIT_TREE.items():
+                got = members[name]
+                assert got[0] == kind, f"{name}: a {got[0]}, not a {kind}"
+                if kind != "symlink":
+                    assert got[1] == mode, f"{name}: mode {got[1]:o}, not {mode:o}"
+                expected = data if content is None else content
+                assert got[2] == expected, f"{name}: its content did not come back"
+            one = _members(await _gather(adapter.get_archive(obj.ref, f"{base}/in/tree/data")))
+            assert list(one) == ["data"] and one["data"][2] == data, (
+                "get_archive of a file must give one entry named by its base name")
+            with pytest.raises(NoSuchPath):
+                await _gather(adapter.get_archive(obj.ref, f"{base}/nothing-here"))
+
+        self.run(adapter, create_request, body)
+
+    def test_files_operations(self, adapter: Adapter, create_request) -> None:
+        """list_files, stat_file, make_dir, rename_file and remove_file, and NoSuchPath
+        where the path is missing."""
+        self._files_or_skip(adapter)
+
+        async def body(kit: Kit) -> None:
+            obj = await kit.create()
+            base = f"{self.work_folder.rstrip('/')}/sbx-kit-{secrets.token_hex(4)}"
+            await adapter.put_archive(obj.ref, base, _chunked(_kit_tree(b"0123456789")))
+            tree = f"{base}/tree"
+            info = await adapter.stat_file(obj.ref, f"{tree}/data")
+            assert isinstance(info, FileInfo)
+            assert (info.path, info.name, info.type, info.size, info.mode) == (
+                f"{tree}/data", "data", "file", 10, 0o640), info
+            assert info.mtime.tzinfo is not None, "FileInfo.mtime must be aware (UTC)"
+            link = await adapter.stat_file(obj.ref, f"{tree}/link")
+            assert link is not None and (link.type, link.target) == ("symlink", "data"), (
+                f"stat_file must not follow a link, and give its target: {link}")
+            folder = await adapter.stat_file(obj.ref, f"{tree}/empty")
+            assert folder is not None and folder.type == "dir"
+            assert await adapter.stat_file(obj.ref, f"{tree}/missing") is None
+
+            listed = await adapter.list_files(obj.ref, tree)
+            assert [i.name for i in listed] == sorted(n.split("/")[-1] for n in _KIT_TREE
+                                                      if n.count("/") == 1), listed
+            deeper = await adapter.list_files(obj.ref, tree, depth=2)
+            assert f"{tree}/sub/inner.txt" in [i.path for i in deeper]
+            assert f"{tree}/sub/inner.txt" not in [i.path for i in listed]
+            with pytest.raises(NoSuchPath):
+                await adapter.list_files(obj.ref, f"{tree}/missing")
+
+            await adapter.make_dir(obj.ref, f"{tree}/new/a/b")
+            await adapter.make_dir(obj.ref, f"{tree}/new/a/b")  # there: success
+            assert (await adapter.stat_file(obj.ref, f"{tree}/new/a/b")).type == "dir"
+            with pytest.raises(NoSuchPath):
+                await adapter.make_dir(obj.ref, f"{tree}/none/x", parents=False)
+
+            await adapter.rename_file(obj.ref, f"{tree}/data", f"{tree}/moved")
+            assert await adapter.stat_file(obj.ref, f"{tree}/data") is None
+            assert (await adapter.stat_file(obj.ref, f"{tree}/moved")).size == 10
+            await adapter.rename_file(obj.ref, f"{tree}/moved", f"{tree}/new")  # into it
+            assert (await adapter.stat_file(obj.ref, f"{tree}/new/moved")).type == "file"
+            with pytest.raises(NoSuchPath):
+                await adapter.rename_file(obj.ref, f"{tree}/missing", f"{tree}/elsewhere")
+
+            with pytest.raises(InvalidRequest):
+                await adapter.remove_file(obj.ref, f"{tree}/new")  # not empty
+            assert await adapter.stat_file(obj.ref, f"{tree}/new/moved") is not None
+            await adapter.remove_file(obj.ref, f"{tree}/new", recursive=True)
+            assert await adapter.stat_file(obj.ref, f"{tree}/new") is None
+            await adapter.remove_file(obj.ref, f"{tree}/empty")
+            await adapter.remove_file(obj.ref, f"{tree}/link")
+            assert await adapter.stat_file(obj.ref, f"{tree}/link") is None
+            with pytest.raises(NoSuchPath):
+                await adapter.remove_file(obj.ref, f"{tree}/missing")
+
+        self.run(adapter, create_request, body)
+
     # -- each capability: exercised when declared, refused cleanly when not ----------------
 
     @pytest.mark.parametrize("capability", list(Capability), ids=[c.value for c in Capability])
@@ -459,6 +683,13 @@ class AdapterConformance:
         declared = adapter.supports(capability)
 
         async def body(kit: Kit) -> None:
+            if capability == Capability.PROCESSES:
+                # run by the core through exec and a POSIX sh in the sandbox: no call of
+                # its own, but it cannot be declared without exec
+                if declared:
+                    assert kit.adapter.supports(Capability.EXEC), (
+                        "processes declared without exec, which they run through")
+                return
             if capability in (Capability.MEMORY_CHECKPOINT, Capability.SERVICES):
                 # no call of their own: supports() is all there is (services ride on
                 # CreateRequest.services, which the core refuses for a backend without them;
@@ -514,6 +745,11 @@ class AdapterConformance:
             assert resumed is not None and resumed.running and resumed.status != "paused"
         elif capability == Capability.SNAPSHOT:
             await self._snapshot_restore(kit, obj)
+        elif capability == Capability.FILES:
+            folder = f"{self.work_folder.rstrip('/')}/sbx-kit-{secrets.token_hex(4)}"
+            await adapter.put_archive(obj.ref, folder, _chunked(_kit_tree(b"files work")))
+            back = _members(await _gather(adapter.get_archive(obj.ref, f"{folder}/tree/data")))
+            assert back == {"data": ("file", 0o640, b"files work")}, back
 
     async def _hardened(self, kit: Kit, capability: Capability) -> None:
         """A sandbox made with `read_only` / `user` is what was asked (seen through exec)."""
@@ -560,6 +796,7 @@ class AdapterConformance:
         CLI reports as exit 4) and changes nothing."""
         adapter, ref = kit.adapter, obj.ref
         later = datetime.now(UTC) + timedelta(minutes=30)
+        work = self.work_folder.rstrip("/")
         calls: dict[Capability, list[Callable[[], Awaitable[Any]]]] = {
             Capability.EXEC: [lambda: adapter.exec(ref, self.argv_echo("no"))],
             Capability.LOGS: [lambda: _first_items(lambda: adapter.logs(ref), 1, 30)],
@@ -572,9 +809,75 @@ class AdapterConformance:
                 lambda: adapter.restore("no-such-artifact", kit.request()),
                 lambda: adapter.delete_artifact("no-such-artifact"),
             ],
+            Capability.FILES: [
+                lambda: adapter.put_archive(ref, f"{work}/sbx-kit", _chunked(_kit_tree(b"no"))),
+                lambda: _gather(adapter.get_archive(ref, work)),
+                lambda: adapter.list_files(ref, work),
+                lambda: adapter.stat_file(ref, work),
+                lambda: adapter.remove_file(ref, f"{work}/sbx-kit"),
+                lambda: adapter.make_dir(ref, f"{work}/sbx-kit"),
+                lambda: adapter.rename_file(ref, f"{work}/sbx-kit", f"{work}/sbx-kit-2"),
+            ],
         }
         for call in calls[capability]:
             with pytest.raises(CapabilityNotSupported):
                 await asyncio.wait_for(call(), 60)
         still = await adapter.get(ref)
         assert still is not None and still.running, "a refused call changed the sandbox"
+
+
+# The tree the FILES cases put in and read back: name -> (kind, mode, content; None: the
+# test's data)
+_KIT_TREE: dict[str, tuple[str, int, bytes | None]] = {
+    "tree": ("dir", 0o755, b""),
+    "tree/data": ("file", 0o640, None),
+    "tree/run.sh": ("file", 0o755, b"#!/bin/sh\necho hi\n"),
+    "tree/empty": ("dir", 0o700, b""),
+    "tree/sub": ("dir", 0o750, b""),
+    "tree/sub/inner.txt": ("file", 0o644, b"inner\n"),
+    "tree/link": ("symlink", 0o777, b"data"),
+}
+
+
+def _kit_tree(data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, (kind, mode, content) in _KIT_TREE.items():
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime = mode, int(time.time())
+            body = data if content is None else content
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, body.decode()
+                tar.addfile(info)
+            else:
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+    return buffer.getvalue()
+
+
+async def _chunked(data: bytes, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+    for at in range(0, len(data), size):
+        yield data[at:at + size]
+
+
+async def _gather(chunks: AsyncIterator[bytes]) -> bytes:
+    return b"".join([chunk async for chunk in chunks])
+
+
+def _members(data: bytes) -> dict[str, tuple[str, int, bytes]]:
+    """A tar's entries: name (without a trailing `/`) -> (kind, mode, content or link)."""
+    found = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar:
+            name = member.name.rstrip("/").removeprefix("./")
+            if member.isdir():
+                found[name] = ("dir", member.mode & 0o7777, b"")
+            elif member.issym():
+                found[name] = ("symlink", member.mode & 0o7777, member.linkname.encode())
+            else:
+                source = tar.extractfile(member)
+                found[name] = ("file", member.mode & 0o7777, source.read() if source else b"")
+    return found

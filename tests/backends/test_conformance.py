@@ -46,7 +46,8 @@ class TestStubConformance(AdapterConformance):
 
         return StubAdapter.lose
 
-    # the stub understands `echo`, `true`, `false`, `exit N` and `sleep S` only
+    # the stub understands `echo`, `true`, `false`, `exit N`, `sleep S`, `pwd`, `cat` and
+    # `printenv` only: no shell, so nothing prints and then waits
     def argv_exit(self, code: int) -> list[str]:
         return ["exit", str(code)]
 
@@ -55,6 +56,9 @@ class TestStubConformance(AdapterConformance):
 
     def argv_print_env(self, name: str) -> list[str]:
         return ["printenv", name]
+
+    def argv_echo_then_sleep(self, text: str, seconds: float) -> None:
+        return None
 
 
 # -- docker: the real engine --------------------------------------------------------------
@@ -281,6 +285,9 @@ class TestSloppy(AdapterConformance):
     def argv_sleep(self, seconds):
         return None
 
+    def argv_echo_then_sleep(self, text, seconds):
+        return None
+
     def argv_uid(self):
         return ["echo", "0"]  # what `id -u` says in its sandboxes
 '''
@@ -305,6 +312,8 @@ def test_the_kit_fails_an_adapter_that_breaks_the_contract(tmp_path):
         "test_capability[logs]",                   # not declared, not refused
         "test_capability[run-as-user]",            # declared, the user not applied
         "test_exec_environment",                   # exec takes no env
+        "test_exec_options",                       # nor cwd, user or stdin
         "test_destroy_takes_the_services_hint",    # destroy takes no services
+        "test_capability[files]",                  # not declared, not refused (the stub's)
     ]), result.stdout[-4000:]
-    assert "12 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]  # the rest, shell (not declared, refused) among them
+    assert "13 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]  # the rest, shell (not declared, refused) among them
