@@ -395,7 +395,11 @@ class Adapter(abc.ABC):
     async def make_dir(self, ref: str, path: str, *, parents: bool = True) -> None:
         """Make the folder `path` (`parents`: its missing parents too, and an existing folder
         is success). NoSuchPath when its parent is missing and `parents` is False."""
-        await self._files_sh(ref, _MKDIR, path, "1" if parents else "")
+        try:
+            await self._files_sh(ref, _MKDIR, path, "1" if parents else "")
+        except NoSuchPath:
+            raise NoSuchPath(f"{posixpath.dirname(path)} does not exist in the sandbox (make "
+                             "it first, or make the parents too)") from None
 
     async def rename_file(self, ref: str, src: str, dst: str) -> None:
         """Move `src` to `dst` (into it, when `dst` is an existing folder). NoSuchPath when
@@ -477,7 +481,7 @@ _REMOVE = (_EXISTS + 'if [ -n "$2" ]; then exec rm -rf -- "$1"; fi; '
            '{ echo "$1 is a folder that is not empty (remove it recursively)" >&2; exit 4; }; '
            'else exec rm -f -- "$1"; fi')
 _MKDIR = ('if [ -n "$2" ]; then exec mkdir -p -- "$1"; fi; '
-          'p=$(dirname -- "$1"); [ -d "$p" ] || { set -- "$p"; exit 3; }; '
+          'p=$(dirname -- "$1"); [ -d "$p" ] || exit 3; '
           'if [ -e "$1" ] || [ -L "$1" ]; then echo "$1 already exists" >&2; exit 4; fi; '
           'exec mkdir -- "$1"')
 _RENAME = _EXISTS + 'exec mv -f -- "$1" "$2"'

@@ -122,6 +122,8 @@ async def test_bad_paths_are_refused_and_change_nothing(box):
                  box.files.list("/work/missing")):
         with pytest.raises(NotFound):
             await call
+    with pytest.raises(NotFound, match="^/work/no does not exist"):
+        await box.files.mkdir("/work/no/such", parents=False)
     assert await box.events() == before
     assert (await box.exec(["ls", "/work"])).stdout == b""  # nothing was written
 
