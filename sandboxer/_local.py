@@ -201,7 +201,7 @@ class LocalTransport:
             return chunks  # not a stream: the core says what is wrong with it
         caller = asyncio.get_running_loop()
         source = chunks.__aiter__()
-        if self._core is not None and self._core.loop is caller:
+        if self.core.loop is caller:
             return source  # the core runs on the caller's loop (adopted, or the sync API)
 
         async def across() -> AsyncIterator[bytes]:
