@@ -1,5 +1,5 @@
-"""exec's options through the library on the real Docker engine, in process and as a client
-of a live `sbx serve` (the `client` fixture runs each test on both transports): env (its
+"""exec's options through the library on the real Docker engine, in process (and through a
+live `sbx serve`: tests/api/test_files_remote.py collects them again): env (its
 values never reach the event log, the JSON Lines sink or any file of the state folder), cwd,
 user and stdin as bytes, text or a file object (its digest in the event); bad options
 refused with the documented exit code before anything runs, changing nothing; `user=` on a
@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import secrets
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -21,6 +22,16 @@ from sandboxer import BadInput, Conflict, NotFound
 from tests.api.conftest import RUN
 
 pytestmark = pytest.mark.docker
+
+
+@pytest_asyncio.fixture
+async def client(sbx_home: Path):
+    """An AsyncSandboxer in this process on the test's SBX_HOME (tests/api/test_files_remote.py
+    collects these tests again with a client of a live `sbx serve`)."""
+    sbx = sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test")
+    yield sbx
+    await sbx.close()
+    remove_test_containers(sbx_home)
 
 
 @pytest_asyncio.fixture

@@ -1,6 +1,6 @@
-"""`box.files` through the library on the real Docker engine, in process and as a client of
-a live `sbx serve` (the `client` fixture runs each test on both transports): an agent's
-round trip (code in, run with env and cwd, the artefact back), each operation, the
+"""`box.files` through the library on the real Docker engine, in process (and through a
+live `sbx serve`: tests/api/test_files_remote.py collects them again): an agent's round
+trip (code in, run with env and cwd, the artefact back), each operation, the
 `sandbox.file` events (size and SHA-256, never the bytes), bad input refused with the
 documented exit code changing nothing, a backend without the files capability refused
 naming it, trees both ways, and a large transfer that keeps the process's memory bounded.
@@ -26,6 +26,16 @@ from sandboxer import BadInput, Conflict, NotFound
 from tests.api.conftest import RUN
 
 pytestmark = pytest.mark.docker
+
+@pytest_asyncio.fixture
+async def client(sbx_home: Path):
+    """An AsyncSandboxer in this process on the test's SBX_HOME (tests/api/test_files_remote.py
+    collects these tests again with a client of a live `sbx serve`)."""
+    sbx = sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test")
+    yield sbx
+    await sbx.close()
+    remove_test_containers(sbx_home)
+
 
 @pytest_asyncio.fixture
 async def box(client):
