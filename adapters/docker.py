@@ -889,6 +889,10 @@ class DockerAdapter(Adapter):
         while stdout and stderr stream out, then the ExecResult (its outputs empty). On the
         deadline the exec's whole process tree is killed, what it wrote until then is still
         given, and the result (exit 124) comes within EXEC_TIMEOUT_RETURN_S of the deadline."""
+        if stdin is not None and self._over_tls():
+            raise CapabilityNotSupported(
+                "the docker backend cannot send stdin to a command over a TLS connection to "
+                "the engine (Python cannot half-close it to end the stdin)")
         started = time.perf_counter()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         mark, environment = _marked(env, timeout_s)
@@ -943,6 +947,9 @@ class DockerAdapter(Adapter):
             yield ExecResult(code, b"", b"", time.perf_counter() - started)
         finally:
             pump.abort()
+
+    def _over_tls(self) -> bool:
+        return self.base_url.startswith(NETWORK_SCHEMES) and engine_tls(self.base_url) is not None
 
     async def _time_out(self, ref: str, exec_id: str, mark: str | None, user: str | None,
                         pump: _ExecPump, deadline: float, timeout_s: float, started: float,
