@@ -1,5 +1,5 @@
-"""One sandbox's life: `sbx create`, `ls`, `show`, `exec`, `logs`, `destroy`, `extend`,
-`touch`, `pause`, `resume`."""
+"""One sandbox's life: `sbx create`, `ls`, `show`, `exec` (with `--detach`, a background
+process: processes.py has the rest), `logs`, `destroy`, `extend`, `touch`, `pause`, `resume`."""
 
 from __future__ import annotations
 
@@ -119,24 +119,88 @@ def show_command(sandbox_id: str, as_json: bool) -> None:
 @click.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("sandbox_id", metavar="ID")
 @click.option("--timeout", metavar="DUR", help="Kill the command after this long (exit 124).")
+@click.option("-e", "--env", "env", multiple=True, metavar="K=V",
+              help="Set an environment variable (repeatable); events record the name only.")
+@click.option("-w", "--workdir", metavar="DIR", help="Run in this folder of the sandbox.")
+@click.option("-u", "--user", metavar="USER", help="Run as this user.")
+@click.option("-i", "--interactive", is_flag=True, help="Send stdin to the command.")
+@click.option("--detach", "-d", is_flag=True,
+              help="Start it in the background and print its process id (sbx ps, attach, "
+                   "kill).")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARG...]")
 @command
-def exec_command(sandbox_id: str, timeout: str | None, argv: tuple[str, ...]) -> None:
+def exec_command(sandbox_id: str, timeout: str | None, env: tuple[str, ...],
+                 workdir: str | None, user: str | None, interactive: bool, detach: bool,
+                 argv: tuple[str, ...]) -> None:
     """Run a command in a sandbox; the exit status is the command's own."""
     from sandboxer import OutputChunk
     from sandboxer.core.rules.durations import parse_duration
 
     limit = parse_duration(timeout, "--timeout") if timeout else None
-    outputs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
-    code = ExitCode.FAILED  # no exit status came: the command's stream broke off
+    variables = _env(env)
+    if detach and (interactive or limit):
+        raise BadInput("--detach starts the command in the background: it takes no -i or "
+                       "--timeout (sbx kill ends it)")
+    if not interactive and not detach:
+        _hint_unread_stdin()
+    options: dict[str, Any] = {"env": variables, "cwd": workdir, "user": user}
     with client() as sbx:
-        for item in sbx.get(sandbox_id).exec_stream(list(argv), timeout=limit):
+        box = sbx.get(sandbox_id)
+        if detach:
+            proc = box.processes.start(list(argv), stdin=False, **options)
+            click.echo(proc.pid)
+            return
+        outputs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+        code = ExitCode.FAILED  # no exit status came: the command's stream broke off
+        stdin = sys.stdin.buffer if interactive else None
+        for item in box.exec_stream(list(argv), timeout=limit, stdin=stdin, **options):
             if isinstance(item, OutputChunk):  # as it comes, as `docker exec` prints it
                 outputs[item.stream].write(item.data)
                 outputs[item.stream].flush()
             else:
                 code = item.exit_code
     sys.exit(code)
+
+
+def _env(pairs: tuple[str, ...]) -> dict[str, str] | None:
+    """-e K=V pairs; a bare K takes this shell's value of K (as docker exec -e does)."""
+    import os
+
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise BadInput(f"bad -e {pair.split('=')[0][:40]!r}: K=V with K a variable name "
+                           "(letters, digits, _)")
+        if not eq:
+            if name not in os.environ:
+                raise BadInput(f"bad -e {name}: not set here; give -e {name}=VALUE")
+            value = os.environ[name]
+        env[name] = value
+    return env or None
+
+
+def _hint_unread_stdin() -> None:
+    """Input piped to `sbx exec` without -i is not sent: say so on stderr, once, rather
+    than drop it silently (a terminal or an empty stdin gets no hint)."""
+    import os
+    import select
+    import stat
+
+    try:
+        fd = sys.stdin.fileno()
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            waiting = os.fstat(fd).st_size > os.lseek(fd, 0, os.SEEK_CUR)
+        elif stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            waiting = bool(select.select([fd], [], [], 0)[0]) and bool(os.read(fd, 1))
+        else:
+            waiting = False
+    except (OSError, ValueError, AttributeError):
+        return
+    if waiting:
+        click.echo("sbx: stdin is not sent to the command without -i (sbx exec -i ID -- CMD)",
+                   err=True)
 
 
 @click.command("logs")
