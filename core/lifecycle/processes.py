@@ -30,6 +30,7 @@ how it ended; `sandbox.process.exited` is written once, by whoever first observe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -167,6 +168,7 @@ close)
   if [ -p stdin.fifo ]; then exec 4<>stdin.fifo; exec 4<&-; fi;;
 output)  # $1 pid, $2 $3: the stdout and stderr offsets, $4: 1 to follow
   cd "$root/$1" 2>/dev/null || { echo "gone $1"; exit 0; }
+  echo "reader $$"  # a caller that stops reading ends it by this pid
   out=$2 err=$3 quiet=0
   while :; do
     sent=0; emit stdout out; emit stderr err
@@ -538,9 +540,12 @@ async def output(mgr: Manager, ref: str, pid: int, *, stdout_offset: int = 0,
     buf = bytearray()
     frame: tuple[str, int, int] | None = None  # the stream, offset and bytes still to come
     final: str | None = None
+    reader: int | None = None  # the script's pid in the sandbox
+    caught_up = False
     try:
         async for item in stream:
             if isinstance(item, ExecResult):
+                caught_up = True
                 break
             kind, data = item
             if kind != "stdout":
@@ -558,6 +563,8 @@ async def output(mgr: Manager, ref: str, pid: int, *, stdout_offset: int = 0,
                         frame = (parts[0], int(parts[1]), int(parts[2]))
                         if frame[2] == 0:
                             frame = None
+                    elif len(parts) == 2 and parts[0] == "reader" and parts[1].isdigit():
+                        reader = int(parts[1])
                     elif parts and parts[0] in ("exit", "lost", "gone", "running"):
                         final = line  # its state line, last (a "tick" keeps it honest)
                     continue
@@ -568,6 +575,10 @@ async def output(mgr: Manager, ref: str, pid: int, *, stdout_offset: int = 0,
                 frame = (name, at + take, size - take) if size > take else None
     finally:
         await stream.aclose()
+        if not caught_up and reader is not None:  # the caller stopped: so does the reader
+            # (a backend may drain an abandoned exec's output, so it would never notice)
+            with contextlib.suppress(Exception):
+                await _exec(mgr, sandbox, ["kill", str(reader)], user=proc["user"])
     if final is not None:
         proc = _apply(mgr, proc, final)
         if proc["ended_at"] is not None:

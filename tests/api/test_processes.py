@@ -6,6 +6,7 @@ their sandbox. Every sandbox carries the run label and is removed by id (the cli
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -363,4 +364,36 @@ async def test_a_process_runs_as_the_user_asked_and_is_still_seen_by_the_reaper(
     assert [p.running for p in await box.processes.list()] == [True]
     await proc.kill(signal.SIGTERM)  # as that user, too
     assert await proc.wait(timeout="30s") == 143
+    await box.destroy()
+
+
+def readers_in(docker_api, ref: str) -> list[str]:
+    """The output readers (one exec of the script each) running in the container."""
+    return [" ".join(p) for p in docker_api.top(ref, ps_args="-o pid,args")["Processes"]
+            if "sbx-process output" in " ".join(p)]
+
+
+async def test_a_follower_that_stops_leaves_no_reader_and_a_lingering_child_ends_no_follow(
+        client, docker_api):
+    import time
+
+    box = await client.create("default", ttl="10m", labels=RUN)
+    # the shell ends at once, but a child it left holds its stdout open
+    parent = await box.processes.start(["sh", "-c", "sleep 100000 & echo started"],
+                                       stdin=False)
+    out = await read_all(parent)  # follows: ends with the exit, not with the child
+    assert joined(out["stdout"]) == b"started\n" and parent.exit_code == 0
+
+    talker = await box.processes.start(["sh", "-c", "echo one; exec sleep 100000"],
+                                       stdin=False)
+    async with contextlib.aclosing(talker.output(follow=True)) as stream:
+        async for item in stream:
+            assert item.data == b"one\n"
+            break
+    # the reader in the sandbox notices its reader has gone (it writes now and then)
+    limit = time.monotonic() + 60
+    while readers_in(docker_api, box.backend_ref) and time.monotonic() < limit:
+        await asyncio.sleep(0.2)
+    assert readers_in(docker_api, box.backend_ref) == []
+    assert (await talker.refresh()).running
     await box.destroy()
