@@ -526,6 +526,8 @@ class Reaper:
                 made = await mgr.create(self.pool_profiles[action.pool], pool_member=True)
                 report.pools.append({"pool": action.pool, "action": "warmed", "id": made["id"]})
             elif action.kind == WARN:
+                if await _runs_a_process(mgr, action.sandbox_id, idle_warning=True):
+                    return  # busy: activity recorded, so its idle deadline is not near
                 if mgr.warn_expiring(action.sandbox_id, self.warn_before):
                     report.warned.append(label)
             elif action.kind == ADOPT:
@@ -565,13 +567,23 @@ class Reaper:
 
 
 
-async def _runs_a_process(mgr: Manager, sandbox_id: str | None) -> bool:
-    """The idle rule's exception (docs/reliability.md, "Idle limit and background
-    processes"): a sandbox with a recorded process not known to have ended is asked; one
-    that still runs there is activity (recorded now), so the sandbox is not idle."""
+async def _runs_a_process(mgr: Manager, sandbox_id: str | None, *,
+                          idle_warning: bool = False) -> bool:
+    """The idle rule's exception (docs/reliability.md, 22): a sandbox with a recorded
+    process not known to have ended is asked; one that still runs there is activity
+    (recorded now), so the sandbox is not idle. `idle_warning`: only when the warning due is
+    for the idle limit (one for the deadline is given as ever)."""
     if sandbox_id is None:
         return False
     from sandboxer.core.lifecycle.processes import keeps_busy
+
+    if idle_warning:
+        from sandboxer.core.rules.ttl import idle_deadline
+
+        row = mgr.rows_by_ids([sandbox_id]).get(sandbox_id)
+        idle = idle_deadline(row) if row else None
+        if idle is None or idle >= from_iso(row["deadline"]):
+            return False
 
     return await keeps_busy(mgr, sandbox_id)
 

@@ -175,7 +175,8 @@ def idle_profile(tmp_path: Path):
 
 async def test_a_running_process_keeps_an_idle_sandbox_from_the_reaper(
         sbx_home, tmp_path, monkeypatch):
-    """Idle 5m: a reaper whose clock is 10m ahead ends the sandbox that has nothing running,
+    """Idle 5m: a reaper whose clock is 1m ahead warns only the sandbox that has nothing
+    running; one 10m ahead ends that sandbox,
     and keeps (recording activity) the one whose process still runs; once that process has
     ended, the next cycle ends it too."""
     from support import remove_test_containers
@@ -190,6 +191,14 @@ async def test_a_running_process_keeps_an_idle_sandbox_from_the_reaper(
             # a process that ended long ago is no activity
             done = await idle.processes.start(["true"], stdin=False)
             assert await done.wait(timeout="30s") == 0
+
+            # at +1m both are within the 5m warning of their idle deadline: only the idle
+            # one is warned; the busy one's process is activity
+            monkeypatch.setenv("SBX_CLOCK_OFFSET", "1m")
+            async with sandboxer.AsyncSandboxer(home=sbx_home, actor="reaper") as later:
+                report = await later.reap()
+            assert report.warned == (idle.id,) and report.destroyed == ()
+            assert of_type(await busy.events(), "sandbox.expiring") == []
 
             monkeypatch.setenv("SBX_CLOCK_OFFSET", "10m")
             async with sandboxer.AsyncSandboxer(home=sbx_home, actor="reaper") as later:
