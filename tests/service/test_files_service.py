@@ -10,6 +10,8 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -213,13 +215,42 @@ def test_a_streamed_body_is_capped_as_an_upload_and_a_json_one_as_a_body(
         live.stop()
 
 
+CLIENT = """
+import asyncio, hashlib, json, sys
+import sandboxer
+
+url, token, local, ref = sys.argv[1:5]
+
+
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+
+async def main():
+    async with sandboxer.AsyncSandboxer(url=url, token=token) as sbx:
+        box = await sbx.get(ref)
+        sent = await box.files.write("/client.bin", open(local, "rb"))
+        digest, got = hashlib.sha256(), 0
+        async for chunk in box.files.stream("/client.bin"):
+            digest.update(chunk)
+            got += len(chunk)
+        print(json.dumps({"sent": sent.bytes, "sent_sha256": sent.sha256, "got": got,
+                          "got_sha256": digest.hexdigest(), "peak": peak()}))
+
+asyncio.run(main())
+"""
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_256_mib_in_and_out_through_a_real_service_keeps_its_peak_under_150_mb(
         sbx, tmp_path, docker_api):
     """On the real engine and a real `sbx serve`: 256 MiB written as a file and read back
-    (and as a tree both ways) stream through; the service's peak resident memory (VmHWM)
-    stays under 150 MB."""
+    (and as a tree), by a raw HTTP client and then by the library's remote client in a
+    process of its own, stream through; the service's and that client's peak resident
+    memory (VmHWM) each stay under 150 MB."""
     made_key = sbx("api-keys", "create", "--scope", "write", "--owner", "big")
     token = made_key.out.split()[-1]
     proc, url = start_process(SBX, sbx.env(), cwd=tmp_path)
@@ -228,6 +259,7 @@ def test_256_mib_in_and_out_through_a_real_service_keeps_its_peak_under_150_mb(
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
                           timeout=600) as http:
             ref = made(_wrap(http), "default")
+            idle = _peak(proc.pid)
             digest = hashlib.sha256()
 
             def body():
@@ -255,9 +287,25 @@ def test_256_mib_in_and_out_through_a_real_service_keeps_its_peak_under_150_mb(
                 for chunk in tree.iter_bytes(MiB):
                     tar_size += len(chunk)
             assert tar_size > size
+            http.delete(f"/v1/sandboxes/{ref}/files", params={"path": "/big.bin"})
+
+            local = tmp_path / "client.bin"
+            with local.open("wb") as out:
+                for _ in range(size // MiB):
+                    out.write(piece)
+            script = tmp_path / "client.py"
+            script.write_text(CLIENT)
+            done = subprocess.run([sys.executable, str(script), url, token, str(local), ref],
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr
+            report = json.loads(done.stdout.strip().splitlines()[-1])
+            assert report["sent"] == report["got"] == size
+            assert report["sent_sha256"] == report["got_sha256"] == digest.hexdigest()
             peak = _peak(proc.pid)
-            print(f"sbx serve peak RSS after 256 MiB in and 2x256 MiB out: {peak / MiB:.1f} MiB")
+            print(f"sbx serve: peak RSS {peak / MiB:.1f} MiB ({idle / MiB:.1f} MiB before); "
+                  f"library client over HTTP: peak RSS {report['peak'] / MiB:.1f} MiB")
             assert peak < 150 * 1000 * 1000, f"the service's peak was {peak / MiB:.0f} MiB"
+            assert report["peak"] < 150 * 1000 * 1000, report
     finally:
         stop_process(proc)
 
