@@ -405,7 +405,7 @@ async def start(mgr: Manager, ref: str, argv: Sequence[str], *,
                      .values(last_activity_at=now))
         for old in conn.execute(sa.select(PROCESSES).where(  # its pid was used before
                 PROCESSES.c.sandbox_id == sandbox["id"], PROCESSES.c.pid == pid,
-                PROCESSES.c.ended_at.is_(None))).mappings():
+                PROCESSES.c.ended_at.is_(None))).mappings().all():
             conn.execute(PROCESSES.update().where(PROCESSES.c.id == old["id"])
                          .values(ended_at=now))
             mgr.event(conn, sandbox["id"], EventType.SANDBOX_PROCESS_EXITED, payload={
