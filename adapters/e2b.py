@@ -544,8 +544,8 @@ class E2BAdapter(Adapter):
                 else:
                     yield kind, value
             if result is None:  # the deadline
-                killed = await self._kill_marked(sandbox, mark)
-                killed = await self._kill_command(sandbox, handle.pid) or killed
+                killed = any(await asyncio.gather(self._kill_marked(sandbox, mark),
+                                                  self._kill_command(sandbox, handle.pid)))
                 with contextlib.suppress(Exception):
                     await handle.disconnect()
                 while not queue.empty():  # what was read before the deadline is kept
