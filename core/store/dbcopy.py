@@ -18,7 +18,7 @@ from sandboxer.core.store.db import Database, redact
 
 # parents before children; each table's rows in primary-key order
 TABLES = ("sandboxes", "checkpoints", "events", "sink_cursors", "deliveries", "metric_samples",
-          "api_keys", "idempotency_keys", "pools")
+          "api_keys", "tenants", "idempotency_keys", "pools", "processes")
 BATCH = 2000
 
 

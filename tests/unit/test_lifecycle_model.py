@@ -340,7 +340,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             m = self.model[lost]
             m.state, m.gone, m.was_lost, m.ended_at = "lost", False, True, self.now()
         again = asyncio.run(self.reaper(reap=False).cycle())
-        assert again.as_json() == {"destroyed": [], "failed": [], "orphans": [], "skipped": [],
+        assert again.as_json() == {"destroyed": [], "reasons": {}, "failed": [], "orphans": [], "skipped": [],
                                    "reconciled": [], "warned": []}
 
     @precondition(lambda self: any(m.state == "running" and not m.gone
