@@ -177,3 +177,18 @@ def test_the_same_round_trip_through_a_service(sbx, tmp_path):
         assert (attached.code, attached.out) == (4, "bg\n"), attached.err
     finally:
         stop_process(proc)
+
+
+def test_exec_timeout_keeps_what_was_printed_and_ends_the_whole_tree(sbx):
+    """The issue's case: `--timeout 2s -- sh -c 'echo before; sleep 30'` printed nothing
+    useful after 5 s and left `sleep` running; now `before`, exit 124 soon after 2 s, and
+    no process of that exec left in the sandbox."""
+    box = sbx.create()["id"]
+    started = time.monotonic()
+    ran = sbx("exec", "--timeout", "2s", box, "--", "sh", "-c", "echo before; sleep 30")
+    took = time.monotonic() - started
+    assert ran.code == 124 and ran.out == "before\n", ran
+    assert "timed out after 2s" in ran.err
+    assert took < 2 + 0.5 + 2.0, took  # the deadline, its 0.5 s, and sbx's own start
+    left = sbx("exec", box, "--", "sh", "-c", "ps -o args | grep -c '[s]leep 30' || true")
+    assert left.out.strip() == "0", left.out
