@@ -509,6 +509,10 @@ class _ExecPump:
         if isinstance(item, BaseException):
             raise AdapterError(f"docker exec failed: {one_line(item)}")
         if item is None:
+            feeder = self._feeder
+            if feeder is not None and feeder.done() and not feeder.cancelled() \
+                    and feeder.exception() is not None:
+                raise feeder.exception()  # the caller's stdin failed: not a short stdin
             return None
         self.reads += 1
         return _STREAMS.get(item[0], "stdout"), item[1]

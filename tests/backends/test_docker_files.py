@@ -247,3 +247,12 @@ def test_files_where_the_archive_api_does_not_reach(docker_api):
             assert _file_from(made.run(fetch(made, f"{folder}/f"))) == b"hi\n"
         finally:
             made.close()
+
+
+def test_a_failing_stdin_is_an_error_not_a_short_input(box):
+    async def broken():
+        yield b"first part\n"
+        raise OSError("the disk the stdin came from went away")
+
+    with pytest.raises(OSError, match="went away"):
+        box.run(box.adapter.exec(box.ref, ["cat"], stdin=broken()))
