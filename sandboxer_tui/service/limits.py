@@ -98,8 +98,9 @@ class Limits:
             except SbxError as exc:  # the database cannot be reached, say
                 await body.answer(error_response(exc))
                 return
-        upload = (scope["method"], scope["path"]) == UPLOAD or (
-            scope["method"] == "PUT" and STREAMED.match(scope["path"]) is not None)
+        streamed = scope["method"] == "PUT" and STREAMED.match(scope["path"]) is not None
+        upload = (scope["method"], scope["path"]) == UPLOAD or streamed
+        body.drain = streamed  # the caller's key was good: an early answer is worth reading
         body.limit = self.max_upload if upload else self.max_body
         body.setting = "SBX_SERVE_MAX_UPLOAD" if upload else "SBX_SERVE_MAX_BODY"
         if body.length is not None and body.length > body.limit:
@@ -130,6 +131,7 @@ class _Body:
         self.unread = bool(self.length) or b"chunked" in headers.get(b"transfer-encoding", b"")
         self._scope, self._receive, self._send = scope, receive, send
         self.limit, self.setting, self.read = 0, "", 0
+        self.drain = False
 
     def too_large(self) -> str:
         return (f"the request's body is larger than {_size(self.limit)}, the most this route "
@@ -148,11 +150,23 @@ class _Body:
         return message
 
     async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and self.unread and self.drain:
+            await self._discard()
         if message["type"] == "http.response.start" and self.unread:
             # the rest of the body is not wanted: close rather than read it to the end
             message = {**message, "headers": [*message.get("headers", []),
                                               (b"connection", b"close")]}
         await self._send(message)
+
+    async def _discard(self) -> None:
+        """Read the rest of a streamed upload answered early (an error), up to its cap: a
+        client that sends its whole body before it reads the answer (httpx, curl) then gets
+        the answer, not a connection closed under it."""
+        try:
+            while self.unread:
+                await self.receive()
+        except Exception:  # past the cap, or gone: the connection is closed instead
+            return
 
     async def answer(self, response: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         await response(self._scope, self._receive, self.send)

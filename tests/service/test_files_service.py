@@ -184,6 +184,24 @@ def test_a_read_key_may_not_touch_files(live, stub_named, sbx_home):
     assert everything(sbx_home) == before
 
 
+def test_an_early_answer_reaches_a_client_still_sending_a_large_body(live, stub_named):
+    """httpx (like curl) sends its whole body before it reads the answer: an error given
+    before the body was read (a bad path, a read key, no such sandbox) is still what the
+    client gets, not a connection closed under it, and the connection stays usable."""
+    writer = Api(live.url, live.key("write", owner="team"))
+    reader = Api(live.url, live.key("read", owner="team"))
+    ref = made(writer, stub_named)
+    big = b"z" * (32 * MiB)
+    files = f"/v1/sandboxes/{ref}/files"
+    error_of(writer.put(files, params={"path": "relative"}, content=big), 400, "bad_input")
+    error_of(writer.put(f"{files}/tree", params={"path": "relative"}, content=big), 400,
+             "bad_input")
+    error_of(reader.put(files, params={"path": "/x"}, content=big), 403, "forbidden")
+    error_of(writer.put("/v1/sandboxes/sbx-nothere/files", params={"path": "/x"},
+                        content=big), 404, "not_found")
+    assert writer.put(files, params={"path": "/x"}, content=b"after").status_code == 200
+
+
 def test_a_streamed_body_is_capped_as_an_upload_and_a_json_one_as_a_body(
         sbx_home, stub_named, monkeypatch):
     monkeypatch.setenv("SBX_SERVE_MAX_BODY", "64KiB")
