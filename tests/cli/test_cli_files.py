@@ -93,6 +93,10 @@ def test_exec_forwards_stdin_with_i_and_hints_without_it(sbx):
     assert hinted.err.count("\n") == 1 and "-i" in hinted.err and hinted.err.startswith("sbx:")
     quiet = sbx("exec", box, "--", "true", input="")
     assert quiet.code == 0 and quiet.err == ""  # nothing piped: nothing to say
+    # -u runs as that user; -e K alone passes this shell's value of K
+    who = sbx("exec", "-u", "nobody", "-e", "FROM_HERE", box, "--", "sh", "-c",
+              'echo "$(id -un) $FROM_HERE"', env={"FROM_HERE": "passed"})
+    assert (who.code, who.out) == (0, "nobody passed\n"), who.err
 
 
 def test_background_processes_ps_attach_and_kill(sbx):
