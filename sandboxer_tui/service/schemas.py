@@ -362,7 +362,8 @@ class ProcessView(BaseModel):
     """A background process (docs/service.md, "Processes")."""
 
     pid: int
-    argv: list[str]
+    sandbox_id: str
+    argv: list[str] = Field(description="as the event log keeps it (secret values masked)")
     cwd: str | None
     user: str | None
     env_names: list[str]

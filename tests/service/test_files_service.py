@@ -19,6 +19,7 @@ import httpx
 import pytest
 from support import RUN_LABEL, SBX, query, table_rows
 
+from sandboxer_tui.service.schemas import FileInfo, FileTransfer
 from tests.service.conftest import Api
 from tests.service.live import LiveService, start_process, stop_process
 from tests.service.test_service import everything
@@ -84,6 +85,8 @@ def test_a_file_goes_in_and_comes_back_and_the_chain_records_it_without_its_byte
         assert read.read() == data
     stat = api.get(f"/v1/sandboxes/{ref}/files/stat", params={"path": "/work/blob.bin"})
     assert stat.status_code == 200, stat.text
+    assert set(stat.json()) == set(FileInfo.model_fields)  # as the document says
+    assert set(wrote.json()) == set(FileTransfer.model_fields)
     assert {k: stat.json()[k] for k in ("path", "name", "type", "size", "mode")} == {
         "path": "/work/blob.bin", "name": "blob.bin", "type": "file", "size": len(data),
         "mode": 0o640}

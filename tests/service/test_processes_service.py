@@ -12,6 +12,7 @@ import httpx
 import pytest
 from support import RUN_LABEL, query, remove_test_containers, table_rows
 
+from sandboxer_tui.service.schemas import ProcessView
 from tests.service.test_service import everything
 
 pytestmark = pytest.mark.docker
@@ -69,6 +70,7 @@ def test_a_process_runs_in_the_background_takes_stdin_and_its_output_resumes(api
     view = started.json()
     pid = view["pid"]
     assert view["running"] is True and view["stdin"] is True and view["env_names"] == ["K"]
+    assert set(view) == set(ProcessView.model_fields)  # as the document says
     assert pid in [p["pid"] for p in api.get(base).json()]
 
     # the first line, then (the process waits on its stdin) the stream catches up and ends
