@@ -547,9 +547,18 @@ class ModalAdapter(Adapter):
                 await queue.put(exc)
             await queue.put(None)
 
-        async def feed() -> None:
+        failed: list[Exception] = []  # the caller's stdin failing: raised once the command ends
+
+        async def given() -> AsyncIterator[bytes]:
             try:
                 async for chunk in stdin_chunks(stdin):
+                    yield chunk
+            except Exception as exc:  # its end closes the command's stdin all the same
+                failed.append(exc)
+
+        async def feed() -> None:
+            try:
+                async for chunk in given():
                     for at in range(0, len(chunk), STDIN_CHUNK):
                         process.stdin.write(chunk[at:at + STDIN_CHUNK])
                         await process.stdin.drain.aio()
@@ -595,6 +604,8 @@ class ModalAdapter(Adapter):
                     f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
             except Exception as exc:
                 raise self._translate(exc, tokens, "run the command") from exc
+            if failed:
+                raise failed[0]
         finally:
             for task in tasks:
                 task.cancel()

@@ -83,8 +83,20 @@ CONTROL_PERSIST_S = 60
 LOCK_WAIT_S = 60.0
 LEASED, RELEASING = "leased", "releasing"
 PID_MARKER = b"sbx-pid "
-REPORT_PID_THEN_EXEC = 'printf "sbx-pid %s\\n" "$$" >&2; exec "$@"'
 EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a timeout's kill finds
+# An exec's variables (values are secrets) come first on its stdin, never on a command line
+# the host's process list or sshd's log would show: one NAME=<base64 of the value> line each,
+# then an empty line; the rest of stdin is the command's. `read` takes a pipe a byte at a
+# time, so none of the command's input is consumed here.
+READ_ENV_THEN_EXEC = r"""command -v base64 >/dev/null 2>&1 || {
+  echo "sbx: the host has no base64, which exec needs to pass variables" >&2; exit 126; }
+while IFS= read -r line && [ -n "$line" ]; do
+  v=$(printf %s "${line#*=}" | base64 -d && echo x) || exit 126
+  export "${line%%=*}=${v%x}"
+done
+printf "sbx-pid %s\n" "$$" >&2
+exec "$@"
+"""
 # Run on the host when an exec times out ($0: the mark, $1: EXEC_MARK, $2: the command's
 # process group): the group first (it stops forking), then, in rounds, every process whose
 # environment carries the mark (those that left the group: setsid, a daemon). GNU or busybox
@@ -818,18 +830,19 @@ class SSHAdapter(Adapter):
         await self.connect(host, connect_timeout)
         mark = uuid.uuid4().hex
         variables = {**(env or {}), EXEC_MARK: mark}
-        # env(1) sets the variables for this command only, then becomes it
-        command = ["env", *(f"{k}={v}" for k, v in variables.items()), *argv]
-        # the remote shell reports its pid (= its process group: sshd starts each command in
-        # a session of its own), then becomes the command
-        remote = f"exec sh -c {shlex.quote(REPORT_PID_THEN_EXEC)} sbx {shlex.join(command)}"
+        header = b"".join(f"{k}=".encode() + base64.b64encode(v.encode()) + b"\n"
+                          for k, v in variables.items()) + b"\n"
+        # the remote shell sets the variables read from stdin, reports its pid (= its
+        # process group: sshd starts each command in a session of its own), then becomes
+        # the command
+        remote = f"exec sh -c {shlex.quote(READ_ENV_THEN_EXEC)} sbx {shlex.join(argv)}"
         if cwd is not None:
             remote = f"cd -- {shlex.quote(cwd)} && {remote}"
         ssh = self._ssh(host, connect_timeout)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *ssh, "-o", "ControlMaster=no", host.host, remote,
-                stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True)
         except FileNotFoundError:
@@ -854,9 +867,20 @@ class SSHAdapter(Adapter):
                 await queue.put((name, chunk))
             await queue.put(None)
 
-        async def feed() -> None:
+        failed: list[Exception] = []  # the caller's stdin failing: raised once the command ends
+
+        async def given() -> AsyncIterator[bytes]:
             try:
                 async for chunk in stdin_chunks(stdin):
+                    yield chunk
+            except Exception as exc:  # its end closes the command's stdin all the same
+                failed.append(exc)
+
+        async def feed() -> None:
+            try:
+                proc.stdin.write(header)
+                await proc.stdin.drain()
+                async for chunk in given():
                     proc.stdin.write(chunk)
                     await proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError):
@@ -865,9 +889,8 @@ class SSHAdapter(Adapter):
                 proc.stdin.close()
 
         tasks = [asyncio.create_task(pump(proc.stdout, "stdout")),
-                 asyncio.create_task(pump(proc.stderr, "stderr"))]
-        if stdin is not None:
-            tasks.append(asyncio.create_task(feed()))
+                 asyncio.create_task(pump(proc.stderr, "stderr")),
+                 asyncio.create_task(feed())]
         open_streams, timed_out = 2, False
         try:
             while open_streams:
@@ -896,6 +919,8 @@ class SSHAdapter(Adapter):
                 yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
                 return
             code = await proc.wait()
+            if failed:
+                raise failed[0]
         finally:
             for task in tasks:
                 task.cancel()

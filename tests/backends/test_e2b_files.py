@@ -74,6 +74,15 @@ async def gather(stream: AsyncIterator[bytes]) -> bytes:
     return b"".join([chunk async for chunk in stream])
 
 
+class SourceBroke(Exception):
+    pass
+
+
+async def breaking() -> AsyncIterator[bytes]:
+    yield b"partial\n"
+    raise SourceBroke("the caller's stream broke")
+
+
 def alive(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -98,6 +107,8 @@ def test_exec_takes_env_cwd_and_stdin(box, tmp_path):
 
     result = run(adapter.exec(ref, ["cat"], timeout_s=10))  # no stdin: empty, not waited for
     assert (result.exit_code, result.stdout, result.timed_out) == (0, b"", False)
+    with pytest.raises(SourceBroke):  # the caller's stdin failing midway: raised, not hidden
+        run(adapter.exec(ref, ["cat"], stdin=breaking()))
     result = run(adapter.exec(ref, ["sh", "-c", "exit 3"]))
     assert result.exit_code == 3
 

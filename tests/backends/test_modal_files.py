@@ -78,6 +78,15 @@ async def gather(stream: AsyncIterator[bytes]) -> bytes:
     return b"".join([chunk async for chunk in stream])
 
 
+class SourceBroke(Exception):
+    pass
+
+
+async def breaking() -> AsyncIterator[bytes]:
+    yield b"partial\n"
+    raise SourceBroke("the caller's stream broke")
+
+
 def alive(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -102,6 +111,8 @@ def test_exec_takes_env_workdir_and_stdin(box, tmp_path):
 
     result = run(adapter.exec(ref, ["cat"], timeout_s=10))  # no stdin: empty, not waited for
     assert (result.exit_code, result.stdout, result.timed_out) == (0, b"", False)
+    with pytest.raises(SourceBroke):  # the caller's stdin failing midway: raised, not hidden
+        run(adapter.exec(ref, ["cat"], stdin=breaking()))
 
 
 def test_a_timeout_kills_every_process_of_the_exec_and_keeps_its_output(box, tmp_path):

@@ -52,6 +52,15 @@ async def chunks(data: bytes, size: int = 65536) -> AsyncIterator[bytes]:
         yield data[at:at + size]
 
 
+class SourceBroke(Exception):
+    pass
+
+
+async def breaking() -> AsyncIterator[bytes]:
+    yield b"partial\n"
+    raise SourceBroke("the caller's stream broke")
+
+
 def alive(pid: int) -> bool:
     """A process that exists and has not ended (a zombie has ended)."""
     try:
@@ -80,11 +89,49 @@ def test_exec_takes_env_cwd_and_stdin(leased, tmp_path):
     result = asyncio.run(adapter.exec(ref, ["cat"], timeout_s=10))
     assert (result.exit_code, result.stdout, result.timed_out) == (0, b"", False)
 
+    # the caller's stdin failing midway: exec raises that, not a success on half the input
+    with pytest.raises(SourceBroke):
+        asyncio.run(adapter.exec(ref, ["cat"], stdin=breaking()))
+
     # a folder that does not exist: the command does not run, the shell says why
     missing = tmp_path / "missing"
     result = asyncio.run(adapter.exec(ref, ["touch", "ran"], cwd=str(missing)))
     assert result.exit_code != 0 and str(missing).encode() in result.stderr
     assert not (tmp_path / "ran").exists() and not missing.exists()
+
+
+def test_env_values_are_on_no_command_line_of_the_host(leased):
+    """The values reach the command through its stdin, not the remote command line, which
+    the host's process list (and sshd's log) would show to others."""
+    adapter, ref = leased
+    secret = "s3cr3t-" + os.urandom(8).hex() + " with\nnewline "
+
+    async def main() -> tuple[list[int], bytes]:
+        release = asyncio.Event()
+
+        async def stdin() -> AsyncIterator[bytes]:
+            yield b"input\n"
+            await release.wait()
+
+        seen, out = [], b""
+        script = 'echo ready; cat; printf "%s" "$SECRET"'
+        async for item in adapter.exec_stream(ref, ["sh", "-c", script], timeout_s=30,
+                                              env={"SECRET": secret}, stdin=stdin()):
+            if isinstance(item, tuple) and item[0] == "stdout":
+                out += item[1]
+                if b"ready" in out and not release.is_set():
+                    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                        try:
+                            if secret.encode()[:20] in cmdline.read_bytes():
+                                seen.append(int(cmdline.parent.name))
+                        except OSError:
+                            pass
+                    release.set()
+        return seen, out
+
+    seen, out = asyncio.run(main())
+    assert seen == [], "an env value was on a command line of the host"
+    assert out == b"ready\ninput\n" + secret.encode()  # exact, trailing newline kept
 
 
 def test_a_timeout_ends_the_whole_tree_in_time_and_keeps_the_output(leased, tmp_path):
