@@ -277,3 +277,36 @@ def test_run_as_another_user_is_refused_naming_the_backend(leased, tmp_path):
     with pytest.raises(CapabilityNotSupported, match="the ssh backend"):
         asyncio.run(adapter.exec(ref, ["touch", str(tmp_path / "ran")], user="nobody"))
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_cli_round_trip_on_an_ssh_host_and_a_refusal(sbx, sshd_server, tmp_path):  # noqa: F811
+    """An agent's round trip through `sbx` on a leased host: code in (`sbx cp`), run with env,
+    a working folder and stdin, the artefact back out; `-u` is refused (exit 4) naming the
+    backend, and nothing runs."""
+    from test_ssh import inventory, ssh_profile
+
+    hosts = inventory(tmp_path, [sshd_server.inventory_entry("cli-host", sshd_server.ports[0],
+                                                             {"pool": "cli"})], "cli.yaml")
+    box = sbx.create("--profile-file", str(ssh_profile(tmp_path, hosts)))
+    work = tmp_path / "remote-work"
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "main.sh").write_text('read name; echo "hello $name from $(pwd), $GREETING" > out.txt\n')
+
+    put = sbx("cp", str(code), f"{box['id']}:{work}")
+    assert put.code == 0, put.err
+    assert (work / "main.sh").is_file()
+    ran = sbx("exec", "-i", "-e", "GREETING=hi", "-w", str(work), box["id"], "--",
+              "sh", "main.sh", input="agent\n")
+    assert ran.code == 0, ran.err
+    back = tmp_path / "back"
+    back.mkdir()
+    got = sbx("cp", f"{box['id']}:{work / 'out.txt'}", str(back))
+    assert got.code == 0, got.err
+    assert (back / "out.txt").read_text() == f"hello agent from {work}, hi\n"
+
+    refused = sbx("exec", "-u", "nobody", box["id"], "--", "touch", str(tmp_path / "ran"))
+    assert refused.code == 4, refused.err
+    assert "ssh" in refused.err and len(refused.err.strip().splitlines()) == 1
+    assert not (tmp_path / "ran").exists()
+    assert sbx("destroy", box["id"], "--yes").code == 0
