@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import httpx
@@ -203,6 +204,32 @@ def test_an_early_answer_reaches_a_client_still_sending_a_large_body(live, stub_
     error_of(writer.put("/v1/sandboxes/sbx-nothere/files", params={"path": "/x"},
                         content=big), 404, "not_found")
     assert writer.put(files, params={"path": "/x"}, content=b"after").status_code == 200
+
+
+def test_a_client_gone_mid_upload_leaves_no_file_and_no_event(live, stub_named, sbx_home):
+    import socket
+    from urllib.parse import urlsplit
+
+    token = live.key("write", owner="team")
+    api = Api(live.url, token)
+    ref = made(api, stub_named)
+    where = urlsplit(live.url)
+    with socket.create_connection((where.hostname, where.port), timeout=30) as sock:
+        sock.sendall((f"PUT /v1/sandboxes/{ref}/files?path=/half HTTP/1.1\r\n"
+                      f"Host: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                      f"Content-Length: {10 * MiB}\r\n\r\n").encode() + b"h" * MiB)
+    admin = Api(live.url, live.key("admin", owner="ops"))
+    given_up = 'sbx_operation_duration_seconds_count{backend="stub",kind="file_write",' \
+               'result="bad_input"} 1.0'
+    deadline = time.monotonic() + 30
+    while given_up not in admin.get("/metrics").text:  # the service saw the close
+        assert time.monotonic() < deadline, "the service never gave up on the upload"
+        time.sleep(0.1)
+    error_of(api.get(f"/v1/sandboxes/{ref}/files/stat", params={"path": "/half"}), 404,
+             "not_found")
+    assert [e for e in file_events(sbx_home, ref) if e["op"] == "write"] == []
+    assert api.put(f"/v1/sandboxes/{ref}/files", params={"path": "/whole"},
+                   content=b"w").status_code == 200
 
 
 def test_a_streamed_body_is_capped_as_an_upload_and_a_json_one_as_a_body(

@@ -44,14 +44,16 @@ def _mode(mode: str | None) -> int | None:
 
 class _Incoming:
     """The request's body as an async iterator of chunks, read as the library asks for
-    them. An error of the body itself (too large: 413) is kept, so the route answers with
-    it whatever the library made of it."""
+    them. An error of the body itself (too large: 413; the client gone) is kept, so the
+    route answers with it whatever the library made of it."""
 
     def __init__(self, request: Request) -> None:
         self.request = request
-        self.error: HTTPException | None = None
+        self.error: Exception | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        from starlette.requests import ClientDisconnect
+
         try:
             async for chunk in self.request.stream():
                 if chunk:
@@ -59,6 +61,9 @@ class _Incoming:
         except HTTPException as exc:
             self.error = exc
             raise
+        except ClientDisconnect:  # nobody to answer: no traceback in the log for it
+            self.error = BadInput("the client went away before it sent the whole body")
+            raise self.error from None
 
     async def run(self, work):
         try:
