@@ -9,9 +9,12 @@ refused tree may remain, and the refusal is one line naming the entry (BadInput,
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import secrets
+import socket
 import stat
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -223,3 +226,33 @@ def test_a_benign_tree_round_trips(busybox, tmp_path):
         if path.is_file():
             assert twin.read_bytes() == path.read_bytes()
     assert list((back / "empty").iterdir()) == []
+
+
+def test_pack_tree_of_one_file_and_what_it_leaves_out(tmp_path):
+    """A single file packs as one entry named by its base name; a socket or a pipe in a
+    folder is left out, a link is kept as a link (never followed)."""
+    one = tmp_path / "report.txt"
+    one.write_bytes(b"x" * 5000)
+    one.chmod(0o604)
+    report = extract_tree(pack_tree(one), tmp_path / "out")
+    assert report == {"entries": 1, "bytes": 5000}
+    back = tmp_path / "out" / "report.txt"
+    assert back.read_bytes() == b"x" * 5000 and stat.S_IMODE(back.stat().st_mode) == 0o604
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    os.mkfifo(folder / "pipe")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(folder / "sock"))
+    (folder / "to-outside").symlink_to("/etc/passwd")
+    try:
+        packed = b"".join(pack_tree(folder))
+        with tarfile.open(fileobj=io.BytesIO(packed)) as tar:
+            members = {m.name: m for m in tar}
+    finally:
+        listener.close()
+    assert sorted(members) == ["mixed", "mixed/to-outside"]
+    assert members["mixed/to-outside"].issym()
+    assert members["mixed/to-outside"].linkname == "/etc/passwd"
+    with pytest.raises(BadInput, match="does not exist"):
+        next(iter(pack_tree(tmp_path / "nothing")))
