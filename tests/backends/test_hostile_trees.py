@@ -28,7 +28,9 @@ from sandboxer.core.rules.trees import extract_tree, pack_tree
 
 pytestmark = pytest.mark.docker
 
-DEBIAN = "sandboxer/python-base:bookworm"  # GNU tar: -P and --transform craft any name
+# GNU tar (-P and --transform craft any name); built offline by `make python-base`, which
+# `make test` runs (test-setup)
+DEBIAN = "sandboxer/python-base:bookworm"
 
 
 class Box:
