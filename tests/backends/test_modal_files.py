@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from standins.modal_server import ModalStandin
+from support import write_profile
 
 from sandboxer.adapters.base import (
     LABEL_ID,
@@ -46,14 +47,19 @@ def standin(tmp_path_factory) -> ModalStandin:
 
 
 @pytest.fixture
-def box(standin, monkeypatch, tmp_path):
-    """(run, ref): a coroutine runner holding one ModalAdapter, and a running sandbox."""
+def modal_env(standin, monkeypatch, tmp_path):
+    """The SDK (here and in the `sbx` this test starts) pointed at the stand-in."""
     monkeypatch.setenv("MODAL_SERVER_URL", standin.url)
     monkeypatch.setenv("MODAL_TOKEN_ID", TOKEN_ID)
     monkeypatch.setenv("MODAL_TOKEN_SECRET", TOKEN_SECRET)
     monkeypatch.setenv("MODAL_CONFIG_PATH", str(tmp_path / "modal.toml"))
     for name in ("MODAL_PROFILE", "MODAL_ENVIRONMENT", "MODAL_SANDBOX_V2"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def box(standin, modal_env):
+    """(run, ref): a coroutine runner holding one ModalAdapter, and a running sandbox."""
     seen = len(standin.unimplemented)
     loop = asyncio.new_event_loop()  # one loop for the adapter's client, as in one sbx run
     adapter = ModalAdapter()
@@ -174,3 +180,27 @@ def test_run_as_another_user_is_refused_naming_the_backend(box, tmp_path):
     with pytest.raises(CapabilityNotSupported, match="the modal backend"):
         run(adapter.exec(ref, ["touch", str(tmp_path / "ran")], user="root"))
     assert not (tmp_path / "ran").exists()
+
+
+def test_what_modal_cannot_do_is_refused_through_the_cli_naming_it(sbx, standin, modal_env,
+                                                                    tmp_path):
+    """Through `sbx`: `-u` and `--detach` exit 4 naming the backend, and nothing runs; files
+    work (`sbx cp` in and `sbx files cat` out)."""
+    profile = write_profile(tmp_path, "mdl", f"extends: modal\nimage: {standin.add_image()}\n")
+    made = sbx("create", "--profile-file", str(profile), "--json")
+    assert made.code == 0, made.err
+    box_id = made.json()["id"]
+    before = standin.running_processes(), len(standin.methods())
+    for args in (("-u", "nobody"), ("--detach",)):
+        refused = sbx("exec", *args, box_id, "--", "touch", str(tmp_path / "ran"))
+        assert refused.code == 4, refused.err
+        assert "modal backend" in refused.err and len(refused.err.strip().splitlines()) == 1
+    assert not (tmp_path / "ran").exists()
+    assert "TaskExecStart" not in standin.methods()[before[1]:]
+
+    (tmp_path / "note.txt").write_text("through the cli\n")
+    put = sbx("cp", str(tmp_path / "note.txt"), f"{box_id}:{tmp_path / 'box'}")
+    assert put.code == 0, put.err
+    shown = sbx("files", "cat", box_id, str(tmp_path / "box"))
+    assert (shown.code, shown.out) == (0, "through the cli\n"), shown.err
+    assert sbx("destroy", box_id, "--yes").code == 0
