@@ -46,14 +46,19 @@ def standin():
 
 
 @pytest.fixture
-def box(standin, monkeypatch, sbx_home):
-    """(adapter, run, ref): one E2BAdapter, a runner on one loop, a running sandbox."""
+def e2b_env(standin, monkeypatch, sbx_home):
+    """The SDK (here and in the `sbx` this test starts) pointed at the stand-in."""
     for name in list(os.environ):
         if name.startswith("E2B_"):
             monkeypatch.delenv(name)
     for name, value in {"E2B_API_URL": standin.url, "E2B_SANDBOX_URL": standin.url,
                         "E2B_API_KEY": KEY, "E2B_CONNECTION_RETRIES": "0"}.items():
         monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def box(standin, e2b_env):
+    """(adapter, run, ref): one E2BAdapter, a runner on one loop, a running sandbox."""
     loop = asyncio.new_event_loop()
     adapter = E2BAdapter()
     sandbox_id = f"sbx-files-{secrets.token_hex(4)}"
@@ -209,3 +214,27 @@ def test_run_as_another_user_is_refused_naming_the_backend(box, standin, tmp_pat
     with pytest.raises(CapabilityNotSupported, match="the e2b backend"):
         run(adapter.exec(ref, ["touch", str(tmp_path / "ran")], user="root"))
     assert not (tmp_path / "ran").exists() and len(standin.started_pids) == before
+
+
+def test_what_e2b_cannot_do_is_refused_through_the_cli_naming_it(sbx, standin, e2b_env,
+                                                                  tmp_path):
+    """Through `sbx`: `-u` and `--detach` exit 4 naming the backend, and nothing runs; files
+    work (`sbx cp` in, `sbx files cat` out, `sbx files ls`)."""
+    made = sbx("create", "--profile", "e2b", "--json")
+    assert made.code == 0, made.err
+    box_id = made.json()["id"]
+    before = len(standin.started_pids)
+    for args in (("-u", "nobody"), ("--detach",)):
+        refused = sbx("exec", *args, box_id, "--", "touch", str(tmp_path / "ran"))
+        assert refused.code == 4, refused.err
+        assert "e2b backend" in refused.err and len(refused.err.strip().splitlines()) == 1
+    assert not (tmp_path / "ran").exists() and len(standin.started_pids) == before
+
+    (tmp_path / "note.txt").write_text("through the cli\n")
+    put = sbx("cp", str(tmp_path / "note.txt"), f"{box_id}:{tmp_path / 'box' / 'note.txt'}")
+    assert put.code == 0, put.err
+    shown = sbx("files", "cat", box_id, str(tmp_path / "box" / "note.txt"))
+    assert (shown.code, shown.out) == (0, "through the cli\n"), shown.err
+    listed = sbx("files", "ls", box_id, str(tmp_path / "box"))
+    assert listed.code == 0 and "note.txt" in listed.out, listed.err
+    assert sbx("destroy", box_id, "--yes").code == 0
