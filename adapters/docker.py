@@ -529,6 +529,7 @@ class _ExecPump:
 
 # The engine's archive API: its tar stream is passed on in pieces of this size.
 ARCHIVE_CHUNK = 1024 * 1024
+ARCHIVE_AHEAD = 4  # pieces read ahead of their reader (get_archive)
 PATH_STAT_HEADER = "X-Docker-Container-Path-Stat"
 # mounts of every container that the archive API does not see into (and tmpfs mounts)
 ARCHIVE_BLIND = ("/dev", "/proc", "/sys")
@@ -1090,7 +1091,10 @@ class DockerAdapter(Adapter):
 
         response = await self._on_path(ref, path, start, "read")
         try:
-            async for chunk in _in_thread(response.iter_content(ARCHIVE_CHUNK)):
+            # the raw body read in pieces of a MiB (iter_content gives the engine's 32 KiB
+            # HTTP chunks, a hop each), ahead of the reader so the engine's tar and the
+            # unpacking overlap
+            async for chunk in _read_ahead(response.raw.read):
                 yield chunk
         finally:
             await asyncio.to_thread(response.close)
@@ -1666,6 +1670,47 @@ def sample_from_stats(stats: Mapping[str, Any]) -> MetricSample:
         net_tx_bytes=sum(n["tx_bytes"] for n in networks) if networks else None,
         pids=(stats.get("pids_stats") or {}).get("current"),
     )
+
+
+async def _read_ahead(read: Callable[[int], bytes]) -> AsyncIterator[bytes]:
+    """Pieces of up to ARCHIVE_CHUNK from the blocking `read(n)` (b"" at the end), read by a
+    thread of its own at most ARCHIVE_AHEAD pieces ahead of the reader: bounded memory, and
+    the sender does not wait for each piece to be used."""
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+    slots = threading.Semaphore(ARCHIVE_AHEAD)
+    stopped = False
+
+    def soon(item: bytes | BaseException) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(pieces.put_nowait, item)
+
+    def pump() -> None:
+        try:
+            while True:
+                slots.acquire()
+                if stopped:
+                    return
+                data = read(ARCHIVE_CHUNK)
+                soon(bytes(data))
+                if not data:
+                    return
+        except Exception as exc:  # noqa: BLE001 (handed to the reader, raised there)
+            soon(exc)
+
+    threading.Thread(target=pump, name="sbx-archive-read", daemon=True).start()
+    try:
+        while True:
+            item = await pieces.get()
+            slots.release()
+            if isinstance(item, BaseException):
+                raise item
+            if not item:
+                return
+            yield item
+    finally:
+        stopped = True
+        slots.release()  # a pump waiting for room sees it is over
 
 
 async def _in_thread(iterator: Iterator[bytes]) -> AsyncIterator[bytes]:
