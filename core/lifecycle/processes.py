@@ -43,7 +43,14 @@ from sandboxer.adapters.base import Capability, ExecResult
 from sandboxer.core.observe import telemetry
 from sandboxer.core.rules.catalog import EventType
 from sandboxer.core.rules.clock import from_iso, to_iso
-from sandboxer.core.rules.errors import BadInput, Conflict, NotFound, OperationFailed
+from sandboxer.core.rules.errors import (
+    BadInput,
+    Conflict,
+    NotFound,
+    OperationFailed,
+    QuotaExceeded,
+    TimedOut,
+)
 from sandboxer.core.rules.states import State
 from sandboxer.core.store import tenancy
 from sandboxer.core.store.models import Process, Sandbox
@@ -57,6 +64,7 @@ ROOT = "/tmp/.sbx-processes"
 KEEP_BYTES = 8 * 1024 * 1024  # of each stream, at least the last this many bytes are kept
 START_TIMEOUT_S = 60.0  # the starting exec returns at once; this only bounds a stuck one
 CONTROL_TIMEOUT_S = 60.0  # list, signal, close: one short exec each
+WRITE_RATE = 1024 * 1024  # bytes a second a write is given, over CONTROL_TIMEOUT_S
 WAIT_SLICE_S = 300.0  # a wait without limit is one exec per slice, so none outlives its caller long
 # a sandbox in one of these states has none of its processes left (they lived in it)
 ENDED_STATES = frozenset({State.DESTROYED, State.LOST, State.FAILED})
@@ -66,7 +74,20 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # dash and bash all run it); `start` prints the pid, the readers print one state line per
 # process ("exit PID CODE END START", "running PID", "lost PID", "gone PID"), and
 # `output` frames of "STREAM OFFSET LENGTH\n" and that many bytes before its state line.
-_SCRIPT = r'''root=/tmp/.sbx-processes KEEP=@KEEP@
+_SCRIPT = r'''KEEP=@KEEP@
+uid=$(id -u) || exit 120
+root=@ROOT@-$uid  # each user's own: made by that user, mode 700, never another's
+ours() {  # a folder this user owns, not a link: else nothing in it is to be trusted
+  [ -d "$root" ] && [ ! -L "$root" ] && [ -O "$root" ]
+}
+refuse() {
+  echo "$root is not this user's own folder (another user made it): remove it" >&2; exit 121
+}
+child() {  # $1 is a child of this process's supervisor (not a pid since used again)
+  [ -d /proc/1 ] || return 0  # no /proc to ask: as the records say
+  s=$(cat supervisor 2>/dev/null) && st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  set -- ${st##*) }; [ "$2" = "$s" ]
+}
 now() {  # centiseconds of uptime (seconds since the epoch, times 100, without /proc)
   if read -r up _ </proc/uptime 2>/dev/null; then echo "${up%.*}${up#*.}"; else echo "$(date +%s)00"; fi
 }
@@ -86,8 +107,9 @@ supervise() {
   sh -c 'echo $PPID' >supervisor
   relay stdout & relay stderr &
   now >started
+  hold=
   if [ -p stdin.fifo ]; then
-    sleep 2147483647 >stdin.fifo & echo $! >holder
+    sleep 2147483647 >stdin.fifo & hold=$!; echo "$hold" >holder
     ( cd "$wd" && exec "$@" ) <stdin.fifo >stdout.fifo 2>stderr.fifo &
   else
     ( cd "$wd" && exec "$@" ) </dev/null >stdout.fifo 2>stderr.fifo &
@@ -95,7 +117,7 @@ supervise() {
   pid=$!
   echo "$pid" >ready
   wait "$pid"; code=$?
-  [ -f holder ] && kill "$(cat holder)" 2>/dev/null; rm -f holder
+  [ -n "$hold" ] && kill "$hold" 2>/dev/null; rm -f holder
   if [ -p stdin.fifo ]; then exec 4<>stdin.fifo; rm -f stdin.fifo; exec 4<&-; fi
   echo "$code $(now)" >exit.tmp && mv exit.tmp exit
   wait
@@ -126,15 +148,17 @@ emit() {  # $1: stream, $2: the name of its position variable; sent=1 when a fra
   [ -n "$next" ] && { eval "$2=$next"; sent=1; }  # older output is gone: on from the oldest kept
 }
 mode=$1; shift
+if [ "$mode" != start ] && { [ -e "$root" ] || [ -L "$root" ]; }; then ours || refuse; fi
 case $mode in
 start)
   wd=${1:-$PWD}; shift
   [ -d "$wd" ] || { echo "no folder $wd" >&2; exit 3; }
   want_stdin=$1; shift
-  mkdir -p "$root" 2>/dev/null; chmod 1777 "$root" 2>/dev/null
-  # on a host that outlives its sandboxes (ssh): what ended over a day ago goes
-  find "$root" -mindepth 2 -maxdepth 2 -name exit -mtime +0 2>/dev/null |
-    while read -r f; do rm -rf "${f%/exit}"; done
+  mkdir -m 700 "$root" 2>/dev/null; ours || refuse
+  # on a host that outlives its sandboxes (ssh): what ended over a day ago goes (each name
+  # an argument of its own: a name with a newline is one name)
+  find "$root" -mindepth 2 -maxdepth 2 -name exit -type f -mtime +0 \
+    -exec sh -c 'for f; do rm -rf -- "${f%/exit}"; done' sh {} + 2>/dev/null
   dir=$(mktemp -d "$root/.new.XXXXXX") && chmod 755 "$dir" && cd "$dir" &&
     mkfifo stdout.fifo stderr.fifo ready || exit 120
   [ "$want_stdin" = 1 ] && { mkfifo stdin.fifo || exit 120; }
@@ -157,14 +181,15 @@ wait)  # $1 pid, $2: the longest wait in centiseconds (-1: no limit)
   state "$1";;
 signal)
   cd "$root/$1" 2>/dev/null || { echo "gone $1"; exit 0; }
-  [ -f exit ] || kill "-$2" "$1" 2>/dev/null; state "$1";;
+  [ -f exit ] || { child "$1" && kill "-$2" "$1" 2>/dev/null; }; state "$1";;
 stdin)
   cd "$root/$1" 2>/dev/null || exit 3
   [ -f exit ] && exit 4; [ -p stdin.fifo ] && [ -f holder ] || exit 5
   exec cat >stdin.fifo;;
 close)
   cd "$root/$1" 2>/dev/null || exit 3
-  [ -f holder ] && kill "$(cat holder)" 2>/dev/null; rm -f holder
+  if [ -f holder ]; then h=$(cat holder); case $h in *[!0-9]*|'') ;; *)
+    child "$h" && kill "$h" 2>/dev/null;; esac; fi; rm -f holder
   if [ -p stdin.fifo ]; then exec 4<>stdin.fifo; exec 4<&-; fi;;
 output)  # $1 pid, $2 $3: the stdout and stderr offsets, $4: 1 to follow
   cd "$root/$1" 2>/dev/null || { echo "gone $1"; exit 0; }
@@ -184,7 +209,7 @@ output)  # $1 pid, $2 $3: the stdout and stderr offsets, $4: 1 to follow
   done;;
 esac
 '''
-SCRIPT = _SCRIPT.replace("@KEEP@", str(KEEP_BYTES))
+SCRIPT = _SCRIPT.replace("@KEEP@", str(KEEP_BYTES)).replace("@ROOT@", ROOT)
 
 
 def _script(mode: str, *args: Any) -> list[str]:
@@ -339,7 +364,20 @@ async def _exec(mgr: Manager, sandbox: Mapping[str, Any], argv: list[str], *,
         extra["user"] = user
     if stdin is not None:
         extra["stdin"] = stdin
-    return await adapter.exec(sandbox["backend_ref"], argv, timeout_s, env=env or None, **extra)
+    result = await adapter.exec(sandbox["backend_ref"], argv, timeout_s, env=env or None,
+                                **extra)
+    _refused(sandbox, result)
+    return result
+
+
+def _refused(sandbox: Mapping[str, Any], result: ExecResult) -> None:
+    """The script found its user's records folder made by someone else (exit 121): nothing
+    in it is trusted, so nothing is read or started (docs/security.md, "Background
+    processes")."""
+    if result.exit_code == 121:
+        why = " ".join(result.stderr.decode(errors="replace").split())
+        raise OperationFailed(f"the background processes of sandbox {sandbox['id']} cannot "
+                              f"be used: {why}")
 
 
 async def _observe(mgr: Manager, sandbox: Mapping[str, Any],
@@ -385,9 +423,11 @@ async def start(mgr: Manager, ref: str, argv: Sequence[str], *,
     sandbox = _sandbox(mgr, ref)
     mgr._usable(sandbox, Capability.PROCESSES, "run background processes")  # else exit 4
     recorded = mgr._masked_argv(sandbox, argv)  # a bad mask pattern refuses before the start
-    result = await _exec(mgr, sandbox, _script("start", cwd or "", int(bool(stdin)), *argv),
-                         timeout_s=START_TIMEOUT_S, user=user,
-                         env={**env, **telemetry.trace_env()})
+    async with _command_slot(mgr, sandbox):
+        result = await _exec(mgr, sandbox, _script("start", cwd or "", int(bool(stdin)),
+                                                   *argv),
+                             timeout_s=START_TIMEOUT_S, user=user,
+                             env={**env, **telemetry.trace_env()})
     lines = result.stdout.decode(errors="replace").split()
     said = lines[-1] if lines else ""  # after anything a login shell may print
     if result.exit_code == 3:
@@ -421,6 +461,48 @@ async def start(mgr: Manager, ref: str, argv: Sequence[str], *,
         row = conn.execute(sa.select(PROCESSES).where(PROCESSES.c.id == new_id)
                            ).mappings().first()
     return view(row)
+
+
+def _running(mgr: Manager, owner: str) -> list[dict[str, Any]]:
+    """The owner's processes not known to have ended, in sandboxes not known to have ended."""
+    query = sa.select(PROCESSES).join(SANDBOXES, SANDBOXES.c.id == PROCESSES.c.sandbox_id) \
+        .where(PROCESSES.c.owner == owner, PROCESSES.c.ended_at.is_(None),
+               SANDBOXES.c.state.notin_([str(s) for s in ENDED_STATES]))
+    with mgr.db.read() as conn:
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
+@contextlib.asynccontextmanager
+async def _command_slot(mgr: Manager, sandbox: Mapping[str, Any]) -> AsyncIterator[None]:
+    """A background process is one of its tenant's commands until its end is recorded, as
+    an exec is while it runs: starting one is refused (QuotaExceeded, nothing done) when the
+    tenant's execs running in this service process and its processes not known to have
+    ended reach its quota max_execs (docs/security.md, "Tenants"). The start itself holds an
+    exec's slot, so that starts at once are counted."""
+    owner = sandbox["owner"]
+    with mgr.db.read() as conn:
+        limits = tenancy.quotas(conn, owner)
+    most = None if limits is None else limits["max_execs"]
+    if most is not None:
+        procs = _running(mgr, owner)
+        if procs and mgr._execs_running[owner] + len(procs) >= most:
+            # those that ended since anyone looked do not count: look (one exec a sandbox)
+            for sandbox_id in sorted({p["sandbox_id"] for p in procs}):
+                row = mgr.rows_by_ids([sandbox_id]).get(sandbox_id)
+                if row is not None:
+                    with contextlib.suppress(OperationFailed):
+                        await _observe(mgr, row, [p for p in procs
+                                                  if p["sandbox_id"] == sandbox_id])
+            procs = _running(mgr, owner)
+        if mgr._execs_running[owner] + len(procs) >= most:
+            raise QuotaExceeded(
+                f"tenant {owner!r} runs {mgr._execs_running[owner]} commands and "
+                f"{len(procs)} background processes: its quota max_execs is {most}")
+    mgr._execs_running[owner] += 1
+    try:
+        yield
+    finally:
+        mgr._execs_running[owner] -= 1
 
 
 async def list_processes(mgr: Manager, ref: str) -> list[dict[str, Any]]:
@@ -479,8 +561,14 @@ async def write_stdin(mgr: Manager, ref: str, pid: int, data: bytes) -> None:
     sandbox = _sandbox(mgr, ref)
     proc = _one(mgr, sandbox, pid)
     _refuse_stdin(sandbox, proc)
+    # a process that does not read leaves the pipe full: bounded, never a request held forever
+    limit_s = CONTROL_TIMEOUT_S + len(data) / WRITE_RATE
     result = await _exec(mgr, sandbox, _script("stdin", pid), user=proc["user"],
-                         stdin=bytes(data), timeout_s=None)
+                         stdin=bytes(data), timeout_s=limit_s)
+    if result.timed_out:
+        raise TimedOut(f"writing to process {pid} in sandbox {sandbox['id']} timed out after "
+                       f"{limit_s:.0f}s: it does not read its input (part of the data may "
+                       "have reached it)")
     if result.exit_code == 4:  # the next observer records how it ended
         raise Conflict(f"process {pid} in sandbox {sandbox['id']} has ended: its stdin is gone")
     if result.exit_code == 5:
@@ -546,6 +634,7 @@ async def output(mgr: Manager, ref: str, pid: int, *, stdout_offset: int = 0,
         async for item in stream:
             if isinstance(item, ExecResult):
                 caught_up = True
+                _refused(sandbox, item)
                 break
             kind, data = item
             if kind != "stdout":
@@ -588,14 +677,15 @@ async def output(mgr: Manager, ref: str, pid: int, *, stdout_offset: int = 0,
 async def keeps_busy(mgr: Manager, sandbox_id: str) -> bool:
     """For the reaper, before it ends a sandbox for being idle: True when a process recorded
     in it, not known to have ended, still runs there (its activity is then recorded, so the
-    idle clock starts again). Ends it finds are recorded. A sandbox that cannot be asked
-    counts as idle (docs/reliability.md, "Idle limit and background processes")."""
+    idle clock starts again). Ends it finds are recorded. A sandbox that cannot be asked,
+    or is not running (paused: nothing runs in it), counts as idle (docs/reliability.md,
+    "Idle limit and background processes")."""
     procs = _rows(mgr, sandbox_id, open_only=True)
     if not procs:
         return False
     sandbox = mgr.rows_by_ids([sandbox_id]).get(sandbox_id)
-    if sandbox is None:
-        return False
+    if sandbox is None or sandbox["state"] != State.RUNNING:
+        return False  # paused: nothing runs in it, so nothing keeps it busy
     try:
         procs = await _observe(mgr, sandbox, procs)
     except Exception:

@@ -406,3 +406,165 @@ async def test_a_follower_that_stops_leaves_no_reader_and_a_lingering_child_ends
     assert readers_in(docker_api, box.backend_ref) == []
     assert (await talker.refresh()).running
     await box.destroy()
+
+
+# -- hostile records, paused sandboxes, stuck writes, the tenant's quota --------------------
+
+PLANT = r'''for d in /tmp/.sbx-processes*/; do for pid in "$@"; do
+  n="$d$pid
+x"
+  mkdir "$n" 2>/dev/null && : >"$n/exit" && touch -d 2020-01-01 "$n/exit" && echo planted
+done; done'''
+
+
+async def test_a_folder_named_pid_newline_in_the_records_removes_no_other_process(client):
+    """Every start removes records that ended over a day ago: a folder another user (or
+    the process itself) names `PID\\nx`, with an old `exit`, is removed as one name, never
+    read as two (`PID`: another process's records)."""
+    box = await client.create("default", ttl="10m", labels=RUN)
+    mine = await box.processes.start(["sleep", "1000"], stdin=False)
+    theirs = await box.processes.start(["sleep", "1000"], user="nobody", stdin=False)
+    pids = [str(mine.pid), str(theirs.pid)]
+    planted = await box.exec(["sh", "-c", PLANT, "sh", *pids], user="nobody")
+    assert b"planted" in planted.stdout  # at least in nobody's own records folder
+
+    await box.processes.start(["true"], stdin=False)  # each start cleans up, as its user
+    await box.processes.start(["true"], user="nobody", stdin=False)
+    for proc in (mine, theirs):
+        assert (await proc.refresh()).running, proc.pid  # its records are still there
+        await proc.kill(signal.SIGTERM)
+        assert await proc.wait(timeout="30s") == 143
+    left = await box.exec(["sh", "-c", "ls -a /tmp/.sbx-processes-65534/ | grep -c '^x$'"],
+                          user="nobody")
+    assert left.stdout.strip() == b"0"  # the planted ones went, as themselves
+    await box.destroy()
+
+
+async def test_records_folder_made_by_another_user_is_refused_and_records_are_private(
+        client):
+    """Each user's records folder is its own (mode 700): one made first by another user
+    is refused, naming it, with nothing started or recorded; in one's own, another user
+    can neither replace a process's records nor fake its end; and closing stdin kills only
+    the supervisor's own holder, whatever pid the `holder` file names."""
+    box = await client.create("default", ttl="10m", labels=RUN)
+    made = await box.exec(["sh", "-c", "mkdir -m 777 /tmp/.sbx-processes "
+                           "/tmp/.sbx-processes-0 && echo made"], user="nobody")
+    assert made.stdout.strip() == b"made"
+    events_before = await box.events()
+    with pytest.raises(sandboxer.OperationFailed) as refused:
+        await box.processes.start(["sleep", "1000"], stdin=False)
+    message = str(refused.value)
+    assert "/tmp/.sbx-processes-0 is not this user's own folder" in message
+    assert "\n" not in message and refused.value.exit_code == 1
+    assert await box.processes.list() == []
+    assert [e.id for e in await box.events()] == [e.id for e in events_before]
+
+    await box.exec(["rm", "-rf", "/tmp/.sbx-processes-0"])  # root clears it
+    victim = await box.processes.start(["sleep", "1000"], stdin=False)
+    proc = await box.processes.start(
+        ["sh", "-c", 'read other; for d in /tmp/.sbx-processes-*/$$; do '
+                     'echo "$other" >"$d/holder"; done; echo pointed; cat'])
+    swap = await box.exec(["sh", "-c", 'd=/tmp/.sbx-processes-0/$1; mv "$d" "$d.old" || '
+                           'exit 9; mkdir "$d"; echo "42 1" >"$d/exit"; echo 0 >"$d/started"',
+                           "sh", str(proc.pid)], user="nobody")
+    assert swap.exit_code == 9  # nobody cannot get into root's records folder
+    assert (await proc.refresh()).running and proc.exit_code is None
+
+    # the process points its own `holder` at another process: closing stdin spares it
+    await proc.write(f"{victim.pid}\n")
+    async with contextlib.aclosing(proc.output(follow=True)) as stream:
+        async for item in stream:
+            assert item.data == b"pointed\n"
+            break
+    await proc.close_stdin()
+    assert (await victim.refresh()).running
+    await victim.kill(signal.SIGTERM)
+    assert await victim.wait(timeout="30s") == 143
+    await proc.kill()
+    assert await proc.wait(timeout="30s") == 137
+    await box.destroy()
+
+
+async def test_a_paused_sandbox_with_a_process_is_idle(sbx_home, tmp_path, monkeypatch):
+    """Nothing runs in a paused sandbox: its recorded process keeps it from nothing, and
+    the reaper ends it at its idle limit, not at its TTL."""
+    from support import remove_test_containers
+
+    profile = idle_profile(tmp_path)
+    async with sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
+        try:
+            box = await sbx.create(profile, labels=RUN)
+            proc = await box.processes.start(["sleep", "100000"], stdin=False)
+            await box.pause()
+            monkeypatch.setenv("SBX_CLOCK_OFFSET", "10m")
+            async with sandboxer.AsyncSandboxer(home=sbx_home, actor="reaper") as later:
+                report = await later.reap()
+            assert report.destroyed == (box.id,) and report.reasons[box.id] == "idle"
+            [ended] = await box.processes.list()
+            assert (ended.pid, ended.running) == (proc.pid, False)
+        finally:
+            monkeypatch.delenv("SBX_CLOCK_OFFSET", raising=False)
+            remove_test_containers(sbx_home)
+
+
+async def test_a_write_the_process_does_not_read_times_out(sbx_home, monkeypatch):
+    """A write waits for the process to read (a pipe holds 64 KiB): bounded by the
+    control timeout and the size, then TimedOut (exit 1); the process runs on."""
+    import time
+
+    from sandboxer.core.lifecycle import processes
+
+    monkeypatch.setattr(processes, "CONTROL_TIMEOUT_S", 3.0)
+    async with sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test") as sbx:
+        from support import remove_test_containers
+
+        try:
+            box = await sbx.create("default", ttl="10m", labels=RUN)
+            proc = await box.processes.start(["sleep", "600"])  # never reads its stdin
+            began = time.monotonic()
+            with pytest.raises(sandboxer.OperationFailed) as late:  # TimedOut
+                await asyncio.wait_for(proc.write(b"x" * (1 << 20)), 120)
+            assert time.monotonic() - began < 60
+            assert late.value.exit_code == 1 and "does not read its input" in str(late.value)
+            assert (await proc.refresh()).running
+            await proc.kill()
+            assert await proc.wait(timeout="30s") == 137
+        finally:
+            remove_test_containers(sbx_home)
+
+
+async def test_background_processes_count_against_the_tenants_max_execs(sbx_home):
+    """A background process is one of the tenant's commands until its end is recorded:
+    with max_execs 1, a second start is refused (QuotaExceeded, exit 4, nothing recorded);
+    once the first has ended, even unseen by anyone, the next start is let in."""
+    from tests.service.live import LiveService
+
+    live = LiveService(sbx_home).start()
+    try:
+        async with sandboxer.AsyncSandboxer(home=sbx_home, actor="test-setup") as admin:
+            _, token = await admin.create_api_key("write", owner="carol", max_execs=1)
+        async with sandboxer.AsyncSandboxer(url=live.url, token=token) as carol:
+            box = await carol.create("default", ttl="10m", labels=RUN)
+            first = await box.processes.start(["sleep", "1000"], stdin=False)
+            events_before = await box.events()
+            with pytest.raises(sandboxer.QuotaExceeded) as refused:
+                await box.processes.start(["true"], stdin=False)
+            assert refused.value.exit_code == 4 and "max_execs" in str(refused.value)
+            assert [p.pid for p in await box.processes.list()] == [first.pid]
+            assert [e.id for e in await box.events()] == [e.id for e in events_before]
+
+            await first.kill()
+            assert await first.wait(timeout="30s") == 137
+            quick = await box.processes.start(["true"], stdin=False)
+            # it ends; nobody asks sbx, only the sandbox's own files say so
+            await box.exec(["sh", "-c", f"until [ -f /tmp/.sbx-processes-0/{quick.pid}/exit ]; "
+                           "do sleep 0.1; done"], timeout="60s")
+            last = await box.processes.start(["true"], stdin=False)  # its end is seen: room
+            assert await last.wait(timeout="30s") == 0
+            assert (await quick.refresh()).exit_code == 0
+            await box.destroy()
+    finally:
+        live.stop()
+        from support import remove_test_containers
+
+        remove_test_containers(sbx_home)
