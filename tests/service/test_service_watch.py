@@ -82,7 +82,7 @@ def test_backends_as_the_service_reaches_them_and_a_sandboxs_origin(live, api, r
 
     stub, missing = reader.get("/v1/backends", params={"name": ["stub", "no-such"]}).json()
     assert (stub["name"], stub["loaded"], stub["test_double"]) == ("stub", True, True)
-    assert (stub["reachable"], stub["capabilities"]) == (True, ["exec", "logs"])
+    assert (stub["reachable"], stub["capabilities"]) == (True, ["exec", "files", "logs"])
     assert (missing["loaded"], missing["reachable"]) == (False, False)
     assert "'no-such' is not installed here" in missing["detail"]
     every = reader.get("/v1/backends", params={"check": False}).json()
