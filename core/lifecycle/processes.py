@@ -3,16 +3,19 @@
 output in the sandbox, bounded, so any client can read it again from an offset, and records
 how it ended. No backend has code of its own for this (docs/api.md, "Background processes").
 
-In the sandbox, each process has a folder /tmp/.sbx-processes/PID (made under a temporary
-name, renamed once the pid is known; everything in it works relative to it):
+Each user's records are in /tmp/.sbx-processes-UID (UID: the uid the process runs as), made
+by that user with mode 700; one another user made is refused, so nobody else can read,
+replace or fake a process's records. In it, each process has a folder PID (made under a
+temporary name, renamed once the pid is known; everything in it works relative to it):
 - `stdout.fifo` and `stderr.fifo`, each drained by a relay that keeps it open on one fd and
   writes chunk files named by the offset of their first byte (`stdout.0`, `stdout.65536`,
   ...; the newest one grows while it is written, at most 1 MiB each). Once a chunk ends
   more than KEEP_BYTES (8 MiB) behind the end of its stream, it is deleted: of each stream
   at least the last 8 MiB (all of it when less) is kept, and less than 10 MiB in all;
 - `stdin.fifo` (with stdin), held open by a `sleep` writing nothing (`holder`), so that each
-  later write (`cat > stdin.fifo` in an exec of its own) does not end it; closing stdin
-  kills the holder. Without stdin the command reads /dev/null;
+  later write (`cat > stdin.fifo` in an exec of its own, bounded in time) does not end it;
+  closing stdin kills the holder (only while it is the supervisor's child: the file could
+  name another pid). Without stdin the command reads /dev/null;
 - `started` and `exit` ("CODE END", written once by the supervisor, which waits for the
   command: times are centiseconds of the sandbox's uptime, so durations are the sandbox's);
 - `supervisor`: its pid, so that a supervisor that died (killed from inside) is seen as
