@@ -468,6 +468,27 @@ _EXISTS = 'test -e "$1" || test -L "$1" || exit 3; '
 # -o: files belong to whoever extracts them, not to the uid/gid recorded in the archive
 _PUT_ARCHIVE = 'mkdir -p -- "$1" && cd -- "$1" && exec tar -x -o -f -'
 _GET_ARCHIVE = _EXISTS + 'cd -- "$2" && exec tar -c -f - -- "$3"'
+# An exec that may need ending carries a mark in its environment: EXEC_MARK=<a fresh id>.
+# What the command starts inherits it, so a timeout finds the exec's whole tree, even what
+# left its process group (setsid, a daemon). Every backend with a shell in the sandbox kills
+# with the one script below (docs/security.md, "exec --timeout").
+EXEC_MARK = "SBX_EXEC_ID"
+# Run in the sandbox (or on the host, for ssh) when an exec times out. $0: the mark, $1:
+# EXEC_MARK, $2 (optional): the command's process group, killed first (it stops forking).
+# Then, in rounds until one finds none, every process whose environment carries the mark
+# (GNU or busybox grep, NUL as the line end). Exit 0 when it killed something.
+KILL_MARKED = r"""found=1
+[ -n "$2" ] && kill -KILL -- "-$2" 2>/dev/null && found=0
+for round in 1 2 3 4 5; do
+  left=
+  for f in $(grep -lzxF "$1=$0" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null && found=0 left=1
+  done
+  [ -z "$left" ] && break
+done
+exit $found"""
+
+
 # one record per entry: "<raw mode in hex> <size> <mtime>\n<path>\0<link target>\0"
 _ONE = ('stat -c "%f %s %Y" -- "$f" || exit 1; printf "%s\\0" "$f"; '
         'if [ -L "$f" ]; then readlink -- "$f"; fi; printf "\\0"')

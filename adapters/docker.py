@@ -60,6 +60,8 @@ from docker.utils import kwargs_from_env  # noqa: E402
 
 from sandboxer.adapters.archives import BoundedTar, TooLarge, member_path  # noqa: E402
 from sandboxer.adapters.base import (  # noqa: E402
+    EXEC_MARK,
+    KILL_MARKED,
     LABEL_CHECKPOINT,
     LABEL_COMPOSE,
     LABEL_ID,
@@ -144,7 +146,6 @@ NETWORK_SCHEMES = ("tcp://", "http://", "https://")
 # closes the least recent past 25; a pool that overflows its size logs its qsize(), and an
 # overflow racing that close is an AttributeError in the middle of a create.
 ENGINE_CONNECTIONS = 128
-EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a kill inside the container finds
 
 
 def engine_url() -> str:
@@ -1031,13 +1032,8 @@ class DockerAdapter(Adapter):
         the exec's mark (the exec's process and what it started), pass after pass until a
         pass finds none (a process forked during one is found by the next). Needs a shell,
         `tr` and `grep` in the image (the base image has them)."""
-        script = ('found=1; n=0; while [ $n -lt 5 ]; do hit=0; for d in /proc/[0-9]*; do '
-                  'if tr "\\0" "\\n" < "$d/environ" 2>/dev/null | grep -qxF "$1=$0"; then '
-                  'kill -KILL "${d#/proc/}" 2>/dev/null && { found=0; hit=1; }; fi; done; '
-                  '[ $hit = 0 ] && break; n=$((n+1)); done; exit $found')
-
         def kill(api: docker.APIClient) -> bool:
-            killer = api.exec_create(ref, ["sh", "-c", script, mark, EXEC_MARK],
+            killer = api.exec_create(ref, ["sh", "-c", KILL_MARKED, mark, EXEC_MARK],
                                      stdout=True, stderr=True, user=user or "")["Id"]
             api.exec_start(killer)
             return api.exec_inspect(killer).get("ExitCode") == 0

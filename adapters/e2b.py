@@ -32,6 +32,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sandboxer.adapters.base import (
+    EXEC_MARK,
+    KILL_MARKED,
     LABEL_CHECKPOINT,
     LABEL_HARD_DEADLINE,
     LABEL_INSTALL,
@@ -75,20 +77,8 @@ RATE_LIMIT_BACKOFF_S = 1.0
 RATE_LIMIT_BACKOFF_MAX_S = 16.0
 KEY_HINT = "get one at https://e2b.dev/dashboard?tab=keys"
 SDK_HINT = "install it: pip install 'sandboxer[e2b]'"
-EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a timeout's kill finds
 STDIN_CHUNK = 1024 * 1024  # per send_stdin call
 TREE_DEPTH = 10_000  # envd lists to a depth: a tree's whole depth
-# Run in the sandbox when an exec times out ($0: the mark, $1: EXEC_MARK): in rounds, every
-# process whose environment carries the mark (GNU or busybox grep, NUL as the line end).
-KILL_MARKED = r"""found=1
-for round in 1 2 3 4 5; do
-  left=
-  for f in $(grep -lzxF "$1=$0" /proc/[0-9]*/environ 2>/dev/null); do
-    p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null && found=0 left=1
-  done
-  [ -z "$left" ] && break
-done
-exit $found"""
 _DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]([a-z0-9-]*[a-z0-9])?")
 _SNAPSHOT_NAME = re.compile(r"sbx_(?P<install>[a-z0-9-]+)_(?P<checkpoint>[a-z0-9-]+)")
 

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlparse
 
 from sandboxer.adapters.base import (
+    EXEC_MARK,
+    KILL_MARKED,
     Adapter,
     AdapterError,
     Artifact,
@@ -68,20 +70,8 @@ MAX_TIMEOUT_S = 24 * 3600  # Modal's longest sandbox timeout
 CHECKPOINT_REGISTRY = "sandboxer-checkpoints"  # a Modal Dict: snapshot image id -> labels
 INSTALL_HINT = "pip install 'sandboxer[modal]'"
 TOKEN_HINT = "create one with `modal token new` or in your Modal workspace settings"
-EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a timeout's kill finds
 EXEC_BACKSTOP_S = 2  # Modal's own exec timeout: this much after sbx's, should sbx's kill fail
 STDIN_CHUNK = 1024 * 1024  # per drain (the SDK buffers up to 16 MiB before one)
-# Run in the sandbox when an exec times out ($0: the mark, $1: EXEC_MARK): in rounds, every
-# process whose environment carries the mark (GNU or busybox grep, NUL as the line end).
-KILL_MARKED = r"""found=1
-for round in 1 2 3 4 5; do
-  left=
-  for f in $(grep -lzxF "$1=$0" /proc/[0-9]*/environ 2>/dev/null); do
-    p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null && found=0 left=1
-  done
-  [ -z "$left" ] && break
-done
-exit $found"""
 
 
 @dataclass(frozen=True)

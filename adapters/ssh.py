@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from sandboxer.adapters.base import (
+    EXEC_MARK,
+    KILL_MARKED,
     Adapter,
     AdapterError,
     BackendObject,
@@ -83,7 +85,6 @@ CONTROL_PERSIST_S = 60
 LOCK_WAIT_S = 60.0
 LEASED, RELEASING = "leased", "releasing"
 PID_MARKER = b"sbx-pid "
-EXEC_MARK = "SBX_EXEC_ID"  # in each exec's environment: what a timeout's kill finds
 # An exec's variables (values are secrets) come first on its stdin, never on a command line
 # the host's process list or sshd's log would show: one NAME=<base64 of the value> line each,
 # then an empty line; the rest of stdin is the command's. `read` takes a pipe a byte at a
@@ -97,20 +98,6 @@ done
 printf "sbx-pid %s\n" "$$" >&2
 exec "$@"
 """
-# Run on the host when an exec times out ($0: the mark, $1: EXEC_MARK, $2: the command's
-# process group): the group first (it stops forking), then, in rounds, every process whose
-# environment carries the mark (those that left the group: setsid, a daemon). GNU or busybox
-# grep reads /proc/PID/environ with NUL as the line end.
-KILL_MARKED = r"""found=1
-[ -n "$2" ] && kill -KILL -- "-$2" 2>/dev/null && found=0
-for round in 1 2 3 4 5; do
-  left=
-  for f in $(grep -lzxF "$1=$0" /proc/[0-9]*/environ 2>/dev/null); do
-    p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null && found=0 left=1
-  done
-  [ -z "$left" ] && break
-done
-exit $found"""
 STREAM_CHUNK = 64 * 1024
 NO_CLIENT = "no OpenSSH client (`ssh`) on PATH: install it (on Debian: apt-get install openssh-client)"
 # Run on the host (POSIX sh, Linux /proc) as a lease ends, after the profile's cleanup, so the
