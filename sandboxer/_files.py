@@ -10,9 +10,11 @@ destination and holds the size and entry caps while it reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import posixpath
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from sandboxer._transport import Transport
 
 CHUNK = 1 << 20  # what is read from a local file or object at a time
+AHEAD = 8  # chunks of a transfer read ahead of the thread that packs or unpacks them
 
 
 class AsyncFiles:
@@ -230,42 +233,95 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
 
 
 async def _tree_chunks(source: Path) -> AsyncIterator[bytes]:
-    """A local file or folder as a tar stream (`pack_tree`), made in a worker thread."""
+    """A local file or folder as a tar stream (`pack_tree`), made by a thread of its own up
+    to AHEAD chunks ahead of the reader (bounded memory): packing and sending overlap."""
     from sandboxer.core.rules.trees import pack_tree
 
     packed: Iterator[bytes] = iter(pack_tree(source))
-    done = object()
-    while True:
-        chunk = await asyncio.to_thread(next, packed, done)
-        if chunk is done:
-            return
-        yield chunk  # type: ignore[misc]
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+    room = threading.Semaphore(AHEAD)
+    stopped = False
+
+    def soon(item: bytes | BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads any more
+            loop.call_soon_threadsafe(ready.put_nowait, item)
+
+    def pack() -> None:
+        try:
+            for chunk in packed:
+                room.acquire()
+                if stopped:
+                    return
+                soon(chunk)
+            soon(None)
+        except Exception as exc:  # noqa: BLE001 (handed to the reader, raised there)
+            soon(exc)
+
+    threading.Thread(target=pack, name="sbx-pack-tree", daemon=True).start()
+    try:
+        while (item := await ready.get()) is not None:
+            room.release()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stopped = True
+        room.release()  # a packer waiting for room sees it is over
 
 
 async def _extract(chunks: AsyncIterator[bytes], dest: Path) -> Any:
-    """`extract_tree` in a worker thread, pulling each chunk from this loop as it needs it."""
+    """`extract_tree` in a worker thread, fed by a task of this loop that reads `chunks` up
+    to AHEAD chunks ahead of it (bounded memory): the transfer and the unpacking overlap."""
+    import queue
+
     from sandboxer.core.rules import trees
 
     loop = asyncio.get_running_loop()
     source = chunks.__aiter__()
+    ready: queue.SimpleQueue[bytes | BaseException | None] = queue.SimpleQueue()
+    room = asyncio.Semaphore(AHEAD)
+    done = False
+
+    async def pump() -> None:
+        try:
+            async for chunk in source:
+                await room.acquire()
+                if done:
+                    return
+                ready.put(chunk)
+            ready.put(None)
+        except BaseException as exc:  # handed to the unpacking thread, raised there
+            ready.put(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def free() -> None:
+        room.release()
 
     def pulled() -> Iterator[bytes]:
-        while True:
-            try:
-                yield asyncio.run_coroutine_threadsafe(_anext(source), loop).result()
-            except StopAsyncIteration:
-                return
+        while (item := ready.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody feeds
+                loop.call_soon_threadsafe(free)
+            yield item
 
+    feeder = loop.create_task(pump())
+    unpacked = False
     try:
-        return await asyncio.to_thread(trees.extract_tree, pulled(), dest, **_caps())
+        report = await asyncio.to_thread(trees.extract_tree, pulled(), dest, **_caps())
+        unpacked = True
+        return report
     finally:
+        done = True
+        room.release()  # a feeder waiting for room sees it is over
+        if not unpacked and not feeder.done():  # unpacked: it ends after one more chunk
+            feeder.cancel()
+        await asyncio.gather(feeder, return_exceptions=True)  # its end, not ours
         close = getattr(source, "aclose", None)
         if close is not None:
             await close()
-
-
-async def _anext(source: AsyncIterator[bytes]) -> bytes:
-    return await source.__anext__()
 
 
 def _caps() -> dict[str, int]:

@@ -11,6 +11,7 @@ is asked.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import posixpath
 import tarfile
@@ -125,8 +126,8 @@ async def get_tree(mgr: Manager, ref: str, path: str) -> AsyncIterator[bytes]:
     try:
         async for chunk in counted.through(archive, "archive"):
             yield chunk
-    except GeneratorExit:  # the reader has what it wanted (a tar's end blocks may be left)
-        raise
+    except (GeneratorExit, asyncio.CancelledError):  # the reader has what it wanted (a
+        raise  # tar's end blocks may be left), or stopped reading: what was sent is recorded
     except BaseException:
         failed = True
         raise

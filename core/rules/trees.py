@@ -113,6 +113,10 @@ def _extract(chunks: Iterable[bytes], dest: Path, max_bytes: int,
     root = os.path.realpath(dest)
     links: set[str] = set()  # symbolic links made: nothing may be written through one
     files: set[str] = set()  # regular files made: what a hard link may name
+    # folders known to be real folders (not links), their parents too: none of them can turn
+    # into anything else while the tree is unpacked (a folder is never replaced), so what is
+    # under them needs no further look at its parents
+    dirs: set[str] = {""}
     folders: list[tuple[str, tarfile.TarInfo]] = []  # their modes and times, set last
     made_links: list[tuple[str, str]] = []
     entries = total = 0
@@ -124,7 +128,7 @@ def _extract(chunks: Iterable[bytes], dest: Path, max_bytes: int,
             if entries > max_entries:
                 raise _refuse(name, f"is past the cap of {max_entries} entries "
                               "(SBX_TREE_MAX_ENTRIES)")
-            rel = _check(member, root, links, files)
+            rel = _check(member, root, links, files, dirs=dirs)
             if member.isreg():
                 total += member.size
                 if total > max_bytes:
@@ -134,7 +138,10 @@ def _extract(chunks: Iterable[bytes], dest: Path, max_bytes: int,
                 tar.accept(member)
                 continue
             target = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            parent = rel.rpartition("/")[0]
+            if parent not in dirs:  # _check found none of its parents a link
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                _known(parent, dirs)
             links.discard(rel)  # an entry of the same name replaces what was there
             files.discard(rel)
             if member.isdir():
@@ -142,6 +149,7 @@ def _extract(chunks: Iterable[bytes], dest: Path, max_bytes: int,
                                               and not os.path.isdir(target)):
                     os.unlink(target)
                 os.makedirs(target, exist_ok=True)
+                dirs.add(rel)
                 os.chmod(target, 0o700)  # its own mode once everything inside is written
                 folders.append((target, member))
                 tar.accept(member)
@@ -185,7 +193,15 @@ def _extract(chunks: Iterable[bytes], dest: Path, max_bytes: int,
     return {"entries": entries, "bytes": total}
 
 
-def _check(member: tarfile.TarInfo, root: str, links: set[str], files: set[str]) -> str:
+def _known(rel: str, dirs: set[str]) -> None:
+    """`rel` and its parents are real folders now (made, or checked not links)."""
+    while rel and rel not in dirs:
+        dirs.add(rel)
+        rel = rel.rpartition("/")[0]
+
+
+def _check(member: tarfile.TarInfo, root: str, links: set[str], files: set[str], *,
+           dirs: frozenset[str] | set[str] = frozenset()) -> str:
     """Where `member` goes (relative to the destination), or BadInput naming it."""
     name = member.name
     rel = _relative(name, name)
@@ -195,11 +211,13 @@ def _check(member: tarfile.TarInfo, root: str, links: set[str], files: set[str])
         raise _refuse(name, f"is {what}, which sbx does not unpack")
     if member.mode & (stat.S_ISUID | stat.S_ISGID):
         raise _refuse(name, "has the setuid or setgid bit")
-    parts = rel.split("/") if rel else []
-    for depth in range(1, len(parts)):
-        above = "/".join(parts[:depth])
-        if above in links or os.path.islink(os.path.join(root, above)):
-            raise _refuse(name, f"is inside the link {above!r}")
+    parent = rel.rpartition("/")[0]
+    if parent not in dirs:  # (each folder in `dirs` was checked so, its parents too)
+        parts = rel.split("/")
+        for depth in range(1, len(parts)):
+            above = "/".join(parts[:depth])
+            if above in links or os.path.islink(os.path.join(root, above)):
+                raise _refuse(name, f"is inside the link {above!r}")
     if member.issym():
         if member.linkname.startswith("/"):
             raise _refuse(name, f"is a link to the absolute path {member.linkname!r}")
@@ -211,6 +229,12 @@ def _check(member: tarfile.TarInfo, root: str, links: set[str], files: set[str])
         if source not in files:
             raise _refuse(name, f"is a hard link to {member.linkname!r}, not to a file "
                           "of this tree")
+    if (member.isreg() or member.isdir()) and rel and parent in dirs \
+            and not os.path.islink(os.path.join(root, rel)):
+        # tarfile's "data" rules refuse a file or folder only when it is absolute (refused
+        # above) or lands outside the destination; in a real folder of the tree, and no link
+        # itself, it cannot: its realpath (what tarfile would look up) is root/rel
+        return rel
     # the standard library's own rules for untrusted archives, on top (tarfile's "data")
     try:
         tarfile.data_filter(member, root)
@@ -222,10 +246,13 @@ def _check(member: tarfile.TarInfo, root: str, links: set[str], files: set[str])
 def _clear(target: str, name: str) -> None:
     """A later entry of the same name replaces an earlier file or link (as tar does), never
     a folder."""
-    if os.path.isdir(target) and not os.path.islink(target):
+    try:
+        found = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(found.st_mode):  # a real folder (a link to one is a link)
         raise _refuse(name, "would replace a folder")
-    if os.path.lexists(target):
-        os.unlink(target)
+    os.unlink(target)
 
 
 # -- packing a local file or folder -------------------------------------------------------
