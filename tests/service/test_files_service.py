@@ -173,7 +173,7 @@ def test_bad_file_requests_are_one_line_errors_and_change_nothing(api, live, sbx
     assert api.get(files, params={"path": "/keep"}).content == b"kept"
 
 
-def test_a_read_key_may_not_touch_files(live, stub_named, sbx_home):
+def test_a_read_key_may_not_touch_files_or_drive_processes(live, stub_named, sbx_home):
     writer = Api(live.url, live.key("write", owner="team"))
     reader = Api(live.url, live.key("read", owner="team"))
     ref = made(writer, stub_named)
@@ -184,6 +184,14 @@ def test_a_read_key_may_not_touch_files(live, stub_named, sbx_home):
                                  ("GET", "files/tree", {"path": "/tmp"})):
         answer = reader.request(method, f"/v1/sandboxes/{ref}/{path}", params=params,
                                 content=b"x" if method == "PUT" else None)
+        error_of(answer, 403, "forbidden")
+    # processes: a read key lists and reads them, but starts, signals or follows none
+    for method, path, params in (("POST", "processes", None),
+                                 ("POST", "processes/1/signal", None),
+                                 ("GET", "processes/1/output", {"follow": "true"})):
+        answer = reader.request(method, f"/v1/sandboxes/{ref}/{path}", params=params,
+                                json={"argv": ["true"]} if path == "processes" else
+                                {"signal": 9} if method == "POST" else None)
         error_of(answer, 403, "forbidden")
     assert everything(sbx_home) == before
 
