@@ -53,6 +53,7 @@ from sandboxer.core.rules.errors import (
     OperationFailed,
     QuotaExceeded,
     TimedOut,
+    Unavailable,
 )
 from sandboxer.core.rules.states import State
 from sandboxer.core.store import tenancy
@@ -492,8 +493,8 @@ async def _command_slot(mgr: Manager, sandbox: Mapping[str, Any]) -> AsyncIterat
             # those that ended since anyone looked do not count: look (one exec a sandbox)
             for sandbox_id in sorted({p["sandbox_id"] for p in procs}):
                 row = mgr.rows_by_ids([sandbox_id]).get(sandbox_id)
-                if row is not None:
-                    with contextlib.suppress(OperationFailed):
+                if row is not None:  # one that cannot be asked: its processes count
+                    with contextlib.suppress(OperationFailed, Unavailable):
                         await _observe(mgr, row, [p for p in procs
                                                   if p["sandbox_id"] == sandbox_id])
             procs = _running(mgr, owner)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 from datetime import timedelta
 from pathlib import Path
@@ -304,6 +305,11 @@ async def test_the_same_supervisor_runs_on_debian(client, docker_api, tmp_path):
     sleeper = await box.processes.start(["sleep", "1000"], stdin=False)
     await sleeper.kill(signal.SIGTERM)
     assert await sleeper.wait(timeout="30s") == 143
+    # dash, too, refuses a records folder another user made (here root, for nobody)
+    await box.exec(["mkdir", "-m", "777", "/tmp/.sbx-processes-65534"])
+    with pytest.raises(sandboxer.OperationFailed) as refused:
+        await box.processes.start(["true"], user="nobody", stdin=False)
+    assert "/tmp/.sbx-processes-65534 is not this user's own folder" in str(refused.value)
     await box.destroy()
 
 
@@ -322,6 +328,11 @@ async def test_the_same_supervisor_runs_on_an_ssh_host(sshd_server, sbx_home, tm
             proc = await box.processes.start(["sh", "-c", 'echo "$WHO"; cat; echo done >&2'],
                                              env={"WHO": "ssh"}, cwd=str(tmp_path))
             assert Path(f"/proc/{proc.pid}").exists()  # on this machine, running
+            # its records: in the user's own folder, which no other user may enter
+            records = Path(f"/tmp/.sbx-processes-{os.getuid()}")
+            assert (records / str(proc.pid)).is_dir()
+            assert records.stat().st_uid == os.getuid()
+            assert records.stat().st_mode & 0o777 == 0o700
             await proc.write("line\n")
             await proc.close_stdin()
             out = await read_all(proc)
