@@ -27,6 +27,7 @@ STREAMED = re.compile(r"^/v1/sandboxes/[^/]+/files(/tree)?$")  # PUT: a file's o
 # bytes, streamed on to the sandbox as they come: capped as an upload, not as a JSON body
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this: 431
 KEEP_ALIVE_S = 5  # an idle connection between requests is closed after this
+LINGER_S, LINGER_BYTES = 5.0, 64 * 1024**2  # what is read and dropped after an early answer
 CONNECTIONS = "sbx.connections"  # scope key: connections open when this request began
 
 
@@ -207,6 +208,11 @@ def protocol(header_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES) 
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering:  # after an early answer: dropped (linger, below)
+                self._linger_left -= len(data)
+                if self._linger_left <= 0:
+                    self.transport.close()
+                return
             if self._awaiting:
                 self._header_bytes += len(data)
             super().data_received(data)
@@ -231,6 +237,33 @@ def protocol(header_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES) 
         def on_headers_complete(self) -> None:
             self._stop_waiting()
             super().on_headers_complete()
+            if self.cycle is not None:  # its close lingers (below)
+                self.cycle.transport = _Lingering(self, self.transport)
+
+        _lingering = False
+        _linger_left = 0
+
+        def linger(self) -> None:
+            """An answer went out before the request's whole body came, on a connection
+            to close: half-close it, and read and drop what the client still sends (up to
+            LINGER_BYTES, for LINGER_S), then close. Closed at once, the unread bytes make
+            the kernel reset the connection, and a client that reads only once it has sent
+            its body (httpx, curl) loses the answer: a 413 became "cannot reach"."""
+            transport = self.transport
+            if self._lingering or transport.is_closing():
+                return
+            if not transport.can_write_eof():
+                transport.close()
+                return
+            self._lingering, self._linger_left = True, LINGER_BYTES
+            transport.write_eof()
+            transport.resume_reading()
+            self.loop.call_later(LINGER_S, transport.close)
+
+        def eof_received(self) -> bool | None:
+            if self._lingering:
+                self.transport.close()
+            return None
 
         def on_response_complete(self) -> None:
             waiting = not self.pipeline  # a pipelined request's headers are all here
@@ -240,3 +273,20 @@ def protocol(header_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES) 
 
     return Protocol
 
+
+class _Lingering:
+    """The connection as a request's cycle sees it: its close, after an answer given before
+    the whole body came, lingers (Protocol.linger) instead of resetting the connection."""
+
+    def __init__(self, protocol: Any, transport: Any) -> None:
+        self._protocol, self._transport = protocol, transport
+
+    def close(self) -> None:
+        cycle = self._protocol.cycle
+        if cycle is not None and cycle.more_body and not cycle.disconnected:
+            self._protocol.linger()
+        else:
+            self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

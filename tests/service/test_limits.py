@@ -487,3 +487,22 @@ def test_big_exec_output_and_exports_leave_without_growing_the_service(sbx, tmp_
             assert peak - before < 64 * MiB, f"the export grew the service {peak - before}"
     finally:
         stop_process(proc)
+
+
+def test_a_client_that_sends_its_whole_body_first_still_reads_the_413(live, api, sbx_home):
+    """httpx and curl read the answer only once they have sent the body: the service
+    half-closes after its early 413 and drops what still comes (lingers), so they get the
+    answer, not a reset connection; the library over the service says the same line."""
+    box = api.post("/v1/sandboxes", json={"profile": "stubby"}).json()
+    big = json.dumps({"argv": ["cat"], "stdin": "x" * (8 * MiB)}).encode()
+    for _ in range(2):  # each time on a new connection
+        refused = api.post(f"/v1/sandboxes/{box['id']}/exec", content=big,
+                           headers={"Content-Type": "application/json"})
+        assert refused.status_code == 413, refused.text
+        assert "SBX_SERVE_MAX_BODY" in refused.json()["error"]["message"]
+    import sandboxer
+
+    with sandboxer.Sandboxer(url=live.url, token=live.key("write", owner="writer")) as sbx:
+        with pytest.raises(sandboxer.BadInput, match="SBX_SERVE_MAX_BODY"):
+            sbx.get(box["id"]).exec(["cat"], stdin=b"y" * (4 * MiB))
+        assert sbx.get(box["id"]).exec(["cat"], stdin=b"fits").stdout == b"fits"
