@@ -70,20 +70,31 @@ class BoundedTar:
     def __init__(self, raw: BinaryIO, *, max_members: int) -> None:
         self._stream = _BoundedStream(raw, HEADER_ROOM)
         self._max_members = max_members
+        self._current: tarfile.TarInfo | None = None
+        self._next = 0
         self._tar = tarfile.open(fileobj=self._stream, mode="r|")  # noqa: SIM115 (closed by close)
 
     def __iter__(self) -> Iterator[tarfile.TarInfo]:
         for count, member in enumerate(self._tar, 1):
             if count > self._max_members:
                 raise TooLarge(f"more than {self._max_members} members")
+            # where tarfile reads the next header: past the data it stores (a file's, or
+            # an unknown type's), never past a size a folder or link merely declares
+            self._current, self._next = member, self._tar.offset
+            if member.size and not member.isreg() and self._next == member.offset_data:
+                raise TooLarge(f"entry {member.name!r} is not a file yet declares "
+                               f"{member.size} bytes of data")
             yield member
             self._tar.members.clear()  # a long archive's headers are not kept
 
     def accept(self, member: tarfile.TarInfo) -> None:
         """Its data may be read, and the next header given HEADER_ROOM after it (room not
-        used by one header is not carried over to the next)."""
-        end = member.offset_data + _blocks(member.size) + HEADER_ROOM
-        self._stream.allowed = max(self._stream.allowed, end)
+        used by one header is not carried over to the next). Room is what tarfile itself
+        skips to the next header, so a size declared where no data is stored (a folder's)
+        widens nothing."""
+        stored = self._next if member is self._current else \
+            member.offset_data + (_blocks(member.size) if member.isreg() else 0)
+        self._stream.allowed = max(self._stream.allowed, stored + HEADER_ROOM)
 
     def read(self, member: tarfile.TarInfo) -> bytes:
         self.accept(member)

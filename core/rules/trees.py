@@ -77,16 +77,19 @@ def _relative(path: str, entry: str, what: str = "name") -> str:
 
 
 def extract_tree(chunks: Iterable[bytes], dest: Path, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_entries: int = DEFAULT_MAX_ENTRIES) -> dict[str, int]:
+                 max_entries: int = DEFAULT_MAX_ENTRIES, top: str | None = None,
+                 ) -> dict[str, int]:
     """Unpack the tar stream `chunks` into the folder `dest` (made if missing), by the rules
     of the module's docstring. Returns {"entries": members unpacked, "bytes": their files'
-    bytes}. BadInput (exit 2) naming the entry when refused; nothing of the tree remains."""
+    bytes}. BadInput (exit 2) naming the entry when refused; nothing of the tree remains.
+    `top`: the one top entry the tree must have (a download moves `dest/top` elsewhere, so
+    every link must land inside `top`, and `top` may not be a link itself)."""
     dest = Path(dest)
     made_dest = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     before = {entry.name for entry in os.scandir(dest)}
     try:
-        return _extract(chunks, dest, max_bytes, max_entries)
+        return _extract(chunks, dest, max_bytes, max_entries, top)
     except BaseException:
         if made_dest:
             shutil.rmtree(dest, ignore_errors=True)
@@ -109,8 +112,9 @@ def _remove(path: Path) -> None:
 
 
 def _extract(chunks: Iterable[bytes], dest: Path, max_bytes: int,
-             max_entries: int) -> dict[str, int]:
+             max_entries: int, top: str | None = None) -> dict[str, int]:
     root = os.path.realpath(dest)
+    inside = os.path.join(root, top) if top else root  # where every link must land
     links: set[str] = set()  # symbolic links made: nothing may be written through one
     files: set[str] = set()  # regular files made: what a hard link may name
     # folders known to be real folders (not links), their parents too: none of them can turn
@@ -128,7 +132,7 @@ def _extract(chunks: Iterable[bytes], dest: Path, max_bytes: int,
             if entries > max_entries:
                 raise _refuse(name, f"is past the cap of {max_entries} entries "
                               "(SBX_TREE_MAX_ENTRIES)")
-            rel = _check(member, root, links, files, dirs=dirs)
+            rel = _check(member, root, links, files, top, dirs=dirs)
             if member.isreg():
                 total += member.size
                 if total > max_bytes:
@@ -180,11 +184,16 @@ def _extract(chunks: Iterable[bytes], dest: Path, max_bytes: int,
     except (tarfile.TarError, EOFError) as exc:
         raise BadInput(f"the sandbox sent no valid tar stream ({one_line(exc)}); nothing "
                        "of it was kept") from None
+    except OSError as exc:
+        if exc.filename is None or entries == 0:  # not this machine's files: not the entry's
+            raise
+        # a name too long here, a file where a folder is needed: one line, no local path
+        raise _refuse(name, f"cannot be written here ({exc.strerror or 'error'})") from None
     # each link was checked as it came; a link through links made after it is seen only now
     for rel, name in made_links:
         if rel in links:
             lands = os.path.realpath(os.path.join(root, rel))
-            if lands != root and not lands.startswith(root + os.sep):
+            if lands != inside and not lands.startswith(inside + os.sep):
                 raise _refuse(name, "is a link pointing out of the tree (through other "
                               "links)")
     for target, member in reversed(folders):  # deepest first: a read-only one last
@@ -200,11 +209,17 @@ def _known(rel: str, dirs: set[str]) -> None:
         rel = rel.rpartition("/")[0]
 
 
-def _check(member: tarfile.TarInfo, root: str, links: set[str], files: set[str], *,
+def _check(member: tarfile.TarInfo, root: str, links: set[str], files: set[str],
+           top: str | None = None, *,
            dirs: frozenset[str] | set[str] = frozenset()) -> str:
     """Where `member` goes (relative to the destination), or BadInput naming it."""
     name = member.name
     rel = _relative(name, name)
+    if top and rel != top and not rel.startswith(top + "/"):
+        raise _refuse(name, f"is outside {top!r}, the one top entry asked for")
+    if top and rel == top and member.issym():
+        raise _refuse(name, "is a link at the top of the tree: it would point out of its "
+                      "destination (download its target instead)")
     if member.type not in _KINDS:
         what = ("a device" if member.ischr() or member.isblk() else
                 "a pipe" if member.isfifo() else f"of tar type {member.type!r}")
@@ -222,7 +237,8 @@ def _check(member: tarfile.TarInfo, root: str, links: set[str], files: set[str],
         if member.linkname.startswith("/"):
             raise _refuse(name, f"is a link to the absolute path {member.linkname!r}")
         lands = posixpath.normpath(posixpath.join(posixpath.dirname(rel), member.linkname))
-        if lands == ".." or lands.startswith("../"):
+        if lands == ".." or lands.startswith("../") or (
+                top and lands != top and not lands.startswith(top + "/")):
             raise _refuse(name, f"is a link pointing out of the tree ({member.linkname!r})")
     elif member.islnk():
         source = _relative(member.linkname, name, "hard link's target")

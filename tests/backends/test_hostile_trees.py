@@ -258,3 +258,118 @@ def test_pack_tree_of_one_file_and_what_it_leaves_out(tmp_path):
     assert members["mixed/to-outside"].linkname == "/etc/passwd"
     with pytest.raises(BadInput, match="does not exist"):
         next(iter(pack_tree(tmp_path / "nothing")))
+
+
+# -- a download's one top entry: every link lands inside it (review of issue 31) -------------
+
+
+def test_a_link_to_a_sibling_of_the_top_entry_is_refused(busybox, tmp_path):
+    """`download` moves the top entry to its destination: a link that stays inside the
+    staging folder but leaves `proj` (../.ssh/...) would point out of the destination."""
+    busybox.sh("mkdir -p /w/proj && echo ok > /w/proj/ok && "
+               "ln -s ../.ssh/authorized_keys /w/proj/notes.txt")
+    chunks = busybox.archive("/w/proj")
+    extract_tree(iter(chunks), tmp_path / "plain")  # without a top entry: inside the folder
+    dest = tmp_path / "a" / "b" / "dest"
+    dest.parent.mkdir(parents=True)
+    with pytest.raises(BadInput, match="'proj/notes.txt' is a link pointing out") as caught:
+        extract_tree(iter(chunks), dest, top="proj")
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
+    assert everything_under(tmp_path / "a") == {"b"}
+
+
+def test_a_top_entry_that_is_a_link_or_a_stranger_is_refused(busybox, tmp_path):
+    busybox.sh("mkdir -p /w && ln -s . /w/top && echo x > /w/other")
+    refused_top = tmp_path / "one"
+    with pytest.raises(BadInput, match="'top' is a link at the top of the tree"):
+        extract_tree(iter(busybox.archive("/w/top")), refused_top, top="top")
+    assert not refused_top.exists()
+    with pytest.raises(BadInput, match="'other' is outside 'top'"):
+        extract_tree(iter(busybox.archive("/w/other")), tmp_path / "two", top="top")
+    assert not (tmp_path / "two").exists()
+
+
+# -- headers that lie: crafted with Python in the sandbox ---------------------------------------
+
+LYING = """
+import sys, tarfile
+def header(name, kind, size):
+    info = tarfile.TarInfo(name); info.type = kind; info.size = size; info.mode = 0o755
+    return info.tobuf(tarfile.USTAR_FORMAT)
+out = sys.stdout.buffer
+N = 8 << 20
+out.write(header("top", tarfile.DIRTYPE, N))  # a folder declaring N bytes it never stores
+out.write(header("././@LongLink", tarfile.GNUTYPE_LONGNAME, N - 4096))
+out.write(b"a" * (N - 4096))
+out.write(header("x", tarfile.REGTYPE, 0) + bytes(1024))
+"""
+
+
+def test_a_folder_declaring_data_cannot_widen_the_next_header(debian, tmp_path):
+    """A folder's declared size used to give the next header that much room: a long-name
+    header of 8 MiB was then read into memory (and failed with a raw OSError)."""
+    debian.sh(f"cat > /tmp/lying.py <<'PY'\n{LYING}\nPY")
+    refused(debian.tar_from("python3 /tmp/lying.py"), tmp_path, "top",
+            "is not a file yet declares 8388608 bytes")
+
+
+def test_a_file_name_this_machine_cannot_hold_is_refused_in_one_line(debian, tmp_path):
+    """A name too long here, or a file where a folder is needed: BadInput naming the entry,
+    no local path, nothing left."""
+    long = "n" * 300
+    chunks = debian.tar_from(f"mkdir -p /w/t && cd /w && echo ok > t/ok && echo x > t/long "
+                             f"&& tar -cf - --transform 's,^t/long$,t/{long},' t/ok t/long")
+    refused(chunks, tmp_path, f"t/{long}", "cannot be written here (File name too long)")
+    chunks = debian.tar_from("mkdir -p /w/f && cd /w/f && echo ok > a && mkdir d && echo x > "
+                             "d/b && tar -cf /tmp/x.tar a && "
+                             "tar -rf /tmp/x.tar --transform 's,^d/,a/,' d/b && cat /tmp/x.tar")
+    refused(chunks, tmp_path / "again", "a/b", "cannot be written here (")
+    assert str(tmp_path) not in "".join(everything_under(tmp_path))
+
+
+READER_BAITS = {
+    "a negative pax size": """
+import sys, tarfile
+rec = b" size=-5\\n"; rec = str(len(rec) + 2).encode() + rec
+pax = tarfile.TarInfo("././@PaxHeader"); pax.type = tarfile.XHDTYPE; pax.size = len(rec)
+f = tarfile.TarInfo("f"); f.size = 3
+sys.stdout.buffer.write(pax.tobuf(tarfile.USTAR_FORMAT) + rec + bytes(-len(rec) % 512)
+                        + f.tobuf(tarfile.USTAR_FORMAT) + b"abc" + bytes(509 + 1024))
+""",
+    "a 1 MiB long name": """
+import sys, tarfile
+long = tarfile.TarInfo("././@LongLink"); long.type = tarfile.GNUTYPE_LONGNAME
+long.size = 1 << 20
+f = tarfile.TarInfo("f"); f.size = 3
+sys.stdout.buffer.write(long.tobuf(tarfile.USTAR_FORMAT) + b"a" * (1 << 20)
+                        + f.tobuf(tarfile.USTAR_FORMAT) + b"abc" + bytes(509 + 1024))
+""",
+}
+
+
+@pytest.mark.parametrize("bait", list(READER_BAITS))
+def test_the_file_readers_tar_parser_refuses_lying_headers(debian, bait):
+    """files.read parses the tar a backend's `tar` sends (ssh, modal, the docker fallback):
+    a negative size used to loop forever without awaiting (the core's loop frozen), a long
+    name was held whole whatever its size."""
+    from sandboxer.core.lifecycle.files import _Reader
+    from sandboxer.core.rules.errors import OperationFailed
+
+    debian.sh(f"cat > /tmp/bait.py <<'PY'\n{READER_BAITS[bait]}\nPY")
+    chunks = debian.tar_from("python3 /tmp/bait.py")
+
+    async def read() -> None:
+        async def source():
+            for chunk in chunks:
+                yield chunk
+
+        reader = _Reader(source())
+        member = await reader.member()
+        pieces = 0
+        async for _ in reader.data(member.size):
+            pieces += 1
+            assert pieces < 1000, "the reader yields empty pieces forever"
+
+    with pytest.raises(OperationFailed, match="pax size|long-name") as caught:
+        debian.run(asyncio.wait_for(read(), 30))
+    assert "\n" not in str(caught.value)
