@@ -375,7 +375,14 @@ class Adapter(abc.ABC):
     async def list_files(self, ref: str, path: str, depth: int = 1) -> list[FileInfo]:
         """What is under the folder `path`, `depth` levels down (a file: itself).
         NoSuchPath when it does not exist."""
-        result = await self._files_sh(ref, _LIST, path, str(max(1, depth)))
+        if not self.supports(Capability.FILES):
+            raise self._unsupported("read or write files")
+        result = await self.exec(ref, ["sh", "-c", _LIST, "sh", path, str(max(1, depth)),
+                                       str(LIST_MAX_BYTES + 1)])
+        if len(result.stdout) > LIST_MAX_BYTES:  # cut in the sandbox: never held whole
+            raise InvalidRequest(f"{path}: the listing passes {LIST_MAX_BYTES >> 20} MiB: "
+                                 "list fewer levels or a folder further down")
+        _files_check(result, path)
         return _parse_listing(result.stdout)
 
     async def stat_file(self, ref: str, path: str) -> FileInfo | None:
@@ -492,10 +499,13 @@ exit $found"""
 # one record per entry: "<raw mode in hex> <size> <mtime>\n<path>\0<link target>\0"
 _ONE = ('stat -c "%f %s %Y" -- "$f" || exit 1; printf "%s\\0" "$f"; '
         'if [ -L "$f" ]; then readlink -- "$f"; fi; printf "\\0"')
+# a folder's records are cut after $3 bytes (head -c), find's own exit kept (through fd 3)
 _LIST = (_EXISTS + 'if [ -d "$1" ]; then d="${1%/}/"; '
-         'find "$d" -mindepth 1 -maxdepth "$2" -exec sh -c '
-         '\'for f; do ' + _ONE + '; done\' sh {} +; '
+         '{ s=$( { { find "$d" -mindepth 1 -maxdepth "$2" -exec sh -c '
+         '\'for f; do ' + _ONE + '; done\' sh {} +; echo $? >&3; } '
+         '| head -c "$3" >&4; } 3>&1 ); } 4>&1; exit "$s"; '
          'else f="$1"; ' + _ONE + '; fi')
+LIST_MAX_BYTES = 64 << 20  # the most of a listing's records gathered from the sandbox
 _STAT = _EXISTS + 'f="$1"; ' + _ONE
 _REMOVE = (_EXISTS + 'if [ -n "$2" ]; then exec rm -rf -- "$1"; fi; '
            'if [ -d "$1" ] && [ ! -L "$1" ]; then rmdir -- "$1" 2>/dev/null || '

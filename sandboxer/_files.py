@@ -65,15 +65,17 @@ class AsyncFiles:
 
     async def read(self, path: str) -> bytes:
         """A file's bytes (a symbolic link is followed). NotFound when it is missing."""
-        return b"".join([chunk async for chunk in self._t.read_file(self._id, path)])
+        async with contextlib.aclosing(self._t.read_file(self._id, path)) as chunks:
+            return b"".join([chunk async for chunk in chunks])
 
     async def read_text(self, path: str, encoding: str = "utf-8") -> str:
         return (await self.read(path)).decode(encoding)
 
     async def stream(self, path: str) -> AsyncIterator[bytes]:
         """A file's bytes as they come, never held whole."""
-        async for chunk in self._t.read_file(self._id, path):
-            yield chunk
+        async with contextlib.aclosing(self._t.read_file(self._id, path)) as chunks:
+            async for chunk in chunks:  # closed on leaving: the core records the event now
+                yield chunk
 
     async def list(self, path: str, depth: int = 1) -> list[FileInfo]:
         """What is in a folder, `depth` levels down, by path (a file: itself)."""
@@ -116,8 +118,9 @@ class AsyncFiles:
     async def get_tree(self, path: str) -> AsyncIterator[bytes]:
         """`path` (a file or a folder) as a tar stream whose one top entry is its base
         name, as it comes; untrusted (`download` unpacks it safely)."""
-        async for chunk in self._t.get_tree(self._id, path):
-            yield chunk
+        async with contextlib.aclosing(self._t.get_tree(self._id, path)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def upload(self, local: Path | str, remote: str) -> FileTransfer:
         """Copy a local file or folder into the sandbox, as `cp -r` does: it becomes
@@ -125,7 +128,7 @@ class AsyncFiles:
         one tar stream (bytes and SHA-256 of that stream; `entries` its members)."""
         from sandboxer.core.rules.errors import BadInput, NotFound
 
-        source = Path(local)
+        source = Path(os.path.abspath(local))  # '.' or '..' has a name then
         if not source.exists() and not source.is_symlink():
             raise BadInput(f"{source} does not exist")
         if not isinstance(remote, str) or not remote.startswith("/"):
@@ -170,6 +173,9 @@ class AsyncFiles:
         final = dest / name if dest.is_dir() and name else dest
         from sandboxer.core.rules.errors import BadInput
 
+        if not name:  # before anything is asked of the sandbox
+            raise BadInput(f"remote {remote!r}: name a file or folder inside the sandbox, not "
+                           "its root")
         if not final.parent.is_dir():
             raise BadInput(f"{final.parent} is not a folder on this machine")
         if final.is_dir() and not final.is_symlink():
@@ -181,12 +187,15 @@ class AsyncFiles:
 
             async def counted() -> AsyncIterator[bytes]:
                 nonlocal size
-                async for chunk in self._t.get_tree(self._id, remote):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    yield chunk
+                # closed when the unpacking stops (a tar's end blocks may be left unread):
+                # the core records the download then, not when the stream is collected
+                async with contextlib.aclosing(self._t.get_tree(self._id, remote)) as tree:
+                    async for chunk in tree:
+                        digest.update(chunk)
+                        size += len(chunk)
+                        yield chunk
 
-            report = await _extract(counted(), staging)
+            report = await _extract(counted(), staging, top=name)
             unpacked = staging / name
             if not name or not (unpacked.exists() or unpacked.is_symlink()):
                 from sandboxer.core.rules.errors import OperationFailed
@@ -204,6 +213,10 @@ class AsyncFiles:
 async def _chunks(data: bytes | str | BinaryIO | AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     if hasattr(data, "__aiter__"):  # already chunks, from the caller's loop
         async for chunk in data:  # type: ignore[union-attr]
+            if not isinstance(chunk, bytes | bytearray | memoryview):  # bytes(5): 5 NULs
+                from sandboxer.core.rules.errors import BadInput
+
+                raise BadInput(f"data: each chunk must be bytes, not {type(chunk).__name__}")
             yield bytes(chunk)
         return
     if isinstance(data, str):
@@ -270,7 +283,7 @@ async def _tree_chunks(source: Path) -> AsyncIterator[bytes]:
         room.release()  # a packer waiting for room sees it is over
 
 
-async def _extract(chunks: AsyncIterator[bytes], dest: Path) -> Any:
+async def _extract(chunks: AsyncIterator[bytes], dest: Path, top: str | None = None) -> Any:
     """`extract_tree` in a worker thread, fed by a task of this loop that reads `chunks` up
     to AHEAD chunks ahead of it (bounded memory): the transfer and the unpacking overlap."""
     import queue
@@ -310,7 +323,8 @@ async def _extract(chunks: AsyncIterator[bytes], dest: Path) -> Any:
     feeder = loop.create_task(pump())
     unpacked = False
     try:
-        report = await asyncio.to_thread(trees.extract_tree, pulled(), dest, **_caps())
+        report = await asyncio.to_thread(trees.extract_tree, pulled(), dest, top=top,
+                                         **_caps())
         unpacked = True
         return report
     finally:

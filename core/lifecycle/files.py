@@ -31,6 +31,8 @@ BLOCK = 512
 CHUNK = 1 << 20  # what a spooled file is read back in
 SPOOL_IN_MEMORY = 8 << 20  # a file written is kept in memory up to this, then on disk
 MAX_LINKS = 8  # symbolic links followed by read_file before it gives up
+MAX_DEPTH = 64  # the most levels files.list goes down
+META_MAX = 64 * 1024  # the longest long-name or pax header held (as adapters/archives.py)
 
 
 # -- the operations -----------------------------------------------------------------------------
@@ -86,6 +88,7 @@ async def read_file(mgr: Manager, ref: str, path: str) -> AsyncIterator[bytes]:
                                "(files.download, sbx cp)")
             if not member.isfile():
                 raise BadInput(f"{asked} is not a regular file")
+            _active(mgr, row["id"])  # a long read is activity from its start
             digest, size = hashlib.sha256(), 0
             try:
                 async for piece in reader.data(member.size):
@@ -141,11 +144,18 @@ async def get_tree(mgr: Manager, ref: str, path: str) -> AsyncIterator[bytes]:
 
 async def list_files(mgr: Manager, ref: str, path: str, depth: int = 1) -> list[dict[str, Any]]:
     path = sandbox_path(path)
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise BadInput(f"depth {depth!r}: give a whole number of levels, 1 or more")
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+        raise BadInput(f"depth {depth!r}: give a whole number of levels, 1 to {MAX_DEPTH}")
+    from sandboxer.core.rules import settings
+
+    most = settings.list_max_entries()
     row, adapter = await _using(mgr, ref)
-    return [file_view(info) for info in await adapter.list_files(row["backend_ref"], path,
-                                                                 depth)]
+    found = await adapter.list_files(row["backend_ref"], path, depth)
+    if len(found) > most:
+        raise BadInput(f"{path} holds more than {most} entries within {depth} level(s): list "
+                       "fewer levels or a folder further down (SBX_LIST_MAX_ENTRIES)")
+    _active(mgr, row["id"])
+    return [file_view(info) for info in found]
 
 
 async def stat_file(mgr: Manager, ref: str, path: str) -> dict[str, Any]:
@@ -154,6 +164,7 @@ async def stat_file(mgr: Manager, ref: str, path: str) -> dict[str, Any]:
     info = await adapter.stat_file(row["backend_ref"], path)
     if info is None:
         raise NotFound(f"{path} does not exist in sandbox {row['id']}")
+    _active(mgr, row["id"])
     return file_view(info)
 
 
@@ -200,10 +211,24 @@ def _file_path(path: Any, what: str = "path") -> str:
 
 
 async def _using(mgr: Manager, ref: str) -> tuple[dict[str, Any], Adapter]:
-    """The sandbox, checked running on a backend with FILES (Conflict, exit 4, naming it)
-    and marked active; its adapter."""
-    row, _ = mgr._start_using(ref, Capability.FILES, "read or write files", [])  # noqa: SLF001
+    """The sandbox, checked running on a backend with FILES (Conflict, exit 4, naming it);
+    its adapter. Not marked active here: a refused operation (a missing path, a folder
+    read as a file) changes nothing; activity is marked once the backend has done it
+    (`_record`, `_active`)."""
+    from sandboxer.core.store import tenancy
+
+    row = dict(tenancy.check(mgr.resolve(ref), "sandbox", ref))
+    mgr._usable(row, Capability.FILES, "read or write files")  # noqa: SLF001
     return row, await mgr.adapter_for(row)
+
+
+def _active(mgr: Manager, sandbox_id: str) -> None:
+    """Activity now, for an operation that succeeded without an event (stat, list), or a
+    transfer whose data has started to flow."""
+    from sandboxer.core.lifecycle.manager import _MARK_EXECUTED
+
+    with mgr.db.write() as conn:
+        conn.execute(_MARK_EXECUTED, {"sandbox_id": sandbox_id, "at": mgr._now()})  # noqa: SLF001
 
 
 def _record(mgr: Manager, sandbox_id: str, *, op: str, path: str,
@@ -298,6 +323,10 @@ class _Reader:
             info = _header(await self._read(BLOCK))
             if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, b"x", b"g",
                              tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+                if not 0 <= info.size <= META_MAX:  # held whole: bounded
+                    raise OperationFailed(f"the archive from the sandbox holds a "
+                                          f"{info.size}-byte long-name or pax header (at "
+                                          f"most {META_MAX // 1024} KiB)")
                 body = await self._read(info.size + (-info.size % BLOCK))
                 body = body[:info.size]
                 if info.type == tarfile.GNUTYPE_LONGNAME:
@@ -312,7 +341,13 @@ class _Reader:
             if "linkpath" in extra:
                 info.linkname = extra["linkpath"]
             if "size" in extra:
-                info.size = int(extra["size"])
+                size = extra["size"]
+                if not size.isdigit():  # isdigit: no sign, so never below 0
+                    raise OperationFailed(f"the archive from the sandbox holds a bad pax "
+                                          f"size {size[:40]!r}")
+                info.size = int(size)
+            if info.size < 0:
+                raise OperationFailed("the archive from the sandbox holds a negative size")
             return info
 
 
@@ -388,6 +423,9 @@ class _Entries:
             self._broken = True
             return
         size = info.size
+        if info.type in (tarfile.XHDTYPE, b"x") and size > META_MAX:
+            self._broken = True  # not held: the count stops, not the transfer
+            return
         if info.type in (tarfile.XHDTYPE, b"x"):
             self._meta, self._meta_left = bytearray(), size
         elif info.type not in (tarfile.XGLTYPE, b"g", tarfile.GNUTYPE_LONGNAME,

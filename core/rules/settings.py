@@ -262,6 +262,12 @@ def tree_max_entries() -> int:
     return _count_env("SBX_TREE_MAX_ENTRIES", 1_000_000)
 
 
+def list_max_entries() -> int:
+    """The most entries `files.list` returns; a listing with more is refused, saying so
+    (`SBX_LIST_MAX_ENTRIES`, 100000; docs/api.md)."""
+    return _count_env("SBX_LIST_MAX_ENTRIES", 100_000)
+
+
 def _count_env(name: str, default: int) -> int:
     raw = os.environ.get(name) or str(default)
     if not raw.strip().isdigit() or int(raw) <= 0:

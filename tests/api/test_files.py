@@ -8,6 +8,7 @@ docs/api.md, "Files"."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -186,6 +187,121 @@ async def test_trees_up_and_down(box, tmp_path):
     kinds = [(e["op"], e["kind"], e["direction"]) for e in _file_events(await box.events())
              if e["op"] in ("upload", "download")]
     assert kinds[0] == ("upload", "tree", "in") and kinds[-1] == ("download", "tree", "out")
+
+
+async def _activity(client, box):
+    return (await client.get(box.id)).last_activity_at
+
+
+async def test_refused_file_operations_change_nothing(client, box, tmp_path):
+    """A missing path, a folder read as a file, a non-bytes chunk, the root downloaded:
+    refused with the documented exit code, no event, last_activity_at as it was (the
+    activity used to be recorded before the backend was asked)."""
+    await box.files.mkdir("/work/here")  # an event and activity before
+    out = tmp_path / "out"
+    out.mkdir()
+    before_events, before = await box.events(), await _activity(client, box)
+
+    async def ints():
+        yield b"ok"
+        yield 5  # bytes(5) would be five NUL bytes
+
+    refusals = [
+        (NotFound, 3, lambda: box.files.stat("/nope")),
+        (BadInput, 2, lambda: box.files.read("/etc")),
+        (NotFound, 3, lambda: box.files.read("/nope")),
+        (NotFound, 3, lambda: box.files.remove("/nope")),
+        (NotFound, 3, lambda: box.files.list("/nope")),
+        (BadInput, 2, lambda: box.files.write("/work/here/x", ints())),
+        (BadInput, 2, lambda: box.files.download("/", out / "root")),
+        (BadInput, 2, lambda: box.files.download("/work/..", out)),
+        (BadInput, 2, lambda: box.files.list("/work", depth=65)),
+    ]
+    for error, code, call in refusals:
+        with pytest.raises(error) as caught:
+            await call()
+        assert caught.value.exit_code == code and "\n" not in str(caught.value)
+        assert await box.events() == before_events, caught.value
+        assert await _activity(client, box) == before, caught.value
+    assert list(out.iterdir()) == []
+    assert (await box.exec(["ls", "/work/here"])).stdout == b""  # no file of NUL bytes
+    await box.files.stat("/work/here")  # what succeeds is activity
+    assert await _activity(client, box) > before
+
+
+async def test_a_chunk_that_is_not_bytes_is_refused_naming_its_type(box):
+    async def ints():
+        yield 10
+    with pytest.raises(BadInput, match="each chunk must be bytes, not int"):
+        await box.files.write("/work/x", ints())
+
+
+async def test_a_download_never_leaves_a_link_pointing_out_of_its_destination(box, tmp_path):
+    """The tree is unpacked beside the destination and moved there: a link to a sibling of
+    the top entry (../.ssh/...) stayed inside the unpacking folder but, moved, pointed out
+    of the destination (docs/security.md, "Trees out of a sandbox")."""
+    await box.exec(["sh", "-c", "mkdir -p /w/proj && echo ok > /w/proj/ok && "
+                    "ln -s ../.ssh/authorized_keys /w/proj/notes.txt && ln -s . /w/top && "
+                    "ln -s ok /w/proj/fine"])
+    before = [e for e in _file_events(await box.events())]
+    (tmp_path / "dl").mkdir()
+    with pytest.raises(BadInput, match="'proj/notes.txt' is a link pointing out") as caught:
+        await box.files.download("/w/proj", tmp_path / "dl" / "proj")
+    assert caught.value.exit_code == 2
+    with pytest.raises(BadInput, match="'top' is a link at the top of the tree"):
+        await box.files.download("/w/top", tmp_path / "dl")
+    assert list((tmp_path / "dl").iterdir()) == []
+    await box.exec(["rm", "/w/proj/notes.txt"])
+    done = await box.files.download("/w/proj", tmp_path / "dl" / "mine")
+    assert os.readlink(tmp_path / "dl" / "mine" / "fine") == "ok"
+    assert (tmp_path / "dl" / "mine" / "fine").read_text() == "ok\n" and done.entries == 3
+    assert len(_file_events(await box.events())) > len(before)
+
+
+async def test_a_download_is_recorded_when_it_returns(client, box, sbx_home, tmp_path):
+    """The core's stream is closed when the unpacking stops (a tar's end blocks may be left
+    unread), so its `sandbox.file` event is there as soon as download returns, also as a
+    client's last call (it used to wait for the garbage collector: often never)."""
+    await box.exec(["sh", "-c", "mkdir -p /w/d && echo x > /w/d/f"])
+    for n in range(3):
+        async with sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test") as other:
+            mine = await other.get(box.id)
+            await mine.files.download("/w/d", tmp_path / f"d{n}")
+            downloads = [e for e in _file_events(await box.events()) if e["op"] == "download"]
+            assert len(downloads) == n + 1
+    async with contextlib.aclosing(box.files.get_tree("/w/d")) as tree:
+        await anext(tree)  # read a little, then stop: recorded at once
+    assert len([e for e in _file_events(await box.events()) if e["op"] == "download"]) == 4
+
+
+async def test_upload_of_the_current_folder(box, tmp_path, monkeypatch):
+    """`upload(".", "/work/new")` names the folder by its real name (Path(".").name is
+    empty: it used to write the wrong shape, then fail)."""
+    local = tmp_path / "proj"
+    (local / "sub").mkdir(parents=True)
+    (local / "sub" / "f.txt").write_text("f\n")
+    monkeypatch.chdir(local)
+    done = await box.files.upload(".", "/work/new")
+    assert done.path == "/work/new"
+    assert await box.files.read("/work/new/sub/f.txt") == b"f\n"
+    monkeypatch.chdir(local / "sub")
+    await box.files.upload("..", "/work/new2")
+    assert await box.files.read("/work/new2/sub/f.txt") == b"f\n"
+
+
+async def test_a_listing_past_the_cap_is_refused_saying_so(client, box, monkeypatch):
+    """files.list holds at most SBX_LIST_MAX_ENTRIES entries (and 64 levels): past it, a
+    one-line refusal naming the cap, nothing changed."""
+    await box.exec(["sh", "-c", "mkdir -p /w/many && cd /w/many && "
+                    "for i in $(seq 1 60); do echo $i > f$i; done"])
+    monkeypatch.setenv("SBX_LIST_MAX_ENTRIES", "50")
+    before_events, before = await box.events(), await _activity(client, box)
+    with pytest.raises(BadInput, match="more than 50 entries.*SBX_LIST_MAX_ENTRIES") as caught:
+        await box.files.list("/w/many")
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
+    assert await box.events() == before_events and await _activity(client, box) == before
+    monkeypatch.setenv("SBX_LIST_MAX_ENTRIES", "60")
+    assert len(await box.files.list("/w/many")) == 60
 
 
 def test_the_sync_api_has_files(sbx_home, tmp_path):
