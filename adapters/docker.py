@@ -1055,20 +1055,60 @@ class DockerAdapter(Adapter):
             return
         await self._make_folders(ref, path)
         loop = asyncio.get_running_loop()
-        done = object()
+        pieces: queue.SimpleQueue[bytes | BaseException | None] = queue.SimpleQueue()
+        room = asyncio.Semaphore(ARCHIVE_AHEAD)
+        stopped = False
+
+        async def feed() -> None:
+            # the caller's chunks (64 KiB each from a service's request body, say) gathered
+            # into pieces of about ARCHIVE_CHUNK, up to ARCHIVE_AHEAD ahead of the sending
+            # thread: one hop a piece, and the next ones read while one is sent
+            held: list[bytes] = []
+            size = 0
+            try:
+                async for chunk in tar:
+                    if chunk:
+                        held.append(chunk)
+                        size += len(chunk)
+                    if size >= ARCHIVE_CHUNK:
+                        await room.acquire()
+                        if stopped:
+                            return
+                        pieces.put(b"".join(held))
+                        held, size = [], 0
+                if held:
+                    pieces.put(b"".join(held))
+                pieces.put(None)
+            except BaseException as exc:  # handed to the sending thread, raised there
+                pieces.put(exc)
+                if not isinstance(exc, Exception):
+                    raise
+
+        def free() -> None:
+            room.release()
 
         def body() -> Iterator[bytes]:
-            while (chunk := asyncio.run_coroutine_threadsafe(anext(tar, done), loop).result()
-                   ) is not done:
-                if chunk:
-                    yield chunk
+            while (piece := pieces.get()) is not None:
+                if isinstance(piece, BaseException):
+                    raise piece
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody feeds
+                    loop.call_soon_threadsafe(free)
+                yield piece
 
         def put(api: docker.APIClient) -> None:
             response = api._put(api._url("/containers/{0}/archive", ref), data=body(),
                                 params={"path": path, "copyUIDGID": "1"})
             api._raise_for_status(response)
 
-        await self._on_path(ref, path, put, "write to")
+        feeder = loop.create_task(feed())
+        try:
+            await self._on_path(ref, path, put, "write to")
+        finally:
+            stopped = True
+            room.release()  # a feeder waiting for room sees it is over
+            if not feeder.done():  # the engine answered before the body's end: a refusal
+                feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)  # its end, not ours
 
     async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
         """The engine's tar of `path` (one top entry, its base name), passed on as it comes."""
