@@ -468,13 +468,6 @@ class Adapter(abc.ABC):
         raise self._unsupported("open an interactive shell")
 
 
-# -- the default FILES primitives' scripts (POSIX sh; busybox and GNU tools alike) ----------
-# exit 3: the path ($1) does not exist; exit 4: the request does not fit what is there.
-_MISSING_EXIT, _REFUSED_EXIT = 3, 4
-_EXISTS = 'test -e "$1" || test -L "$1" || exit 3; '
-# -o: files belong to whoever extracts them, not to the uid/gid recorded in the archive
-_PUT_ARCHIVE = 'mkdir -p -- "$1" && cd -- "$1" && exec tar -x -o -f -'
-_GET_ARCHIVE = _EXISTS + 'cd -- "$2" && exec tar -c -f - -- "$3"'
 # An exec that may need ending carries a mark in its environment: EXEC_MARK=<a fresh id>.
 # What the command starts inherits it, so a timeout finds the exec's whole tree, even what
 # left its process group (setsid, a daemon). Every backend with a shell in the sandbox kills
@@ -496,6 +489,13 @@ done
 exit $found"""
 
 
+# -- the default FILES primitives' scripts (POSIX sh; busybox and GNU tools alike) ----------
+# exit 3: the path ($1) does not exist; exit 4: the request does not fit what is there.
+_MISSING_EXIT, _REFUSED_EXIT = 3, 4
+_EXISTS = 'test -e "$1" || test -L "$1" || exit 3; '
+# -o: files belong to whoever extracts them, not to the uid/gid recorded in the archive
+_PUT_ARCHIVE = 'mkdir -p -- "$1" && cd -- "$1" && exec tar -x -o -f -'
+_GET_ARCHIVE = _EXISTS + 'cd -- "$2" && exec tar -c -f - -- "$3"'
 # one record per entry: "<raw mode in hex> <size> <mtime>\n<path>\0<link target>\0"
 _ONE = ('stat -c "%f %s %Y" -- "$f" || exit 1; printf "%s\\0" "$f"; '
         'if [ -L "$f" ]; then readlink -- "$f"; fi; printf "\\0"')
