@@ -285,6 +285,13 @@ def serve_max_body() -> int:
     return _size_env("SBX_SERVE_MAX_BODY", "1MiB")
 
 
+def serve_max_input() -> int:
+    """The largest body of a command's input through the service: `POST
+    /v1/sandboxes/{ref}/exec` (stdin as base64 in the JSON) and a process's `POST .../stdin`
+    (`SBX_SERVE_MAX_INPUT`, 16MiB: about 12 MiB of exec stdin; more goes in as a file)."""
+    return _size_env("SBX_SERVE_MAX_INPUT", "16MiB")
+
+
 def serve_max_upload() -> int:
     """The largest archive `POST /v1/checkpoints/import` takes, and the largest file or tree
     body of `PUT /v1/sandboxes/{ref}/files[/tree]` (`SBX_SERVE_MAX_UPLOAD`, 4GiB)."""

@@ -71,6 +71,7 @@ def _limits(app: FastAPI) -> None:
 
     app.add_middleware(Limits, max_body=settings.serve_max_body(),
                        max_upload=settings.serve_max_upload(),
+                       max_input=settings.serve_max_input(),
                        streams=Streams(settings.serve_max_streams(),
                                        settings.serve_max_streams_per_key()),
                        max_connections=settings.serve_max_connections())

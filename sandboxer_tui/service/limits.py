@@ -25,6 +25,8 @@ PUBLIC = frozenset({"/healthz", "/readyz", "/openapi.json"})  # no key, and serv
 UPLOAD = ("POST", "/v1/checkpoints/import")  # an archive to import
 STREAMED = re.compile(r"^/v1/sandboxes/[^/]+/files(/tree)?$")  # PUT: a file's or a tree's
 # bytes, streamed on to the sandbox as they come: capped as an upload, not as a JSON body
+# POST: a command's input (exec's stdin in its JSON, a process's stdin): capped on its own
+INPUT = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes/[^/]+/stdin)$")
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this: 431
 KEEP_ALIVE_S = 5  # an idle connection between requests is closed after this
 LINGER_S, LINGER_BYTES = 5.0, 64 * 1024**2  # what is read and dropped after an early answer
@@ -66,10 +68,10 @@ class Limits:
     """The pure ASGI middleware in front of every route (FastAPI would read and parse a body
     before its dependencies check the key: one unauthenticated 300 MiB POST cost 900 MB)."""
 
-    def __init__(self, app: ASGIApp, *, max_body: int, max_upload: int, streams: Streams,
-                 max_connections: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body: int, max_upload: int, max_input: int,
+                 streams: Streams, max_connections: int) -> None:
         self.app = app
-        self.max_body, self.max_upload = max_body, max_upload
+        self.max_body, self.max_upload, self.max_input = max_body, max_upload, max_input
         self.streams = streams
         self.max_connections = max_connections
 
@@ -102,8 +104,11 @@ class Limits:
         streamed = scope["method"] == "PUT" and STREAMED.match(scope["path"]) is not None
         upload = (scope["method"], scope["path"]) == UPLOAD or streamed
         body.drain = streamed  # the caller's key was good: an early answer is worth reading
-        body.limit = self.max_upload if upload else self.max_body
-        body.setting = "SBX_SERVE_MAX_UPLOAD" if upload else "SBX_SERVE_MAX_BODY"
+        command_input = scope["method"] == "POST" and INPUT.match(scope["path"]) is not None
+        body.limit, body.setting = (
+            (self.max_upload, "SBX_SERVE_MAX_UPLOAD") if upload else
+            (self.max_input, "SBX_SERVE_MAX_INPUT") if command_input else
+            (self.max_body, "SBX_SERVE_MAX_BODY"))
         if body.length is not None and body.length > body.limit:
             await body.answer(refusal(413, "bad_input", body.too_large()))
             return

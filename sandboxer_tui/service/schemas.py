@@ -56,7 +56,7 @@ class Exec(Body):
     user: str | None = Field(None, description="run as this user (a backend with the "
                                                "run_as_user capability)")
     stdin: str | None = Field(None, description="the command's standard input, base64; the "
-                                                "body limit caps it (SBX_SERVE_MAX_BODY)")
+                                                "input limit caps it (SBX_SERVE_MAX_INPUT)")
 
 
 class StartProcess(Body):

@@ -494,15 +494,39 @@ def test_a_client_that_sends_its_whole_body_first_still_reads_the_413(live, api,
     half-closes after its early 413 and drops what still comes (lingers), so they get the
     answer, not a reset connection; the library over the service says the same line."""
     box = api.post("/v1/sandboxes", json={"profile": "stubby"}).json()
-    big = json.dumps({"argv": ["cat"], "stdin": "x" * (8 * MiB)}).encode()
+    big = json.dumps({"argv": ["cat"], "stdin": "x" * (24 * MiB)}).encode()
     for _ in range(2):  # each time on a new connection
         refused = api.post(f"/v1/sandboxes/{box['id']}/exec", content=big,
                            headers={"Content-Type": "application/json"})
-        assert refused.status_code == 413, refused.text
-        assert "SBX_SERVE_MAX_BODY" in refused.json()["error"]["message"]
+        assert refused.status_code == 413, refused.text[:300]
+        assert "SBX_SERVE_MAX_INPUT" in refused.json()["error"]["message"]
     import sandboxer
 
     with sandboxer.Sandboxer(url=live.url, token=live.key("write", owner="writer")) as sbx:
-        with pytest.raises(sandboxer.BadInput, match="SBX_SERVE_MAX_BODY"):
-            sbx.get(box["id"]).exec(["cat"], stdin=b"y" * (4 * MiB))
+        with pytest.raises(sandboxer.BadInput, match="SBX_SERVE_MAX_INPUT"):
+            sbx.get(box["id"]).exec(["cat"], stdin=b"y" * (20 * MiB))
         assert sbx.get(box["id"]).exec(["cat"], stdin=b"fits").stdout == b"fits"
+
+
+def test_a_command_input_has_its_own_cap_above_the_json_bodys(limited, sbx_home):
+    """1 MiB of exec stdin travels as about 1.4 MiB of base64, past the 1 MiB JSON cap: the
+    exec route (and a process's stdin) is capped by SBX_SERVE_MAX_INPUT instead; past that
+    cap the input is refused (413 naming it) and the command never runs."""
+    import hashlib
+    import os
+
+    import sandboxer
+
+    service = limited(SBX_SERVE_MAX_INPUT="2MiB")
+    data = os.urandom(MiB)
+    with sandboxer.Sandboxer(url=service.url, token=service.key("write")) as sbx:
+        box = sbx.create("stubby")
+        result = box.exec(["cat"], stdin=data)
+        assert result.exit_code == 0 and hashlib.sha256(result.stdout).digest() == \
+            hashlib.sha256(data).digest()
+        execs = query(sbx_home, "SELECT count(*) AS n FROM events WHERE type = 'sandbox.exec'")
+        with pytest.raises(sandboxer.BadInput, match="SBX_SERVE_MAX_INPUT"):
+            box.exec(["cat"], stdin=os.urandom(2 * MiB))
+        assert query(sbx_home, "SELECT count(*) AS n FROM events "
+                               "WHERE type = 'sandbox.exec'") == execs  # it never ran
+        box.destroy()

@@ -78,7 +78,7 @@ async def signal(who: Write, ref: str, pid: int, body: s.Signal) -> JSONResponse
                      "schema": {"type": "string", "format": "binary"}}}}})
 async def write_stdin(who: Write, request: Request, ref: str, pid: int) -> Response:
     proc = await _process(who, ref, pid)
-    await proc.write(await request.body())  # a JSON-sized body: SBX_SERVE_MAX_BODY caps it
+    await proc.write(await request.body())  # SBX_SERVE_MAX_INPUT caps it
     return Response(status_code=204)
 
 
