@@ -1130,8 +1130,12 @@ class DockerAdapter(Adapter):
             # the raw body read in pieces of a MiB (iter_content gives the engine's 32 KiB
             # HTTP chunks, a hop each), ahead of the reader so the engine's tar and the
             # unpacking overlap
-            async for chunk in _read_ahead(response.raw.read):
-                yield chunk
+            reader = _read_ahead(response.raw.read)
+            try:
+                async for chunk in reader:
+                    yield chunk
+            finally:
+                await reader.aclose()  # its thread stops now, not when this is collected
         finally:
             await asyncio.to_thread(response.close)
 

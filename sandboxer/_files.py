@@ -270,6 +270,10 @@ async def _tree_chunks(source: Path) -> AsyncIterator[bytes]:
             soon(None)
         except Exception as exc:  # noqa: BLE001 (handed to the reader, raised there)
             soon(exc)
+        finally:
+            close = getattr(packed, "close", None)
+            if close is not None:  # a file it was reading is closed now
+                close()
 
     threading.Thread(target=pack, name="sbx-pack-tree", daemon=True).start()
     try:
