@@ -79,7 +79,7 @@ def test_the_sync_watch_gives_sync_handles(sync_client, stub_profile):
 async def test_backends_say_what_loads_what_it_can_do_and_whether_it_answers(client, service):
     stub, missing = await client.backends(["stub", "no-such-backend"])
     assert (stub.name, stub.loaded, stub.test_double, stub.checked) == ("stub", True, True, True)
-    assert stub.capabilities == {"exec", "logs"}
+    assert stub.capabilities == {"exec", "logs", "files"}
     assert (stub.reachable, stub.credentials) == (True, True)
     assert (missing.loaded, missing.reachable) == (False, False)
     assert "'no-such-backend' is not installed here" in missing.detail

@@ -87,7 +87,7 @@ def test_the_example_package_is_found_by_its_entry_point_and_listed_by_doctor(sb
     assert tmpdir["loaded"] and tmpdir["reachable"] and tmpdir["credentials"]
     assert tmpdir["target"] == "sbx_tmpdir:TmpdirAdapter"
     assert tmpdir["package"] == "sbx-tmpdir"
-    assert tmpdir["capabilities"] == ["exec"]
+    assert tmpdir["capabilities"] == ["exec", "files"]
     human = sbx("doctor", env=env)
     assert human.code == 0
     assert any(line.split()[0] == "tmpdir" and "ok" in line.split() for line in

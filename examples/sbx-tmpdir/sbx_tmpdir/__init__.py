@@ -31,6 +31,9 @@ from sandboxer.adapters.base import (
     CreateRequest,
     ExecResult,
     Health,
+    NoSuchPath,
+    Stdin,
+    stdin_chunks,
 )
 
 ROOT_ENV = "SBX_TMPDIR_ROOT"
@@ -46,7 +49,8 @@ def root() -> Path:
 class TmpdirAdapter(Adapter):
     name = "tmpdir"
     description = "example: a folder per sandbox, commands run as local processes (no isolation)"
-    capabilities = frozenset({Capability.EXEC})
+    # files in and out come from the contract's defaults (tar, find and stat through exec)
+    capabilities = frozenset({Capability.EXEC, Capability.FILES})
 
     def _folder(self, ref: str) -> Path:
         if not ref.startswith("sbx-") or "/" in ref or ref in (".", ".."):
@@ -121,26 +125,50 @@ class TmpdirAdapter(Adapter):
         return found
 
     async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
+                   env: Mapping[str, str] | None = None, *, cwd: str | None = None,
+                   user: str | None = None, stdin: Stdin = None) -> ExecResult:
         work = self._folder(ref) / "work"
         if not work.is_dir():
             raise BackendObjectGone(f"tmpdir sandbox {ref} is gone")
+        if user is not None:
+            raise CapabilityNotSupported("the tmpdir backend cannot run commands as a user")
+        if cwd is not None and not Path(cwd).is_dir():
+            raise NoSuchPath(f"{cwd} does not exist")
         started = time.perf_counter()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=work, env={**os.environ, **env} if env else None,
-                stdin=asyncio.subprocess.DEVNULL,
+                *argv, cwd=cwd or work, env={**os.environ, **env} if env else None,
+                stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True)
         except FileNotFoundError:
             return ExecResult(127, b"", f"{argv[0]}: not found\n".encode(),
                               time.perf_counter() - started)
+        out, err = bytearray(), bytearray()
+
+        async def read(stream: asyncio.StreamReader, into: bytearray) -> None:
+            while chunk := await stream.read(65536):  # kept as it comes: a timeout keeps it
+                into += chunk
+
+        async def write() -> None:  # bytes or chunks as they come, then the end of input
+            try:
+                async for chunk in stdin_chunks(stdin):
+                    proc.stdin.write(chunk)
+                    await proc.stdin.drain()
+            except ConnectionError:
+                pass  # the command stopped reading its input
+            finally:
+                proc.stdin.close()
+
+        steps = [read(proc.stdout, out), read(proc.stderr, err), proc.wait()]
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+            await asyncio.wait_for(asyncio.gather(*steps, *([write()] if stdin else [])),
+                                   timeout_s)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)  # the command and everything it started
             await proc.wait()
-            return ExecResult(124, b"", f"sbx: timed out after {timeout_s:g}s\n".encode(),
+            note = f"sbx: timed out after {timeout_s:g}s\n".encode()
+            return ExecResult(124, bytes(out), bytes(err) + note,
                               time.perf_counter() - started, timed_out=True)
-        return ExecResult(proc.returncode, out, err, time.perf_counter() - started)
+        return ExecResult(proc.returncode, bytes(out), bytes(err), time.perf_counter() - started)
