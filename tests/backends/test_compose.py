@@ -462,3 +462,33 @@ def test_a_compose_file_is_relative_to_its_profile(sbx, tmp_path):
     text = shown.out
     assert str(tmp_path / "profiles" / "stack" / "stack.compose.yaml") in text
     assert json.loads(text)
+
+
+# -- work inside: the named service is the sandbox -------------------------------------------
+
+
+def test_files_exec_options_and_a_background_process_reach_the_named_service(
+        sbx, docker_api, tmp_path):
+    """What an agent does in a compose sandbox goes to the named service's container: a tree
+    copied in, a command run there with env, a folder and stdin, the artefact copied out, a
+    background process followed to its end; `-u` is refused naming the backend."""
+    env = stack(tmp_path / "profiles")
+    box = sbx.create("--profile", "stack", env=env)
+    [app] = docker_api.containers(filters={"label": [f"sbx.id={box['id']}", "sbx.service=app"]})
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "in.txt").write_text("hello compose\n")
+    assert sbx("cp", str(src), f"{box['id']}:/srv/proj", env=env).code == 0
+    assert in_container(docker_api, app["Id"], "cat", "/srv/proj/in.txt") == b"hello compose\n"
+    ran = sbx("exec", "-i", "-w", "/srv/proj", "-e", "SUFFIX=!", box["id"], "--", "sh", "-c",
+              'tr a-z A-Z < in.txt > out.txt; cat; echo "$SUFFIX"', input="piped\n", env=env)
+    assert (ran.code, ran.out) == (0, "piped\n!\n"), ran.err
+    out = tmp_path / "out.txt"
+    assert sbx("cp", f"{box['id']}:/srv/proj/out.txt", str(out), env=env).code == 0
+    assert out.read_text() == "HELLO COMPOSE\n"
+    pid = sbx("exec", "--detach", box["id"], "--", "sh", "-c", "echo one; echo two",
+              env=env).out.strip()
+    attached = sbx("attach", box["id"], pid, env=env)
+    assert (attached.code, attached.out) == (0, "one\ntwo\n"), attached.err
+    refused = sbx("exec", "-u", "nobody", box["id"], "--", "true", env=env)
+    assert refused.code == 4 and "compose" in refused.err, refused.err
