@@ -146,7 +146,8 @@ async def _answer_for(mgr: Manager, sandbox_id: str) -> dict[str, Any]:
                                                             mgr.install_id):
             raise _in_progress()  # this process's own request, or another's, still at it
         row = await mgr.settle_interrupted_create(row)
-    if row["state"] == State.FAILED or (row["state"] == State.DESTROYED
+    # the reaper may be ending it right now (a failed create is destroyed): still a failure
+    if row["state"] == State.FAILED or (row["state"] in (State.DESTROYING, State.DESTROYED)
                                         and _ended_failed(mgr, row)):
         why = row["error"] or "it never started"
         raise OperationFailed(f"create failed on {row['backend']}: {why} (sandbox {row['id']}); "

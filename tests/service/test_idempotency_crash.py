@@ -127,3 +127,40 @@ def test_kill_9_during_setup_then_the_retry_gets_the_failure_never_a_half_set_up
     (row,) = query(sbx.home, "SELECT id, state, error FROM sandboxes")
     assert row["state"] == "destroyed"
     assert containers_of(docker_api, install_id_of(sbx.home)) == []
+
+
+def test_a_retry_that_finds_its_failed_create_being_destroyed_gets_the_failure(tmp_path):
+    """The service's reaper may be ending a failed create (state destroying) at the moment
+    its retry arrives: the retry gets the failure, never the sandbox as made (seen in CI:
+    a 201 with state destroying)."""
+    import asyncio
+
+    import sqlalchemy as sa
+
+    from sandboxer.core.lifecycle.idempotency import _answer_for
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.errors import OperationFailed
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "stubby.yaml").write_text("backend: stub\n")
+
+    async def scenario() -> None:
+        mgr = Manager(Database(f"sqlite:///{tmp_path / 'sbx.db'}"), actor="retry@test",
+                      install_id="inst-retry")
+        try:
+            made = await mgr.create(ProfileLoader([tmp_path / "profiles"]).load("stubby"))
+            table = Sandbox.__table__
+            with mgr.db.write() as conn:  # as the reaper leaves it mid-destroy of a failure
+                conn.execute(table.update().where(table.c.id == made["id"]).values(
+                    state="destroying", started_at=None, error="setup was interrupted"))
+            with pytest.raises(OperationFailed, match="setup was interrupted"):
+                await _answer_for(mgr, made["id"])
+            with mgr.db.read() as conn:
+                assert conn.execute(sa.select(table.c.state)).scalar() == "destroying"
+        finally:
+            await mgr.close()
+
+    asyncio.run(scenario())
