@@ -194,6 +194,27 @@ async def stdin_chunks(stdin: Stdin) -> AsyncIterator[bytes]:
             yield bytes(chunk)
 
 
+class CallerStdin:
+    """The caller's stdin as chunks, for an adapter to send on. A failure of the caller's own
+    iterator ends the input (the command's stdin is closed all the same) and is kept, to be
+    raised once the command has ended (`raise_if_failed`): never taken for a short input."""
+
+    def __init__(self, stdin: Stdin) -> None:
+        self._stdin = stdin
+        self.error: Exception | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stdin_chunks(self._stdin):
+                yield chunk
+        except Exception as exc:
+            self.error = exc
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 def exec_options(cwd: str | None = None, user: str | None = None,
                  stdin: Stdin = None) -> dict[str, Any]:
     """The keyword options of `exec` that were given: the core passes only these, so an

@@ -43,6 +43,7 @@ from sandboxer.adapters.base import (
     BackendObject,
     BackendObjectGone,
     BackendUnavailable,
+    CallerStdin,
     Capability,
     CapabilityNotSupported,
     CreateRequest,
@@ -56,7 +57,6 @@ from sandboxer.adapters.base import (
     one_line,
     open_state_file,
     state_folder,
-    stdin_chunks,
 )
 
 T = TypeVar("T")
@@ -505,18 +505,11 @@ class E2BAdapter(Adapter):
                 result = exc
             await queue.put(("done", result))
 
-        failed: list[Exception] = []  # the caller's stdin failing: raised once the command ends
-
-        async def given() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in stdin_chunks(stdin):
-                    yield chunk
-            except Exception as exc:  # its end closes the command's stdin all the same
-                failed.append(exc)
+        given = CallerStdin(stdin)  # a failure of the caller's is raised once the command ends
 
         async def feed() -> None:
             try:
-                async for chunk in given():
+                async for chunk in given:
                     for at in range(0, len(chunk), STDIN_CHUNK):
                         await sandbox.commands.send_stdin(handle.pid, chunk[at:at + STDIN_CHUNK])
             except Exception:  # noqa: S110 (the command ended or stopped reading: its exit says)
@@ -558,8 +551,7 @@ class E2BAdapter(Adapter):
         finally:
             for task in tasks:
                 task.cancel()
-        if failed:
-            raise failed[0]
+        given.raise_if_failed()
         if isinstance(result, Exception) and not isinstance(result, e2b.CommandExitException):
             raise AdapterError(f"the command in E2B sandbox {sandbox_id} failed: "
                                f"{one_line(result)}") from result

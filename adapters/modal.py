@@ -41,6 +41,7 @@ from sandboxer.adapters.base import (
     BackendObject,
     BackendObjectGone,
     BackendUnavailable,
+    CallerStdin,
     Capability,
     CapabilityNotSupported,
     CreateRequest,
@@ -48,7 +49,6 @@ from sandboxer.adapters.base import (
     Health,
     Stdin,
     one_line,
-    stdin_chunks,
 )
 
 if TYPE_CHECKING:
@@ -537,18 +537,11 @@ class ModalAdapter(Adapter):
                 await queue.put(exc)
             await queue.put(None)
 
-        failed: list[Exception] = []  # the caller's stdin failing: raised once the command ends
-
-        async def given() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in stdin_chunks(stdin):
-                    yield chunk
-            except Exception as exc:  # its end closes the command's stdin all the same
-                failed.append(exc)
+        given = CallerStdin(stdin)  # a failure of the caller's is raised once the command ends
 
         async def feed() -> None:
             try:
-                async for chunk in given():
+                async for chunk in given:
                     for at in range(0, len(chunk), STDIN_CHUNK):
                         process.stdin.write(chunk[at:at + STDIN_CHUNK])
                         await process.stdin.drain.aio()
@@ -594,8 +587,7 @@ class ModalAdapter(Adapter):
                     f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
             except Exception as exc:
                 raise self._translate(exc, tokens, "run the command") from exc
-            if failed:
-                raise failed[0]
+            given.raise_if_failed()
         finally:
             for task in tasks:
                 task.cancel()

@@ -58,6 +58,7 @@ from sandboxer.adapters.base import (
     BackendObject,
     BackendObjectGone,
     BackendUnavailable,
+    CallerStdin,
     Capability,
     CapabilityNotSupported,
     CreateRequest,
@@ -66,7 +67,6 @@ from sandboxer.adapters.base import (
     InvalidRequest,
     Stdin,
     state_folder,
-    stdin_chunks,
 )
 
 INVENTORY_ENV = "SBX_SSH_INVENTORY"
@@ -854,20 +854,13 @@ class SSHAdapter(Adapter):
                 await queue.put((name, chunk))
             await queue.put(None)
 
-        failed: list[Exception] = []  # the caller's stdin failing: raised once the command ends
-
-        async def given() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in stdin_chunks(stdin):
-                    yield chunk
-            except Exception as exc:  # its end closes the command's stdin all the same
-                failed.append(exc)
+        given = CallerStdin(stdin)  # a failure of the caller's is raised once the command ends
 
         async def feed() -> None:
             try:
                 proc.stdin.write(header)
                 await proc.stdin.drain()
-                async for chunk in given():
+                async for chunk in given:
                     proc.stdin.write(chunk)
                     await proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError):
@@ -906,8 +899,7 @@ class SSHAdapter(Adapter):
                 yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
                 return
             code = await proc.wait()
-            if failed:
-                raise failed[0]
+            given.raise_if_failed()
         finally:
             for task in tasks:
                 task.cancel()
