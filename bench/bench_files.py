@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import common
-from common import BenchContext, median, ms, print_table, ratio_interval, secs
+from bench_service import Context as ServiceContext
+from common import median, ms, print_table, ratio_interval, secs
 
 TARGETS = {"tree_library_vs_docker_cp": 1.15, "tree_library_vs_docker_py": 1.15,
            "tree_service_vs_docker_py": 1.3, "exec_stdin": 1.10, "timeout_overshoot_s": 0.5,
@@ -78,52 +79,9 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-class Context(BenchContext):
+class Context(ServiceContext):
     def __init__(self) -> None:
         super().__init__("sbx-bench-files-")
-        self.services: list[subprocess.Popen] = []
-
-    def serve(self, home: Path) -> tuple[str, str, subprocess.Popen]:
-        """A real `sbx serve` on a free 127.0.0.1 port for `home`: (url, key, process)."""
-        import httpx
-
-        env = self.sbx_env(home)
-        _, proc = self.run_sbx(env, "api-keys", "create", "--scope", "write", "--owner",
-                               "sbx-bench")
-        token = proc.stdout.split()[-1]
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        log = open(self.tmp / "serve.log", "w")  # noqa: SIM115 (closed with the folder)
-        serve = subprocess.Popen([*self.sbx, "serve", "--listen", f"127.0.0.1:{port}",
-                                  "--reap-every", "0"], env=env, cwd=self.tmp,
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        self.services.append(serve)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            if serve.poll() is not None:
-                raise RuntimeError(f"sbx serve exited {serve.returncode}: "
-                                   f"{(self.tmp / 'serve.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    return url, token, serve
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("sbx serve did not answer /healthz within 60 s")
-            time.sleep(0.1)
-
-    def cleanup(self) -> None:
-        for serve in self.services:
-            if serve.poll() is None:
-                serve.terminate()
-                try:
-                    serve.wait(30)
-                except subprocess.TimeoutExpired:
-                    serve.kill()
-                    serve.wait(10)
-        super().cleanup()
 
 
 # -- the peers -------------------------------------------------------------------------------
@@ -384,7 +342,8 @@ def main() -> int:
     started = time.perf_counter()
     try:
         home = ctx.home("served")
-        url, token, serve = ctx.serve(home)
+        url, token = ctx.serve(home, "write")
+        serve = ctx.services[-1][0]
         tree = asyncio.run(bench_tree(ctx, args.rounds, home, url, token))
         execs = asyncio.run(bench_exec(ctx, args.rounds))
         peaks = asyncio.run(bench_peak(ctx, args.big_mib, home, url, token, serve))

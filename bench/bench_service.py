@@ -73,8 +73,10 @@ def docker_spec(ctx: BenchContext) -> dict[str, Any]:
 
 
 class Context(BenchContext):
-    def __init__(self) -> None:
-        super().__init__("sbx-bench-service-")
+    """A run that starts real `sbx serve` processes (bench_files.py's too)."""
+
+    def __init__(self, prefix: str = "sbx-bench-service-") -> None:
+        super().__init__(prefix)
         self.services: list[tuple[subprocess.Popen, Path]] = []
         self.docker_homes: list[Path] = []
 
