@@ -17,12 +17,11 @@ import os
 import secrets
 import tarfile
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from standins.e2b_server import E2BStandIn
+from support import SourceBroke, alive, breaking, chunks, gather
 
 from sandboxer.adapters.base import (
     LABEL_ID,
@@ -68,32 +67,6 @@ def box(standin, e2b_env):
     yield adapter, loop.run_until_complete, ref
     loop.run_until_complete(adapter.destroy(ref))
     loop.close()
-
-
-async def chunks(data: bytes, size: int = 65536) -> AsyncIterator[bytes]:
-    for at in range(0, len(data), size):
-        yield data[at:at + size]
-
-
-async def gather(stream: AsyncIterator[bytes]) -> bytes:
-    return b"".join([chunk async for chunk in stream])
-
-
-class SourceBroke(Exception):
-    pass
-
-
-async def breaking() -> AsyncIterator[bytes]:
-    yield b"partial\n"
-    raise SourceBroke("the caller's stream broke")
-
-
-def alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return "\nState:\tZ" not in status and "\nState:\tX" not in status
 
 
 def test_exec_takes_env_cwd_and_stdin(box, tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from sshd import sshd_server  # noqa: F401 (a fixture)
+from support import SourceBroke, alive, breaking, chunks, gather
 
 from sandboxer.adapters.base import (
     CapabilityNotSupported,
@@ -45,29 +46,6 @@ def leased(sshd_server, sbx_home, tmp_path):  # noqa: F811
     ref = asyncio.run(adapter.create(request)).ref
     yield adapter, ref
     asyncio.run(adapter.destroy(ref))
-
-
-async def chunks(data: bytes, size: int = 65536) -> AsyncIterator[bytes]:
-    for at in range(0, len(data), size):
-        yield data[at:at + size]
-
-
-class SourceBroke(Exception):
-    pass
-
-
-async def breaking() -> AsyncIterator[bytes]:
-    yield b"partial\n"
-    raise SourceBroke("the caller's stream broke")
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and has not ended (a zombie has ended)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return "\nState:\tZ" not in status and "\nState:\tX" not in status
 
 
 def test_exec_takes_env_cwd_and_stdin(leased, tmp_path):
@@ -180,10 +158,6 @@ def tree_tar() -> bytes:
         add("proj/pkg/empty", b"")
         add("proj/link", link="main.py")
     return buffer.getvalue()
-
-
-async def gather(stream: AsyncIterator[bytes]) -> bytes:
-    return b"".join([chunk async for chunk in stream])
 
 
 def test_a_tree_goes_in_and_comes_back_and_is_listed(leased, tmp_path):

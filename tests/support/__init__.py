@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -283,3 +283,34 @@ class Launcher(SbxRunner):
         result = Launcher(self.home, self.cwd)("server", "status", "--json")
         assert result.code == 0, result.err
         return result.json()
+
+
+# -- a command's input and output as an adapter takes them (the backends' files tests) ------
+
+
+async def chunks(data: bytes, size: int = 65536) -> AsyncIterator[bytes]:
+    """`data` as an async iterator of pieces: a caller's streamed stdin or upload."""
+    for at in range(0, len(data), size):
+        yield data[at:at + size]
+
+
+async def gather(stream: AsyncIterator[bytes]) -> bytes:
+    return b"".join([chunk async for chunk in stream])
+
+
+class SourceBroke(Exception):
+    """What `breaking()` raises: a caller's stream that fails midway."""
+
+
+async def breaking() -> AsyncIterator[bytes]:
+    yield b"partial\n"
+    raise SourceBroke("the caller's stream broke")
+
+
+def alive(pid: int) -> bool:
+    """A process of this host that exists and has not ended (a zombie has ended)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return "\nState:\tZ" not in status and "\nState:\tX" not in status
