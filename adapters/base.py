@@ -41,6 +41,9 @@ class Capability(enum.StrEnum):
     # RUN_AS_USER)
     FILES = "files"  # files and trees in and out, list/stat/remove/mkdir/rename
     PROCESSES = "processes"  # background processes (needs EXEC and a POSIX sh in the sandbox)
+    # reach into it (docs/terminals-and-ports.md)
+    PTY = "pty"  # a terminal: open_pty, a program on a pseudo-terminal, resizable
+    PORTS = "ports"  # a sandbox's TCP ports reachable from this host: port_endpoints/expose_port
 
 
 # Labels sbx puts on every backend object; the `sbx.` prefix is reserved for them.
@@ -139,6 +142,11 @@ class CreateRequest:
     # the profile's `compose:` (file as an absolute path, or project; service; allow), for
     # the compose backend
     compose: Mapping[str, Any] | None = None
+    # the profile's `ports:`, asked only of a backend declaring PORTS: TCP ports in the
+    # sandbox made reachable from this host at `publish_address` (loopback unless the
+    # profile opts into another address); a backend that publishes chooses the host port
+    ports: Sequence[int] = ()
+    publish_address: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -233,6 +241,52 @@ class FileInfo:
     mode: int  # permission bits, e.g. 0o644
     mtime: datetime  # aware, UTC
     target: str | None = None  # a symlink's target
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a sandbox's port is reached from this host (Capability.PORTS)."""
+
+    port: int  # the port inside the sandbox
+    host: str  # e.g. "127.0.0.1" for a port Docker published on loopback
+    host_port: int
+    scheme: str = "http"  # "http" or "https" (a cloud backend's tunnel)
+    # headers a client must send (a cloud backend's tunnel token); never logged
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = {"http": 80, "https": 443}.get(self.scheme)
+        return (f"{self.scheme}://{host}" if self.host_port == default
+                else f"{self.scheme}://{host}:{self.host_port}")
+
+
+class PtyChannel(abc.ABC):
+    """A program on a pseudo-terminal in a sandbox (Capability.PTY), as the adapter opened
+    it. One reader (the core's pump) and any number of writers; the core keeps the replay
+    buffer, the sessions and the events, the adapter only moves bytes."""
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """The terminal's next output, as raw bytes as soon as there are any; b"" once the
+        program has ended and its output is drained (then `exit_code` is known, or None if
+        the backend cannot tell)."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Keystrokes (raw bytes, as a terminal sends them) to the program's terminal."""
+
+    @abc.abstractmethod
+    async def resize(self, cols: int, rows: int) -> None:
+        """The terminal's new size; the program sees SIGWINCH (`stty size` changes)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """End the program (its terminal hangs up) and release what the channel holds;
+        idempotent, and safe after the program ended by itself."""
+
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True)
@@ -481,6 +535,27 @@ class Adapter(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release clients and threads."""
+
+    # -- reach into it (Capability.PTY, Capability.PORTS) -----------------------------------
+
+    async def open_pty(self, ref: str, argv: Sequence[str], *, cols: int = 80, rows: int = 24,
+                       env: Mapping[str, str] | None = None, cwd: str | None = None,
+                       ) -> PtyChannel:
+        """Start `argv` in the sandbox on a new pseudo-terminal of `cols` x `rows` (TERM set
+        to xterm-256color unless `env` names one), with exec's meaning of `env` and `cwd`.
+        The core chooses the argv (a login shell when the caller names none)."""
+        raise self._unsupported("open a terminal")
+
+    async def port_endpoints(self, ref: str) -> dict[int, Endpoint]:
+        """Where each of the sandbox's reachable ports is reached from this host, by the
+        port inside the sandbox: those the profile declared and those `expose_port` added."""
+        raise self._unsupported("publish ports")
+
+    async def expose_port(self, ref: str, port: int) -> Endpoint:
+        """Make `port` reachable at run time; idempotent (an exposed port's endpoint again).
+        A backend that can publish only at create (Docker) raises CapabilityNotSupported
+        saying so, and the core names the profile's `ports:` instead."""
+        raise self._unsupported("publish a port while the sandbox runs")
 
     def shell_argv(self, ref: str) -> list[str]:
         """The command line that opens an interactive shell in the sandbox `ref` on this
