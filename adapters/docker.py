@@ -84,6 +84,7 @@ from sandboxer.adapters.base import (  # noqa: E402
     InvalidRequest,
     MetricSample,
     NoSuchPath,
+    PtyChannel,
     ServiceSpec,
     Stdin,
     one_line,
@@ -408,6 +409,11 @@ class _ExecSocket:
         self._left -= len(data)
         return self._stream, data
 
+    def read_raw(self) -> bytes:
+        """The next bytes of a TTY exec's output (not framed: a terminal has one stream);
+        b"" at the end."""
+        return self._recv(EXEC_READ)
+
     def write(self, data: bytes | memoryview) -> None:
         self._raw.sendall(data)
 
@@ -528,6 +534,75 @@ class _ExecPump:
         self.conn.shutdown()
 
 
+class _DockerPty(PtyChannel):
+    """A terminal: an exec with Tty=true on its hijacked connection (raw bytes both ways, no
+    frames). Its output is read by a thread of its own into a queue (as _ExecPump does);
+    writes go in order on a worker thread; the exec carries a mark, so `close` kills what it
+    started."""
+
+    def __init__(self, adapter: DockerAdapter, ref: str, exec_id: str, conn: _ExecSocket,
+                 mark: str) -> None:
+        self._adapter, self._ref, self._exec_id, self._mark = adapter, ref, exec_id, mark
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._out: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self._writing = asyncio.Lock()
+        self._ended = False
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, name="sbx-pty-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            while data := self._conn.read_raw():
+                self._soon(data)
+        except Exception as exc:  # noqa: BLE001 (handed to the reader, raised there)
+            self._soon(exc)
+        self._soon(None)
+
+    def _soon(self, item: bytes | BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads any more
+            self._loop.call_soon_threadsafe(self._out.put_nowait, item)
+
+    async def read(self) -> bytes:
+        if self._ended:
+            return b""
+        item = await self._out.get()
+        if isinstance(item, BaseException):
+            item = None
+        if item is None:
+            self._ended = True
+            self._conn.close()
+            with contextlib.suppress(Exception):
+                self.exit_code = await self._adapter._exit_code(self._exec_id)
+                if self.exit_code < 0:  # the engine never said (the container went)
+                    self.exit_code = None
+            return b""
+        return item
+
+    async def write(self, data: bytes) -> None:
+        if self._ended or self._closed:
+            return
+        async with self._writing:  # one at a time, in order
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self._conn.write, data)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        exec_id = self._exec_id
+        with contextlib.suppress(docker_errors.APIError):  # it ended meanwhile
+            await self._adapter._call(lambda api: api.exec_resize(exec_id, height=rows,
+                                                                  width=cols))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._ended:
+            with contextlib.suppress(Exception):
+                await self._adapter._kill_exec(self._ref, self._exec_id, self._mark)
+        self._conn.shutdown()  # the reader thread sees the end
+
+
 # The engine's archive API: its tar stream is passed on in pieces of this size.
 ARCHIVE_CHUNK = 1024 * 1024
 ARCHIVE_AHEAD = 4  # pieces read ahead of their reader (get_archive)
@@ -582,7 +657,7 @@ class DockerAdapter(Adapter):
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.SERVICES,
                               Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER,
-                              Capability.FILES, Capability.PROCESSES})
+                              Capability.FILES, Capability.PROCESSES, Capability.PTY})
 
     def supports(self, capability: Capability) -> bool:
         if capability == Capability.MEMORY_CHECKPOINT:
@@ -953,6 +1028,32 @@ class DockerAdapter(Adapter):
             yield ExecResult(code, b"", b"", time.perf_counter() - started)
         finally:
             pump.abort()
+
+    async def open_pty(self, ref: str, argv: Sequence[str], *, cols: int = 80, rows: int = 24,
+                       env: Mapping[str, str] | None = None, cwd: str | None = None,
+                       ) -> PtyChannel:
+        """`docker exec -it`: an exec with Tty=true and stdin attached, on its hijacked
+        connection; sized by the exec resize endpoint once started."""
+        mark = uuid.uuid4().hex  # so that close ends what the terminal started
+        environment = {"TERM": "xterm-256color", **(env or {}), EXEC_MARK: mark}
+
+        def start(api: docker.APIClient) -> tuple[str, Any]:
+            exec_id = api.exec_create(ref, list(argv), stdout=True, stderr=True, stdin=True,
+                                      tty=True, environment=environment, workdir=cwd)["Id"]
+            sock = api.exec_start(exec_id, socket=True, tty=True)
+            with contextlib.suppress(docker_errors.APIError):
+                api.exec_resize(exec_id, height=rows, width=cols)
+            return exec_id, sock
+
+        try:
+            exec_id, sock = await self._call(start)
+        except docker_errors.NotFound as exc:
+            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+        except docker_errors.APIError as exc:
+            if exc.status_code == 409:
+                raise BackendObjectGone(f"container {ref[:12]} is not running") from exc
+            raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
+        return _DockerPty(self, ref, exec_id, _ExecSocket(sock), mark)
 
     def _over_tls(self) -> bool:
         return self.base_url.startswith(NETWORK_SCHEMES) and engine_tls(self.base_url) is not None
