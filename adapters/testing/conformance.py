@@ -13,7 +13,8 @@ Subclass `AdapterConformance` in a test module (a class named `Test...`) and giv
 - if the backend's sandboxes have no POSIX `sh`, `echo`, `sleep`, `pwd` and `cat`, override
   the `argv_*` methods (return None from `argv_stderr`, `argv_sleep`, `argv_pwd`, `argv_cat`
   or `argv_echo_then_sleep` to leave those checks out), and `work_folder` if a new sandbox
-  has no /tmp (exec's `cwd` and the FILES cases use it);
+  has no /tmp (exec's `cwd` and the FILES cases use it); a backend declaring PTY whose
+  sandboxes have no `sh` with `stty` overrides `argv_pty_shell`;
 - a backend slower to end a timed-out exec than the contract's 0.5 s may raise
   `exec_timeout_return_slack_s` (the kit allows 0.5 s of slack by default).
 
@@ -62,6 +63,7 @@ from sandboxer.adapters.base import (
     InvalidRequest,
     MetricSample,
     NoSuchPath,
+    PtyChannel,
 )
 
 GROUP = "sandboxer.adapters"
@@ -235,9 +237,16 @@ class AdapterConformance:
         of a timed-out exec is not checked."""
         return ["sh", "-c", f"echo {text}; sleep {seconds:g}"]
 
+    def argv_pty_shell(self) -> list[str] | None:
+        """A POSIX shell with `stty` for the PTY case (it types `stty size`, `echo $((6*7))`
+        and `exit 3` into it); None: the PTY case is not run."""
+        return ["sh"]
+
     # a folder that exists in a new sandbox: exec's `cwd` is checked with it, and the FILES
     # cases work under it (in a folder of their own)
     work_folder: str = "/tmp"
+    # how long the PTY case waits for each thing it typed to show (a generous limit)
+    pty_timeout_s: float = 30.0
 
     # the user a backend declaring run-as-user is asked to run as (`user:` of a profile)
     run_as_user: str = "4242"
@@ -677,6 +686,54 @@ class AdapterConformance:
 
         self.run(adapter, create_request, body)
 
+    # -- a terminal (Capability.PTY) ---------------------------------------------------------
+
+    def test_pty_terminal(self, adapter: Adapter, create_request) -> None:
+        """open_pty runs a shell on a terminal of the size asked for (`stty size`), with
+        exec's env and cwd and TERM set; what is typed reaches it, resize changes what
+        `stty size` says, `exit 3` ends it: read() gives b"" and exit_code is 3; close() is
+        idempotent, after the end too."""
+        if not adapter.supports(Capability.PTY):
+            pytest.skip(f"{adapter.name} does not declare pty (refusal: test_capability[pty])")
+        argv = self.argv_pty_shell()
+        if argv is None:
+            pytest.skip("argv_pty_shell() is None: no shell with stty in this backend's sandboxes")
+
+        async def body(kit: Kit) -> None:
+            obj = await kit.create()
+            term = await adapter.open_pty(obj.ref, argv, cols=80, rows=24,
+                                          env={"SBX_KIT_PTY": "kit-value"},
+                                          cwd=self.work_folder)
+            assert isinstance(term, PtyChannel), f"open_pty gave {term!r}, not a PtyChannel"
+            try:
+                await term.write(b'stty size; echo "$((6*7))"; '
+                                 b'echo "[$SBX_KIT_PTY:$TERM:$(pwd)]"\n')
+                seen = await _pty_until(term, [b"24 80", b"42",
+                                               f"[kit-value:xterm-256color:{self.work_folder}]"
+                                               .encode()], self.pty_timeout_s)
+                await term.resize(100, 30)
+                await term.write(b"stty size\n")
+                await _pty_until(term, [b"30 100"], self.pty_timeout_s)
+                await term.write(b"exit 3\n")
+                rest = await _pty_until(term, [], self.pty_timeout_s)
+                assert term.exit_code == 3, (
+                    f"exit 3 typed into the shell: exit_code is {term.exit_code!r} "
+                    f"(output: {(seen + rest)[-400:]!r})")
+                assert await term.read() == b"", "read() after the end must stay b\"\""
+            finally:
+                await term.close()
+            await term.close()  # idempotent, after the program ended by itself
+
+            other = await adapter.open_pty(obj.ref, argv)
+            await other.write(b"echo started\n")
+            await _pty_until(other, [b"started"], self.pty_timeout_s)
+            await asyncio.wait_for(other.close(), self.pty_timeout_s)  # a running program
+            await other.close()
+            still = await adapter.get(obj.ref)
+            assert still is not None and still.running, "closing a terminal ended the sandbox"
+
+        self.run(adapter, create_request, body)
+
     # -- each capability: exercised when declared, refused cleanly when not ----------------
 
     @pytest.mark.parametrize("capability", list(Capability), ids=[c.value for c in Capability])
@@ -751,6 +808,14 @@ class AdapterConformance:
             await adapter.put_archive(obj.ref, folder, _chunked(_kit_tree(b"files work")))
             back = _members(await _gather(adapter.get_archive(obj.ref, f"{folder}/tree/data")))
             assert back == {"data": ("file", 0o640, b"files work")}, back
+        elif capability == Capability.PTY and self.argv_pty_shell() is not None:
+            term = await adapter.open_pty(obj.ref, self.argv_pty_shell())
+            try:
+                await term.write(b"exit 5\n")
+                await _pty_until(term, [], self.pty_timeout_s)
+                assert term.exit_code == 5, f"exit 5 typed: exit_code {term.exit_code!r}"
+            finally:
+                await term.close()
 
     async def _hardened(self, kit: Kit, capability: Capability) -> None:
         """A sandbox made with `read_only` / `user` is what was asked (seen through exec)."""
@@ -819,10 +884,14 @@ class AdapterConformance:
                 lambda: adapter.make_dir(ref, f"{work}/sbx-kit"),
                 lambda: adapter.rename_file(ref, f"{work}/sbx-kit", f"{work}/sbx-kit-2"),
             ],
+            Capability.PTY: [lambda: adapter.open_pty(ref, ["sh"])],
         }
         for call in calls[capability]:
-            with pytest.raises(CapabilityNotSupported):
+            with pytest.raises(CapabilityNotSupported) as refused:
                 await asyncio.wait_for(call(), 60)
+            if capability == Capability.PTY:
+                assert adapter.name in str(refused.value), (
+                    f"the refusal must name the backend: {refused.value}")
         still = await adapter.get(ref)
         assert still is not None and still.running, "a refused call changed the sandbox"
 
@@ -857,6 +926,30 @@ def _kit_tree(data: bytes) -> bytes:
                 info.size = len(body)
                 tar.addfile(info, io.BytesIO(body))
     return buffer.getvalue()
+
+
+async def _pty_until(term: PtyChannel, wanted: list[bytes], timeout_s: float) -> bytes:
+    """Read the terminal until every one of `wanted` has shown (none wanted: until its end,
+    b""); the output read. An AssertionError naming what did not show within `timeout_s`."""
+    seen = b""
+
+    async def read() -> None:
+        nonlocal seen
+        while not wanted or not all(w in seen for w in wanted):
+            chunk = await term.read()
+            if not chunk:
+                return
+            seen += chunk
+
+    try:
+        await asyncio.wait_for(read(), timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"the terminal did not show {[w for w in wanted if w not in seen]}"
+                             f"{' (nor end)' if not wanted else ''} within {timeout_s:g}s; "
+                             f"it showed: {seen[-400:]!r}") from None
+    missing = [w for w in wanted if w not in seen]
+    assert not missing, f"the terminal ended before it showed {missing}: {seen[-400:]!r}"
+    return seen
 
 
 async def _chunked(data: bytes, size: int = 64 * 1024) -> AsyncIterator[bytes]:
