@@ -332,6 +332,12 @@ def clock_offset() -> str:
 
 
 def profile_path() -> list[str]:
+def serve_max_link_ttl():
+    """The longest a signed preview link of the service's proxy may last
+    (`SBX_SERVE_MAX_LINK_TTL`, 24h; docs/terminals-and-ports.md)."""
+    return _duration_env("SBX_SERVE_MAX_LINK_TTL", "24h")
+
+
     """`SBX_PROFILE_PATH`: extra profile folders, `:`-separated, in order."""
     return [p for p in os.environ.get("SBX_PROFILE_PATH", "").split(os.pathsep) if p]
 
