@@ -444,7 +444,7 @@ class _ExecPump:
     in, at most STDIN_QUEUE pieces ahead of the connection."""
 
     def __init__(self, conn: _ExecSocket, loop: asyncio.AbstractEventLoop,
-                 stdin: Stdin) -> None:
+                 stdin: Stdin, finish: Callable[[], Any] | None = None) -> None:
         self.conn, self.loop = conn, loop
         self.reads = 0
         self._out: asyncio.Queue[Any] = asyncio.Queue()
@@ -453,13 +453,27 @@ class _ExecPump:
         self._feeder: asyncio.Task[None] | None = None
         self._writer: threading.Thread | None = None
         self._pieces: queue.SimpleQueue[bytes | memoryview | None] = queue.SimpleQueue()
+        # run on the reader thread once the output ended (the exit code's inspect): one
+        # hand-off to the loop fewer than a call of its own; its result or error kept here
+        self._finish = finish
+        self.finished: Any = None
+        self.finish_error: BaseException | None = None
+        # stdin given as bytes is already held: its pieces go to the writer at once, which
+        # then never wakes the loop (each wake-up costs a hop between cores)
+        self._held = isinstance(stdin, bytes | bytearray | memoryview)
         if stdin is not None:
             self._room = asyncio.Semaphore(STDIN_QUEUE)
             self._writing = True
+            if self._held:
+                view = memoryview(stdin)
+                for at in range(0, len(view), STDIN_PIECE):
+                    self._pieces.put(view[at:at + STDIN_PIECE])
+                self._pieces.put(None)
             self._writer = threading.Thread(target=self._write, name="sbx-exec-stdin",
                                             daemon=True)
             self._writer.start()
-            self._feeder = loop.create_task(self._feed(stdin))
+            if not self._held:
+                self._feeder = loop.create_task(self._feed(stdin))
         self._reader = threading.Thread(target=self._read, name="sbx-exec-output", daemon=True)
         self._reader.start()
 
@@ -481,14 +495,16 @@ class _ExecPump:
         try:
             while (piece := self._pieces.get()) is not None and not self._stopped:
                 self.conn.write(piece)
-                self._soon(self._room.release)
+                if not self._held:
+                    self._soon(self._room.release)
             if not self._stopped:
                 self.conn.close_stdin()
         except OSError:
             pass  # the command ended without reading it all: the rest is not wanted
         finally:
             self._writing = False
-            self._soon(self._room.release)  # a feeder waiting for room sees it is over
+            if not self._held:
+                self._soon(self._room.release)  # a feeder waiting for room sees it is over
 
     def _read(self) -> None:
         try:
@@ -497,6 +513,11 @@ class _ExecPump:
                 if self._stopped:
                     return
                 item = self.conn.read()
+                if item is None and self._finish is not None and not self._stopped:
+                    try:
+                        self.finished = self._finish()
+                    except BaseException as exc:  # noqa: BLE001 (kept for the reader)
+                        self.finish_error = exc
                 self._soon(self._out.put_nowait, item)
                 if item is None:
                     return
@@ -992,7 +1013,9 @@ class DockerAdapter(Adapter):
             if exc.status_code == 409:
                 raise BackendObjectGone(f"container {ref[:12]} is not running") from exc
             raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
-        pump = _ExecPump(_ExecSocket(sock), asyncio.get_running_loop(), stdin)
+        pump = _ExecPump(_ExecSocket(sock), asyncio.get_running_loop(), stdin,
+                         finish=None if deadline is not None else
+                         lambda: self._exit_code_now(exec_id))
         held: bytes | None = None  # a first line that may be the engine's own start failure
         try:
             while True:
@@ -1019,7 +1042,15 @@ class DockerAdapter(Adapter):
                     yield "stdout", held
                     held = None
                 yield stream, data
-            code = await self._exit_code(exec_id)
+            if pump.finish_error is not None:
+                error = pump.finish_error
+                if isinstance(error, docker_errors.APIError):
+                    raise AdapterError(f"docker exec failed: {_short(error)}") from error
+                if isinstance(error, (docker_errors.DockerException, OSError)):
+                    raise self._unreachable(error) from error
+                raise error
+            code = pump.finished if pump.finished is not None else \
+                await self._exit_code(exec_id)
             if held is not None:
                 failure = _start_failure(held, cwd, user) if code == 126 else None
                 if failure is not None:
@@ -1088,21 +1119,24 @@ class DockerAdapter(Adapter):
         yield "stderr", f"sbx: timed out after {timeout_s:g}s{note}\n".encode()
         yield ExecResult(124, b"", b"", time.perf_counter() - started, timed_out=True)
 
+    def _exit_code_now(self, exec_id: str, api: docker.APIClient | None = None) -> int:
+        """The exec's exit code, on the calling thread. Its stream can end a moment before
+        the engine has it."""
+        api = api or self._client()
+        give_up = time.monotonic() + EXIT_CODE_WAIT_S
+        while True:
+            info = api.exec_inspect(exec_id)
+            code = info.get("ExitCode")
+            if code is not None and not info.get("Running"):
+                return int(code)
+            if time.monotonic() > give_up:
+                return -1
+            time.sleep(0.005)
+
     async def _exit_code(self, exec_id: str) -> int:
         """The exec's exit code. Its stream can end a moment before the engine has it."""
-        def inspect(api: docker.APIClient) -> int:
-            give_up = time.monotonic() + EXIT_CODE_WAIT_S
-            while True:
-                info = api.exec_inspect(exec_id)
-                code = info.get("ExitCode")
-                if code is not None and not info.get("Running"):
-                    return int(code)
-                if time.monotonic() > give_up:
-                    return -1
-                time.sleep(0.005)
-
         try:
-            return await self._call(inspect)
+            return await self._call(lambda api: self._exit_code_now(exec_id, api))
         except docker_errors.APIError as exc:
             raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
 

@@ -10,6 +10,7 @@ Each mutation follows one pattern (docs/design.md, "How an operation runs"):
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -965,10 +966,11 @@ class Manager:
         feed = _Digesting(stdin)
         with self._exec_slot(row["owner"]):
             adapter = await self.adapter_for(row)
-            result = await adapter.exec(row["backend_ref"], list(argv),
-                                        timeout.total_seconds() if timeout else None,
-                                        env=_exec_env(env),
-                                        **exec_options(cwd, user, feed.stdin))
+            running = asyncio.ensure_future(adapter.exec(
+                row["backend_ref"], list(argv), timeout.total_seconds() if timeout else None,
+                env=_exec_env(env), **exec_options(cwd, user, feed.stdin)))
+            feed.settle()  # while the command runs
+            result = await running
         self._record_exec(row["id"], recorded, result, _digest(result.stdout),
                           _digest(result.stderr), options=feed.recorded(options))
         return result
@@ -1185,7 +1187,7 @@ class _Digesting:
             self.stdin: Stdin = None
         elif isinstance(stdin, bytes | bytearray | memoryview):
             self.stdin = bytes(stdin)
-            self._hash.update(self.stdin)
+            self._pending: bytes | None = self.stdin  # hashed by `settle`
             self._bytes = len(self.stdin)
         elif hasattr(stdin, "__aiter__"):
             self.stdin = self._through(stdin)
@@ -1200,9 +1202,18 @@ class _Digesting:
             self._bytes += len(chunk)
             yield bytes(chunk)
 
+    def settle(self) -> None:
+        """Hash stdin given as bytes (exec calls it once the command has started, so the
+        hashing overlaps the command rather than delaying it)."""
+        pending = getattr(self, "_pending", None)
+        if pending is not None:
+            self._hash.update(pending)
+            self._pending = None
+
     def recorded(self, options: Mapping[str, Any]) -> dict[str, Any]:
         if not self.given:
             return dict(options)
+        self.settle()
         return {**options, "stdin": {"sha256": self._hash.hexdigest(), "bytes": self._bytes}}
 
 
