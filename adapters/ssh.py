@@ -40,6 +40,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import sqlite3
 import tempfile
 import time
@@ -65,6 +66,7 @@ from sandboxer.adapters.base import (
     ExecResult,
     Health,
     InvalidRequest,
+    PtyChannel,
     Stdin,
     state_folder,
 )
@@ -99,6 +101,22 @@ printf "sbx-pid %s\n" "$$" >&2
 exec "$@"
 """
 STREAM_CHUNK = 64 * 1024
+# A terminal's variables go as exec's do, on its input, never on a command line; but its
+# input is a terminal, which would echo them and cut them at a line's length. So the remote
+# shell first makes its terminal raw and silent, says so (PTY_READY), reads the variables,
+# puts the terminal back as it was, says so (PTY_GO), then becomes the program. What came
+# before PTY_GO (a login shell's words, the markers) is not the program's output.
+PTY_READY, PTY_GO = b"sbx-pty-ready", b"sbx-pty-go"
+READ_ENV_ON_TTY = r"""saved=$(stty -g) && stty raw -echo || exit 126
+printf 'sbx-pty-ready\n'
+while IFS= read -r line && [ -n "$line" ]; do
+  v=$(printf %s "${line#*=}" | base64 -d && echo x) || { stty "$saved"; exit 126; }
+  export "${line%%=*}=${v%x}"
+done
+stty "$saved"
+printf 'sbx-pty-go\n'
+exec "$@"
+"""
 NO_CLIENT = "no OpenSSH client (`ssh`) on PATH: install it (on Debian: apt-get install openssh-client)"
 # Run on the host (POSIX sh, Linux /proc) as a lease ends, after the profile's cleanup, so the
 # next lessee meets nothing of this one: every process of the user ends but this script's own
@@ -677,7 +695,10 @@ class SSHAdapter(Adapter):
     description = "leases on existing hosts over SSH, from an inventory file (attach)"
     # files: the base's defaults (tar, find, stat, rm, mkdir, mv on the host, through exec
     # with its input streamed over the session); processes: the core's, on exec and sh
-    capabilities = frozenset({Capability.EXEC, Capability.FILES, Capability.PROCESSES})
+    # pty: `ssh -tt` on a pseudo-terminal of this host; a resize reaches the host as ssh's
+    # own window-change message (docs/terminals-and-ports.md)
+    capabilities = frozenset({Capability.EXEC, Capability.FILES, Capability.PROCESSES,
+                              Capability.PTY})
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home
@@ -1073,6 +1094,191 @@ class SSHAdapter(Adapter):
         async for item in self.stream(lease.host, argv, connect_timeout=lease.connect_timeout,
                                       timeout_s=timeout_s, cwd=cwd, stdin=stdin, env=env):
             yield item
+
+    async def open_pty(self, ref: str, argv: Sequence[str], *, cols: int = 80, rows: int = 24,
+                       env: Mapping[str, str] | None = None, cwd: str | None = None,
+                       ) -> PtyChannel:
+        """`ssh -tt` run on a pseudo-terminal of this host, through the host's shared
+        connection: sshd gives the program a terminal of the same size and TERM; a resize
+        of the local one makes ssh send the host a window-change. The variables go in on
+        the terminal, silenced (READ_ENV_ON_TTY), never on a command line."""
+        lease = self._lease(ref, None)
+        host, connect_timeout = lease.host, lease.connect_timeout
+        await self.connect(host, connect_timeout)
+        variables = dict(env or {})
+        term = variables.get("TERM", "xterm-256color")
+        header = b"".join(f"{k}=".encode() + base64.b64encode(v.encode()) + b"\n"
+                          for k, v in variables.items()) + b"\n"
+        remote = f"exec sh -c {shlex.quote(READ_ENV_ON_TTY)} sbx {shlex.join(argv)}"
+        if cwd is not None:
+            remote = f"cd -- {shlex.quote(cwd)} && {remote}"
+        # a connection of its own, not the shared one: a multiplexed session's window
+        # changes go to the master, which was started without a terminal and drops them
+        ssh = _without_option(self._ssh(host, connect_timeout), "ControlPath")
+        master, slave = os.openpty()
+        try:
+            _set_size(slave, cols, rows)
+            proc = await asyncio.create_subprocess_exec(
+                *ssh, "-tt", "-o", "ControlMaster=no", "-o", "ControlPath=none",
+                host.host, remote,
+                stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                env={**os.environ, "TERM": term})
+        except FileNotFoundError:
+            os.close(master)
+            raise BackendUnavailable(NO_CLIENT) from None
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        channel = _SSHPty(proc, master)
+        try:
+            said = await asyncio.wait_for(channel.until(PTY_READY), connect_timeout + 10)
+            if said is not None:
+                await channel.write(header)
+                said = await asyncio.wait_for(channel.until(PTY_GO), connect_timeout + 10)
+        except BaseException:
+            await channel.close()
+            raise
+        if said is None:  # it ended before the program started: the client or the shell said why
+            code = await channel.wait()
+            text = _last_line(channel.pending)
+            await channel.close()
+            if code == 255:
+                raise BackendUnavailable(f"ssh host {host.describe()}: {text}")
+            raise AdapterError(f"cannot open a terminal on ssh host {host.describe()}: {text}")
+        return channel
+
+
+def _without_option(argv: Sequence[str], name: str) -> list[str]:
+    """`argv` without its `-o NAME=...` (ssh keeps the first value an option is given)."""
+    out: list[str] = []
+    skip = False
+    for at, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "-o" and at + 1 < len(argv) and argv[at + 1].startswith(f"{name}="):
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def _set_size(fd: int, cols: int, rows: int) -> None:
+    import struct
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class _SSHPty(PtyChannel):
+    """The ssh client on a pseudo-terminal of this host: the master end is read and written
+    here; b"" once every holder of the other end (the client) is gone."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, master: int) -> None:
+        self._proc = proc
+        self._master: int | None = master
+        os.set_blocking(master, False)
+        self.pending = b""  # read, not yet handed out
+        self._ended = False
+        self._waiting: set[asyncio.Future] = set()
+
+    async def _wait_fd(self, writer: bool) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def ready() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        fd = self._master
+        (loop.add_writer if writer else loop.add_reader)(fd, ready)
+        self._waiting.add(done)
+        try:
+            await done
+        finally:
+            self._waiting.discard(done)
+            if self._master == fd:  # close() removed it already (the number may be reused)
+                (loop.remove_writer if writer else loop.remove_reader)(fd)
+
+    async def _raw(self) -> bytes:
+        while self._master is not None:
+            try:
+                return os.read(self._master, STREAM_CHUNK)
+            except BlockingIOError:
+                await self._wait_fd(False)
+            except OSError:  # EIO: the client, the last holder of the terminal, is gone
+                return b""
+        return b""
+
+    async def until(self, marker: bytes) -> bytes | None:
+        """Read up to `marker`'s line and drop what came before it and the line itself;
+        None (all that came kept in `pending`) if the output ends first."""
+        while True:
+            at = self.pending.find(marker)
+            if at >= 0:
+                end = self.pending.find(b"\n", at)
+                if end >= 0:
+                    self.pending = self.pending[end + 1:]
+                    return marker
+            chunk = await self._raw()
+            if not chunk:
+                return None
+            self.pending += chunk
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    async def read(self) -> bytes:
+        if self.pending:
+            chunk, self.pending = self.pending, b""
+            return chunk
+        if self._ended:
+            return b""
+        chunk = await self._raw()
+        if not chunk:
+            self._ended = True
+            self.exit_code = await self._proc.wait()
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and self._master is not None:
+            try:
+                view = view[os.write(self._master, view):]
+            except BlockingIOError:
+                await self._wait_fd(True)
+            except OSError:
+                return  # the program ended: its exit code says the rest
+
+    async def resize(self, cols: int, rows: int) -> None:
+        if self._master is None or self._proc.returncode is not None:
+            return
+        _set_size(self._master, cols, rows)
+        # the client is not the terminal's session leader: tell it the size changed
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(signal.SIGWINCH)
+
+    async def close(self) -> None:
+        """Hang up: the client ends, sshd closes the host's terminal (SIGHUP)."""
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.terminate()
+            try:
+                await asyncio.wait_for(self._proc.wait(), 10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+                await self._proc.wait()
+        if self._master is not None:
+            fd, self._master = self._master, None
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(fd)
+            loop.remove_writer(fd)
+            for waiting in self._waiting:  # a read or write waiting on it ends
+                if not waiting.done():
+                    waiting.set_result(None)
+            os.close(fd)
 
 
 def _digest(text: str) -> str:
