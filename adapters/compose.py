@@ -55,6 +55,7 @@ from sandboxer.adapters.base import (
     Health,
     InvalidRequest,
     MetricSample,
+    PtyChannel,
     Stdin,
     failpoint,
     state_folder,
@@ -552,7 +553,7 @@ class ComposeAdapter(_Adapter):
     description = "Docker Compose projects on a Docker engine (local socket or DOCKER_HOST)"
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.FILES,
-                              Capability.PROCESSES})
+                              Capability.PROCESSES, Capability.PTY})
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
         self.base_url = base_url or engine_url()
@@ -852,6 +853,14 @@ class ComposeAdapter(_Adapter):
         async for item in self.docker.exec_stream(await self._main_id(ref), argv, timeout_s,
                                                   env=env, cwd=cwd, stdin=stdin):
             yield item
+
+    async def open_pty(self, ref: str, argv: Sequence[str], *, cols: int = 80, rows: int = 24,
+                       env: Mapping[str, str] | None = None, cwd: str | None = None,
+                       ) -> PtyChannel:
+        """A terminal in the named service's container, through the docker backend (an exec
+        with a TTY, resized by the engine)."""
+        return await self.docker.open_pty(await self._main_id(ref), argv, cols=cols, rows=rows,
+                                          env=env, cwd=cwd)
 
     # files: the named service's container, through the docker backend (its archive API);
     # list, remove, mkdir and rename are the base's, run through exec above
