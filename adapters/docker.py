@@ -29,6 +29,7 @@ import sys
 import tarfile
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -78,6 +79,7 @@ from sandboxer.adapters.base import (  # noqa: E402
     Capability,
     CapabilityNotSupported,
     CreateRequest,
+    Endpoint,
     ExecResult,
     FileInfo,
     Health,
@@ -678,7 +680,8 @@ class DockerAdapter(Adapter):
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.SERVICES,
                               Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER,
-                              Capability.FILES, Capability.PROCESSES, Capability.PTY})
+                              Capability.FILES, Capability.PROCESSES, Capability.PTY,
+                              Capability.PORTS})
 
     def supports(self, capability: Capability) -> bool:
         if capability == Capability.MEMORY_CHECKPOINT:
@@ -815,6 +818,9 @@ class DockerAdapter(Adapter):
         if request.options:
             raise CapabilityNotSupported(
                 f"the docker backend has no options (got {', '.join(sorted(request.options))})")
+        if request.ports and request.network == "none":  # published ports: a bridge network
+            raise InvalidRequest(f"ports {list(request.ports)} cannot be published with network "
+                                 "mode 'none'; use network mode 'full'")
 
     async def create(self, request: CreateRequest) -> BackendObject:
         return await self._create(request)
@@ -845,11 +851,14 @@ class DockerAdapter(Adapter):
             else:  # "full"
                 mode = own_bridge(api, request.labels[LABEL_INSTALL])
             hardening = {"read_only": True, "tmpfs": READ_ONLY_TMPFS} if request.read_only else {}
+            if request.ports:  # each on publish_address, the host port the engine's choice
+                hardening["port_bindings"] = {port: (request.publish_address,)
+                                              for port in request.ports}
             spec = dict(
                 image=image, command=list(request.command or KEEPALIVE), name=request.sandbox_id,
                 labels=dict(request.labels), environment=dict(request.env),
                 host_config=host_config(api, mode, **hardening), detach=True,
-                user=request.user,
+                user=request.user, ports=list(request.ports) or None,
             )
             try:
                 created = api.create_container(**spec)
@@ -1612,6 +1621,41 @@ class DockerAdapter(Adapter):
             return await self._call(load)
         except docker_errors.APIError as exc:
             raise AdapterError(f"docker could not load the checkpoint: {_short(exc)}") from exc
+
+    # -- ports (Capability.PORTS) ----------------------------------------------------------
+
+    async def port_endpoints(self, ref: str) -> dict[int, Endpoint]:
+        """The container's published TCP ports as the engine reports them (inspect's
+        NetworkSettings.Ports), each reached at its host address; one published on every
+        address (0.0.0.0) at this host's loopback, or the engine's host when it is remote."""
+        try:
+            info = await self._call(lambda api: api.inspect_container(ref))
+        except docker_errors.NotFound as exc:
+            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
+        found: dict[int, Endpoint] = {}
+        for key, bindings in ((info.get("NetworkSettings") or {}).get("Ports") or {}).items():
+            port, _, proto = key.partition("/")
+            usable = [b for b in bindings or () if str(b.get("HostPort") or "").isdigit()]
+            if proto != "tcp" or not port.isdigit() or not usable:
+                continue  # exposed but not published, or not TCP
+            usable.sort(key=lambda b: ":" in (b.get("HostIp") or ""))  # IPv4 first
+            found[int(port)] = Endpoint(int(port), self._reach(usable[0].get("HostIp") or ""),
+                                        int(usable[0]["HostPort"]))
+        return found
+
+    def _reach(self, host_ip: str) -> str:
+        """The address a published port is reached at from this host."""
+        if host_ip in ("", "0.0.0.0", "::"):
+            remote = urllib.parse.urlsplit(self.base_url).hostname \
+                if self.base_url.startswith((*NETWORK_SCHEMES, "ssh://")) else None
+            return remote or ("::1" if host_ip == "::" else "127.0.0.1")
+        return host_ip
+
+    async def expose_port(self, ref: str, port: int) -> Endpoint:
+        raise CapabilityNotSupported(
+            f"the docker backend cannot publish port {port} while the sandbox runs (Docker "
+            f"publishes a container's ports when it is made): add {port} to the profile's "
+            "ports: and create the sandbox again")
 
     async def metrics(self, ref: str) -> AsyncIterator[MetricSample]:
         """The engine's stats stream (a sample a second); the first has no CPU figure."""

@@ -598,3 +598,25 @@ def process_output(mgr: Manager, ref: str, pid: int, *, stdout_offset: int = 0,
 
     return processes.output(mgr, ref, pid, stdout_offset=stdout_offset,
                             stderr_offset=stderr_offset, follow=follow)
+
+
+# -- a sandbox's ports as URLs (core/lifecycle/ports.py) -------------------------------------
+
+
+async def port_urls(mgr: Manager, ref: str) -> list[dict[str, Any]]:
+    from sandboxer.core.lifecycle import ports
+
+    return await ports.list_ports(mgr, ref)
+
+
+async def port_url(mgr: Manager, ref: str, port: int) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import ports
+
+    return await ports.url(mgr, ref, port)
+
+
+async def expose_port(mgr: Manager, ref: str, port: int) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import ports
+
+    return await ports.expose(mgr, ref, port)
+

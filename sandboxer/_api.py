@@ -557,6 +557,21 @@ class AsyncSandbox(SandboxRecord):
 
         return AsyncProcesses(self)
 
+    async def url(self, port: int) -> str:
+        """Where its TCP `port` is reached from here, e.g. "http://127.0.0.1:49153": on Docker
+        a port of the profile's `ports:` published on loopback; E2B's host; Modal's tunnel
+        (docs/terminals-and-ports.md, "Ports"). NotFound when the port is not published."""
+        return str((await self._t.port_url(self.id, port))["url"])
+
+    async def ports(self) -> dict[int, str]:
+        """Its published ports: port inside the sandbox -> URL."""
+        return {int(v["port"]): str(v["url"]) for v in await self._t.port_urls(self.id)}
+
+    async def expose(self, port: int) -> str:
+        """Make `port` reachable while it runs, where the backend can (E2B, Modal): its URL.
+        Docker publishes only at create: Conflict naming the profile's `ports:`."""
+        return str((await self._t.expose_port(self.id, port))["url"])
+
     async def logs(self, *, follow: bool = False, tail: int | None = None,
                    ) -> AsyncIterator[bytes]:
         """The main process's output; with `follow`, new output as it comes (that counts

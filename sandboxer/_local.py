@@ -343,6 +343,17 @@ class LocalTransport:
             mgr, ref, pid, stdout_offset=stdout_offset, stderr_offset=stderr_offset,
             follow=follow))
 
+    # -- ports (core/lifecycle/ports.py) ----------------------------------------------------
+
+    async def port_urls(self, ref: str) -> list[dict[str, Any]]:
+        return await self._call(lambda mgr: api.port_urls(mgr, ref))
+
+    async def port_url(self, ref: str, port: int) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.port_url(mgr, ref, port))
+
+    async def expose_port(self, ref: str, port: int) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.expose_port(mgr, ref, port))
+
     def logs(self, ref: str, *, follow: bool, tail: int | None) -> AsyncIterator[bytes]:
         return self._stream(lambda mgr: mgr.logs(ref, follow=follow, tail=tail))
 

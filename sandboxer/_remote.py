@@ -458,6 +458,21 @@ class RemoteTransport:
                 yield {"exit": data}
                 return
 
+    # -- ports ------------------------------------------------------------------------------
+
+    async def port_urls(self, ref: str) -> list[dict[str, Any]]:
+        return await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/ports")
+
+    async def port_url(self, ref: str, port: int) -> dict[str, Any]:
+        """`GET .../ports?port=N`: that one port (404 when it is not published); the path
+        `.../ports/N/...` is the service's proxy to it."""
+        views = await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/ports",
+                                 params={"port": port})
+        return views[0]
+
+    async def expose_port(self, ref: str, port: int) -> dict[str, Any]:
+        return await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/ports/{_seg(str(port))}")
+
     async def extend(self, ref: str, by: timedelta) -> tuple[dict[str, Any], bool]:
         view = await self._json("POST", f"/v1/sandboxes/{_seg(ref)}/extend",
                                 json_body={"by": by.total_seconds()})

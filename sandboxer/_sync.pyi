@@ -356,6 +356,23 @@ class Sandbox(SandboxRecord):
         """
         ...
 
+    def url(self, port: int) -> str:
+        """Where its TCP `port` is reached from here, e.g. "http://127.0.0.1:49153": on Docker
+        a port of the profile's `ports:` published on loopback; E2B's host; Modal's tunnel
+        (docs/terminals-and-ports.md, "Ports"). NotFound when the port is not published.
+        """
+        ...
+
+    def ports(self) -> dict[int, str]:
+        """Its published ports: port inside the sandbox -> URL."""
+        ...
+
+    def expose(self, port: int) -> str:
+        """Make `port` reachable while it runs, where the backend can (E2B, Modal): its URL.
+        Docker publishes only at create: Conflict naming the profile's `ports:`.
+        """
+        ...
+
     def logs(self, *, follow: bool = False, tail: int | None = None) -> SyncIterator[bytes]:
         """The main process's output; with `follow`, new output as it comes (that counts
         as activity).

@@ -242,6 +242,21 @@ class Transport(Protocol):
         ended and all was sent, `{"exit": view}`. Without `follow` it ends when caught up."""
         ...
 
+    # -- ports (a backend without PORTS refuses, exit 4; docs/terminals-and-ports.md) -------
+    # a port's view: {"port": 8080, "url": "http://127.0.0.1:49153"}
+
+    async def port_urls(self, ref: str) -> list[dict[str, Any]]:
+        """The views of a sandbox's published ports, by port."""
+        ...
+
+    async def port_url(self, ref: str, port: int) -> dict[str, Any]:
+        """One port's view (NotFound, exit 3, when it is not published)."""
+        ...
+
+    async def expose_port(self, ref: str, port: int) -> dict[str, Any]:
+        """Make a port reachable while the sandbox runs, where the backend can: its view."""
+        ...
+
     # -- events -----------------------------------------------------------------------------
 
     async def events(self, sandbox: str | None, since: datetime | timedelta | None,

@@ -485,6 +485,11 @@ class Manager:
                 raise CapabilityNotSupported(
                     f"the {profile.backend} backend cannot enforce {field}; remove it from "
                     f"the profile, or use a backend that `sbx doctor` lists with {capability}")
+        if request.ports and not adapter.supports(Capability.PORTS):  # exit 2: the profile's
+            raise BadInput(
+                f"the {profile.backend} backend cannot publish ports (the profile's ports: "
+                f"{list(request.ports)}); remove ports:, or use a backend that `sbx doctor` "
+                f"lists with {Capability.PORTS}")
         if request.services and not adapter.supports(Capability.SERVICES):
             raise CapabilityNotSupported(
                 f"the {profile.backend} backend cannot run services beside a sandbox")
@@ -1245,4 +1250,6 @@ def _request_for(profile: Profile, sandbox_id: str, labels: Mapping[str, str],
         read_only=profile.read_only,
         user=profile.user,
         compose=profile.compose.model_dump() if profile.compose else None,
+        ports=tuple(profile.ports),
+        publish_address=profile.publish_address,
     )

@@ -35,6 +35,8 @@ class EventType(enum.StrEnum):
     # background processes (core/lifecycle/processes.py): started, and its end once observed
     SANDBOX_PROCESS_STARTED = "sandbox.process.started"
     SANDBOX_PROCESS_EXITED = "sandbox.process.exited"
+    # a port made reachable while it runs (core/lifecycle/ports.py, `expose`)
+    SANDBOX_PORT = "sandbox.port"
     # checkpoints
     CHECKPOINT_CREATING = "checkpoint.creating"
     CHECKPOINT_CREATED = "checkpoint.created"

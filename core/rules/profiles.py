@@ -55,6 +55,10 @@ _ID_OR_NAME = r"(?:[0-9]{1,10}|[a-z_][a-z0-9_-]{0,31})"
 USER = re.compile(rf"{_ID_OR_NAME}(?::{_ID_OR_NAME})?")
 MAX_ID = 2**32 - 2  # the largest uid or gid Linux gives out (2**32 - 1 means "none")
 SUFFIXES = (".yaml", ".yml")
+# `ports:`: TCP ports in the sandbox, each published on `publish_address` (loopback unless
+# the profile opts into another address) with a host port the backend picks
+Port = Annotated[StrictInt, Field(ge=1, le=65535)]
+LOOPBACK = "127.0.0.1"
 
 
 def _duration(value: Any) -> timedelta:
@@ -185,6 +189,41 @@ class Profile(_Strict):
     read_only: StrictBool = False  # a read-only root filesystem, with a writable /tmp
     user: str | None = None  # the main process and every exec run as this user
     compose: Compose | None = None  # backend: compose: the project the sandbox is
+    # a sandbox's TCP ports reachable from this host (docs/terminals-and-ports.md, "Ports")
+    ports: list[Port] = Field(default_factory=list, description=(
+        "TCP ports in the sandbox to publish (1-65535, each once); the backend picks the host "
+        "port. Needs a network (not mode: none) and a backend with the ports capability"))
+    publish_address: str = Field(LOOPBACK, description=(
+        "the host address `ports:` are published on: loopback unless you opt into another "
+        "(0.0.0.0: every interface of the host)"))
+
+    @field_validator("ports")
+    @classmethod
+    def _unique_ports(cls, v: list[int]) -> list[int]:
+        twice = sorted({port for port in v if v.count(port) > 1})
+        if twice:
+            raise ValueError(f"port {twice[0]} is listed twice: list each port once")
+        return v
+
+    @field_validator("publish_address")
+    @classmethod
+    def _an_address(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise ValueError(f"{v[:60]!r} is not an IP address: give one such as 127.0.0.1 "
+                             "(the default), ::1 or 0.0.0.0") from None
+
+    @model_validator(mode="after")
+    def _ports_need_a_network(self) -> Profile:
+        if self.ports and self.network.mode == "none":
+            raise ValueError(
+                f"ports: {self.ports} cannot be published: the profile's network is "
+                "{mode: none}, which has no network to publish on; choose network: "
+                "{mode: full} (on Docker, the installation's own private bridge)")
+        return self
 
     @model_validator(mode="after")
     def _compose_with_its_backend(self) -> Profile:

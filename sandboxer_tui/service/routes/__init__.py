@@ -13,6 +13,7 @@ from sandboxer_tui.service.routes import (
     keys,
     metrics,
     pools,
+    ports,
     processes,
     profiles,
     reaper,
@@ -20,6 +21,6 @@ from sandboxer_tui.service.routes import (
 )
 
 ROUTERS = (health.router, metrics.router, sandboxes.router, commands.router, files.router,
-           processes.router, evidence.router,
+           processes.router, ports.router, evidence.router,
            checkpoints.router, events.router, reaper.router, profiles.router, pools.router,
            keys.router)
