@@ -326,18 +326,18 @@ def serve_header_timeout():
     return _duration_env("SBX_SERVE_HEADER_TIMEOUT", "10s")
 
 
-def clock_offset() -> str:
-    """`SBX_CLOCK_OFFSET`: a duration, optionally `-`, that shifts this process's clock (tests)."""
-    return os.environ.get("SBX_CLOCK_OFFSET", "").strip()
-
-
-def profile_path() -> list[str]:
 def serve_max_link_ttl():
     """The longest a signed preview link of the service's proxy may last
     (`SBX_SERVE_MAX_LINK_TTL`, 24h; docs/terminals-and-ports.md)."""
     return _duration_env("SBX_SERVE_MAX_LINK_TTL", "24h")
 
 
+def clock_offset() -> str:
+    """`SBX_CLOCK_OFFSET`: a duration, optionally `-`, that shifts this process's clock (tests)."""
+    return os.environ.get("SBX_CLOCK_OFFSET", "").strip()
+
+
+def profile_path() -> list[str]:
     """`SBX_PROFILE_PATH`: extra profile folders, `:`-separated, in order."""
     return [p for p in os.environ.get("SBX_PROFILE_PATH", "").split(os.pathsep) if p]
 
