@@ -77,14 +77,32 @@ def get(mgr: Manager, ref: str, *, with_profile: bool = False) -> dict[str, Any]
 async def destroy(mgr: Manager, ref: str) -> tuple[dict[str, Any], bool]:
     from sandboxer.core.rules.views import sandbox_view
 
+    _terminals(mgr, "ending", ref)
     row, done = await mgr.destroy(ref)
+    await _terminals(mgr, "sandbox_ended", row["id"])
     return sandbox_view(row, mgr.now_iso()), done
+
+
+def _terminals(mgr: Manager, what: str, ref: str) -> Any:
+    """A destroyed sandbox's terminals end with it (only if this process opened any)."""
+    import asyncio
+    import sys
+
+    terminals = sys.modules.get("sandboxer.core.lifecycle.terminals")
+    if terminals is None:
+        return asyncio.sleep(0) if what == "sandbox_ended" else None
+    return getattr(terminals, what)(mgr, ref)
 
 
 async def destroy_many(mgr: Manager, refs: Sequence[str]) -> dict[str, list[Any]]:
     mgr.make_room()  # a nearly full disk: the reserve goes first, so these can end
     ids = [mgr.resolve(ref)["id"] for ref in refs]  # all known before any is touched
-    return await mgr.destroy_many(ids)
+    for sandbox_id in ids:
+        _terminals(mgr, "ending", sandbox_id)
+    done = await mgr.destroy_many(ids)
+    for sandbox_id in ids:
+        await _terminals(mgr, "sandbox_ended", sandbox_id)
+    return done
 
 
 async def exec(
@@ -620,3 +638,45 @@ async def expose_port(mgr: Manager, ref: str, port: int) -> dict[str, Any]:
 
     return await ports.expose(mgr, ref, port)
 
+
+# -- terminals (core/lifecycle/terminals.py) -------------------------------------------------
+
+
+async def open_pty(mgr: Manager, ref: str, argv: Sequence[str] | None, *, cols: int = 80,
+                   rows: int = 24, env: Mapping[str, str] | None = None,
+                   cwd: str | None = None) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import terminals
+
+    return await terminals.open_terminal(mgr, ref, argv, cols=cols, rows=rows, env=env,
+                                         cwd=cwd)
+
+
+def get_pty(mgr: Manager, ref: str, session: str) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import terminals
+
+    return terminals.get(mgr, ref, session)
+
+
+def pty_output(mgr: Manager, ref: str, session: str, offset: int = 0,
+               ) -> AsyncIterator[dict[str, Any]]:
+    from sandboxer.core.lifecycle import terminals
+
+    return terminals.output(mgr, ref, session, offset)
+
+
+async def write_pty(mgr: Manager, ref: str, session: str, data: bytes) -> None:
+    from sandboxer.core.lifecycle import terminals
+
+    await terminals.write(mgr, ref, session, data)
+
+
+async def resize_pty(mgr: Manager, ref: str, session: str, cols: int, rows: int) -> None:
+    from sandboxer.core.lifecycle import terminals
+
+    await terminals.resize(mgr, ref, session, cols, rows)
+
+
+async def close_pty(mgr: Manager, ref: str, session: str) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import terminals
+
+    return await terminals.close(mgr, ref, session)

@@ -39,7 +39,9 @@ from sandboxer._sync import (
     Sandbox,
     Sandboxer,
     SyncIterator,
+    Terminal,
 )
+from sandboxer._terminals import AsyncTerminal
 from sandboxer._tools import (
     generate_keys,
     load_profile,
@@ -73,6 +75,7 @@ __all__ = [
     "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSandboxer",
+    "AsyncTerminal",
     "BackendStatus",
     "BadInput",
     "Checkpoint",
@@ -104,6 +107,7 @@ __all__ = [
     "Sandboxer",
     "State",
     "SyncIterator",
+    "Terminal",
     "Unauthorized",
     "Unavailable",
     "lineage",

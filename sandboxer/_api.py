@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from sandboxer._files import AsyncFiles
     from sandboxer._processes import AsyncProcesses
+    from sandboxer._terminals import AsyncTerminal
     from sandboxer._transport import Transport
     from sandboxer.core.rules.errors import SbxError as Error
     from sandboxer.core.rules.profiles import Profile
@@ -549,6 +550,26 @@ class AsyncSandbox(SandboxRecord):
         from sandboxer._files import AsyncFiles
 
         return AsyncFiles(self)
+
+    async def pty(self, argv: Sequence[str] | None = None, *, cols: int = 80, rows: int = 24,
+                  env: Mapping[str, str] | None = None, cwd: str | None = None,
+                  ) -> AsyncTerminal:
+        """Start `argv` (a login shell: bash if the sandbox has it, else sh) on a new
+        terminal of `cols` x `rows` (TERM=xterm-256color unless `env` names one), and return
+        the session: write, read, resize, close (docs/terminals-and-ports.md, "Terminals").
+        A backend without terminals refuses (Conflict, exit 4)."""
+        from sandboxer._terminals import AsyncTerminal
+
+        view = await self._t.open_pty(self.id, None if argv is None else _argv(argv),
+                                      cols=cols, rows=rows, env=env, cwd=cwd)
+        return AsyncTerminal(self, view)
+
+    async def terminal(self, session: str, offset: int = 0) -> AsyncTerminal:
+        """An open terminal session again, by its id (from any client), reading its output
+        from `offset` (what is still kept of it)."""
+        from sandboxer._terminals import AsyncTerminal
+
+        return AsyncTerminal(self, await self._t.get_pty(self.id, session), offset)
 
     @property
     def processes(self) -> AsyncProcesses:

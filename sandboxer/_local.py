@@ -309,6 +309,30 @@ class LocalTransport:
     async def rename_file(self, ref: str, src: str, dst: str) -> None:
         return await self._call(lambda mgr: api.rename_file(mgr, ref, src, dst))
 
+    # -- terminals (core/lifecycle/terminals.py) --------------------------------------------
+
+    async def open_pty(self, ref: str, argv: Sequence[str] | None, *, cols: int = 80,
+                       rows: int = 24, env: Mapping[str, str] | None = None,
+                       cwd: str | None = None) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.open_pty(mgr, ref, argv, cols=cols, rows=rows,
+                                                         env=env, cwd=cwd))
+
+    async def get_pty(self, ref: str, session: str) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.get_pty(mgr, ref, session))
+
+    def pty_output(self, ref: str, session: str, offset: int = 0,
+                   ) -> AsyncIterator[dict[str, Any]]:
+        return self._stream(lambda mgr: api.pty_output(mgr, ref, session, offset))
+
+    async def write_pty(self, ref: str, session: str, data: bytes) -> None:
+        return await self._call(lambda mgr: api.write_pty(mgr, ref, session, data))
+
+    async def resize_pty(self, ref: str, session: str, cols: int, rows: int) -> None:
+        return await self._call(lambda mgr: api.resize_pty(mgr, ref, session, cols, rows))
+
+    async def close_pty(self, ref: str, session: str) -> None:
+        await self._call(lambda mgr: api.close_pty(mgr, ref, session))
+
     # -- background processes (core/lifecycle/processes.py) ---------------------------------
 
     async def start_process(self, ref: str, argv: Sequence[str], *,

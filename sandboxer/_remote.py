@@ -406,6 +406,154 @@ class RemoteTransport:
 
         return self._stream(source)
 
+    # -- terminals: one WebSocket a session (docs/terminals-and-ports.md) -------------------
+
+    def _pty_sockets(self) -> dict[str, _PtySocket]:
+        found = self.__dict__.get("_ptys")
+        if found is None:
+            found = self.__dict__["_ptys"] = {}
+        return found
+
+    async def _pty_connect(self, ref: str, session: str | None = None,
+                           offset: int | None = None) -> Any:
+        """A WebSocket to `/v1/sandboxes/{ref}/pty` (with `session`: that terminal's, its
+        output from `offset`, or from now); the service's refusal as the library's error."""
+        import socket
+
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidStatus, WebSocketException
+
+        query = urllib.parse.urlencode({k: v for k, v in (("session", session),
+                                                          ("offset", offset)) if v is not None})
+        path = f"/v1/sandboxes/{_seg(ref)}/pty" + (f"?{query}" if query else "")
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        options: dict[str, Any] = {"additional_headers": headers, "compression": None,
+                                   "user_agent_header": "sandboxer", "open_timeout": 30,
+                                   "max_size": 2 ** 22}
+        try:
+            if self.url.startswith("unix://"):
+                from sandboxer.core.rules.peercred import peer_uid_pid
+
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.connect(self.url[len("unix://"):])
+                    uid = peer_uid_pid(sock)[0]
+                except OSError:
+                    sock.close()
+                    raise
+                if uid != os.geteuid():
+                    sock.close()
+                    raise Unavailable(f"{self.url} is a socket of another user (uid {uid}), "
+                                      "not an sbx service of yours: nothing was sent to it")
+                return await connect("ws://sbx" + path, sock=sock, **options)
+            base = "ws" + self.url[len("http"):]
+            if _loopback(self.url):
+                options["proxy"] = None
+            return await connect(base + path, **options)
+        except InvalidStatus as exc:
+            body = None
+            with contextlib.suppress(Exception):
+                body = json.loads(exc.response.body or b"")
+            raise error_from(exc.response.status_code, body, self.url) from None
+        except (OSError, WebSocketException, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+
+    async def open_pty(self, ref: str, argv: Sequence[str] | None, *, cols: int = 80,
+                       rows: int = 24, env: Mapping[str, str] | None = None,
+                       cwd: str | None = None) -> dict[str, Any]:
+        ws = await self._pty_connect(ref)
+        try:
+            await ws.send(json.dumps({"argv": None if argv is None else list(argv),
+                                      "cols": cols, "rows": rows, "env": dict(env or {}),
+                                      "cwd": cwd}))
+            said = await _pty_control(ws, self.url)
+        except BaseException:
+            await ws.close()
+            raise
+        self._pty_sockets()[said["session"]] = _PtySocket(ws, int(said["offset"]))
+        return said["terminal"]
+
+    async def _pty_socket(self, ref: str, session: str) -> _PtySocket:
+        sock = self._pty_sockets().get(session)
+        if sock is None or sock.dropped:
+            ws = await self._pty_connect(ref, session)
+            said = await _pty_control(ws, self.url)
+            sock = self._pty_sockets()[session] = _PtySocket(ws, int(said["offset"]))
+        return sock
+
+    async def get_pty(self, ref: str, session: str) -> dict[str, Any]:
+        sock = self._pty_sockets().get(session)
+        if sock is not None and sock.view is not None:
+            return sock.view
+        ws = await self._pty_connect(ref, session)
+        try:
+            return (await _pty_control(ws, self.url))["terminal"]
+        finally:
+            await ws.close()
+
+    async def pty_output(self, ref: str, session: str,
+                         offset: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """Binary frames are the output, in order from the offset the service said
+        (`{"offset": n}` before any gap); `{"exit": code}` ends it. A connection that drops
+        raises Unavailable: read again from the offset reached (`attach`)."""
+        from websockets.exceptions import ConnectionClosed
+
+        sock = self._pty_sockets().get(session)
+        if sock is None or sock.dropped or sock.offset != offset or sock.reading:
+            if sock is not None:
+                self._pty_sockets().pop(session, None)
+                await sock.ws.close()
+            ws = await self._pty_connect(ref, session, offset)
+            said = await _pty_control(ws, self.url)
+            sock = self._pty_sockets()[session] = _PtySocket(ws, int(said["offset"]))
+        sock.reading = True
+        try:
+            while True:
+                try:
+                    message = await sock.ws.recv()
+                except ConnectionClosed as exc:
+                    sock.dropped = True
+                    if exc.rcvd is not None and exc.rcvd.code >= 4000:
+                        raise _closed_error(exc.rcvd.code, exc.rcvd.reason) from None
+                    raise Unavailable(f"the terminal's connection to {self.url} dropped at "
+                                      f"offset {sock.offset}: attach to read on from there"
+                                      ) from None
+                if isinstance(message, bytes):
+                    yield {"offset": sock.offset, "data": message}
+                    sock.offset += len(message)
+                    continue
+                said = _pty_said(message, self.url)
+                if "offset" in said:
+                    sock.offset = int(said["offset"])
+                if "exit" in said:
+                    self._pty_sockets().pop(session, None)
+                    await sock.ws.close()
+                    yield {"exit": said["exit"]}
+                    return
+        finally:
+            sock.reading = False
+
+    async def write_pty(self, ref: str, session: str, data: bytes) -> None:
+        await self._pty_send(ref, session, bytes(data))
+
+    async def resize_pty(self, ref: str, session: str, cols: int, rows: int) -> None:
+        await self._pty_send(ref, session, json.dumps({"resize": [cols, rows]}))
+
+    async def close_pty(self, ref: str, session: str) -> None:
+        with contextlib.suppress(Unavailable):
+            await self._pty_send(ref, session, json.dumps({"close": True}))
+
+    async def _pty_send(self, ref: str, session: str, message: bytes | str) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        sock = await self._pty_socket(ref, session)
+        try:
+            await sock.ws.send(message)
+        except ConnectionClosed:
+            sock.dropped = True
+            raise Unavailable(f"the terminal's connection to {self.url} dropped: attach to "
+                              "go on") from None
+
     # -- processes --------------------------------------------------------------------------
 
     async def start_process(self, ref: str, argv: Sequence[str], *,
@@ -765,6 +913,54 @@ class RemoteWatch:
 
     async def close(self) -> None:
         """Nothing is held open between reads."""
+
+
+class _PtySocket:
+    """One terminal's WebSocket, and the offset of the next byte it brings."""
+
+    def __init__(self, ws: Any, offset: int) -> None:
+        self.ws, self.offset = ws, offset
+        self.dropped = False
+        self.reading = False
+        self.view: dict[str, Any] | None = None
+
+
+def _pty_said(message: str | bytes, url: str) -> dict[str, Any]:
+    try:
+        said = json.loads(message)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict):
+        raise OperationFailed(f"the sbx service at {url} sent a terminal message that is "
+                              "not a JSON object")
+    if "error" in said:
+        raise error_from(400, said, url)
+    return said
+
+
+async def _pty_control(ws: Any, url: str) -> dict[str, Any]:
+    """The service's first message on a terminal's WebSocket: `{"session", "offset",
+    "terminal"}`, or an error."""
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        message = await ws.recv()
+    except ConnectionClosed as exc:
+        if exc.rcvd is not None and exc.rcvd.code >= 4000:
+            raise _closed_error(exc.rcvd.code, exc.rcvd.reason) from None
+        raise Unavailable(f"the sbx service at {url} closed the terminal's connection") from None
+    said = _pty_said(message, url)
+    if "session" not in said:
+        raise OperationFailed(f"the sbx service at {url} did not open a terminal")
+    return said
+
+
+def _closed_error(code: int, reason: str) -> SbxError:
+    """A WebSocket closed with 4000 + an HTTP status: the error of that status."""
+    status = code - 4000
+    cls = {400: BadInput, 404: NotFound, 409: Conflict, 503: Unavailable}.get(status,
+                                                                           OperationFailed)
+    return cls(reason or f"the terminal was refused ({status})")
 
 
 def _loopback(url: str) -> bool:

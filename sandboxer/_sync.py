@@ -19,6 +19,7 @@ from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer
 from sandboxer._files import AsyncFiles
 from sandboxer._processes import AsyncProcess, AsyncProcesses, ProcessRecord
 from sandboxer._records import CheckpointRecord, InventoryChange, SandboxRecord
+from sandboxer._terminals import AsyncTerminal
 
 if TYPE_CHECKING:
     from sandboxer._transport import Transport
@@ -34,6 +35,8 @@ def _wrap(value: Any) -> Any:
         return Checkpoint._of(value)
     if isinstance(value, AsyncProcess):
         return Process._of(value)
+    if isinstance(value, AsyncTerminal):
+        return Terminal._of(value)
     if isinstance(value, AsyncSandboxer):
         return Sandboxer._of(value)
     if isinstance(value, list):
@@ -228,6 +231,63 @@ class Process(ProcessRecord):
         return self._async._box._client
 
 
+class Terminal:
+    """The sync twin of `AsyncTerminal` (`box.pty()`): iterate it for its output until the
+    program ends; `with` closes it."""
+
+    __slots__ = ("_async",)
+    _async: AsyncTerminal
+
+    @classmethod
+    def _of(cls, handle: AsyncTerminal) -> Terminal:
+        term = cls.__new__(cls)
+        term._async = handle
+        return term
+
+    @property
+    def _async_client(self) -> AsyncSandboxer:
+        return self._async._box._client
+
+    @property
+    def id(self) -> str:
+        """The session's id (another client attaches with it)."""
+        return self._async.id
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._async.sandbox_id
+
+    @property
+    def argv(self) -> list[str]:
+        return self._async.argv
+
+    @property
+    def offset(self) -> int:
+        """The offset of the next byte `read` gives."""
+        return self._async.offset
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._async.exit_code
+
+    @property
+    def running(self) -> bool:
+        return self._async.running
+
+    def __iter__(self) -> Iterator[bytes]:
+        while data := self.read():
+            yield data
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace("AsyncTerminal", "Terminal", 1)
+
+
 class Checkpoint(CheckpointRecord):
     """The sync twin of `AsyncCheckpoint`."""
 
@@ -252,3 +312,4 @@ _make_twin(Checkpoint, AsyncCheckpoint)
 _make_twin(Files, AsyncFiles)
 _make_twin(Processes, AsyncProcesses)
 _make_twin(Process, AsyncProcess)
+_make_twin(Terminal, AsyncTerminal)

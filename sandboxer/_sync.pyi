@@ -27,6 +27,7 @@ from sandboxer._records import (
     ReapReport,
     SandboxRecord,
 )
+from sandboxer._terminals import AsyncTerminal
 from sandboxer._transport import Transport
 from sandboxer.core.rules.errors import SbxError as Error
 from sandboxer.core.rules.profiles import Profile
@@ -356,6 +357,20 @@ class Sandbox(SandboxRecord):
         """
         ...
 
+    def pty(self, argv: Sequence[str] | None = None, *, cols: int = 80, rows: int = 24, env: Mapping[str, str] | None = None, cwd: str | None = None) -> Terminal:
+        """Start `argv` (a login shell: bash if the sandbox has it, else sh) on a new
+        terminal of `cols` x `rows` (TERM=xterm-256color unless `env` names one), and return
+        the session: write, read, resize, close (docs/terminals-and-ports.md, "Terminals").
+        A backend without terminals refuses (Conflict, exit 4).
+        """
+        ...
+
+    def terminal(self, session: str, offset: int = 0) -> Terminal:
+        """An open terminal session again, by its id (from any client), reading its output
+        from `offset` (what is still kept of it).
+        """
+        ...
+
     def url(self, port: int) -> str:
         """Where its TCP `port` is reached from here, e.g. "http://127.0.0.1:49153": on Docker
         a port of the profile's `ports:` published on loopback; E2B's host; Modal's tunnel
@@ -633,5 +648,82 @@ class Process(ProcessRecord):
         and all of it was read (then the record says how it ended), else until caught up.
         Read again from each stream's last `end` to resume: nothing is missed that is still
         kept.
+        """
+        ...
+
+
+class Terminal:
+    """The sync twin of `AsyncTerminal` (`box.pty()`): iterate it for its output until the
+    program ends; `with` closes it.
+    """
+
+    _async: AsyncTerminal
+
+    @classmethod
+    def _of(cls, handle: AsyncTerminal) -> Terminal: ...
+
+    @property
+    def _async_client(self) -> AsyncSandboxer: ...
+
+    @property
+    def id(self) -> str:
+        """The session's id (another client attaches with it)."""
+        ...
+
+    @property
+    def sandbox_id(self) -> str: ...
+
+    @property
+    def argv(self) -> list[str]: ...
+
+    @property
+    def offset(self) -> int:
+        """The offset of the next byte `read` gives."""
+        ...
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+    def __enter__(self) -> Terminal: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def __repr__(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def read(self) -> bytes:
+        """The next output, as soon as there is some; b"" once the program ended and all of
+        its output was read (then `exit_code` says how it ended).
+        """
+        ...
+
+    def write(self, data: bytes | str) -> None:
+        """Keystrokes, as a terminal sends them (text is sent as UTF-8; Enter is a carriage
+        return).
+        """
+        ...
+
+    def resize(self, cols: int, rows: int) -> None:
+        """The terminal's new size: the program sees SIGWINCH (`stty size` changes)."""
+        ...
+
+    def close(self) -> None:
+        """End the program (its terminal hangs up); idempotent."""
+        ...
+
+    def wait(self) -> int | None:
+        """Read (and drop) its output until the program ends: its exit code."""
+        ...
+
+    def attach(self, offset: int | None = None) -> None:
+        """Read again from `offset` (where this handle had read to, by default) on a new
+        connection: after a dropped one, nothing still kept is missed. Output older than
+        the oldest kept byte is gone: `read` goes on from that byte (`offset` jumps).
         """
         ...

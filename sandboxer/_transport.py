@@ -199,6 +199,38 @@ class Transport(Protocol):
         """Move a path to another."""
         ...
 
+    # -- terminals (a backend without PTY refuses, exit 4; docs/terminals-and-ports.md) ----
+    # a terminal's view: {"id", "sandbox_id", "argv", "cols", "rows", "offset": bytes of
+    # output so far, "kept_from": the oldest kept, "running": bool, "exit_code": int | None}
+
+    async def open_pty(self, ref: str, argv: Sequence[str] | None, *, cols: int = 80,
+                       rows: int = 24, env: Mapping[str, str] | None = None,
+                       cwd: str | None = None) -> dict[str, Any]:
+        """Start a program (a login shell when `argv` is None) on a new terminal: its view."""
+        ...
+
+    async def get_pty(self, ref: str, session: str) -> dict[str, Any]:
+        """A terminal's view."""
+        ...
+
+    def pty_output(self, ref: str, session: str, offset: int = 0,
+                   ) -> AsyncIterator[dict[str, Any]]:
+        """`{"offset", "data"}` items from `offset` on as they come (an offset past the one
+        asked for: what lay between is no longer kept), then `{"exit": code}`."""
+        ...
+
+    async def write_pty(self, ref: str, session: str, data: bytes) -> None:
+        """Keystrokes to a terminal."""
+        ...
+
+    async def resize_pty(self, ref: str, session: str, cols: int, rows: int) -> None:
+        """A terminal's new size."""
+        ...
+
+    async def close_pty(self, ref: str, session: str) -> None:
+        """End a terminal's program (idempotent)."""
+        ...
+
     # -- background processes (a backend without PROCESSES refuses, exit 4) -----------------
     # a process's view: {"pid", "argv", "cwd", "user", "env_names", "stdin": bool,
     # "started_at", "running": bool, "exit_code": int | None, "ended_at": ISO | None}

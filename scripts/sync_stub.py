@@ -47,6 +47,7 @@ IMPORTS = {
     "AsyncSandboxer": "from sandboxer._api import AsyncSandboxer",
     "Duration": "from sandboxer._api import Duration",
     "AsyncFiles": "from sandboxer._files import AsyncFiles",
+    "AsyncTerminal": "from sandboxer._terminals import AsyncTerminal",
     **{name: f"from sandboxer._processes import {name}" for name in (
         "AsyncProcess", "AsyncProcesses", "ProcessOutput", "ProcessRecord")},
     **{name: f"from sandboxer._records import {name}" for name in (
@@ -70,6 +71,7 @@ SYNC_OF = {
     "AsyncFiles": "Files",
     "AsyncProcesses": "Processes",
     "AsyncProcess": "Process",
+    "AsyncTerminal": "Terminal",
     "_Creating": "Sandbox",
     "AsyncInventoryWatch": "SyncIterator[InventoryChange]",
 }
@@ -211,13 +213,14 @@ def stub() -> str:
                        (_sync.Checkpoint, "CheckpointRecord"),
                        (_sync.Files, ""),
                        (_sync.Processes, ""),
-                       (_sync.Process, "ProcessRecord")):
+                       (_sync.Process, "ProcessRecord"),
+                       (_sync.Terminal, "")):
         body += ["", "", *_class(cls, bases)]
     text = "\n".join(body)
     used = {re.match(r"\w+", name).group() for name in re.findall(r"[A-Za-z_][\w.]*",
                                                                  " ".join(_NOTED))}
     defined = {"T", "SyncIterator", "Sandboxer", "Sandbox", "Checkpoint", "Files", "Processes",
-               "Process"}
+               "Process", "Terminal"}
     wanted = sorted(used - BUILTINS - defined)
     unknown = [name for name in wanted if name not in IMPORTS]
     if unknown:

@@ -37,6 +37,9 @@ class EventType(enum.StrEnum):
     SANDBOX_PROCESS_EXITED = "sandbox.process.exited"
     # a port made reachable while it runs (core/lifecycle/ports.py, `expose`)
     SANDBOX_PORT = "sandbox.port"
+    # terminals (core/lifecycle/terminals.py): opened, and ended (never keystrokes nor output)
+    SANDBOX_PTY_OPENED = "sandbox.pty.opened"
+    SANDBOX_PTY_CLOSED = "sandbox.pty.closed"
     # checkpoints
     CHECKPOINT_CREATING = "checkpoint.creating"
     CHECKPOINT_CREATED = "checkpoint.created"

@@ -279,6 +279,12 @@ def _count_env(name: str, default: int) -> int:
 
 # `sbx serve`'s limits (docs/security.md, "The service's limits"), read when it starts.
 
+def terminal_replay_bytes() -> int:
+    """The output of a terminal kept for a client that reconnects (`SBX_TERMINAL_REPLAY`,
+    1MiB: the last that many bytes; docs/terminals-and-ports.md)."""
+    return _size_env("SBX_TERMINAL_REPLAY", "1MiB")
+
+
 def serve_max_body() -> int:
     """The largest request body the service reads, but an archive to import
     (`SBX_SERVE_MAX_BODY`, 1MiB)."""

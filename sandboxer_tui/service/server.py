@@ -128,7 +128,7 @@ def uvicorn_config(app, *, graceful_shutdown_s: int = 5):
     from sandboxer_tui.service.limits import KEEP_ALIVE_S, protocol
 
     return uvicorn.Config(
-        app, log_level="warning", lifespan="on", ws="websockets", access_log=False,
+        app, log_level="warning", lifespan="on", ws="websockets-sansio", access_log=False,
         http=protocol(settings.serve_header_timeout().total_seconds()),
         timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=graceful_shutdown_s,
         proxy_headers=False, server_header=False)

@@ -18,9 +18,10 @@ from sandboxer_tui.service.routes import (
     profiles,
     reaper,
     sandboxes,
+    terminals,
 )
 
 ROUTERS = (health.router, metrics.router, sandboxes.router, commands.router, files.router,
            processes.router, ports.router, evidence.router,
            checkpoints.router, events.router, reaper.router, profiles.router, pools.router,
-           keys.router)
+           keys.router, terminals.router)
