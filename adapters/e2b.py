@@ -53,6 +53,7 @@ from sandboxer.adapters.base import (
     InvalidRequest,
     MetricSample,
     NoSuchPath,
+    PtyChannel,
     Stdin,
     one_line,
     open_state_file,
@@ -179,8 +180,10 @@ class E2BAdapter(Adapter):
     description = "cloud sandboxes on E2B (your own key: E2B_API_KEY)"
     # files: envd's filesystem service and /files (a tree in: tar through a command's stdin,
     # the base's default; out: packed here from downloads, see get_archive)
+    # pty: envd's process service with a pty, through the SDK (see open_pty)
     capabilities = frozenset({Capability.EXEC, Capability.PAUSE, Capability.SNAPSHOT,
-                              Capability.SET_DEADLINE, Capability.METRICS, Capability.FILES})
+                              Capability.SET_DEADLINE, Capability.METRICS, Capability.FILES,
+                              Capability.PTY})
 
     def __init__(self) -> None:
         self.metrics_every_s = METRICS_EVERY_S
@@ -557,6 +560,31 @@ class E2BAdapter(Adapter):
                                f"{one_line(result)}") from result
         yield ExecResult(result.exit_code, b"", b"", time.perf_counter() - started)
 
+    async def open_pty(self, ref: str, argv: Sequence[str], *, cols: int = 80, rows: int = 24,
+                       env: Mapping[str, str] | None = None, cwd: str | None = None,
+                       ) -> PtyChannel:
+        """A program on envd's pseudo-terminal: input with `pty.send_stdin`, size with
+        `pty.resize`, ended with `pty.kill` (and every process carrying its mark), its exit
+        code from the end event. The SDK's `pty.create` runs only `bash -i -l`; this sends
+        the same Start request with the command sbx was asked for, as `commands.run` does
+        (`bash -l -c 'exec ARGV'`), so the program is exactly `argv`."""
+        e2b = _sdk()
+        sandbox, sandbox_id = await self._running(ref)
+        mark = uuid.uuid4().hex
+        envs = {"TERM": "xterm-256color", **(env or {}), EXEC_MARK: mark}
+        channel = _E2BPty(sandbox, mark)
+        try:
+            handle = await _start_pty(sandbox, "exec " + shlex.join(argv), cols, rows, envs,
+                                      cwd, channel.on_data)
+        except e2b.InvalidArgumentException as exc:
+            raise InvalidRequest(f"E2B refused the terminal in {sandbox_id}: "
+                                 f"{one_line(exc)}") from exc
+        except Exception as exc:
+            raise AdapterError(f"E2B could not open a terminal in {sandbox_id}: "
+                               f"{one_line(exc)}") from exc
+        channel.started(handle)
+        return channel
+
     @staticmethod
     async def _kill_marked(sandbox: Any, mark: str) -> bool:
         """Kill every process whose environment carries the mark, by a second command."""
@@ -872,3 +900,119 @@ def _snapshot_labels(snapshot_id: str) -> dict[str, str] | None:
     if not match:
         return None
     return {LABEL_INSTALL: match["install"], LABEL_CHECKPOINT: match["checkpoint"]}
+
+
+async def _start_pty(sandbox: Any, command: str, cols: int, rows: int, envs: dict[str, str],
+                     cwd: str | None, on_data: Callable[[bytes], Awaitable[None]]) -> Any:
+    """`sandbox.pty.create`'s own request (the SDK's process client, its headers and start
+    handling) with `command` run by `bash -l -c`, as `sandbox.commands.run` runs commands;
+    no time limit on the stream (the terminal lasts as long as it is used)."""
+    from e2b.connection_config import KEEPALIVE_PING_HEADER, KEEPALIVE_PING_INTERVAL_SEC
+    from e2b.envd.client_async import as_stream, first_event
+    from e2b.envd.process import process_pb
+    from e2b.envd.utils import authentication_header, extract_start_pid
+    from e2b.sandbox_async.commands.command_handle import AsyncCommandHandle
+
+    pty = sandbox.pty
+    events = as_stream(pty._rpc.start(
+        process_pb.StartRequest(
+            process=process_pb.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command],
+                                             envs=envs, cwd=cwd),
+            pty=process_pb.PTY(size=process_pb.PTY.Size(rows=rows, cols=cols))),
+        headers={**authentication_header(pty._envd_version, None),
+                 KEEPALIVE_PING_HEADER: str(KEEPALIVE_PING_INTERVAL_SEC)},
+        timeout_ms=None))
+    try:
+        start = await first_event(events, pty._connection_config.get_request_timeout(None))
+        pid = extract_start_pid(start, "start process")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await events.aclose()
+        raise
+    return AsyncCommandHandle(pid=pid, handle_kill=lambda: pty.kill(pid), events=events,
+                              on_pty=on_data, check_health=pty._check_health)
+
+
+class _E2BPty(PtyChannel):
+    """envd's pty process as a PtyChannel: output as the SDK hands it over (raw bytes), then
+    b"" once the end event came (exit_code from it; None when the stream broke)."""
+
+    def __init__(self, sandbox: Any, mark: str) -> None:
+        self._sandbox = sandbox
+        self._mark = mark
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(64)
+        self._handle: Any = None
+        self._waiter: asyncio.Task | None = None
+        self._ended = False
+        self._closed = False
+
+    async def on_data(self, data: bytes) -> None:
+        if data and not self._closed:  # closed: no one reads it any more
+            await self._queue.put(bytes(data))
+
+    def started(self, handle: Any) -> None:
+        self._handle = handle
+        self._waiter = asyncio.create_task(self._wait())
+
+    async def _wait(self) -> None:
+        e2b = _sdk()
+        try:
+            result = await self._handle.wait()
+            self.exit_code = result.exit_code
+        except e2b.CommandExitException as exc:
+            self.exit_code = exc.exit_code
+        except Exception:
+            self.exit_code = None  # the stream broke: the backend cannot tell
+        if not self._closed:
+            await self._queue.put(None)
+
+    async def read(self) -> bytes:
+        if self._ended:
+            return b""
+        chunk = await self._queue.get()
+        if chunk is None:
+            self._ended = True
+            return b""
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        if self._ended or self._closed or not data:
+            return
+        try:
+            for at in range(0, len(data), STDIN_CHUNK):
+                await self._sandbox.pty.send_stdin(self._handle.pid, data[at:at + STDIN_CHUNK])
+        except Exception as exc:
+            if self._waiter is not None and self._waiter.done():
+                return  # the program ended: its exit code says the rest
+            raise AdapterError(f"E2B did not take the terminal's input: {one_line(exc)}") from exc
+
+    async def resize(self, cols: int, rows: int) -> None:
+        if self._ended or self._closed:
+            return
+        e2b = _sdk()
+        try:
+            await self._sandbox.pty.resize(self._handle.pid, e2b.PtySize(rows=rows, cols=cols))
+        except Exception as exc:
+            if self._waiter is not None and self._waiter.done():
+                return
+            raise AdapterError(f"E2B did not resize the terminal: {one_line(exc)}") from exc
+
+    async def close(self) -> None:
+        """Kill the program and what it started (its mark), then stop listening."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._waiter is not None and not self._waiter.done():
+            with contextlib.suppress(Exception):
+                await self._sandbox.pty.kill(self._handle.pid)
+            await E2BAdapter._kill_marked(self._sandbox, self._mark)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._waiter), 10)
+        if self._handle is not None:
+            with contextlib.suppress(Exception):
+                await self._handle.disconnect()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.cancel()
+        while not self._queue.empty():  # a read waiting now ends with b""
+            self._queue.get_nowait()
+        self._queue.put_nowait(None)

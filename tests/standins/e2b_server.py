@@ -10,7 +10,9 @@ Kept honest:
   something new fails the tests loudly instead of passing against a guess;
 - commands really run, as local `sh -c` subprocesses in a folder per sandbox (their working
   folder and HOME), with their real exit codes, stdout, stderr and stdin (send_input,
-  close_stdin); a snapshot copies that folder. A path given to envd (a command's cwd, the
+  close_stdin); one started with `pty` runs on a real pseudo-terminal of this host (its
+  controlling terminal, of the size asked), its output sent as envd's `pty` data, its input
+  taken as `pty` input, resized by Update; a snapshot copies that folder. A path given to envd (a command's cwd, the
   filesystem service, /files) is a path of this host, as the commands see it; a relative one is
   under the sandbox's folder;
 - sandboxes expire on their own, as on E2B: a background task removes a running sandbox
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -32,7 +35,10 @@ import shutil
 import signal
 import stat as stat_module
 import string
+import struct
+import sys
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -121,6 +127,7 @@ class StandInSandbox:
     state: str = "running"
     timeouts: list[int] = field(default_factory=list)  # every timeout asked for, in seconds
     processes: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
+    ptys: dict[int, int] = field(default_factory=dict)  # a pty process's pid -> master fd
     metrics: list[SandboxMetric] = field(default_factory=list)
 
     def path(self, raw: str) -> Path:
@@ -686,7 +693,8 @@ class _EnvdProcess:
         config = request.process
         args = list(config.args) if config else []
         if config is None or config.cmd != "/bin/bash" or args[:2] != ["-l", "-c"] or \
-                len(args) != 3 or request.pty is not None:
+                len(args) != 3 or (request.pty is not None and (
+                    request.pty.size is None or request.has_field("stdin"))):
             self.standin._problem(f"envd Start with an unexpected shape: {request!r}")
             raise ConnectError(Code.INVALID_ARGUMENT, "stand-in runs only bash -l -c CMD")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(sandbox.root),
@@ -694,6 +702,10 @@ class _EnvdProcess:
         cwd = sandbox.path(config.cwd) if config.has_field("cwd") else sandbox.root
         if not cwd.is_dir():  # as envd: the process is not started
             raise ConnectError(Code.INVALID_ARGUMENT, f"cwd '{config.cwd}' does not exist")
+        if request.pty is not None:
+            async for event in self._start_pty(sandbox, args[2], cwd, env, request.pty.size):
+                yield event
+            return
         with_stdin = request.has_field("stdin") and request.stdin
         proc = await asyncio.create_subprocess_exec(
             "sh", "-c", args[2], cwd=cwd, env=env,
@@ -740,6 +752,70 @@ class _EnvdProcess:
                                            status=f"signal: {signal.Signals(-code).name}")
         yield _event("end", end)
 
+    async def _start_pty(self, sandbox: StandInSandbox, command: str, cwd: Path,
+                         env: dict[str, str], size: pb.PTY.Size,
+                         ) -> AsyncIterator[pb.StartResponse]:
+        """The command on a pseudo-terminal, as envd runs one: its controlling terminal (a
+        session of its own), stdin, stdout and stderr, sized as asked; output as `pty` data
+        until every holder of the terminal is gone, then the end event."""
+        master, slave = os.openpty()
+        _pty_size(master, size)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _ON_TERMINAL, "sh", "-c", command, cwd=cwd, env=env,
+                stdin=slave, stdout=slave, stderr=slave)
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        sandbox.processes[proc.pid] = proc
+        sandbox.ptys[proc.pid] = master
+        self.standin.started_pids.append(proc.pid)
+        # the terminal is closed once the program has ended and no client reads it (a
+        # client that goes away leaves the program running, as envd does)
+        held = {"reader": True}
+
+        def release() -> None:
+            if proc.returncode is not None and not held["reader"] and \
+                    sandbox.ptys.get(proc.pid) == master:
+                del sandbox.ptys[proc.pid]
+                os.close(master)
+
+        async def forget_when_done() -> None:
+            await proc.wait()
+            sandbox.processes.pop(proc.pid, None)
+            release()
+
+        watcher = asyncio.create_task(forget_when_done())
+        self.standin.watchers.add(watcher)
+        watcher.add_done_callback(self.standin.watchers.discard)
+        try:
+            yield _event("start", pb.ProcessEvent.StartEvent(pid=proc.pid))
+            while True:
+                try:
+                    chunk = await asyncio.to_thread(os.read, master, 65536)
+                except OSError:  # EIO: the terminal's other end is closed by all
+                    chunk = b""
+                if not chunk:
+                    break
+                yield _event("data", pb.ProcessEvent.DataEvent(output=Oneof("pty", chunk)))
+            code = await proc.wait()
+        finally:
+            held["reader"] = False
+            release()
+        yield _event("end", _end_event(code))
+
+    async def update(self, request: pb.UpdateRequest, ctx) -> pb.UpdateResponse:
+        """A pty's new size (the kernel tells its foreground process, SIGWINCH)."""
+        proc = self._process(request, ctx, "Update")
+        master = self.standin.envd_sandbox(ctx).ptys.get(proc.pid)
+        if master is None or request.pty is None or request.pty.size is None:
+            self.standin._problem(f"envd Update of what is not a pty, or not a size: {request!r}")
+            raise ConnectError(Code.INVALID_ARGUMENT, "stand-in updates a pty's size only")
+        _pty_size(master, request.pty.size)
+        return pb.UpdateResponse()
+
     def _process(self, request, ctx, what: str) -> asyncio.subprocess.Process:
         sandbox = self.standin.envd_sandbox(ctx)
         selector = request.process.selector if request.process else None
@@ -754,6 +830,11 @@ class _EnvdProcess:
     async def send_input(self, request: pb.SendInputRequest, ctx) -> pb.SendInputResponse:
         proc = self._process(request, ctx, "SendInput")
         given = request.input.input if request.input else None
+        master = self.standin.envd_sandbox(ctx).ptys.get(proc.pid)
+        if master is not None and isinstance(given, Oneof) and given.field == "pty":
+            with contextlib.suppress(OSError):  # the program ended: its end event says so
+                await asyncio.to_thread(_write_all, master, given.value)
+            return pb.SendInputResponse()
         if not (isinstance(given, Oneof) and given.field == "stdin"):
             self.standin._problem(f"envd SendInput with an unexpected input: {request!r}")
             raise ConnectError(Code.INVALID_ARGUMENT, "stand-in takes stdin input only")
@@ -893,6 +974,29 @@ def _entry(path: Path) -> fs_pb.EntryInfo:
         mode=stat_module.S_IMODE(st.st_mode), permissions=stat_module.filemode(st.st_mode),
         owner=str(st.st_uid), group=str(st.st_gid),
         modified_time=Timestamp.from_seconds(int(st.st_mtime)), is_symlink=link, **fields)
+
+
+# run as `python -c _ON_TERMINAL PROGRAM ARGS...` with the terminal as stdin: a session of
+# its own whose controlling terminal it is, then the program
+_ON_TERMINAL = ("import fcntl, os, sys, termios; os.setsid(); "
+                "fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def _pty_size(fd: int, size: pb.PTY.Size) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size.rows, size.cols, 0, 0))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _end_event(code: int) -> pb.ProcessEvent.EndEvent:
+    if code >= 0:
+        return pb.ProcessEvent.EndEvent(exit_code=code, exited=True, status=f"exit status {code}")
+    return pb.ProcessEvent.EndEvent(exit_code=-1, exited=False,
+                                    status=f"signal: {signal.Signals(-code).name}")
 
 
 def _event(kind: str, value: Any) -> pb.StartResponse:
