@@ -50,6 +50,7 @@ from sandboxer.adapters.base import (
     Capability,
     CapabilityNotSupported,
     CreateRequest,
+    Endpoint,
     ExecResult,
     FileInfo,
     Health,
@@ -553,7 +554,7 @@ class ComposeAdapter(_Adapter):
     description = "Docker Compose projects on a Docker engine (local socket or DOCKER_HOST)"
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.FILES,
-                              Capability.PROCESSES, Capability.PTY})
+                              Capability.PROCESSES, Capability.PTY, Capability.PORTS})
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
         self.base_url = base_url or engine_url()
@@ -672,6 +673,11 @@ class ComposeAdapter(_Adapter):
         if request.options:
             raise CapabilityNotSupported(
                 f"the compose backend has no options (got {', '.join(sorted(request.options))})")
+        if request.ports:  # the project's own file says what it publishes
+            raise InvalidRequest(
+                f"{project.where}: the compose backend publishes what the compose file's ports: "
+                f"say (with compose: {{allow: [ports]}}), not the profile's ports: "
+                f"{list(request.ports)}; move them to the compose file")
         config = self._config(project, request)
         services = config["services"]
         if project.service not in services:
@@ -861,6 +867,27 @@ class ComposeAdapter(_Adapter):
         with a TTY, resized by the engine)."""
         return await self.docker.open_pty(await self._main_id(ref), argv, cols=cols, rows=rows,
                                           env=env, cwd=cwd)
+
+    async def port_endpoints(self, ref: str) -> dict[int, Endpoint]:
+        """What the project's containers publish (its file's `ports:`, with compose: {allow:
+        [ports]}), by the port inside the container; the named service's own first, then
+        another service's port that no earlier one has."""
+        containers = (await self._objects([f"{LABEL_COMPOSE}={ref}"]))[0]
+        main = _main_container(containers, parse_ref(ref)[1])
+        found: dict[int, Endpoint] = {}
+        for container in sorted(containers, key=lambda c: c is not main):
+            if container.get("State") != "running":
+                continue
+            with contextlib.suppress(BackendObjectGone):
+                for port, endpoint in (await self.docker.port_endpoints(container["Id"])).items():
+                    found.setdefault(port, endpoint)
+        return found
+
+    async def expose_port(self, ref: str, port: int) -> Endpoint:
+        raise CapabilityNotSupported(
+            f"the compose backend cannot publish port {port} while the project runs: publish "
+            "it in the compose file's ports: (with compose: {allow: [ports]}) and create the "
+            "sandbox again")
 
     # files: the named service's container, through the docker backend (its archive API);
     # list, remove, mkdir and rename are the base's, run through exec above
