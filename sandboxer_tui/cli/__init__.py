@@ -34,6 +34,7 @@ from sandboxer_tui.cli import (
     resident,
     sandboxes,
     serve,
+    terminals,
     tui,
 )
 from sandboxer_tui.cli.output import fail
@@ -76,6 +77,7 @@ for _command in (
     processes.ps_command,
     processes.attach_command,
     processes.kill_command,
+    terminals.shell_command,
     ports.port_command,
     files.cp_command,
     files.files_group,

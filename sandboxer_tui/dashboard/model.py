@@ -229,7 +229,7 @@ def available(action: str, row: SandboxRow, capabilities: frozenset[str]) -> boo
     if action == "exec":
         return state == State.RUNNING and "exec" in capabilities
     if action == "shell":
-        return state == State.RUNNING and "shell" in capabilities
+        return state == State.RUNNING and ("pty" in capabilities or "shell" in capabilities)
     if action == "logs":
         return state in ACTIVE and "logs" in capabilities
     return True

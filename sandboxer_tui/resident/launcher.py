@@ -43,10 +43,10 @@ ANSWER_WITHIN_S = 5  # a server answers `pid` within milliseconds; one that has 
 # ExitCode.FAILED (sandboxer.core.rules.errors), written out: importing it imports the library
 FAILED = 1
 APP_NAME = "sandboxer"
-# Not through the server: the dashboard needs the terminal as its own (job control,
-# resizes), the server commands manage the server itself, and `sbx serve` is a long-running
-# service of its own, never a child of the server.
-LOCAL_COMMANDS = {"tui", "server", "serve"}
+# Not through the server: the dashboard and `sbx shell` need the terminal as their own (job
+# control, resizes), the server commands manage the server itself, and `sbx serve` is a
+# long-running service of its own, never a child of the server.
+LOCAL_COMMANDS = {"tui", "shell", "server", "serve"}
 # The root options that take a value: the word after one is not the command.
 _OPTIONS_WITH_A_VALUE = {"--url"}
 

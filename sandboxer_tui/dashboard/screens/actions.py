@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -193,20 +194,25 @@ class ActionsMixin:
 
     @work(exit_on_error=False, group="actions")
     async def action_shell(self) -> None:
-        """Hand the terminal to a shell in the sandbox (the backend's own command, from the
-        library); back to the dashboard when it exits."""
+        """Hand the terminal to a shell in the sandbox (`sbx shell ID` where the backend has
+        terminals, else the backend's own command); back to the dashboard when it exits."""
         from textual.app import SuspendNotSupported
 
         row = self.table.selected_row()
         if row is None or self.read_only:
             return
         try:
-            argv = await self.dashboard.shell_command(row)
+            if "pty" in self.dashboard.known_capabilities(row.backend):
+                # `sbx shell ID`: the library's terminal, so through SBX_URL too
+                argv = [sys.executable, "-m", "sandboxer_tui", "shell", row.id]
+            else:
+                argv = await self.dashboard.shell_command(row)
         except Error as exc:
             self.notify(f"no interactive shell here: {one_line(exc)}; x runs a command",
                         title="Shell", severity="warning", markup=False)
             return
-        command = shlex.join(argv)
+        command = shlex.join(["sbx", *argv[3:]] if argv[:3] == [sys.executable, "-m",
+                                                             "sandboxer_tui"] else argv)
         try:
             with self.app.suspend():
                 print(f"sbx: a shell in {row.id}; exit it to return to the dashboard",
