@@ -1022,6 +1022,8 @@ class DockerAdapter(Adapter):
             if exc.status_code == 409:
                 raise BackendObjectGone(f"container {ref[:12]} is not running") from exc
             raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
+        # without a deadline, the exit code is asked for on the reader's thread as the output
+        # ends (with one, a timed-out exec's end must not wait on it)
         pump = _ExecPump(_ExecSocket(sock), asyncio.get_running_loop(), stdin,
                          finish=None if deadline is not None else
                          lambda: self._exit_code_now(exec_id))
