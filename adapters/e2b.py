@@ -47,6 +47,7 @@ from sandboxer.adapters.base import (
     Capability,
     CapabilityNotSupported,
     CreateRequest,
+    Endpoint,
     ExecResult,
     FileInfo,
     Health,
@@ -73,6 +74,9 @@ DEFAULT_MAX_CONCURRENT = 20
 SLOTS_FOLDER = "e2b-slots"  # in the state folder: one lock file per create slot
 OPTIONS = frozenset({"max_concurrent", "api_key"})
 METRICS_EVERY_S = 5.0  # E2B's metrics granularity
+# the profile's `ports:`, in the sandbox's metadata ("8080,3000"); E2B reaches any port
+LABEL_PORTS = "sbx.ports"
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"  # E2B's, for a sandbox not open to all
 RATE_LIMIT_RETRIES = 5
 RATE_LIMIT_BACKOFF_S = 1.0
 RATE_LIMIT_BACKOFF_MAX_S = 16.0
@@ -183,7 +187,7 @@ class E2BAdapter(Adapter):
     # pty: envd's process service with a pty, through the SDK (see open_pty)
     capabilities = frozenset({Capability.EXEC, Capability.PAUSE, Capability.SNAPSHOT,
                               Capability.SET_DEADLINE, Capability.METRICS, Capability.FILES,
-                              Capability.PTY})
+                              Capability.PTY, Capability.PORTS})
 
     def __init__(self) -> None:
         self.metrics_every_s = METRICS_EVERY_S
@@ -381,7 +385,8 @@ class E2BAdapter(Adapter):
                 lambda: e2b.AsyncSandbox.create(
                     template=template,
                     timeout=_seconds_until(until) if until else None,
-                    metadata=dict(request.labels), envs=dict(request.env),
+                    metadata={**request.labels, **_ports_label(request.ports)},
+                    envs=dict(request.env),
                     idempotency_key=request.sandbox_id, **self._network(request),
                     **self._opts(variable)))
         ref = join_ref(sandbox.sandbox_id, variable)
@@ -594,6 +599,26 @@ class E2BAdapter(Adapter):
             return True
         except Exception:
             return False
+
+    # -- ports: E2B's host for each port (`get_host`) -----------------------------------------
+
+    async def port_endpoints(self, ref: str) -> dict[int, Endpoint]:
+        """The profile's `ports:` (kept in the sandbox's metadata), each at its E2B host."""
+        sandbox_id, variable = split_ref(ref)
+        info = await self._info(sandbox_id, variable)
+        if info is None:
+            raise BackendObjectGone(f"E2B no longer has sandbox {sandbox_id}")
+        declared = [int(p) for p in (info.metadata or {}).get(LABEL_PORTS, "").split(",")
+                    if p.isdigit()]
+        if not declared:
+            return {}
+        sandbox, _ = await self._running(ref)
+        return {port: _endpoint(sandbox, port) for port in declared}
+
+    async def expose_port(self, ref: str, port: int) -> Endpoint:
+        """On E2B every port the sandbox listens on is reached at its host: nothing to add."""
+        sandbox, _ = await self._running(ref)
+        return _endpoint(sandbox, port)
 
     # -- files: envd's filesystem service and /files ----------------------------------------
 
@@ -825,6 +850,24 @@ class E2BAdapter(Adapter):
             if since is None:
                 since = datetime.now(UTC) - timedelta(seconds=1)
             await asyncio.sleep(self.metrics_every_s)
+
+
+def _ports_label(ports: Sequence[int]) -> dict[str, str]:
+    """The profile's ports, kept in the sandbox's metadata (E2B has no list of its own)."""
+    return {LABEL_PORTS: ",".join(map(str, ports))} if ports else {}
+
+
+def _endpoint(sandbox: Any, port: int) -> Endpoint:
+    """The SDK's `get_host(port)` as an Endpoint: https on E2B's domain (`E2B_DEBUG`: http on
+    localhost); with the sandbox's traffic token as the header E2B asks for, when it has one
+    (a sandbox made with allow_public_traffic false)."""
+    host = sandbox.get_host(port)
+    token = getattr(sandbox, "traffic_access_token", None)
+    headers = {TRAFFIC_TOKEN_HEADER: token} if isinstance(token, str) and token else {}
+    name, _, number = host.rpartition(":")
+    if name and number.isdigit():  # debug: localhost:PORT, plain http
+        return Endpoint(port, name, int(number), "http", headers)
+    return Endpoint(port, host, 443, "https", headers)
 
 
 async def _tree_entries(files: Any, top: str) -> list[FileInfo]:

@@ -3,24 +3,32 @@ every backend with Capability.PORTS: the adapter says where each port is reached
 host (an Endpoint), the core checks the caller may see the sandbox, refuses a port that is not
 published naming those that are, and records an exposed port as `sandbox.port`.
 
+A port exposed while the sandbox runs (E2B: any port it listens on is reachable once asked
+for) is remembered by its `sandbox.port` event, so every process (the service, a CLI) lists it
+again: its endpoint is asked of the adapter again (`expose_port` is idempotent).
+
 A port's view is `{"port": 8080, "url": "http://127.0.0.1:49153"}`: what every front end shows.
 The headers a cloud tunnel may need are never in it (they are credentials)."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
 
 from sandboxer.adapters.base import Capability, Endpoint
 from sandboxer.core.rules.catalog import EventType
 from sandboxer.core.rules.errors import BadInput, NotFound
 from sandboxer.core.store import tenancy
-from sandboxer.core.store.models import Sandbox
+from sandboxer.core.store.models import Event, Sandbox
 
 if TYPE_CHECKING:
     from sandboxer.adapters.base import Adapter
     from sandboxer.core.lifecycle.manager import Manager
 
 SANDBOXES = Sandbox.__table__
+EVENTS = Event.__table__
 VERB = "publish ports"
 
 
@@ -47,10 +55,29 @@ async def _sandbox(mgr: Manager, ref: str) -> tuple[dict[str, Any], Adapter]:
     return row, await mgr.adapter_for(row)
 
 
+def _exposed(mgr: Manager, sandbox_id: str) -> list[int]:
+    """The ports exposed while the sandbox ran, as its `sandbox.port` events say."""
+    query = sa.select(EVENTS.c.payload_json).where(
+        EVENTS.c.sandbox_id == sandbox_id, EVENTS.c.type == EventType.SANDBOX_PORT)
+    with mgr.db.read() as conn:
+        payloads = [json.loads(text) for text in conn.execute(query).scalars()]
+    return sorted({p["port"] for p in payloads if isinstance(p.get("port"), int)})
+
+
+async def _published(mgr: Manager, row: dict[str, Any], adapter: Adapter,
+                     ) -> dict[int, Endpoint]:
+    """What the backend publishes (the profile's ports), and the ports exposed since."""
+    found = await adapter.port_endpoints(row["backend_ref"])
+    for port in _exposed(mgr, row["id"]):
+        if port not in found:
+            found[port] = await adapter.expose_port(row["backend_ref"], port)
+    return dict(sorted(found.items()))
+
+
 async def endpoints(mgr: Manager, ref: str) -> dict[int, Endpoint]:
     """Where each published port of the sandbox is reached, by the port inside it."""
     row, adapter = await _sandbox(mgr, ref)
-    return dict(sorted((await adapter.port_endpoints(row["backend_ref"])).items()))
+    return await _published(mgr, row, adapter)
 
 
 def _not_published(row_id: str, port: int, found: dict[int, Endpoint]) -> NotFound:
@@ -63,9 +90,9 @@ async def endpoint(mgr: Manager, ref: str, port: int) -> Endpoint:
     """Where one port is reached (NotFound, exit 3, naming the ports that are published)."""
     port = check_port(port)
     row, adapter = await _sandbox(mgr, ref)
-    found = await adapter.port_endpoints(row["backend_ref"])
+    found = await _published(mgr, row, adapter)
     if port not in found:
-        raise _not_published(row["id"], port, dict(sorted(found.items())))
+        raise _not_published(row["id"], port, found)
     return found[port]
 
 
@@ -84,8 +111,8 @@ async def expose(mgr: Manager, ref: str, port: int) -> dict[str, Any]:
     port = check_port(port)
     row, adapter = await _sandbox(mgr, ref)
     found = await adapter.port_endpoints(row["backend_ref"])
-    if port in found:
-        return view(found[port])
+    if port in found or port in _exposed(mgr, row["id"]):  # already: no event again
+        return view(found.get(port) or await adapter.expose_port(row["backend_ref"], port))
     made = await adapter.expose_port(row["backend_ref"], port)
     with mgr.db.write() as conn:  # exposed: that is activity (the idle clock starts again)
         conn.execute(SANDBOXES.update().where(SANDBOXES.c.id == row["id"])
