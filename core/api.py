@@ -680,3 +680,37 @@ async def close_pty(mgr: Manager, ref: str, session: str) -> dict[str, Any]:
     from sandboxer.core.lifecycle import terminals
 
     return await terminals.close(mgr, ref, session)
+
+
+# -- the service's proxy to a sandbox's ports (docs/terminals-and-ports.md, "The proxy and
+# preview links") ----------------------------------------------------------------------------
+
+
+def mark_traffic(mgr: Manager, ref: str) -> None:
+    """Traffic reached the sandbox through a service's proxy: activity now, quietly (no
+    event: a request is not one; the proxy calls this at most once a second a sandbox).
+    Conflict when it is not running or paused; another tenant's is not found."""
+    from sandboxer.core.store import tenancy
+
+    row = mgr.resolve(ref)
+    tenancy.check(row, "sandbox", ref)
+    mgr._mark_active(row["id"])  # noqa: SLF001 (the lifecycle's own quiet mark)
+
+
+def record_port_link(mgr: Manager, ref: str, port: int, expires_at: datetime) -> None:
+    """A signed preview link to the running sandbox's `port` was handed out: the event
+    `sandbox.port.link` with the port and when it expires (never the link itself)."""
+    from sandboxer.core.rules.catalog import EventType
+    from sandboxer.core.rules.clock import to_iso
+    from sandboxer.core.rules.errors import Conflict
+    from sandboxer.core.rules.states import State
+    from sandboxer.core.store import tenancy
+
+    row = mgr.resolve(ref)
+    tenancy.check(row, "sandbox", ref)
+    if row["state"] != State.RUNNING:
+        raise Conflict(f"sandbox {row['id']} is {row['state']}: a preview link needs it "
+                       "running")
+    with mgr.db.write() as conn:
+        mgr.event(conn, row["id"], EventType.SANDBOX_PORT_LINK,
+                  payload={"port": port, "expires_at": to_iso(expires_at)})

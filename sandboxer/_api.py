@@ -431,6 +431,17 @@ class AsyncSandboxer:
         with no reading within `timeout` (default 10s) is left out. Sent over OTLP too when
         that is configured (docs/telemetry.md)."""
         return await self._transport.current_metrics(_duration(timeout, "timeout"))
+
+    async def mark_traffic(self, ref: str) -> None:
+        """Traffic reached the sandbox `ref` through a service's proxy: its idle clock starts
+        again, with no event (a proxy calls this at most about once a second a sandbox).
+        Conflict when it is neither running nor paused."""
+        await self._transport.mark_traffic(ref)
+
+    async def record_port_link(self, ref: str, port: int, expires_at: datetime) -> None:
+        """Record that a signed preview link to the running sandbox's `port`, valid until
+        `expires_at`, was handed out (`sandbox.port.link`; the link itself never is)."""
+        await self._transport.record_port_link(ref, port, expires_at)
     # -- warm pools (docs/pools.md) ---------------------------------------------------------
 
     async def pools(self) -> list[PoolInfo]:

@@ -578,6 +578,12 @@ class LocalTransport:
     async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
         return await self._call(lambda mgr: api.current_metrics(mgr, timeout))
 
+    async def mark_traffic(self, ref: str) -> None:
+        await self._call(lambda mgr: api.mark_traffic(mgr, ref))
+
+    async def record_port_link(self, ref: str, port: int, expires_at: datetime) -> None:
+        await self._call(lambda mgr: api.record_port_link(mgr, ref, port, expires_at))
+
     # -- warm pools (core/pools/__init__.py) ---------------------------------------------------------
 
     async def pools(self) -> list[dict[str, Any]]:

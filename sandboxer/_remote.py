@@ -855,6 +855,14 @@ class RemoteTransport:
         raise BadInput("every sandbox's metrics at once are the service's own: scrape its "
                        "/metrics (Prometheus text), or run sbx metrics --all there")
 
+    async def mark_traffic(self, ref: str) -> None:
+        raise BadInput("traffic through a proxy is recorded by the service that holds the "
+                       "sandbox: reach its port through that service's proxy")
+
+    async def record_port_link(self, ref: str, port: int, expires_at: datetime) -> None:
+        raise BadInput("a preview link is made by the service that holds the sandbox: POST "
+                       "/v1/sandboxes/{ref}/ports/{port}/links there")
+
     # -- warm pools -------------------------------------------------------------------------
 
     async def pools(self) -> list[dict[str, Any]]:

@@ -278,6 +278,19 @@ class Sandboxer:
         """
         ...
 
+    def mark_traffic(self, ref: str) -> None:
+        """Traffic reached the sandbox `ref` through a service's proxy: its idle clock starts
+        again, with no event (a proxy calls this at most about once a second a sandbox).
+        Conflict when it is neither running nor paused.
+        """
+        ...
+
+    def record_port_link(self, ref: str, port: int, expires_at: datetime) -> None:
+        """Record that a signed preview link to the running sandbox's `port`, valid until
+        `expires_at`, was handed out (`sandbox.port.link`; the link itself never is).
+        """
+        ...
+
     def pools(self) -> list[PoolInfo]:
         """This installation's warm pools: every profile on the search path that declares
         `pool:`, and any pool with members left (`sbx pool ls`).

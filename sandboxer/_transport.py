@@ -13,7 +13,8 @@ What only one side can do is still here, and the other side refuses it with an e
 tree, so a caller sees one line instead of an AttributeError:
 - `RemoteTransport` refuses `acting_as` and `authenticate` (the service checks its own keys
   and acts as their owners), `shell_command` (a terminal is on the service's host),
-  `copy_database` and `current_metrics` (they run where the database and the engines are).
+  `copy_database` and `current_metrics` (they run where the database and the engines are),
+  `mark_traffic` and `record_port_link` (a proxy's records, kept by the service that proxies).
 - `LocalTransport` refuses `evidence(signed=True)` (a service's key signs only there).
 
 The operations under "for the service" are what `sbx serve` needs beyond the public API
@@ -457,6 +458,14 @@ class Transport(Protocol):
 
     async def current_metrics(self, timeout: timedelta | None = None) -> list[dict[str, Any]]:
         """One live reading of every running sandbox whose backend reports metrics."""
+        ...
+
+    async def mark_traffic(self, ref: str) -> None:
+        """Traffic reached the sandbox through the service's proxy: activity now, no event."""
+        ...
+
+    async def record_port_link(self, ref: str, port: int, expires_at: datetime) -> None:
+        """A signed preview link to `port` was handed out: its event (never the link)."""
         ...
 
     # `list` comes last: a method of that name hides the builtin from the annotations below it

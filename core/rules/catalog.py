@@ -29,6 +29,7 @@ class EventType(enum.StrEnum):
     SANDBOX_FILE = "sandbox.file"  # a file or tree in or out, a remove, mkdir or rename
     SANDBOX_EXTENDED = "sandbox.extended"
     SANDBOX_TOUCHED = "sandbox.touched"
+    SANDBOX_PORT_LINK = "sandbox.port.link"  # a preview link handed out (never the link)
     SANDBOX_EXPIRING = "sandbox.expiring"
     SANDBOX_ATTEMPT_FAILED = "sandbox.attempt-failed"
     SANDBOX_ORPHAN_DESTROYED = "sandbox.orphan-destroyed"

@@ -50,6 +50,9 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(task, 30)
             await state.inventory.close()
+            proxy = getattr(app.state, "proxy", None)  # the port proxy's pool (routes/ports.py)
+            if proxy is not None:
+                await proxy.close()
 
     app = FastAPI(title="Sandboxer", version=version("sandboxer"), lifespan=lifespan,
                   openapi_url="/openapi.json", docs_url=None, redoc_url=None,

@@ -27,6 +27,9 @@ STREAMED = re.compile(r"^/v1/sandboxes/[^/]+/files(/tree)?$")  # PUT: a file's o
 # bytes, streamed on to the sandbox as they come: capped as an upload, not as a JSON body
 # POST: a command's input (exec's stdin in its JSON, a process's stdin): capped on its own
 INPUT = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes/[^/]+/stdin)$")
+# any method: a body streamed on to a sandbox's port by the proxy, capped as an upload
+PROXIED = re.compile(r"^/v1/(sandboxes/[^/]+/ports/[^/]+/(?!links$)|previews/)")
+PREVIEWS = "/v1/previews/"  # a signed link is its own credential (routes/ports.py): no key
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this: 431
 KEEP_ALIVE_S = 5  # an idle connection between requests is closed after this
 LINGER_S, LINGER_BYTES = 5.0, 64 * 1024**2  # what is read and dropped after an early answer
@@ -88,7 +91,7 @@ class Limits:
                 headers={"Retry-After": "1"}))
             return
         principal = None
-        if not public:
+        if not public and not scope["path"].startswith(PREVIEWS):
             from sandboxer.service import Scope as KeyScope
             from sandboxer_tui.service.auth import Refused, caller
 
@@ -101,7 +104,8 @@ class Limits:
             except SbxError as exc:  # the database cannot be reached, say
                 await body.answer(error_response(exc))
                 return
-        streamed = scope["method"] == "PUT" and STREAMED.match(scope["path"]) is not None
+        streamed = ((scope["method"] == "PUT" and STREAMED.match(scope["path"]) is not None)
+                    or PROXIED.match(scope["path"]) is not None)
         upload = (scope["method"], scope["path"]) == UPLOAD or streamed
         body.drain = streamed  # the caller's key was good: an early answer is worth reading
         command_input = scope["method"] == "POST" and INPUT.match(scope["path"]) is not None

@@ -2,7 +2,7 @@
 own families never take a sandbox id as a label value: every label (state, backend, kind,
 result, reason, sink) has a handful of values. The per-sandbox container families
 (`sandboxer.service.container_collector`) are the exception by nature: one series per running
-sandbox."""
+sandbox; so are the proxy's (`sbx_proxy_*`): one per sandbox port that had traffic."""
 
 from __future__ import annotations
 
@@ -48,6 +48,16 @@ class ServiceMetrics:
         self.deliveries = Counter("sbx_event_deliveries", "Events the service delivered to "
                                   "its sinks (the webhook, the JSON Lines file), by result",
                                   ["sink", "result"], registry=self.registry)
+        # the service's proxy to sandboxes' ports (routes/ports.py): one series per sandbox
+        # port that had traffic, as the container families have one per sandbox
+        self.proxy_requests = Counter(
+            "sbx_proxy_requests", "Requests (and WebSockets) the service's proxy passed to a "
+            "sandbox's port, by sandbox, port and how they came (key, link)",
+            ["sandbox", "port", "via"], registry=self.registry)
+        self.proxy_bytes = Counter(
+            "sbx_proxy_bytes", "Bytes of bodies and WebSocket messages the service's proxy "
+            "carried to a sandbox's port (in) and back (out)", ["sandbox", "port", "direction"],
+            registry=self.registry)
         # the per-sandbox container families, as `sbx metrics --all --format prometheus`
         # prints them (sandboxer.service.container_collector), read live at each scrape
         self.containers = _Containers()

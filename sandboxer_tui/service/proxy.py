@@ -157,7 +157,10 @@ def _b64(data: bytes) -> str:
 def _unb64(text: str) -> bytes:
     if not text or len(text) > 512 or not text.replace("-", "").replace("_", "").isalnum():
         raise ValueError("not base64url")
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(data) != text:  # the last character's unused bits: one link, one spelling
+        raise ValueError("not canonical base64url")
+    return data
 
 
 def _load_or_make_key(path: Path) -> bytes:
@@ -267,3 +270,19 @@ class Upstreams:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+
+
+@dataclass
+class Proxy:
+    """One app's proxy: its links, its upstreams and its activity throttle."""
+
+    links: Links
+    upstreams: Upstreams
+    activity: Activity
+
+    @classmethod
+    def made(cls, key_path: Path, mark: Callable[[str], Awaitable[Any]]) -> Proxy:
+        return cls(Links(key_path), Upstreams(), Activity(mark))
+
+    async def close(self) -> None:
+        await self.upstreams.close()

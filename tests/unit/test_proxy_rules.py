@@ -47,6 +47,23 @@ def test_an_altered_link_is_refused(tmp_path: Path, alter) -> None:
         links.check(alter(token))
 
 
+def test_another_spelling_of_the_same_mac_is_refused(tmp_path: Path) -> None:
+    """A 32-byte MAC in 43 base64 characters leaves 2 bits of the last one unused: the
+    characters that differ only there decode alike, and must not pass."""
+    import base64
+
+    links = Links(tmp_path / "preview-links.key")
+    token = links.make("sbx-01abc", 8080, int(time.time()) + 60)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    same = [token[:-1] + c for c in alphabet if c != token[-1] and base64.urlsafe_b64decode(
+        token.split(".")[1][:-1] + c + "=") == base64.urlsafe_b64decode(
+        token.split(".")[1] + "=")]
+    assert len(same) == 3
+    for spelling in same:
+        with pytest.raises(LinkRefused, match="not valid"):
+            links.check(spelling)
+
+
 def test_another_port_or_expiry_in_the_payload_breaks_the_mac(tmp_path: Path) -> None:
     import base64
 
