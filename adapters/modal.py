@@ -19,6 +19,7 @@ docs/modal.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import math
 import os
@@ -45,8 +46,10 @@ from sandboxer.adapters.base import (
     Capability,
     CapabilityNotSupported,
     CreateRequest,
+    Endpoint,
     ExecResult,
     Health,
+    PtyChannel,
     Stdin,
     one_line,
 )
@@ -66,12 +69,25 @@ TOKEN_SECRET_NAME = re.compile(r"MODAL_TOKEN_SECRET(_[A-Z0-9_]+)?")
 DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}", re.IGNORECASE)
 MiB = 1024**2
 PROBE_TIMEOUT = 10.0  # seconds to open a TCP connection to Modal
+TUNNELS_TIMEOUT_S = 50  # how long Modal may take to report a new sandbox's tunnels
 MAX_TIMEOUT_S = 24 * 3600  # Modal's longest sandbox timeout
 CHECKPOINT_REGISTRY = "sandboxer-checkpoints"  # a Modal Dict: snapshot image id -> labels
 INSTALL_HINT = "pip install 'sandboxer[modal]'"
 TOKEN_HINT = "create one with `modal token new` or in your Modal workspace settings"
 EXEC_BACKSTOP_S = 2  # Modal's own exec timeout: this much after sbx's, should sbx's kill fail
 STDIN_CHUNK = 1024 * 1024  # per drain (the SDK buffers up to 16 MiB before one)
+# An exec with pty=True takes its terminal's size from the caller's own terminal (none, in a
+# service), and Modal has no call that resizes one. So the terminal is sized in the sandbox:
+# by stty before the program starts (PTY_START: $1 rows, $2 cols, then the program), and on
+# a resize by a second exec (PTY_RESIZE: $0 the mark, $1 EXEC_MARK, $2 rows, $3 cols) that
+# finds the terminal through a process carrying the mark and sets its size there (the kernel
+# tells the program, SIGWINCH). Both need stty and /proc in the sandbox.
+PTY_START = 'stty rows "$1" cols "$2" 2>/dev/null; shift 2; exec "$@"'
+PTY_RESIZE = r"""for f in $(grep -lzxF "$1=$0" /proc/[0-9]*/environ 2>/dev/null); do
+  t=$(readlink "${f%/environ}/fd/0") || continue
+  case "$t" in /dev/pts/*) stty -F "$t" rows "$2" cols "$3" && exit 0 ;; esac
+done
+exit 1"""
 
 
 @dataclass(frozen=True)
@@ -195,8 +211,11 @@ class ModalAdapter(Adapter):
     name = "modal"
     shared = True  # sandboxes live in a Modal workspace: any fleet host reaching it may reap them
     description = "Modal sandboxes with your own token (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET)"
-    # files: the base's defaults (tar, find, stat, rm, mkdir, mv through exec with stdin)
-    capabilities = frozenset({Capability.EXEC, Capability.SNAPSHOT, Capability.FILES})
+    # files: the base's defaults (tar, find, stat, rm, mkdir, mv through exec with stdin);
+    # pty: exec with pty=True, sized in the sandbox (PTY_START, PTY_RESIZE)
+    # ports: Modal's tunnels, opened at create for the profile's ports (encrypted_ports)
+    capabilities = frozenset({Capability.EXEC, Capability.SNAPSHOT, Capability.FILES,
+                              Capability.PTY, Capability.PORTS})
 
     def __init__(self) -> None:
         # clients by (server, token): in memory for this process only
@@ -414,12 +433,32 @@ class ModalAdapter(Adapter):
                 tags=dict(request.labels),
                 env=dict(request.env) or None,
                 client=client,
+                encrypted_ports=list(request.ports),  # a TLS tunnel for each (https)
                 **network,
             )
         except Exception as exc:
             raise self._translate(exc, tokens, "create the sandbox") from exc
         return BackendObject(ref=join_ref(sandbox.object_id, tokens), labels=dict(request.labels),
                              status="running", running=True, created_at=datetime.now(UTC))
+
+    async def port_endpoints(self, ref: str) -> dict[int, Endpoint]:
+        """Modal's tunnels (`sandbox.tunnels()`): one https host for each of the profile's
+        ports, opened at create."""
+        sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
+        if sandbox is None:
+            raise BackendObjectGone(f"Modal no longer has sandbox {split_ref(ref)[0]}")
+        try:
+            tunnels = await sandbox.tunnels.aio(timeout=TUNNELS_TIMEOUT_S)
+        except Exception as exc:
+            raise self._translate(exc, tokens, "read the sandbox's tunnels") from exc
+        return {int(port): Endpoint(int(port), t.host, int(t.port), "https")
+                for port, t in tunnels.items()}
+
+    async def expose_port(self, ref: str, port: int) -> Endpoint:
+        raise CapabilityNotSupported(
+            f"the modal backend cannot open a tunnel to port {port} while the sandbox runs "
+            f"(Modal opens them at create): add {port} to the profile's ports: and create "
+            "the sandbox again")
 
     @staticmethod
     def _timeout(request: CreateRequest) -> int:
@@ -593,6 +632,31 @@ class ModalAdapter(Adapter):
                 task.cancel()
         yield ExecResult(code, b"", b"", time.perf_counter() - started)
 
+    async def open_pty(self, ref: str, argv: Sequence[str], *, cols: int = 80, rows: int = 24,
+                       env: Mapping[str, str] | None = None, cwd: str | None = None,
+                       ) -> PtyChannel:
+        """`Sandbox.exec(..., pty=True)` with `workdir=` and `env=` (TERM among them), the
+        program started by PTY_START at `cols` x `rows`; keystrokes through its stdin, its
+        terminal's output on stdout; resized by PTY_RESIZE; closed by killing every process
+        carrying its mark."""
+        from modal.exception import ConflictError, NotFoundError
+
+        sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
+        if sandbox is None:
+            raise BackendObjectGone(f"Modal sandbox {split_ref(ref)[0]} is gone")
+        mark = uuid.uuid4().hex
+        try:
+            process = await sandbox.exec.aio(
+                "sh", "-c", PTY_START, "sbx-pty", str(rows), str(cols), *argv, pty=True,
+                text=False, env={"TERM": "xterm-256color", **(env or {}), EXEC_MARK: mark},
+                **({"workdir": cwd} if cwd is not None else {}))
+        except (NotFoundError, ConflictError) as exc:
+            raise BackendObjectGone(
+                f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
+        except Exception as exc:
+            raise self._translate(exc, tokens, "open a terminal") from exc
+        return _ModalPty(self, sandbox, process, mark, tokens)
+
     @staticmethod
     async def _kill_marked(sandbox: Any, mark: str) -> bool:
         """Kill, inside the sandbox, every process whose environment carries the mark."""
@@ -683,3 +747,85 @@ class ModalAdapter(Adapter):
                 await client.close.aio()
             except Exception:
                 pass
+
+
+class _ModalPty(PtyChannel):
+    """A Modal exec on a pseudo-terminal: its stdout read as it comes, b"" at its end (then
+    the exit code from `wait`)."""
+
+    def __init__(self, adapter: ModalAdapter, sandbox: Any, process: Any, mark: str,
+                 tokens: Any) -> None:
+        self._adapter, self._sandbox, self._process = adapter, sandbox, process
+        self._mark, self._tokens = mark, tokens
+        self._queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(64)
+        self._pump = asyncio.create_task(self._read_all())
+        self._writing = asyncio.Lock()
+        self._ended = self._closed = False
+
+    async def _read_all(self) -> None:
+        try:
+            async for chunk in self._process.stdout:
+                if chunk and not self._closed:  # closed: no one reads it any more
+                    await self._queue.put(bytes(chunk))
+        except Exception as exc:
+            if not self._closed:
+                await self._queue.put(exc)
+        if not self._closed:
+            await self._queue.put(None)
+
+    async def read(self) -> bytes:
+        if self._ended:
+            return b""
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise self._adapter._translate(item, self._tokens, "read the terminal") from item
+        if item is None:
+            self._ended = True
+            if not self._closed:
+                try:
+                    self.exit_code = await self._process.wait.aio()
+                except Exception:
+                    self.exit_code = None  # the backend cannot tell
+            return b""
+        return item
+
+    async def write(self, data: bytes) -> None:
+        if self._ended or self._closed or not data:
+            return
+        try:
+            async with self._writing:
+                for at in range(0, len(data), STDIN_CHUNK):
+                    self._process.stdin.write(data[at:at + STDIN_CHUNK])
+                    await self._process.stdin.drain.aio()
+        except Exception as exc:
+            if self._pump.done():
+                return  # the program ended: its exit code says the rest
+            raise self._adapter._translate(exc, self._tokens, "write to the terminal") from exc
+
+    async def resize(self, cols: int, rows: int) -> None:
+        if self._ended or self._closed:
+            return
+        try:
+            sizer = await self._sandbox.exec.aio("sh", "-c", PTY_RESIZE, self._mark, EXEC_MARK,
+                                                 str(rows), str(cols), timeout=10, text=False)
+            code = await asyncio.wait_for(sizer.wait.aio(), 15)
+        except Exception as exc:
+            raise self._adapter._translate(exc, self._tokens, "resize the terminal") from exc
+        if code != 0 and not self._pump.done():
+            raise AdapterError("the modal backend could not resize the terminal: the sandbox "
+                               "needs stty and /proc (Modal has no resize call of its own)")
+
+    async def close(self) -> None:
+        """Kill every process of the terminal (its mark), then stop reading."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._pump.done():
+            await ModalAdapter._kill_marked(self._sandbox, self._mark)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._pump), 10)
+        self._pump.cancel()
+        while not self._queue.empty():  # a read waiting now ends with b""
+            self._queue.get_nowait()
+        self._queue.put_nowait(None)

@@ -8,7 +8,8 @@ recorded in `unimplemented`, so an SDK upgrade that calls something new fails lo
 
 What a "sandbox" is here: a folder (its filesystem, the working directory of its commands)
 and local `sh` processes. Commands run for real on this host (not in Docker), with real exit
-codes, stdout and stderr. A filesystem snapshot copies the folder into an image; a sandbox
+codes, stdout and stderr; an exec with `pty=True` runs on a real pseudo-terminal of this host
+(its output all on stdout, its stdin the terminal's keystrokes), as on Modal. A filesystem snapshot copies the folder into an image; a sandbox
 created from that image starts from a copy. Server-side deadlines are real: a sandbox past its
 `timeout` ends with the timed-out result (exit 124), as on Modal, and its processes are killed.
 
@@ -21,12 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import secrets
 import shutil
 import signal
 import socket
+import struct
+import sys
+import termios
 import threading
 import time
 import uuid
@@ -45,6 +51,7 @@ from modal_proto.task_command_router_grpc import TaskCommandRouterBase
 
 GenericResult = api_pb2.GenericResult
 V1_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+TUNNEL_DOMAIN = "tunnels.modal.test"  # the hosts of the stand-in's tunnels (never reached)
 
 
 def _free_port() -> int:
@@ -74,6 +81,7 @@ class Exec:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     stdin_offset: int = 0  # bytes of stdin written so far (a retried write repeats an offset)
     stdin_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    terminal: int | None = None  # exec(pty=True): the master end of its pseudo-terminal
 
 
 @dataclass
@@ -304,6 +312,30 @@ class ModalStandin:
         except OSError as exc:
             raise GRPCError(Status.FAILED_PRECONDITION, f"cannot start {argv[0]!r}: {exc}") from None
 
+    async def _spawn_on_terminal(self, sandbox: Sandbox, argv: list[str], env: dict[str, str],
+                                 workdir: str, pty: api_pb2.PTYInfo,
+                                 ) -> tuple[asyncio.subprocess.Process, int]:
+        """An exec with `pty=True`: the command on a real pseudo-terminal of this host (its
+        controlling terminal, in a session of its own), of the size the client sent (0: the
+        kernel's 0x0, as a client without a terminal of its own sends), TERM from it."""
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(sandbox.fs),
+                    **({"TERM": pty.env_term} if pty.env_term else {}), **sandbox.env, **env}
+        if workdir and not Path(workdir).is_dir():
+            raise GRPCError(Status.FAILED_PRECONDITION, f"workdir {workdir} is not a directory")
+        master, slave = os.openpty()
+        fcntl.ioctl(master, termios.TIOCSWINSZ,
+                    struct.pack("HHHH", pty.winsz_rows, pty.winsz_cols, 0, 0))
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _ON_TERMINAL, *argv, cwd=workdir or sandbox.fs,
+                env=full_env, stdin=slave, stdout=slave, stderr=slave)
+        except OSError as exc:
+            os.close(master)
+            raise GRPCError(Status.FAILED_PRECONDITION, f"cannot start {argv[0]!r}: {exc}") from None
+        finally:
+            os.close(slave)
+        return process, master
+
     def _sandbox(self, sandbox_id: str) -> Sandbox:
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
@@ -359,6 +391,18 @@ def with_unimplemented(cls: type) -> type:
 
     missing = {name: unimplemented(name) for name in cls.__abstractmethods__}
     return type(cls.__name__, (cls,), missing)
+
+
+# run as `python -c _ON_TERMINAL PROGRAM ARGS...` with the terminal as stdin: a session of
+# its own whose controlling terminal it is, then the program
+_ON_TERMINAL = ("import fcntl, os, sys, termios; os.setsid(); "
+                "fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class _Service:
@@ -632,6 +676,23 @@ class ControlPlane(_Service, ModalClientBase):
     async def SandboxGetTaskId(self, stream: Stream) -> None:
         await self._unary(stream, "SandboxGetTaskId", self._task_id)
 
+    def _tunnels(self, request: api_pb2.SandboxGetTunnelsRequest
+                 ) -> api_pb2.SandboxGetTunnelsResponse:
+        """A tunnel for each port the create opened (`encrypted_ports`), at a host of
+        TUNNEL_DOMAIN (nothing listens there: the tests read the URL, send no traffic)."""
+        sandbox = self.standin._sandbox(request.sandbox_id)
+        tunnels = [api_pb2.TunnelData(container_port=spec.port, port=443,
+                                      host=f"{sandbox.id}-{spec.port}.{TUNNEL_DOMAIN}")
+                   for spec in sandbox.definition.open_ports.ports]
+        return api_pb2.SandboxGetTunnelsResponse(
+            result=GenericResult(status=GenericResult.GENERIC_STATUS_SUCCESS), tunnels=tunnels)
+
+    async def SandboxGetTunnelsV2(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxGetTunnelsV2", self._tunnels)
+
+    async def SandboxGetTunnels(self, stream: Stream) -> None:
+        await self._unary(stream, "SandboxGetTunnels", self._tunnels)
+
     async def SandboxGetCommandRouterAccess(self, stream: Stream) -> None:
         def answer(request: api_pb2.SandboxGetCommandRouterAccessRequest
                    ) -> api_pb2.SandboxGetCommandRouterAccessResponse:
@@ -676,14 +737,25 @@ class TaskRouter(_Service, TaskCommandRouterBase):
             env = {e.key: e.value for e in request.env} if request.env else {}
             for source in request.secret_sources:  # exec(env=...): an inline secret
                 env.update(source.env.contents)
-            process = await self.standin._spawn(sandbox, list(request.command_args), env,
-                                                capture=True, workdir=request.workdir)
-            job = Exec(process)
+            loop = asyncio.get_running_loop()
+            if request.HasField("pty_info") and request.pty_info.pty_type == \
+                    api_pb2.PTYInfo.PTY_TYPE_SHELL:
+                process, master = await self.standin._spawn_on_terminal(
+                    sandbox, list(request.command_args), env, request.workdir,
+                    request.pty_info)
+                job = Exec(process, terminal=master)
+                job.closed[1] = True  # a terminal's output is all on stdout, as on Modal
+                loop.create_task(self._pump_terminal(job))
+            elif request.HasField("pty_info"):
+                raise GRPCError(Status.INVALID_ARGUMENT, "stand-in: pty_info of another type")
+            else:
+                process = await self.standin._spawn(sandbox, list(request.command_args), env,
+                                                    capture=True, workdir=request.workdir)
+                job = Exec(process)
+                loop.create_task(self._pump(job, process.stdout, 0))
+                loop.create_task(self._pump(job, process.stderr, 1))
             sandbox.execs[request.exec_id] = job
             sandbox.last_activity = time.time()
-            loop = asyncio.get_running_loop()
-            loop.create_task(self._pump(job, process.stdout, 0))
-            loop.create_task(self._pump(job, process.stderr, 1))
             loop.create_task(self._reap(sandbox, job, request.timeout_secs))
             return router_pb2.TaskExecStartResponse()
 
@@ -700,6 +772,25 @@ class TaskRouter(_Service, TaskCommandRouterBase):
                     job.closed[fd] = True
                 job.changed.notify_all()
             if not chunk:
+                return
+
+    @staticmethod
+    async def _pump_terminal(job: Exec) -> None:
+        """A terminal's output until every holder of its other end is gone (EIO)."""
+        while True:
+            try:
+                chunk = await asyncio.to_thread(os.read, job.terminal, 65536)
+            except OSError:
+                chunk = b""
+            async with job.changed:
+                if chunk:
+                    job.stdout.extend(chunk)
+                else:
+                    job.closed[0] = True
+                job.changed.notify_all()
+            if not chunk:
+                await job.process.wait()
+                os.close(job.terminal)
                 return
 
     @staticmethod
@@ -723,6 +814,17 @@ class TaskRouter(_Service, TaskCommandRouterBase):
                          ) -> router_pb2.TaskExecStdinWriteResponse:
             job = self._exec(request.task_id, request.exec_id)
             pipe = job.process.stdin
+            if job.terminal is not None:  # keystrokes, to the terminal (EOF means nothing)
+                async with job.stdin_lock:
+                    if request.offset > job.stdin_offset:
+                        raise GRPCError(Status.INVALID_ARGUMENT, f"stdin offset {request.offset} "
+                                        f"is past {job.stdin_offset}")
+                    data = request.data[job.stdin_offset - request.offset:]
+                    if data and not job.closed[0]:
+                        with contextlib.suppress(OSError):
+                            await asyncio.to_thread(_write_all, job.terminal, data)
+                    job.stdin_offset += len(data)
+                return router_pb2.TaskExecStdinWriteResponse()
             async with job.stdin_lock:
                 if request.offset > job.stdin_offset:
                     raise GRPCError(Status.INVALID_ARGUMENT,
