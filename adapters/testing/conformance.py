@@ -885,6 +885,8 @@ class AdapterConformance:
                 lambda: adapter.rename_file(ref, f"{work}/sbx-kit", f"{work}/sbx-kit-2"),
             ],
             Capability.PTY: [lambda: adapter.open_pty(ref, ["sh"])],
+            Capability.PORTS: [lambda: adapter.port_endpoints(ref),
+                               lambda: adapter.expose_port(ref, 8080)],
         }
         for call in calls[capability]:
             with pytest.raises(CapabilityNotSupported) as refused:
