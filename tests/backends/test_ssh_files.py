@@ -7,6 +7,7 @@ the adapter itself: "the host" is this machine, so what a command leaves is seen
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import io
 import os
@@ -21,6 +22,7 @@ from sshd import sshd_server  # noqa: F401 (a fixture)
 from support import SourceBroke, alive, breaking, chunks, gather
 
 from sandboxer.adapters.base import (
+    AdapterError,
     CapabilityNotSupported,
     CreateRequest,
     InvalidRequest,
@@ -284,3 +286,74 @@ def test_the_cli_round_trip_on_an_ssh_host_and_a_refusal(sbx, sshd_server, tmp_p
     assert "ssh" in refused.err and len(refused.err.strip().splitlines()) == 1
     assert not (tmp_path / "ran").exists()
     assert sbx("destroy", box["id"], "--yes").code == 0
+
+
+# -- a terminal (Capability.PTY) ------------------------------------------------------------
+
+
+async def _until(term, wanted: bytes, limit: float = 30) -> bytes:
+    """The terminal's output up to `wanted` (AssertionError with what came, after `limit`)."""
+    seen = b""
+
+    async def read() -> None:
+        nonlocal seen
+        while wanted not in seen:
+            chunk = await term.read()
+            assert chunk, f"the terminal ended before {wanted!r}: {seen[-300:]!r}"
+            seen += chunk
+
+    try:
+        await asyncio.wait_for(read(), limit)
+    except TimeoutError:
+        raise AssertionError(f"no {wanted!r} within {limit}s: {seen[-300:]!r}") from None
+    return seen
+
+
+def _command_lines() -> bytes:
+    found = b""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found += cmdline.read_bytes() + b"\n"
+        except OSError:
+            pass
+    return found
+
+
+def test_a_terminal_keeps_its_variables_off_screen_and_off_command_lines_and_hangs_up(leased):
+    """A secret in the terminal's env reaches the program, but never its screen (the
+    variables go in on the silenced terminal) nor a command line of the host; close() ends
+    the program on the host (the terminal hangs up) and leaves the lease."""
+    adapter, ref = leased
+    secret = f"s3cr3t-{os.urandom(8).hex()}"
+
+    async def main() -> tuple[bytes, bytes, int]:
+        term = await adapter.open_pty(ref, ["sh"], env={"SBX_PTY_SECRET": secret})
+        try:
+            await term.write(b'echo "len=${#SBX_PTY_SECRET} pid=$$ end"\n')
+            seen = await _until(term, b" end\r\n")
+            lines = _command_lines()  # while the program runs
+            pid = int(seen.split(b"pid=")[-1].split()[0])
+            assert alive(pid)
+        finally:
+            await term.close()
+        return seen, lines, pid
+
+    seen, lines, pid = asyncio.run(main())
+    assert f"len={len(secret)} ".encode() in seen
+    encoded = base64.b64encode(secret.encode())
+    for text in (seen, lines):
+        assert secret.encode() not in text and encoded not in text
+    deadline = time.monotonic() + 30
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid), "the program outlived its terminal's close()"
+    assert asyncio.run(adapter.get(ref)) is not None
+
+
+def test_a_terminal_in_a_folder_that_does_not_exist_is_refused_naming_it(leased, tmp_path):
+    adapter, ref = leased
+    missing = tmp_path / "missing"
+    with pytest.raises(AdapterError) as refused:
+        asyncio.run(adapter.open_pty(ref, ["sh"], cwd=str(missing)))
+    assert str(missing) in str(refused.value) and "\n" not in str(refused.value)
+    assert not missing.exists()
