@@ -9,10 +9,14 @@ port while the sandbox runs. The network is the installation's own private bridg
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
+from support import ROOT
 
 import sandboxer
 from sandboxer.core.rules.profiles import ProfileLoader
@@ -96,3 +100,14 @@ async def test_another_publish_address_is_an_opt_in_of_the_profile(client, docke
     assert url.startswith("http://127.0.0.1:")  # reached from here at loopback
     reply = await get_when_up(url + "/index.html")
     assert reply.text == PAGE
+
+
+def test_the_documented_example_runs(sbx, tmp_path):
+    """docs/terminals-and-ports.md's Python example, as written, on the test's SBX_HOME."""
+    section = (ROOT / "docs" / "terminals-and-ports.md").read_text().split("## Ports")[1]
+    [example] = re.findall(r"```python\n(.*?)```", section.split("\n## ")[0], re.S)
+    done = subprocess.run([sys.executable, "-c", example], env=sbx.env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    url, ports = done.stdout.splitlines()
+    assert url.startswith("http://127.0.0.1:") and ports == repr({8080: url})
