@@ -415,7 +415,7 @@ class RemoteTransport:
         return found
 
     async def _pty_connect(self, ref: str, session: str | None = None,
-                           offset: int | None = None) -> Any:
+                           offset: int | None = None, output: bool = True) -> Any:
         """A WebSocket to `/v1/sandboxes/{ref}/pty` (with `session`: that terminal's, its
         output from `offset`, or from now); the service's refusal as the library's error."""
         import socket
@@ -423,8 +423,9 @@ class RemoteTransport:
         from websockets.asyncio.client import connect
         from websockets.exceptions import InvalidStatus, WebSocketException
 
-        query = urllib.parse.urlencode({k: v for k, v in (("session", session),
-                                                          ("offset", offset)) if v is not None})
+        query = urllib.parse.urlencode({k: v for k, v in (
+            ("session", session), ("offset", offset),
+            ("output", None if output else "false")) if v is not None})
         path = f"/v1/sandboxes/{_seg(ref)}/pty" + (f"?{query}" if query else "")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         options: dict[str, Any] = {"additional_headers": headers, "compression": None,
@@ -476,8 +477,13 @@ class RemoteTransport:
     async def _pty_socket(self, ref: str, session: str) -> _PtySocket:
         sock = self._pty_sockets().get(session)
         if sock is None or sock.dropped:
-            ws = await self._pty_connect(ref, session)
+            ws = await self._pty_connect(ref, session, output=False)  # for input only
             said = await _pty_control(ws, self.url)
+            view = said.get("terminal") or {}
+            if view.get("running") is False:
+                await ws.close()
+                raise Conflict(f"terminal {session} has ended (exit code "
+                               f"{view.get('exit_code')})")
             sock = self._pty_sockets()[session] = _PtySocket(ws, int(said["offset"]))
         return sock
 
@@ -498,14 +504,14 @@ class RemoteTransport:
         raises Unavailable: read again from the offset reached (`attach`)."""
         from websockets.exceptions import ConnectionClosed
 
-        sock = self._pty_sockets().get(session)
+        sockets = self._pty_sockets()
+        sock = sockets.get(session)
         if sock is None or sock.dropped or sock.offset != offset or sock.reading:
-            if sock is not None:
-                self._pty_sockets().pop(session, None)
-                await sock.ws.close()
-            ws = await self._pty_connect(ref, session, offset)
+            ws = await self._pty_connect(ref, session, offset)  # this reader's own
             said = await _pty_control(ws, self.url)
-            sock = self._pty_sockets()[session] = _PtySocket(ws, int(said["offset"]))
+            sock = _PtySocket(ws, int(said["offset"]))
+            if session not in sockets or sockets[session].dropped:
+                sockets[session] = sock  # keystrokes go on it too
         sock.reading = True
         try:
             while True:
@@ -526,12 +532,18 @@ class RemoteTransport:
                 if "offset" in said:
                     sock.offset = int(said["offset"])
                 if "exit" in said:
-                    self._pty_sockets().pop(session, None)
+                    if sockets.get(session) is sock:
+                        sockets.pop(session, None)
+                    sock.dropped = True
                     await sock.ws.close()
                     yield {"exit": said["exit"]}
                     return
         finally:
             sock.reading = False
+            if sockets.get(session) is not sock:
+                await sock.ws.close()  # only this reader's
+            else:
+                sock.offset = -1  # output not read is on it: no later reader takes it
 
     async def write_pty(self, ref: str, session: str, data: bytes) -> None:
         await self._pty_send(ref, session, bytes(data))
@@ -546,13 +558,16 @@ class RemoteTransport:
     async def _pty_send(self, ref: str, session: str, message: bytes | str) -> None:
         from websockets.exceptions import ConnectionClosed
 
-        sock = await self._pty_socket(ref, session)
-        try:
-            await sock.ws.send(message)
-        except ConnectionClosed:
-            sock.dropped = True
-            raise Unavailable(f"the terminal's connection to {self.url} dropped: attach to "
-                              "go on") from None
+        for again in (True, False):  # a connection found closed is made again, once
+            sock = await self._pty_socket(ref, session)
+            try:
+                await sock.ws.send(message)
+                return
+            except ConnectionClosed:
+                sock.dropped = True
+                if not again:
+                    raise Unavailable(f"the terminal's connection to {self.url} dropped: "
+                                      "attach to go on") from None
 
     # -- processes --------------------------------------------------------------------------
 

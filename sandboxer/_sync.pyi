@@ -708,7 +708,12 @@ class Terminal:
 
     def __repr__(self) -> str: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The session as last read from the sbx it runs in: its "offset" is how much output
+        it had written then, "kept_from" the oldest byte still kept (this handle's own
+        position is `offset`, the attribute).
+        """
+        ...
 
     def read(self) -> bytes:
         """The next output, as soon as there is some; b"" once the program ended and all of

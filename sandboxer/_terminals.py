@@ -53,7 +53,10 @@ class AsyncTerminal:
         return not self._ended and bool(self._view.get("running", True))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self._view, "offset": self.offset}
+        """The session as last read from the sbx it runs in: its "offset" is how much output
+        it had written then, "kept_from" the oldest byte still kept (this handle's own
+        position is `offset`, the attribute)."""
+        return dict(self._view)
 
     async def read(self) -> bytes:
         """The next output, as soon as there is some; b"" once the program ended and all of

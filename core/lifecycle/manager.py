@@ -213,6 +213,11 @@ class Manager:
         return adapter
 
     async def close(self) -> None:
+        import sys
+
+        terminals = sys.modules.get("sandboxer.core.lifecycle.terminals")
+        if terminals is not None:  # the terminals this process holds end with it
+            await terminals.close_all(self)
         for adapter in self._adapters.values():
             await adapter.close()
         self.db.dispose()

@@ -9,7 +9,8 @@ would give (401, 403, 404).
 
 A new session: the client's first message is `{"argv": [...] | null, "cols", "rows", "env",
 "cwd"}`; the service opens the terminal and says `{"session": ID, "offset": 0, "terminal":
-view}`. Reattach with `?session=ID&offset=N` (no first message; without `offset`: from now).
+view}`. Reattach with `?session=ID&offset=N` (no first message; without `offset`: from now;
+`&output=false`: a connection for input only).
 Then the output as binary frames, `{"offset": n}` before any gap (output no longer kept),
 and `{"exit": code}` once the program ended, then the close (1000). From the client:
 keystrokes as binary frames, `{"resize": [cols, rows]}`, `{"close": true}` (ends the
@@ -37,7 +38,7 @@ OPEN_WAIT_S = 30.0  # a new session's first message must come within this
 
 @router.websocket("/v1/sandboxes/{ref}/pty")
 async def pty(websocket: WebSocket, ref: str, session: str | None = None,
-              offset: int | None = None) -> None:
+              offset: int | None = None, output: bool = True) -> None:
     try:
         who = await caller(websocket, Scope.WRITE)  # type: ignore[arg-type]
         box = await who.client.get(ref)  # another tenant's: NotFound, as a missing one
@@ -70,7 +71,7 @@ async def pty(websocket: WebSocket, ref: str, session: str | None = None,
     except SbxError as exc:
         await _fail(websocket, exc)
         return
-    await _relay(websocket, term)
+    await _relay(websocket, term, output)
 
 
 async def _deny(websocket: WebSocket, response: JSONResponse) -> None:
@@ -103,10 +104,11 @@ def _open_request(text: str) -> dict[str, Any]:
             "cwd": asked.get("cwd")}
 
 
-async def _relay(websocket: WebSocket, term: Any) -> None:
-    """Output out and input in until the program ends or the client leaves (the session
-    then runs on, for a reattach)."""
-    out = asyncio.ensure_future(_output(websocket, term))
+async def _relay(websocket: WebSocket, term: Any, output: bool) -> None:
+    """Output out (unless the client asked for none: a connection for input only) and input
+    in until the program ends or the client leaves (the session then runs on, for a
+    reattach)."""
+    out = asyncio.ensure_future(_output(websocket, term) if output else asyncio.Event().wait())
     into = asyncio.ensure_future(_input(websocket, term))
     try:
         await asyncio.wait({out, into}, return_when=asyncio.FIRST_COMPLETED)
