@@ -53,6 +53,16 @@ def refusal(status: int, kind: str, message: str, **headers: str) -> JSONRespons
                         status_code=status, headers=headers or None)
 
 
+def logged_path(request: Request) -> str:
+    """The request's path as the log shows it: a preview link's token (a credential,
+    docs/security.md "Preview links") is left out."""
+    path = request.url.path
+    if path.startswith("/v1/previews/"):
+        rest = path[len("/v1/previews/"):].partition("/")[2]
+        return f"/v1/previews/(link)/{rest}"
+    return path
+
+
 def install(app: FastAPI) -> None:
     """The app's error handlers: every error leaves as the body above."""
     @app.exception_handler(SbxError)
@@ -61,7 +71,7 @@ def install(app: FastAPI) -> None:
 
         cause = database_cause(exc)
         if cause is not None:  # the body says one line; the statement stays in this log
-            log.warning("%s %s: %s", request.method, request.url.path, exc,
+            log.warning("%s %s: %s", request.method, logged_path(request), exc,
                         exc_info=(type(cause), cause, cause.__traceback__))
         return error_response(exc)
 
@@ -91,7 +101,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        log.exception("unexpected error in %s %s", request.method, logged_path(request))
         return JSONResponse({"error": {"code": int(ExitCode.FAILED), "kind": "failed",
                                        "message": f"the service failed ({type(exc).__name__}); "
                                                   "its log says more"}}, status_code=500)

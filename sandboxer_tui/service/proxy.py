@@ -273,16 +273,39 @@ class Upstreams:
 
 
 @dataclass
+class Found:
+    """The sandbox each key's requests named, kept `ttl` seconds: a key's request to the same
+    sandbox within it skips the lookup (the key itself is still checked on every request,
+    and a key's scope and owner never change). A link's request always looks."""
+
+    ttl: float = 1.0
+    boxes: dict[tuple[str, str], tuple[Any, float]] = field(default_factory=dict)
+
+    def get(self, principal: str, ref: str) -> Any:
+        hit = self.boxes.get((principal, ref))
+        if hit is not None and time.monotonic() - hit[1] < self.ttl:
+            return hit[0]
+        return None
+
+    def put(self, principal: str, ref: str, box: Any) -> None:
+        if len(self.boxes) > 4096:
+            self.boxes.clear()
+        self.boxes[(principal, ref)] = (box, time.monotonic())
+
+
+@dataclass
 class Proxy:
-    """One app's proxy: its links, its upstreams and its activity throttle."""
+    """One app's proxy: its links, its upstreams, the sandboxes keys found, and its activity
+    throttle."""
 
     links: Links
     upstreams: Upstreams
+    found: Found
     activity: Activity
 
     @classmethod
     def made(cls, key_path: Path, mark: Callable[[str], Awaitable[Any]]) -> Proxy:
-        return cls(Links(key_path), Upstreams(), Activity(mark))
+        return cls(Links(key_path), Upstreams(), Found(), Activity(mark))
 
     async def close(self) -> None:
         await self.upstreams.close()

@@ -217,9 +217,24 @@ def _unreachable(sandbox_id: str, port: int, status: int, why: str) -> JSONRespo
                         status_code=status)
 
 
-async def proxy_http(who: Write, request: Request, ref: str, port: PortNumber,
-                     path: str) -> Response:
+async def _keyed(conn: HTTPConnection, ref: str) -> Any:
+    """The sandbox `ref` names for this request's key (write scope; another tenant's: not
+    found), looked up at most once a second per key and sandbox (proxy.Found)."""
+    from sandboxer.service import Scope
+    from sandboxer_tui.service.auth import caller
+
+    found = _proxy(conn).found
+    key = getattr(conn.state, "api_key", None)
+    if key is not None and (box := found.get(key["id"], ref)) is not None:
+        return box
+    who = await caller(conn, Scope.WRITE)  # type: ignore[arg-type]
     box = await who.client.get(ref)
+    found.put(who.principal, ref, box)
+    return box
+
+
+async def proxy_http(request: Request, ref: str, port: PortNumber, path: str) -> Response:
+    box = await _keyed(request, ref)
     return await _forward(request, box, port, _tail(request, 6),
                           f"/v1/sandboxes/{ref}/ports/{port}", "key")
 
@@ -299,13 +314,11 @@ async def _deny(websocket: WebSocket, status: int, message: str) -> None:
 @router.websocket(PROXIED)
 async def proxy_websocket(websocket: WebSocket, ref: str, port: int, path: str) -> None:
     from sandboxer.core.rules.errors import SbxError, one_line
-    from sandboxer.service import Scope
-    from sandboxer_tui.service.auth import Refused, caller
+    from sandboxer_tui.service.auth import Refused
     from sandboxer_tui.service.errors import status_of
 
     try:
-        who = await caller(websocket, Scope.WRITE)  # type: ignore[arg-type]
-        box = await who.client.get(ref)
+        box = await _keyed(websocket, ref)
     except Refused as exc:
         await _deny(websocket, exc.status, str(exc))
         return
