@@ -104,7 +104,7 @@ async def _relay(term, stdin: int, stdout: int, tty_fd: int | None) -> None:
         keys.put_nowait(b"")
 
     async def resized() -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the program ended meanwhile
             await term.resize(*_size(tty_fd))
 
     feeder = None
@@ -113,8 +113,14 @@ async def _relay(term, stdin: int, stdout: int, tty_fd: int | None) -> None:
     except (OSError, ValueError):
         feeder = loop.create_task(read_in_thread())
     if tty_fd is not None:
-        loop.add_signal_handler(signal.SIGWINCH,
-                                lambda: loop.create_task(resized()))
+        resizes: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
+
+        def on_winch() -> None:
+            task = loop.create_task(resized())
+            resizes.add(task)
+            task.add_done_callback(resizes.discard)
+
+        loop.add_signal_handler(signal.SIGWINCH, on_winch)
     typist = loop.create_task(typing())
     try:
         async for chunk in term:
