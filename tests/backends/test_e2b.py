@@ -25,10 +25,13 @@ from support import (
     SBX,
     Result,
     SbxRunner,
+    alive,
     events_of,
     install_id_of,
     query,
     table_rows,
+    terminal_until,
+    wait_ended,
     write_profile,
 )
 
@@ -626,3 +629,38 @@ def test_in_a_fleet_any_host_reaps_an_expired_e2b_sandbox_but_not_anothers_docke
     # its own host's reaper does end it
     mine = e2b("reap", "--json", env={**shared, "SBX_CLOCK_OFFSET": "6m"})
     assert mine.code == 0 and mine.json()["destroyed"] == [local["id"]]
+
+
+def test_a_terminal_runs_on_envds_pty_resizes_and_close_ends_what_it_started(e2b_env, standin):
+    """open_pty through the SDK: envd's Start with a pty of the size asked, keystrokes as pty
+    input, Update's new size reaching the program as SIGWINCH, and close() killing the
+    program and what it started in the background."""
+    adapter = E2BAdapter()
+
+    async def scenario():
+        obj = await adapter.create(request("sbx-01jpty00000000000000000000"))
+        term = await adapter.open_pty(obj.ref, ["sh"], cols=132, rows=50)
+        try:
+            await term.write(b"PS1='P''S> '; trap 'echo winch-seen' WINCH; sleep 300 & "
+                             b"echo \"bg=$! me=$$ end\"; stty size\n")
+            seen = await terminal_until(term, b"50 132")
+            # the shell has the terminal back (its prompt): the signal of a resize is its
+            await terminal_until(term, b"PS> ", seen=seen.split(b"50 132")[-1])
+            bg = int(seen.split(b"bg=")[-1].split()[0])
+            me = int(seen.split(b"me=")[-1].split()[0])
+            await term.resize(100, 30)
+            await term.write(b"stty size\n")
+            seen = await terminal_until(term, b"30 100")
+            seen = await terminal_until(term, b"winch-seen", seen=seen)
+            assert alive(bg) and alive(me)
+        finally:
+            await term.close()
+        await term.close()
+        left = wait_ended([bg, me])
+        await adapter.destroy(obj.ref)
+        return left
+
+    left = run(scenario())
+    assert left == [], "close() left the terminal's processes running"
+    paths = [path for _, path, _ in standin.calls]
+    assert "/process.Process/Update" in paths and "/process.Process/SendInput" in paths

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from sshd import sshd_server  # noqa: F401 (a fixture)
-from support import SourceBroke, alive, breaking, chunks, gather
+from support import SourceBroke, alive, breaking, chunks, gather, terminal_until, wait_ended
 
 from sandboxer.adapters.base import (
     AdapterError,
@@ -291,24 +291,6 @@ def test_the_cli_round_trip_on_an_ssh_host_and_a_refusal(sbx, sshd_server, tmp_p
 # -- a terminal (Capability.PTY) ------------------------------------------------------------
 
 
-async def _until(term, wanted: bytes, limit: float = 30) -> bytes:
-    """The terminal's output up to `wanted` (AssertionError with what came, after `limit`)."""
-    seen = b""
-
-    async def read() -> None:
-        nonlocal seen
-        while wanted not in seen:
-            chunk = await term.read()
-            assert chunk, f"the terminal ended before {wanted!r}: {seen[-300:]!r}"
-            seen += chunk
-
-    try:
-        await asyncio.wait_for(read(), limit)
-    except TimeoutError:
-        raise AssertionError(f"no {wanted!r} within {limit}s: {seen[-300:]!r}") from None
-    return seen
-
-
 def _command_lines() -> bytes:
     found = b""
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -330,7 +312,7 @@ def test_a_terminal_keeps_its_variables_off_screen_and_off_command_lines_and_han
         term = await adapter.open_pty(ref, ["sh"], env={"SBX_PTY_SECRET": secret})
         try:
             await term.write(b'echo "len=${#SBX_PTY_SECRET} pid=$$ end"\n')
-            seen = await _until(term, b" end\r\n")
+            seen = await terminal_until(term, b" end\r\n")
             lines = _command_lines()  # while the program runs
             pid = int(seen.split(b"pid=")[-1].split()[0])
             assert alive(pid)
@@ -343,10 +325,7 @@ def test_a_terminal_keeps_its_variables_off_screen_and_off_command_lines_and_han
     encoded = base64.b64encode(secret.encode())
     for text in (seen, lines):
         assert secret.encode() not in text and encoded not in text
-    deadline = time.monotonic() + 30
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid), "the program outlived its terminal's close()"
+    assert wait_ended([pid]) == [], "the program outlived its terminal's close()"
     assert asyncio.run(adapter.get(ref)) is not None
 
 

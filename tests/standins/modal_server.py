@@ -393,9 +393,14 @@ def with_unimplemented(cls: type) -> type:
     return type(cls.__name__, (cls,), missing)
 
 
-# run as `python -c _ON_TERMINAL PROGRAM ARGS...` with the terminal as stdin: a session of
-# its own whose controlling terminal it is, then the program
-_ON_TERMINAL = ("import fcntl, os, sys, termios; os.setsid(); "
+# run as `python -c _ON_TERMINAL PROGRAM ARGS...` with the terminal as stdin: no signal
+# blocked (the server's thread that starts it blocks them all, and a child inherits that)
+# nor ignored by Python's doing,
+# a session of its own whose controlling terminal it is, then the program
+_ON_TERMINAL = ("import fcntl, os, signal, sys, termios; "
+                "signal.pthread_sigmask(signal.SIG_SETMASK, []); "
+                "[signal.signal(n, signal.SIG_DFL) for n in (signal.SIGPIPE, signal.SIGXFSZ)]; "
+                "os.setsid(); "
                 "fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])")
 
 

@@ -314,3 +314,31 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return "\nState:\tZ" not in status and "\nState:\tX" not in status
+
+
+async def terminal_until(term, wanted: bytes, limit: float = 30, seen: bytes = b"") -> bytes:
+    """`seen` and a PtyChannel's further output, read until `wanted` is in them; an
+    AssertionError saying what came if it ends or `limit` passes first."""
+    import asyncio
+
+
+    async def read() -> None:
+        nonlocal seen
+        while wanted not in seen:
+            chunk = await term.read()
+            assert chunk, f"the terminal ended before {wanted!r}: {seen[-300:]!r}"
+            seen += chunk
+
+    try:
+        await asyncio.wait_for(read(), limit)
+    except TimeoutError:
+        raise AssertionError(f"no {wanted!r} within {limit}s: {seen[-300:]!r}") from None
+    return seen
+
+
+def wait_ended(pids, limit: float = 30) -> list[int]:
+    """Those of `pids` (processes of this host) still alive after up to `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
