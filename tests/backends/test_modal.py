@@ -21,7 +21,17 @@ from pathlib import Path
 import pytest
 from modal_proto import api_pb2
 from standins.modal_server import ModalStandin
-from support import RUN_LABEL, events_of, install_id_of, show, table_rows, write_profile
+from support import (
+    RUN_LABEL,
+    alive,
+    events_of,
+    install_id_of,
+    show,
+    table_rows,
+    terminal_until,
+    wait_ended,
+    write_profile,
+)
 
 from sandboxer.adapters.base import (
     LABEL_CHECKPOINT,
@@ -535,3 +545,50 @@ def test_reconcile_removes_a_snapshot_image_of_ours_that_no_checkpoint_claims(
     assert foreign.ref in standin.images  # another installation's: untouched
     listed = run(with_adapter(lambda a: a.list_artifacts({LABEL_INSTALL: install})))
     assert listed == []
+
+
+# -- a terminal (Capability.PTY) ------------------------------------------------------------
+
+
+def test_a_terminal_is_sized_in_the_sandbox_resized_with_sigwinch_and_closed(standin, image):
+    """exec with pty=True (the stand-in runs it on a real pseudo-terminal): the size asked
+    for before the program starts, a resize by a second exec reaching the shell as SIGWINCH
+    (Modal has no resize call), the exit code from wait, and close() of a running terminal
+    killing its program and its background job."""
+    from sandboxer.adapters.testing import new_sandbox_id
+
+    async def scenario(adapter):
+        sandbox_id = new_sandbox_id()
+        obj = await adapter.create(CreateRequest(
+            sandbox_id=sandbox_id, image=image, hard_deadline=datetime.now(UTC) +
+            timedelta(hours=1), labels={LABEL_ID: sandbox_id, LABEL_INSTALL: "inst-pty"}))
+        try:
+            term = await adapter.open_pty(obj.ref, ["sh"], cols=132, rows=50)
+            try:
+                await term.write(b"PS1='P''S> '; trap 'echo winch-seen' WINCH; sleep 300 & "
+                                 b"echo \"bg=$! me=$$ end\"; stty size\n")
+                seen = await terminal_until(term, b"50 132")
+                pids = [int(seen.split(f"{n}=".encode())[-1].split()[0]) for n in ("bg", "me")]
+                await terminal_until(term, b"PS> ", seen=seen.split(b"50 132")[-1])
+                await term.resize(100, 30)
+                await term.write(b"stty size\n")
+                seen = await terminal_until(term, b"30 100")
+                await terminal_until(term, b"winch-seen", seen=seen)
+                assert all(alive(p) for p in pids)
+            finally:
+                await term.close()
+            await term.close()
+            left = wait_ended(pids)
+
+            ended = await adapter.open_pty(obj.ref, ["sh", "-c", "read line; exit 7"])
+            await ended.write(b"go\n")
+            while await ended.read():
+                pass
+            await ended.close()
+            return left, ended.exit_code
+        finally:
+            await adapter.destroy(obj.ref)
+
+    left, code = run(with_adapter(scenario))
+    assert left == [], "close() left the terminal's processes running"
+    assert code == 7
