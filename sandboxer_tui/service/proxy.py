@@ -232,23 +232,32 @@ class Activity:
 # -- upstreams ------------------------------------------------------------------------------
 
 
+# a connection to a port is made within 10 s; an answer may take as long as it takes (a
+# stream, a long poll); a request's body is sent within a minute of each piece
+TIMEOUTS = {"connect": 10.0, "read": None, "write": 60.0, "pool": 30.0}
+
+
 @dataclass
 class Upstreams:
     """Where each sandbox's port answers (`box.url(port)`, kept a few seconds: each request
-    still checks the sandbox in the database), and one pooled httpx client for them all."""
+    still checks the sandbox in the database), and one pool of connections for them all:
+    httpx's transport, which is its client's pool without the client's layers (redirects,
+    cookies, auth, merged URLs: a proxy passes those on, it does not act on them), about a
+    third of httpx's cost per request."""
 
     ttl: float = 5.0
     urls: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
     _http: Any = None
 
     def http(self) -> Any:
+        """The pool: `await http.handle_async_request(httpx.Request(...,
+        extensions={"timeout": TIMEOUTS}))`."""
         if self._http is None:
             import httpx
 
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(connect=10, read=None, write=60, pool=30),
+            self._http = httpx.AsyncHTTPTransport(
                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-                follow_redirects=False, trust_env=False)
+                trust_env=False, retries=0)
         return self._http
 
     async def url(self, box: Any, port: int) -> str:

@@ -21,7 +21,9 @@ from sandboxer_tui.service.routes import (
     terminals,
 )
 
-ROUTERS = (health.router, metrics.router, sandboxes.router, commands.router, files.router,
-           processes.router, ports.router, evidence.router,
+# ports first: its proxy answers every request to a sandbox's port, and FastAPI tries the
+# routers in order (none of its paths is another router's)
+ROUTERS = (ports.router, health.router, metrics.router, sandboxes.router, commands.router,
+           files.router, processes.router, evidence.router,
            checkpoints.router, events.router, reaper.router, profiles.router, pools.router,
            keys.router, terminals.router)

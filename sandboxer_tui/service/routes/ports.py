@@ -151,7 +151,7 @@ async def _forward(request: Request, box: Any, port: int, tail: str, prefix: str
     """The request passed on to the sandbox's port, and its answer streamed back."""
     import httpx
 
-    from sandboxer_tui.service.proxy import request_headers, response_headers
+    from sandboxer_tui.service.proxy import TIMEOUTS, request_headers, response_headers
 
     proxy = _proxy(request)
     metrics = request.app.state.service.metrics
@@ -173,8 +173,9 @@ async def _forward(request: Request, box: Any, port: int, tail: str, prefix: str
                 or request.headers.get("content-length", "0") not in ("", "0"))
     http = proxy.upstreams.http()
     try:
-        upstream = http.build_request(request.method, base + tail, headers=headers,
-                                      content=body() if has_body else None)
+        upstream = httpx.Request(request.method, base + tail, headers=headers,
+                                 content=body() if has_body else None,
+                                 extensions={"timeout": TIMEOUTS})
     except (httpx.InvalidURL, ValueError):
         from sandboxer.core.rules.errors import BadInput
         from sandboxer_tui.service.errors import error_response
@@ -182,7 +183,7 @@ async def _forward(request: Request, box: Any, port: int, tail: str, prefix: str
         return error_response(BadInput("the path or query cannot be passed on to the port: "
                                        "it is not a valid URL"))
     try:
-        answer = await http.send(upstream, stream=True)
+        answer = await http.handle_async_request(upstream)
     except httpx.TimeoutException:
         return _unreachable(box.id, port, 504, "did not answer in time")
     except httpx.TransportError:
@@ -203,10 +204,30 @@ async def _forward(request: Request, box: Any, port: int, tail: str, prefix: str
             metrics.proxy_bytes.labels(*labels, "in").inc(sent[0])
             metrics.proxy_bytes.labels(*labels, "out").inc(received)
 
-    response = StreamingResponse(relay(), status_code=answer.status_code)
+    length = answer.headers.get("content-length", "")
+    response = _Relayed(relay(), status_code=answer.status_code,
+                        bounded=length.isdigit() and int(length) <= 1024**2)
     response.raw_headers = response_headers(answer.headers.multi_items(), prefix=prefix,
                                             via_link=via == "link")
     return response
+
+
+class _Relayed(StreamingResponse):
+    """The port's answer, streamed. One that ends on its own (a Content-Length up to 1 MiB)
+    is sent without Starlette's second task watching for the caller to leave, which costs
+    more than a small answer itself; any other (a stream, a long poll) keeps it, so that a
+    caller who leaves ends it."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, status_code: int,
+                 bounded: bool) -> None:
+        super().__init__(content, status_code=status_code)
+        self.bounded = bounded
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if not self.bounded:
+            await super().__call__(scope, receive, send)
+            return
+        await self.stream_response(send)
 
 
 def _unreachable(sandbox_id: str, port: int, status: int, why: str) -> JSONResponse:
