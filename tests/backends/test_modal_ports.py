@@ -41,7 +41,12 @@ def test_the_profiles_ports_are_modal_tunnels(sbx, standin, image, tmp_path):  #
     opened = created(standin, box).definition.open_ports.ports
     assert sorted((p.port, p.unencrypted) for p in opened) == [(3000, False), (8080, False)]
     sandbox_id = box["backend_ref"].split("@")[0]
+    seen = len(standin.calls)
     one = sbx("port", box["id"], "8080")
+    # what docs/modal.md lists for ports
+    assert {c.method for c in standin.calls[seen:]} <= {
+        "ClientHello", "AuthTokenGet", "SandboxWaitV2", "SandboxGetTunnelsV2"}
+    assert "SandboxGetTunnelsV2" in {c.method for c in standin.calls[seen:]}
     assert (one.code, one.out.strip()) == (
         0, f"https://{sandbox_id}-8080.{TUNNEL_DOMAIN}"), one.err
     assert one_json(sbx("port", box["id"], "--json").out) == [
