@@ -692,15 +692,21 @@ class AdapterConformance:
         """open_pty runs a shell on a terminal of the size asked for (`stty size`), with
         exec's env and cwd and TERM set; what is typed reaches it, resize changes what
         `stty size` says, `exit 3` ends it: read() gives b"" and exit_code is 3; close() is
-        idempotent, after the end too."""
-        if not adapter.supports(Capability.PTY):
-            pytest.skip(f"{adapter.name} does not declare pty (refusal: test_capability[pty])")
+        idempotent, after the end too. A backend without pty: open_pty is refused
+        (CapabilityNotSupported) naming the backend."""
+        declared = adapter.supports(Capability.PTY)
         argv = self.argv_pty_shell()
-        if argv is None:
+        if declared and argv is None:
             pytest.skip("argv_pty_shell() is None: no shell with stty in this backend's sandboxes")
 
         async def body(kit: Kit) -> None:
             obj = await kit.create()
+            if not declared:
+                with pytest.raises(CapabilityNotSupported) as refused:
+                    await asyncio.wait_for(adapter.open_pty(obj.ref, ["sh"]), 60)
+                assert adapter.name in str(refused.value), (
+                    f"the refusal must name the backend: {refused.value}")
+                return
             term = await adapter.open_pty(obj.ref, argv, cols=80, rows=24,
                                           env={"SBX_KIT_PTY": "kit-value"},
                                           cwd=self.work_folder)
