@@ -439,45 +439,96 @@ class _ExecSocket:
                     thing.close()
 
 
-class _ExecPump:
-    """Moves one exec's bytes between the event loop and its connection, on two threads of
-    its own (a read or a write that blocks for as long as the command runs never holds a
-    thread of the loop's pool): output out, at most EXEC_QUEUE pieces ahead of `get`; stdin
-    in, at most STDIN_QUEUE pieces ahead of the connection."""
+class _Workers:
+    """Daemon threads kept for the next exec's reader and writer. Starting a thread per exec
+    costs round trips between cores (its start is waited for), which on an idle VM's cores is
+    most of an exec's own overhead; a ThreadPoolExecutor would do, but its threads are joined
+    at the interpreter's exit, and a reader blocked on a command that runs on must never hold
+    up the exit of the process that started it."""
 
-    def __init__(self, conn: _ExecSocket, loop: asyncio.AbstractEventLoop,
-                 stdin: Stdin, finish: Callable[[], Any] | None = None) -> None:
-        self.conn, self.loop = conn, loop
+    KEEP = 32  # idle threads kept; more are started when more execs run at once
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        """In a forked child (a resident server's): none of the parent's threads are here."""
+        self._lock = threading.Lock()
+        self._idle = []
+
+    def run(self, job: Callable[[], None]) -> None:
+        """`job` on an idle thread, or a new one; it must report its own failures."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(inbox,), name="sbx-exec",
+                             daemon=True).start()
+        inbox.put(job)
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            job = inbox.get()
+            with contextlib.suppress(BaseException):  # a job reports its own failures
+                job()
+            del job
+            with self._lock:
+                if len(self._idle) >= self.KEEP:
+                    return
+                self._idle.append(inbox)
+
+
+_WORKERS = _Workers()
+
+
+class _StartFailed(Exception):
+    """The exec could not be created or started (its cause is the engine's error)."""
+
+
+class _ExecPump:
+    """Moves one exec's bytes between the event loop and its connection, on two threads
+    (_WORKERS'; a read or a write that blocks for as long as the command runs never holds a
+    thread of the loop's pool): output out, at most EXEC_QUEUE pieces ahead of `get`; stdin
+    in, at most STDIN_QUEUE pieces ahead of the connection. The reader's thread also creates
+    and starts the exec (`start`) and, once the output ended, runs `finish` (the exit code's
+    inspect): each is a hand-off to the loop fewer than a call of its own."""
+
+    def __init__(self, start: Callable[[], tuple[str, Any]], loop: asyncio.AbstractEventLoop,
+                 stdin: Stdin, finish: Callable[[str], Any] | None = None,
+                 start_failed: Callable[[BaseException], BaseException] = lambda exc: exc,
+                 ) -> None:
+        self.conn: _ExecSocket | None = None
+        self._start_failed = start_failed  # what a failure of `start` is to the caller
+        self.exec_id: str | None = None  # once started (read on the loop after an item)
+        self.loop = loop
         self.reads = 0
+        self._start = start
         self._out: asyncio.Queue[Any] = asyncio.Queue()
         self._slots = threading.Semaphore(EXEC_QUEUE)
         self._stopped = False
         self._feeder: asyncio.Task[None] | None = None
-        self._writer: threading.Thread | None = None
+        self._writer_done: threading.Event | None = None
         self._pieces: queue.SimpleQueue[bytes | memoryview | None] = queue.SimpleQueue()
-        # run on the reader thread once the output ended (the exit code's inspect): one
-        # hand-off to the loop fewer than a call of its own; its result or error kept here
         self._finish = finish
         self.finished: Any = None
         self.finish_error: BaseException | None = None
         # stdin given as bytes is already held: its pieces go to the writer at once, which
-        # then never wakes the loop (each wake-up costs a hop between cores)
+        # then never wakes the loop
         self._held = isinstance(stdin, bytes | bytearray | memoryview)
         if stdin is not None:
             self._room = asyncio.Semaphore(STDIN_QUEUE)
             self._writing = True
+            self._writer_done = threading.Event()
             if self._held:
                 view = memoryview(stdin)
                 for at in range(0, len(view), STDIN_PIECE):
                     self._pieces.put(view[at:at + STDIN_PIECE])
                 self._pieces.put(None)
-            self._writer = threading.Thread(target=self._write, name="sbx-exec-stdin",
-                                            daemon=True)
-            self._writer.start()
-            if not self._held:
+            else:
                 self._feeder = loop.create_task(self._feed(stdin))
-        self._reader = threading.Thread(target=self._read, name="sbx-exec-output", daemon=True)
-        self._reader.start()
+        _WORKERS.run(self._read)
 
     def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
@@ -507,8 +558,19 @@ class _ExecPump:
             self._writing = False
             if not self._held:
                 self._soon(self._room.release)  # a feeder waiting for room sees it is over
+            self._writer_done.set()
 
     def _read(self) -> None:
+        try:
+            self.exec_id, sock = self._start()
+        except BaseException as exc:  # noqa: BLE001 (handed to the reader, raised there)
+            self._soon(self._out.put_nowait, _StartFailed(exc))
+            if self._writer_done is not None:
+                self._writer_done.set()
+            return
+        self.conn = _ExecSocket(sock)
+        if self._writer_done is not None:
+            _WORKERS.run(self._write)
         try:
             while True:
                 self._slots.acquire()
@@ -517,7 +579,7 @@ class _ExecPump:
                 item = self.conn.read()
                 if item is None and self._finish is not None and not self._stopped:
                     try:
-                        self.finished = self._finish()
+                        self.finished = self._finish(self.exec_id)
                     except BaseException as exc:  # noqa: BLE001 (kept for the reader)
                         self.finish_error = exc
                 self._soon(self._out.put_nowait, item)
@@ -528,14 +590,20 @@ class _ExecPump:
         finally:
             self.conn.shutdown()  # the exec is over: a write still blocked returns
             self._pieces.put(None)
-            if self._writer is not None:
-                self._writer.join()
+            if self._writer_done is not None:
+                self._writer_done.wait()
             self.conn.close()
 
     async def get(self) -> tuple[str, bytes] | None:
         """The next piece of output, ("stdout" | "stderr", bytes); None once it ended."""
         item = await self._out.get()
         self._slots.release()
+        if isinstance(item, _StartFailed):
+            cause = item.args[0]
+            error = self._start_failed(cause)
+            if error is cause:
+                raise cause
+            raise error from cause
         if isinstance(item, BaseException):
             raise AdapterError(f"docker exec failed: {one_line(item)}")
         if item is None:
@@ -554,7 +622,8 @@ class _ExecPump:
             self._feeder.cancel()
         self._pieces.put(None)
         self._slots.release()
-        self.conn.shutdown()
+        if self.conn is not None:  # else the reader sees `_stopped` once it has started
+            self.conn.shutdown()
 
 
 class _DockerPty(PtyChannel):
@@ -740,19 +809,21 @@ class DockerAdapter(Adapter):
         return self._api
 
     async def _call(self, fn: Callable[[docker.APIClient], Any]) -> Any:
-        def run() -> Any:
-            try:
-                api = self._client()
-                result = fn(api)
-                self._pinged_at = time.monotonic()  # it answered: as good as a ping
-                return result
-            except docker_errors.APIError:  # the engine answered: the caller decides
-                self._pinged_at = time.monotonic()
-                raise
-            except (docker_errors.DockerException, OSError) as exc:  # refused, socket gone
-                raise self._unreachable(exc) from exc
+        return await asyncio.to_thread(self._engine_call, fn)
 
-        return await asyncio.to_thread(run)
+    def _engine_call(self, fn: Callable[[docker.APIClient], Any]) -> Any:
+        """`fn(client)` on this thread: an answer notes the engine as reachable; no answer
+        is BackendUnavailable saying where and why."""
+        try:
+            api = self._client()
+            result = fn(api)
+            self._pinged_at = time.monotonic()  # it answered: as good as a ping
+            return result
+        except docker_errors.APIError:  # the engine answered: the caller decides
+            self._pinged_at = time.monotonic()
+            raise
+        except (docker_errors.DockerException, OSError) as exc:  # refused, socket gone
+            raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: BaseException) -> BackendUnavailable:
         """The engine did not answer: where, why in plain words, and what to do."""
@@ -1014,19 +1085,21 @@ class DockerAdapter(Adapter):
                                       workdir=cwd, user=user or "")["Id"]
             return exec_id, api.exec_start(exec_id, socket=True)
 
-        try:
-            exec_id, sock = await self._call(start)
-        except docker_errors.NotFound as exc:
-            raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
-        except docker_errors.APIError as exc:
-            if exc.status_code == 409:
-                raise BackendObjectGone(f"container {ref[:12]} is not running") from exc
-            raise AdapterError(f"docker exec failed: {_short(exc)}") from exc
-        # without a deadline, the exit code is asked for on the reader's thread as the output
-        # ends (with one, a timed-out exec's end must not wait on it)
-        pump = _ExecPump(_ExecSocket(sock), asyncio.get_running_loop(), stdin,
-                         finish=None if deadline is not None else
-                         lambda: self._exit_code_now(exec_id))
+        def start_failed(exc: BaseException) -> BaseException:
+            if isinstance(exc, docker_errors.NotFound):
+                return BackendObjectGone(f"container {ref[:12]} is gone")
+            if isinstance(exc, docker_errors.APIError):
+                if exc.status_code == 409:
+                    return BackendObjectGone(f"container {ref[:12]} is not running")
+                return AdapterError(f"docker exec failed: {_short(exc)}")
+            return exc
+
+        # created and started on the reader's thread; without a deadline, the exit code is
+        # asked for there too as the output ends (with one, a timed-out exec's end must not
+        # wait on it)
+        pump = _ExecPump(lambda: self._engine_call(start), asyncio.get_running_loop(), stdin,
+                         finish=None if deadline is not None else self._exit_code_now,
+                         start_failed=start_failed)
         held: bytes | None = None  # a first line that may be the engine's own start failure
         try:
             while True:
@@ -1038,7 +1111,7 @@ class DockerAdapter(Adapter):
                 except TimeoutError:
                     if held is not None:
                         yield "stdout", held
-                    async for item in self._time_out(ref, exec_id, mark, user, pump,
+                    async for item in self._time_out(ref, pump.exec_id, mark, user, pump,
                                                      deadline or 0.0, timeout_s or 0.0,
                                                      started):
                         yield item
@@ -1061,7 +1134,7 @@ class DockerAdapter(Adapter):
                     raise self._unreachable(error) from error
                 raise error
             code = pump.finished if pump.finished is not None else \
-                await self._exit_code(exec_id)
+                await self._exit_code(pump.exec_id)
             if held is not None:
                 failure = _start_failure(held, cwd, user) if code == 126 else None
                 if failure is not None:
