@@ -341,19 +341,22 @@ class AsyncSandboxer:
 
     # -- what a service needs (docs/service.md) ---------------------------------------------
 
-    def acting_as(self, actor: str, *, tenant: bool = False) -> AsyncSandboxer:
+    def acting_as(self, actor: str, *, tenant: bool | str = False) -> AsyncSandboxer:
         """A client sharing this one's database, backends and loop whose operations the
         event log records as done by `actor` (and whose creates default to that owner). With
         `tenant=True` it sees and acts on `actor`'s own sandboxes, checkpoints and events
-        only; another owner's are not found (docs/security.md, "Tenants"). Each call carries
-        its own actor, so concurrent callers acting as different actors never mix. Closing
-        it leaves this client open."""
+        only; another owner's are not found (docs/security.md, "Tenants"). `tenant` may name
+        the owner instead, when the actor says more than who owns (an MCP client acting for
+        a key's owner: docs/mcp.md). Each call carries its own actor, so concurrent callers
+        acting as different actors never mix. Closing it leaves this client open."""
         from sandboxer.core.rules.errors import BadInput
 
         if not isinstance(actor, str) or not actor.strip():
             raise BadInput("acting_as needs the actor's name")
-        return AsyncSandboxer(_transport=self._transport.acting_as(
-            actor, actor if tenant else None))
+        if isinstance(tenant, str) and not tenant.strip():
+            raise BadInput("acting_as: tenant names an owner, or is True or False")
+        owner = tenant if isinstance(tenant, str) else (actor if tenant else None)
+        return AsyncSandboxer(_transport=self._transport.acting_as(actor, owner))
 
     async def list_page(self, *, state: str | None = None, backend: str | None = None,
                         labels: Mapping[str, str] | None = None,

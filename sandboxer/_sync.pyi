@@ -210,13 +210,14 @@ class Sandboxer:
         """
         ...
 
-    def acting_as(self, actor: str, *, tenant: bool = False) -> Sandboxer:
+    def acting_as(self, actor: str, *, tenant: bool | str = False) -> Sandboxer:
         """A client sharing this one's database, backends and loop whose operations the
         event log records as done by `actor` (and whose creates default to that owner). With
         `tenant=True` it sees and acts on `actor`'s own sandboxes, checkpoints and events
-        only; another owner's are not found (docs/security.md, "Tenants"). Each call carries
-        its own actor, so concurrent callers acting as different actors never mix. Closing
-        it leaves this client open.
+        only; another owner's are not found (docs/security.md, "Tenants"). `tenant` may name
+        the owner instead, when the actor says more than who owns (an MCP client acting for
+        a key's owner: docs/mcp.md). Each call carries its own actor, so concurrent callers
+        acting as different actors never mix. Closing it leaves this client open.
         """
         ...
 

@@ -54,7 +54,7 @@ class ServiceClient(AsyncSandboxer):
             home=None if home is None else str(home), database_url=database_url, actor=actor,
             loop=asyncio.get_running_loop()))
 
-    def acting_as(self, actor: str, *, tenant: bool = False) -> ServiceClient:
+    def acting_as(self, actor: str, *, tenant: bool | str = False) -> ServiceClient:
         """A client sharing this one's database, backends and loop whose operations the
         event log records as done by `actor`; with `tenant=True`, it sees and acts on
         `actor`'s own sandboxes, checkpoints and events only (docs/security.md, "Tenants").
