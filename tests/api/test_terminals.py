@@ -8,9 +8,14 @@ exit 4. Every sandbox carries the run label and is removed by id (the client fix
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
 import time
 
+import docker
 import pytest
+from support import ROOT, containers_of, install_id_of
 
 import sandboxer
 from tests.api.conftest import RUN
@@ -168,3 +173,18 @@ def test_the_sync_twin(sync_client):
     with box.pty(["sh", "-c", "echo sync-$((40+2)); exit 5"]) as term:
         out = b"".join(term)
         assert b"sync-42" in out and term.exit_code == 5
+
+
+def test_the_documented_example_runs(sbx, tmp_path):
+    """docs/terminals-and-ports.md's Python example ("Terminals"), as written, on the test's
+    SBX_HOME: it prints the shell's exit code, and leaves nothing running."""
+    section = (ROOT / "docs" / "terminals-and-ports.md").read_text().split("## Terminals\n")[1]
+    [example] = re.findall(r"```python\n(.*?)```", section.split("\n## ")[0], re.S)
+    done = subprocess.run([sys.executable, "-c", example], env=sbx.env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "3\n"
+    api = docker.APIClient(version="auto")
+    assert [c for c in containers_of(api, install_id_of(sbx.home))
+            if c["State"] == "running"] == []
+    api.close()
