@@ -25,9 +25,12 @@ import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+
 from sandboxer.adapters.base import Capability, PtyChannel
 from sandboxer.core.rules.catalog import EventType
 from sandboxer.core.rules.errors import BadInput, Conflict, NotFound
+from sandboxer.core.rules.states import State
 from sandboxer.core.store import tenancy
 from sandboxer.core.store.models import Sandbox
 
@@ -111,6 +114,11 @@ class Session:
         if mgr is None:
             return
         with contextlib.suppress(Exception), mgr.db.write() as conn:
+            if self.how == "exited" and self.exit_code is None:  # the reaper's destroy, say
+                state = conn.execute(sa.select(SANDBOXES.c.state).where(
+                    SANDBOXES.c.id == self.sandbox_id)).scalar()
+                if state not in (State.RUNNING, State.PAUSED):
+                    self.how = "sandbox-ended"
             mgr.event(conn, self.sandbox_id, EventType.SANDBOX_PTY_CLOSED, payload={
                 "id": self.id, "argv": self.recorded, "cols": self.cols, "rows": self.rows,
                 "duration_s": round((self.ended_at or time.monotonic()) - self.opened, 3),

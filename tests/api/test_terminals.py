@@ -188,3 +188,19 @@ def test_the_documented_example_runs(sbx, tmp_path):
     assert [c for c in containers_of(api, install_id_of(sbx.home))
             if c["State"] == "running"] == []
     api.close()
+
+
+async def test_typing_is_activity_for_the_idle_limit(client, monkeypatch):
+    from sandboxer.core.lifecycle import terminals
+
+    monkeypatch.setattr(terminals, "ACTIVITY_EVERY_S", 0.0)  # every key marks it (10 s apart)
+    box = await client.create("default", ttl="10m", labels=RUN)
+    term = await box.pty(["cat"])
+    await box.refresh()
+    opened_at = box.last_activity_at
+    deadline = time.monotonic() + 30
+    while (await box.refresh()).last_activity_at <= opened_at:
+        assert time.monotonic() < deadline, "typing did not count as activity"
+        await term.write("x")
+        await read_until(term, b"x")
+    await term.close()

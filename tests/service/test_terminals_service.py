@@ -127,3 +127,29 @@ async def test_refused_before_the_accept_and_nothing_is_opened(live, stub_named)
         assert closed.value.rcvd.code == 4400
     assert pty_events(Api(live.url, live.key("admin", owner="ops")), hers["id"]) == []
     alice.http.close()
+
+
+@pytest.mark.docker
+async def test_over_the_unix_socket_without_a_key(sbx_home, stub_named):
+    import os
+    import uuid
+
+    import sandboxer
+    from tests.service.live import LiveService
+
+    path = f"/tmp/sbx-pty-{uuid.uuid4().hex[:8]}.sock"
+    live = LiveService(sbx_home, socket_path=path).start()
+    try:
+        async with sandboxer.AsyncSandboxer(url=f"unix://{path}") as sbx:
+            key, value = RUN_LABEL.split("=", 1)
+            box = await sbx.create("default", ttl="10m", labels={key: value})
+            term = await box.pty(["sh"])
+            await term.write("echo over-the-socket-$((6*7)); exit 4\r")
+            seen = b""
+            while chunk := await asyncio.wait_for(term.read(), 30):
+                seen += chunk
+            assert b"over-the-socket-42" in seen and term.exit_code == 4
+            await box.destroy()
+    finally:
+        live.stop()
+        assert not os.path.exists(path)
