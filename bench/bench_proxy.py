@@ -31,6 +31,7 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import common
@@ -79,8 +80,14 @@ async def throughput(http: Any, url: str, clients: int, seconds: float) -> float
     return done / (time.perf_counter() - started)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def bench(ctx: Context, url: str, token: str, rounds: int, requests: int, clients: int,
-                seconds: float) -> dict[str, Any]:
+                seconds: float, service_pid: int) -> dict[str, Any]:
     import httpx
 
     limits = httpx.Limits(max_connections=clients * 2, max_keepalive_connections=clients * 2)
@@ -111,11 +118,15 @@ async def bench(ctx: Context, url: str, token: str, rounds: int, requests: int, 
                 for client, target in sides.values():  # warm both
                     await latencies(client, target, 50)
                 lat: dict[str, list[float]] = {"straight": [], "proxy": []}
+                service_cpu = 0.0  # the service's CPU over the proxied GETs one at a time
                 rps: dict[str, list[float]] = {"straight": [], "proxy": []}
                 for r in range(rounds):
                     order = ["straight", "proxy"] if r % 2 == 0 else ["proxy", "straight"]
                     for side in order:
+                        before = cpu_s(service_pid)
                         lat[side] += await latencies(*sides[side], requests)
+                        if side == "proxy":
+                            service_cpu += cpu_s(service_pid) - before
                     for side in order:
                         rps[side].append(await throughput(*sides[side], clients, seconds))
                     print(f"round {r + 1}/{rounds}: p50 straight "
@@ -125,7 +136,8 @@ async def bench(ctx: Context, url: str, token: str, rounds: int, requests: int, 
                           flush=True)
         finally:
             await api.delete(f"/v1/sandboxes/{box['id']}")
-    return {"latency_s": lat, "requests_per_s": rps}
+    return {"latency_s": lat, "requests_per_s": rps,
+            "service_cpu_per_request_s": service_cpu / (rounds * requests)}
 
 
 def main() -> int:
@@ -146,7 +158,7 @@ def main() -> int:
         ctx.docker_homes.append(home)
         url, token = ctx.serve(home, "admin")  # the bench's profile is a document: admin
         found = asyncio.run(bench(ctx, url, token, args.rounds, args.requests, args.clients,
-                                  args.seconds))
+                                  args.seconds, ctx.services[-1][0].pid))
     finally:
         ctx.cleanup()
         common.print_notes(ctx)
@@ -173,13 +185,15 @@ def main() -> int:
          f"{added * 1000:.2f} ms (p50 {ms(p['proxy'][50])} vs {ms(p['straight'][50])}; p99 "
          f"{ms(p['proxy'][99])} vs {ms(p['straight'][99])})",
          f"<= {TARGET_P50_ADDED_S * 1000:.0f} ms")]
-    results = {"meta": meta, "rounds": args.rounds, "requests": args.requests,
+    cpu = found["service_cpu_per_request_s"]
+    info = [["sbx serve's CPU per proxied GET (user + system)", ms(cpu), "", ""]]
+    results = {"meta": meta, "service_cpu_per_request_s": cpu, "rounds": args.rounds, "requests": args.requests,
                "clients": args.clients, "seconds": args.seconds,
                "requests_per_s": rps, "latency_p50_s": {s: p[s][50] for s in p},
                "latency_p99_s": {s: p[s][99] for s in p}, "throughput_ratio": ratio,
                "p50_added_s": added,
                "load_average": {"before": load_before, "after": os.getloadavg()}}
-    common.finish(results, summary, [], run_id=ctx.run_id, started=started,
+    common.finish(results, summary, info, run_id=ctx.run_id, started=started,
                   json_path=args.json)
     return 0
 

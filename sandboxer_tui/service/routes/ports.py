@@ -362,10 +362,9 @@ async def preview_websocket(websocket: WebSocket, token: str, path: str) -> None
 async def _relay(websocket: WebSocket, box: Any, port: int, tail: str, via: str) -> None:
     """A WebSocket to the sandbox's port, opened with the caller's subprotocols, then every
     message relayed both ways until either side closes (its close code passed on)."""
-    import asyncio
 
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+    from websockets.exceptions import InvalidHandshake, InvalidURI
 
     from sandboxer.core.rules.errors import SbxError, one_line
     from sandboxer_tui.service.errors import status_of
@@ -397,13 +396,25 @@ async def _relay(websocket: WebSocket, box: Any, port: int, tail: str, via: str)
     labels = (box.id, str(port))
     metrics.proxy_requests.labels(*labels, via).inc()
     proxy.activity.seen(box.id)
-    await websocket.accept(subprotocol=upstream.subprotocol)
+    try:
+        await websocket.accept(subprotocol=upstream.subprotocol)
+        await _both_ways(websocket, upstream, proxy, box.id, labels, metrics)
+    finally:  # whatever ended it (the caller gone before it opened, say)
+        await upstream.close()
+
+
+async def _both_ways(websocket: WebSocket, upstream: Any, proxy: Any, sandbox_id: str,
+                     labels: tuple[str, str], metrics: Any) -> None:
+    """Every message relayed both ways until one side closes; its close code passed on."""
+    import asyncio
+
+    from websockets.exceptions import ConnectionClosed
 
     async def to_caller() -> None:
         async for message in upstream:
             size = len(message.encode() if isinstance(message, str) else message)
             metrics.proxy_bytes.labels(*labels, "out").inc(size)
-            proxy.activity.seen(box.id)
+            proxy.activity.seen(sandbox_id)
             if isinstance(message, str):
                 await websocket.send_text(message)
             else:
@@ -418,7 +429,7 @@ async def _relay(websocket: WebSocket, box: Any, port: int, tail: str, via: str)
             data = data if data is not None else message.get("bytes") or b""
             metrics.proxy_bytes.labels(*labels, "in").inc(
                 len(data.encode() if isinstance(data, str) else data))
-            proxy.activity.seen(box.id)
+            proxy.activity.seen(sandbox_id)
             await upstream.send(data)
 
     down, up = asyncio.ensure_future(to_caller()), asyncio.ensure_future(to_sandbox())
@@ -432,9 +443,8 @@ async def _relay(websocket: WebSocket, box: Any, port: int, tail: str, via: str)
         await upstream.close(code=_sendable(up.result()))
         return
     await upstream.close()
-    code = upstream.close_code
     try:
-        await websocket.close(code=_sendable(code))
+        await websocket.close(code=_sendable(upstream.close_code))
     except (RuntimeError, ConnectionClosed):
         pass  # the caller is gone too
 
