@@ -16,6 +16,8 @@ pytestmark = pytest.mark.docker
 
 NEVER = {"textual", "e2b", "modal", "fastapi", "starlette", "uvicorn", "opentelemetry",
          "prometheus_client", "httpx", "paramiko"}
+# the agent frameworks of sandboxer.integrations (extras, docs/integrations.md)
+NEVER |= {"deepagents", "langchain", "langchain_core", "langgraph", "agents", "openai"}
 RUN = """
 import atexit, json, sys
 out = sys.argv.pop(1)
