@@ -338,6 +338,26 @@ def serve_max_link_ttl():
     return _duration_env("SBX_SERVE_MAX_LINK_TTL", "24h")
 
 
+# The MCP server's limits (`sbx mcp`, `/mcp` of `sbx serve`: docs/mcp.md), read at each call.
+
+def mcp_profiles() -> list[str] | None:
+    """The profiles an MCP client may create from (`SBX_MCP_PROFILES`, comma-separated);
+    None (unset): any profile on the search path."""
+    raw = os.environ.get("SBX_MCP_PROFILES", "").strip()
+    return [p.strip() for p in raw.split(",") if p.strip()] or None
+
+
+def mcp_max_ttl():
+    """The longest TTL (and extension) an MCP client may ask for (`SBX_MCP_MAX_TTL`, 2h)."""
+    return _duration_env("SBX_MCP_MAX_TTL", "2h")
+
+
+def mcp_max_output() -> int:
+    """The output (each stream of an exec, a file, a process's output) a tool hands the
+    model in one reply (`SBX_MCP_MAX_OUTPUT`, 64KiB); the rest is said in a note."""
+    return _size_env("SBX_MCP_MAX_OUTPUT", "64KiB")
+
+
 def clock_offset() -> str:
     """`SBX_CLOCK_OFFSET`: a duration, optionally `-`, that shifts this process's clock (tests)."""
     return os.environ.get("SBX_CLOCK_OFFSET", "").strip()

@@ -25,6 +25,7 @@ from sandboxer_tui.cli import (
     evidence,
     files,
     keys,
+    mcp,
     metrics,
     pools,
     ports,
@@ -101,6 +102,7 @@ for _command in (
     pools.pool_group,
     resident.server_group,
     serve.serve_command,
+    mcp.mcp_command,
     api_keys.api_keys_group,
 ):
     cli.add_command(_command)

@@ -45,8 +45,9 @@ FAILED = 1
 APP_NAME = "sandboxer"
 # Not through the server: the dashboard and `sbx shell` need the terminal as their own (job
 # control, resizes), the server commands manage the server itself, and `sbx serve` is a
-# long-running service of its own, never a child of the server.
-LOCAL_COMMANDS = {"tui", "shell", "server", "serve"}
+# long-running service of its own, never a child of the server; so is `sbx mcp`, whose
+# stdin and stdout are the agent's MCP channel.
+LOCAL_COMMANDS = {"tui", "shell", "server", "serve", "mcp"}
 # The root options that take a value: the word after one is not the command.
 _OPTIONS_WITH_A_VALUE = {"--url"}
 

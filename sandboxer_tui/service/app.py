@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from sandboxer import AsyncSandboxer
-from sandboxer_tui.service import errors, timer
+from sandboxer_tui.service import errors, mcp, timer
 from sandboxer_tui.service.deps import ServiceState
 from sandboxer_tui.service.metrics import ServiceMetrics
 from sandboxer_tui.service.routes import ROUTERS
@@ -43,7 +43,8 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
         if reap_every is not None:
             task = asyncio.create_task(timer.run(client, reap_every, stop, state.metrics))
         try:
-            yield
+            async with mcp.running(app.state.mcp):  # /mcp's sessions (service/mcp.py)
+                yield
         finally:
             stop.set()
             if task is not None:
@@ -62,6 +63,7 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)
+    app.state.mcp = mcp.mount(app)  # MCP at /mcp, when the SDK is installed
     _document_keys(app)
     _limits(app)
     return app
