@@ -798,15 +798,17 @@ class RemoteTransport:
         return (await self._json("GET", f"/v1/sandboxes/{_seg(ref)}/origin"))["restored_from"]
 
     async def shell_command(self, ref: str) -> list[str]:
-        """Refused: an interactive shell is a terminal handed to a command on the engine's
-        host (`docker exec -it`), and the service carries no terminal."""
+        """Refused: this is a command line to hand this host's terminal to on the engine's
+        host (`docker exec -it`); through the service a terminal is `Sandbox.pty()` (its
+        WebSocket), which `sbx shell` uses."""
         from sandboxer.core.lifecycle.backends import require_running_for_shell
 
         view = await self.get(ref)
         require_running_for_shell(view)
         raise Conflict(f"sandbox {view['id']} runs on the service at {self.url}: an "
                        "interactive shell needs a terminal on the service's host (run sbx "
-                       "there, without SBX_URL); through the service, exec runs commands")
+                       "there, without SBX_URL); through the service, `sbx shell` and "
+                       "Sandbox.pty() open a terminal")
 
     async def copy_database(self, target_url: str) -> dict[str, Any]:
         raise BadInput("sbx db copy runs where the database is: on the service's host, "

@@ -445,10 +445,13 @@ class Dashboard:
     def __init__(self, sandboxer: AsyncSandboxer | None = None, *, clock: Clock | None = None,
                  backends: Sequence[str] | None = None, sample_metrics: bool = True,
                  include_destroyed: bool = False) -> None:
-        if sandboxer is None:
+        if sandboxer is None:  # as the CLI's: a client of the service at SBX_URL, if any
             from sandboxer import AsyncSandboxer
+            from sandboxer.core.rules.settings import service_token, service_url
 
-            sandboxer = AsyncSandboxer()
+            url = service_url()
+            sandboxer = AsyncSandboxer(url=url, token=service_token()) if url \
+                else AsyncSandboxer()
         if clock is None:
             from sandboxer.core.rules.clock import clock_from_env
 
