@@ -74,13 +74,14 @@ def _one_line(error: BaseException) -> str:
 
 
 class SandboxerSandboxClientOptions(BaseSandboxClientOptions):
-    """What to make: a sandbox from `profile` (with `ttl`, `name`, `task`, `labels` as
-    `sbx create` takes them), or, with `sandbox`, an existing one by id or name (which the
+    """What to make: a sandbox from `profile` (a profile's name, or a profile document as
+    `check_profile` takes it; with `ttl`, `name`, `task`, `labels` as `sbx create` takes
+    them), or, with `sandbox`, an existing one by id or name (which the
     session then never destroys). `exposed_ports`: the ports `resolve_exposed_port` may
     give; on Docker they must be in the profile's `ports:`."""
 
     type: Literal["sandboxer"] = "sandboxer"
-    profile: str = "default"
+    profile: str | dict[str, Any] = "default"
     ttl: str | None = None
     name: str | None = None
     task: str | None = None
@@ -95,7 +96,7 @@ class SandboxerSandboxSessionState(SandboxSessionState):
 
     type: Literal["sandboxer"] = "sandboxer"
     sandbox_id: str
-    profile: str = "default"
+    profile: str | dict[str, Any] = "default"
     ttl: str | None = None
     task: str | None = None
     labels: dict[str, str] | None = None
@@ -459,7 +460,8 @@ class SandboxerSandboxClient(BaseSandboxClient[SandboxerSandboxClientOptions]):
             box = await self._client.get(options.sandbox)
             owned = False
         else:
-            box = await self._client.create(options.profile, ttl=options.ttl, name=options.name,
+            box = await self._client.create(await self._profile(options.profile),
+                                            ttl=options.ttl, name=options.name,
                                             labels=options.labels, task=options.task)
             owned = True
         state = SandboxerSandboxSessionState(
@@ -495,8 +497,8 @@ class SandboxerSandboxClient(BaseSandboxClient[SandboxerSandboxClientOptions]):
             box = None
         reconnected = box is not None and box.state == sandboxer.State.RUNNING
         if not reconnected:
-            box = await self._client.create(state.profile, ttl=state.ttl, labels=state.labels,
-                                            task=state.task)
+            box = await self._client.create(await self._profile(state.profile), ttl=state.ttl,
+                                            labels=state.labels, task=state.task)
             state.sandbox_id = box.id
             state.owned = True
             state.workspace_root_ready = False
@@ -504,6 +506,9 @@ class SandboxerSandboxClient(BaseSandboxClient[SandboxerSandboxClientOptions]):
         inner = SandboxerSandboxSession(state=state, box=box)
         inner._set_start_state_preserved(reconnected, system=reconnected)
         return self._wrap_session(inner, instrumentation=self._instrumentation)
+
+    async def _profile(self, profile: str | dict[str, Any]) -> Any:
+        return profile if isinstance(profile, str) else await self._client.check_profile(profile)
 
     def deserialize_session_state(self, payload: dict[str, object]) -> SandboxSessionState:
         return self._deserialize_session_state_payload(payload, SandboxerSandboxSessionState)
