@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from sshd import free_port, sshd_server, start_sshd  # noqa: F401 (sshd_server: a fixture)
-from support import SBX, events_of, query, show, table_rows, write_profile
+from support import SBX, events_of, query, show, table_rows, terminal_until, write_profile
 
 pytestmark = pytest.mark.sshd
 
@@ -478,3 +478,40 @@ def test_bad_host_key_settings_exit_2_and_write_nothing(
     assert "'odd'" in result.err and message in result.err
     assert len(result.err.strip().splitlines()) == 1
     nothing_written(sbx)
+
+
+# -- a terminal through the library ---------------------------------------------------------
+
+
+def test_a_terminal_on_a_leased_host_through_the_library(one_host, sbx_home):
+    """box.pty() on the ssh backend: the login shell the core chooses, on the host, at the
+    size asked for; a resize reaches it; `exit 4` is the terminal's exit code."""
+    import asyncio
+
+    import sandboxer
+
+    async def main() -> tuple[bytes, int | None]:
+        client = sandboxer.AsyncSandboxer(home=sbx_home, actor="ssh-test")
+        try:
+            profile = await client.check_profile({
+                "name": "attach-pty", "backend": "ssh", "network": {"mode": "full"},
+                "resources": {"memory": None, "pids": None},
+                "options": {"inventory": str(one_host), "connect_timeout": 3}})
+            box = await client.create(profile, ttl="10m")
+            try:
+                term = await box.pty(cols=90, rows=20)
+                await term.write("stty size; echo sum=$((6*7))\r")
+                seen = await terminal_until(term, b"sum=42")
+                await term.resize(120, 40)
+                await term.write("stty size\r")
+                await terminal_until(term, b"40 120")
+                await term.write("exit 4\r")
+                return seen, await asyncio.wait_for(term.wait(), 30)
+            finally:
+                await box.destroy()
+        finally:
+            await client.close()
+
+    seen, code = asyncio.run(main())
+    assert b"20 90" in seen
+    assert code == 4
