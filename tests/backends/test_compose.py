@@ -492,3 +492,17 @@ def test_files_exec_options_and_a_background_process_reach_the_named_service(
     assert (attached.code, attached.out) == (0, "one\ntwo\n"), attached.err
     refused = sbx("exec", "-u", "nobody", box["id"], "--", "true", env=env)
     assert refused.code == 4 and "compose" in refused.err, refused.err
+
+
+def test_a_terminal_opens_in_the_named_service(sbx, docker_api, tmp_path):
+    """`sbx shell` on a compose sandbox runs in the named service's container (an exec with
+    a TTY through the docker backend), not in the other service's, and exits with the
+    program's code."""
+    env = stack(tmp_path / "profiles")
+    box = sbx.create("--profile", "stack", env=env)
+    [app] = docker_api.containers(filters={"label": [f"sbx.id={box['id']}", "sbx.service=app"]})
+    in_container(docker_api, app["Id"], "sh", "-c", "echo in-app > /tmp/where")
+    shell = sbx("shell", box["id"], "--", "sh", input='cat /tmp/where; [ -t 0 ] && '
+                'echo "on-a-"tty; exit 5\n', env=env)
+    assert shell.code == 5, shell.err
+    assert "in-app" in shell.out and "on-a-tty" in shell.out, shell.out
