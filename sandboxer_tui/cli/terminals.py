@@ -26,9 +26,36 @@ STDIN_PIECE = 4096
 def shell_command(sandbox_id: str, argv: tuple[str, ...]) -> None:
     """An interactive terminal in sandbox ID: a login shell (bash if it has one, else sh),
     or ARGV after `--`. Exits with the program's exit code. Works through SBX_URL too."""
-    code = asyncio.run(_shell(sandbox_id, list(argv) or None))
+    code = asyncio.run(_ended_by_signals(_shell(sandbox_id, list(argv) or None)))
     sys.stdout.flush()
     sys.exit(code if code is not None else 1)
+
+
+async def _ended_by_signals(run):
+    """`run` (a coroutine), cancelled by SIGHUP (this terminal went away) or SIGTERM, which
+    then end the program in the sandbox too (it would run on, with nobody at its terminal):
+    128 + the signal's number."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(run)
+    got: list[int] = []
+
+    def stop(signum: int) -> None:
+        got.append(signum)
+        task.cancel()
+
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop, signum)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not got:
+            raise
+        return 128 + got[0]
+    finally:
+        for signum in (signal.SIGHUP, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
 
 
 def _size(fd: int) -> tuple[int, int]:

@@ -7,7 +7,13 @@ the only one killed."""
 
 from __future__ import annotations
 
+import os
+import pty
+import select
 import shlex
+import signal
+import subprocess
+import time
 
 import pytest
 from support import RUN_LABEL, SBX, events_of, write_profile
@@ -86,3 +92,31 @@ def test_a_backend_without_terminals_exits_4_with_one_line(sbx, tmp_path):
     assert result.err.splitlines() == ["sbx: the stub backend cannot open a terminal"]
     assert result.out == ""
     assert not [e for e in events_of(sbx, box["id"]) if e["type"].startswith("sandbox.pty")]
+
+
+def test_a_hangup_ends_the_program_in_the_sandbox_too(sbx, tmp_path):
+    """sbx shell's terminal goes away (SIGHUP): the program in the sandbox is ended with it
+    rather than left running with nobody at its terminal; exit 129."""
+    box = sbx.create("--ttl", "10m")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*SBX, "shell", box["id"], "--", "sh", "-c",
+                             "echo started; sleep 1000"], stdin=slave, stdout=slave,
+                            stderr=slave, env=sbx.env(), cwd=sbx.cwd, start_new_session=True)
+    os.close(slave)
+    try:
+        seen, deadline = b"", time.monotonic() + 60
+        while b"started" not in seen:
+            assert time.monotonic() < deadline, seen
+            if select.select([master], [], [], 1)[0]:
+                seen += os.read(master, 4096)
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(30) == 128 + signal.SIGHUP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(master)
+    left = sbx("exec", box["id"], "--", "sh", "-c", "ps -o args | grep -c '^sleep 1000'")
+    assert left.out.strip() == "0", left
+    closed = [e["payload"] for e in events_of(sbx, box["id"]) if e["type"] == "sandbox.pty.closed"]
+    assert [c["how"] for c in closed] == ["closed"]
