@@ -69,6 +69,25 @@ async def test_a_shell_is_typed_into_read_resized_and_exits_with_its_code(client
     assert all("sum=" not in str(e.payload) and "stty" not in str(e.payload) for e in events)
 
 
+DEBIAN = "sandboxer/python-base:bookworm"  # has bash (made by `make test-setup`)
+
+
+async def test_the_default_is_bash_where_the_sandbox_has_it(client, docker_api, tmp_path):
+    if not docker_api.images(name=DEBIAN):
+        pytest.skip(f"{DEBIAN} is built by `make test-setup` (the service image's base); "
+                    "this engine does not have it")
+    from sandboxer.core.rules.profiles import ProfileLoader
+
+    path = tmp_path / "debian.yaml"
+    path.write_text(f"extends: default\nimage: {DEBIAN}\n")
+    box = await client.create(ProfileLoader().load_file(path), ttl="10m", labels=RUN)
+    term = await box.pty()
+    await term.write('echo "shell=${BASH_VERSION:+bash}"; shopt -q login_shell && echo login\r')
+    await read_until(term, b"shell=bash\r\nlogin")
+    await term.write("exit 2\r")
+    assert await asyncio.wait_for(term.wait(), 30) == 2
+
+
 async def test_a_command_with_env_and_cwd_and_close_ends_it(client):
     box = await client.create("default", ttl="10m", labels=RUN)
     async with await box.pty(["sh"], env={"GREETING": "hi there", "TERM": "vt100"},
