@@ -18,6 +18,8 @@ NEVER = {"textual", "e2b", "modal", "fastapi", "starlette", "uvicorn", "opentele
          "prometheus_client", "httpx", "paramiko"}
 # the agent frameworks of sandboxer.integrations (extras, docs/integrations.md)
 NEVER |= {"deepagents", "langchain", "langchain_core", "langgraph", "agents", "openai"}
+# the MCP SDK (`sbx mcp`, /mcp of sbx serve: docs/mcp.md) and what only it brings
+NEVER |= {"mcp", "mcp_types", "httpx2", "sse_starlette"}
 RUN = """
 import atexit, json, sys
 out = sys.argv.pop(1)
