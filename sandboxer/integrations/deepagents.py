@@ -10,34 +10,52 @@ exception: an agent reads them and tries something else."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+
 from deepagents.backends.protocol import (
+    EditResult,
     ExecuteResponse,
+    FileData,
     FileDownloadResponse,
     FileInfo,
     FileUploadResponse,
     LsResult,
+    ReadResult,
+    WriteResult,
 )
-from deepagents.backends.sandbox import BaseSandbox
+from deepagents.backends.sandbox import (
+    MAX_BINARY_BYTES,
+    MAX_OUTPUT_BYTES,
+    TRUNCATION_MSG,
+    BaseSandbox,
+)
+from deepagents.backends.utils import (
+    _get_backend_read_file_type,
+    normalize_read_bounds,
+    perform_string_replacement,
+)
 
 import sandboxer
 
 __all__ = ["SandboxerBackend"]
 
 DEFAULT_TIMEOUT_S = 120  # deepagents' own default for a command (its LocalShellBackend)
-MAX_OUTPUT_BYTES = 100_000  # what reaches the model; the rest is cut with a note
+MAX_EXECUTE_BYTES = 100_000  # what reaches the model; the rest is cut with a note
 
 
 class SandboxerBackend(BaseSandbox):
     """deepagents' `BaseSandbox` over one sandboxer sandbox. `execute` runs the command
     line with `sh -c` (stdout and stderr as one stream, in the order written), in `cwd`
     when given (else the image's working folder); uploads and downloads go through the
-    sandbox's file API (`box.files`), byte for byte, with no shell in between, and so does
-    `ls`. Its `read`, `grep`, `glob` and `edit` are deepagents' defaults, which run
-    `python3` in the sandbox: give it an image that has it for those."""
+    sandbox's file API (`box.files`), byte for byte, with no shell in between, and so do
+    `ls`, `read`, `write` and `edit` (deepagents' defaults of those run `python3` in the
+    sandbox). `grep` and `glob` are deepagents' defaults: they need `python3` in the
+    image."""
 
     def __init__(self, box: sandboxer.Sandbox, *, cwd: str | None = None,
                  timeout: int = DEFAULT_TIMEOUT_S,
-                 max_output_bytes: int = MAX_OUTPUT_BYTES) -> None:
+                 max_output_bytes: int = MAX_EXECUTE_BYTES) -> None:
         if not isinstance(box, sandboxer.Sandbox):
             raise TypeError("SandboxerBackend takes a sandboxer.Sandbox (the sync handle); "
                             "from async code, make one with sandboxer.Sandboxer")
@@ -131,6 +149,99 @@ class SandboxerBackend(BaseSandbox):
         return LsResult(entries=[
             FileInfo(path=entry.path, is_dir=entry.is_dir, size=entry.size,
                      modified_at=entry.mtime.isoformat()) for entry in entries])
+
+    def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
+        """A page of a text file (`limit` lines from line `offset`), or a binary file as
+        base64, as deepagents' default gives it, with the bytes read through the file API
+        and paged here."""
+        [got] = self.download_files([file_path])
+        if got.error is not None or got.content is None:
+            error = "not_a_file" if got.error == "is_directory" else got.error  # as the default
+            return ReadResult(error=f"File '{file_path}': {error}")
+        raw = got.content
+        if not raw:
+            return ReadResult(file_data=FileData(
+                content="System reminder: File exists but has empty contents", encoding="utf-8"))
+        text = None
+        if _get_backend_read_file_type(file_path) == "text":
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+        if text is None:
+            if len(raw) > MAX_BINARY_BYTES:
+                return ReadResult(error=f"File '{file_path}': Binary file exceeds maximum "
+                                        f"preview size of {MAX_BINARY_BYTES} bytes")
+            return ReadResult(file_data=FileData(content=base64.b64encode(raw).decode("ascii"),
+                                                 encoding="base64"))
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        offset, limit = normalize_read_bounds(offset, limit)
+        if limit <= 0:
+            return ReadResult(file_data=FileData(content="", encoding="utf-8"),
+                              no_lines_requested=True)
+        if not lines or offset >= len(lines):
+            return ReadResult(error=f"File '{file_path}': Line offset {offset} exceeds file "
+                                    f"length ({len(lines)} lines)")
+        page = lines[offset:offset + limit]
+        content, shown = "\n".join(page), len(page)
+        room = MAX_OUTPUT_BYTES - len(TRUNCATION_MSG.encode())
+        if len(content.encode()) > room:
+            cut = content.encode()[:room].decode("utf-8", errors="ignore")
+            shown = cut.count("\n") or 1  # read on from the first line not shown whole
+            content = cut + TRUNCATION_MSG
+        end = offset + shown
+        return ReadResult(file_data=FileData(content=content, encoding="utf-8"),
+                          total_lines=len(lines), start_line=offset + 1, end_line=end,
+                          next_offset=end if end < len(lines) else None)
+
+    def _write_preflight(self, file_path: str) -> WriteResult | None:
+        """deepagents' default makes the folder with python3; `files.write` makes it."""
+        return None
+
+    async def _awrite_preflight(self, file_path: str) -> WriteResult | None:
+        return None
+
+    def edit(self, file_path: str, old_string: str, new_string: str,
+             replace_all: bool = False) -> EditResult:
+        """Replace `old_string` (once, or every time with `replace_all`) in a text file, as
+        deepagents' default does, with the file read and written through the file API. A
+        file with CRLF line ends keeps them."""
+        [got] = self.download_files([file_path])
+        if got.error is not None or got.content is None:
+            reason = {"file_not_found": f"Error: File '{file_path}' not found",
+                      "is_directory": f"Error: '{file_path}' is not a regular file"}
+            return EditResult(error=reason.get(got.error or "",
+                                               f"Error editing file '{file_path}': {got.error}"))
+        try:
+            text = got.content.decode("utf-8")
+        except UnicodeDecodeError:
+            return EditResult(error=f"Error: File '{file_path}' is not a text file")
+        old, new = old_string, new_string
+        if old not in text and "\r\n" in text and "\n" in old:
+            old, new = (s.replace("\r\n", "\n").replace("\n", "\r\n") for s in (old, new))
+        done = perform_string_replacement(text, old, new, replace_all)
+        if isinstance(done, str):
+            return EditResult(error=done.replace(old, old_string))
+        changed, count = done
+        [put] = self.upload_files([(file_path, changed.encode("utf-8"))])
+        if put.error is not None:
+            return EditResult(error=f"Error editing file '{file_path}': {put.error}")
+        return EditResult(path=file_path, occurrences=count)
+
+    # deepagents' async defaults of these run their python3 commands themselves (through
+    # aexecute); these run the ones above in a worker thread, as its other async methods do
+    async def als(self, path: str) -> LsResult:
+        return await asyncio.to_thread(self.ls, path)
+
+    async def aread(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
+        return await asyncio.to_thread(self.read, file_path, offset, limit)
+
+    async def aedit(self, file_path: str, old_string: str, new_string: str,
+                    replace_all: bool = False) -> EditResult:
+        return await asyncio.to_thread(self.edit, file_path, old_string, new_string,
+                                       replace_all)
 
     def _folders(self, paths: list[str]) -> set[str]:
         """Which of `paths` are folders in the sandbox, asked in one command: writing a file

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from deepagents.backends.protocol import ExecuteResponse
-from deepagents.backends.sandbox import BaseSandbox
+from deepagents.backends.sandbox import TRUNCATION_MSG, BaseSandbox
 
 import sandboxer
 from sandboxer.integrations.deepagents import SandboxerBackend
@@ -120,6 +120,84 @@ def test_ls_lists_through_the_file_api(box):
     assert sorted((e["path"], e["is_dir"]) for e in listed.entries) == [
         ("/work/l/a.txt", False), ("/work/l/sub", True)]
     assert backend.ls("/work/none").error == "Path '/work/none': file_not_found"
+
+
+def test_the_agents_file_tools_work_on_an_image_without_python(box):
+    """write, read and edit go through the file API: the default profile's busybox image
+    has no python3, which deepagents' own versions of them run."""
+    backend = SandboxerBackend(box)
+    assert box.exec(["sh", "-c", "command -v python3"]).exit_code != 0
+
+    assert backend.write("/work/new/dir/app.py", "one\ntwo\nthree\n").error is None
+    page = backend.read("/work/new/dir/app.py", offset=1, limit=1)
+    assert (page.file_data["content"], page.total_lines, page.start_line, page.end_line,
+            page.next_offset) == ("two", 3, 2, 2, 2)
+    assert backend.read("/work/new/dir/app.py").file_data["content"] == "one\ntwo\nthree"
+    assert backend.read("/work/none.py").error == "File '/work/none.py': file_not_found"
+
+    edited = backend.edit("/work/new/dir/app.py", "two", "TWO")
+    assert (edited.error, edited.occurrences) == (None, 1)
+    assert box.files.read("/work/new/dir/app.py") == b"one\nTWO\nthree\n"
+    assert "appears 3 times" in backend.edit("/work/new/dir/app.py", "e", "E").error
+    assert box.files.read("/work/new/dir/app.py") == b"one\nTWO\nthree\n"  # unchanged
+    assert backend.edit("/work/nope.py", "a", "b").error == "Error: File '/work/nope.py' not found"
+
+    # CRLF files keep their line ends; binary files read as base64
+    backend.upload_files([("/work/crlf.txt", b"a\r\nb\r\n"), ("/work/logo.png", b"\x89PNG\x00")])
+    assert backend.edit("/work/crlf.txt", "a\nb", "x\ny").occurrences == 1
+    assert box.files.read("/work/crlf.txt") == b"x\r\ny\r\n"
+    assert backend.read("/work/logo.png").file_data == {"content": "iVBORwA=",
+                                                        "encoding": "base64"}
+
+    # a page past deepagents' size cap is cut with its note, and says where to read on
+    backend.upload_files([("/work/long.txt", b"".join(b"%06d %s\n" % (i, b"y" * 993)
+                                                     for i in range(1000)))])
+    page = backend.read("/work/long.txt")
+    assert page.file_data["content"].startswith("000000 y")
+    assert page.file_data["content"].endswith(TRUNCATION_MSG)
+    assert (page.total_lines, page.next_offset) == (1000, page.end_line) and page.end_line < 1000
+    assert backend.read("/work/long.txt", page.next_offset, 1).file_data["content"].startswith(
+        f"{page.next_offset:06d} ")
+
+
+async def test_the_async_file_tools_use_the_file_api_too(box):
+    backend = SandboxerBackend(box)
+    assert (await backend.awrite("/work/a.txt", "async\n")).error is None
+    assert (await backend.aread("/work/a.txt")).file_data["content"] == "async"
+    assert (await backend.aedit("/work/a.txt", "async", "done")).occurrences == 1
+    assert [e["path"] for e in (await backend.als("/work")).entries] == ["/work/a.txt"]
+
+
+PYTHON_IMAGE = "sandboxer/python-base:bookworm"  # made by `make test-setup` (service-image)
+
+
+def test_on_an_image_with_python_read_agrees_with_deepagents_own_and_grep_glob_work(
+        sync_client, docker_api):
+    """deepagents' default read (a python3 script in the sandbox) and this one, which pages
+    the bytes from the file API, give the same results; grep and glob, not overridden, run
+    deepagents' own commands over this backend's execute."""
+    if not docker_api.images(name=PYTHON_IMAGE):
+        pytest.skip(f"{PYTHON_IMAGE} is made by `make test-setup`")
+    profile = sync_client.check_profile({"name": "py", "extends": "default",
+                                         "image": PYTHON_IMAGE})
+    with sync_client.create(profile, ttl="10m", labels=RUN) as box:
+        backend = SandboxerBackend(box)
+        backend.upload_files([
+            ("/work/a.py", b"line1\r\nline2\nx NEEDLE\n"), ("/work/sub/b.txt", b"NEEDLE two\n"),
+            ("/work/img.png", b"\x89PNG\x00"), ("/work/empty.txt", b""),
+            ("/work/latin1.txt", b"\xff\xfe")])
+        for args in [("/work/a.py",), ("/work/a.py", 1, 1), ("/work/a.py", 9),
+                     ("/work/a.py", 0, 0), ("/work/a.py", -3, 2), ("/work/missing",),
+                     ("/work/img.png",), ("/work/empty.txt",), ("/work/latin1.txt",),
+                     ("/work/sub",)]:
+            assert backend.read(*args) == BaseSandbox.read(backend, *args), args
+
+        found = backend.grep("NEEDLE", "/work")
+        assert sorted((m["path"], m["line"]) for m in found.matches) == [
+            ("/work/a.py", 3), ("/work/sub/b.txt", 1)]
+        assert [m["path"] for m in backend.glob("*.py", "/work").matches] == ["/work/a.py"]
+        assert sorted(e["path"] for e in backend.ls("/work").entries) == sorted(
+            e["path"] for e in BaseSandbox.ls(backend, "/work").entries)
 
 
 def test_a_sandbox_that_is_gone_is_an_error_result_not_an_exception(box):
