@@ -67,11 +67,34 @@ def request_headers(headers: Iterable[tuple[str, str]], *, via_link: bool,
     return kept
 
 
+# headers of a sandbox's answer that would act on the service's whole origin, which every
+# sandbox's pages share (a service worker's scope beyond the page's path, clearing the
+# origin's storage, HSTS, another server for the origin): never passed on
+ORIGIN_WIDE = frozenset({"service-worker-allowed", "clear-site-data",
+                         "strict-transport-security", "alt-svc"})
+
+
+def _cookie_under(value: str, prefix: str) -> str:
+    """A sandbox's Set-Cookie kept to its own path below `prefix` (its Path moved under it,
+    as a Location is; none: `prefix/`) and to the service's host (a Domain dropped): a
+    cookie it sets never goes to another sandbox's pages or links on the same origin."""
+    name_value, *attributes = value.split(";")
+    kept, path = [], "/"
+    for attribute in attributes:
+        key = attribute.strip().partition("=")[0].strip().lower()
+        if key == "path":
+            given = attribute.partition("=")[2].strip()
+            path = given if given.startswith("/") else "/"
+        elif key != "domain":
+            kept.append(attribute.strip())
+    return "; ".join([name_value.strip(), f"Path={prefix}{path}", *kept])
+
+
 def response_headers(headers: Iterable[tuple[str, str]], *, prefix: str,
                      via_link: bool) -> list[tuple[bytes, bytes]]:
     """The headers of the sandbox's answer as the caller gets them: less the hop-by-hop
-    ones; a Location on the sandbox's own root (`/next`) moved under the proxy's `prefix`;
-    on a link's answer, `Referrer-Policy: no-referrer`, so that the page a link opened does
+    ones and the ORIGIN_WIDE ones; a Location on the sandbox's own root (`/next`) and a
+    cookie's Path moved under the proxy's `prefix` (_cookie_under); on a link's answer, `Referrer-Policy: no-referrer`, so that the page a link opened does
     not hand the link on to the sites it links to."""
     headers = list(headers)
     drop = _connection_named(headers)
@@ -82,8 +105,12 @@ def response_headers(headers: Iterable[tuple[str, str]], *, prefix: str,
         lower = name.lower()
         if lower in drop:
             continue
+        if lower in ORIGIN_WIDE:
+            continue
         if lower == "location" and value.startswith("/") and not value.startswith("//"):
             value = prefix + value
+        if lower == "set-cookie":
+            value = _cookie_under(value, prefix)
         out.append((lower.encode("latin-1"), value.encode("latin-1")))
     if via_link:
         out.append((b"referrer-policy", b"no-referrer"))

@@ -146,7 +146,7 @@ def test_http_and_a_websocket_through_the_proxy_with_a_key(service: Service) -> 
         base = f"/v1/sandboxes/{box['id']}/ports/8080"
         hello = when_up(http, base + "/hello")
         assert (hello.status_code, hello.text) == (200, "hello from the sandbox\n")
-        assert hello.headers["set-cookie"] == "a=1"
+        assert hello.headers["set-cookie"] == f"a=1; Path={base}/"  # kept to this port
 
         # what reached the sandbox: the path below the port, never the key
         seen = http.get(base + "/headers?x=1%2F2", headers={"X-Custom": "yes"}).json()

@@ -139,7 +139,8 @@ def test_the_answer_loses_hop_by_hop_headers_and_moves_a_rooted_location() -> No
                             ("Set-Cookie", "b=2"), ("Referrer-Policy", "unsafe-url")],
                            prefix="/v1/previews/T", via_link=True)
     assert (b"location", b"/v1/previews/T/login?next=/") in got
-    assert [v for n, v in got if n == b"set-cookie"] == [b"a=1", b"b=2"]
+    assert [v for n, v in got if n == b"set-cookie"] == [b"a=1; Path=/v1/previews/T/",
+                                                         b"b=2; Path=/v1/previews/T/"]
     assert not {b"connection", b"transfer-encoding"} & {n for n, _ in got}
     assert [v for n, v in got if n == b"referrer-policy"] == [b"no-referrer"]
     elsewhere = response_headers([("Location", "https://example.org/")], prefix="/p",

@@ -1,0 +1,150 @@
+"""What a sandbox's answers may not do to the service's origin (docs/security.md, "Preview
+links"): every sandbox's pages are served on the service's one origin, through the proxy
+and its links, so a header that acts on the whole origin (a service worker's scope, cookies
+for every path, clearing the origin's storage, HSTS, another service for the origin) is
+dropped or kept to the sandbox's own path; and a request framed two ways at once is not
+passed on to be read a third way. On the real Docker engine and a live `sbx serve`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.live import LiveService
+from tests.support import RUN_LABEL, remove_test_containers
+
+pytestmark = pytest.mark.docker
+
+# an HTTP/1.1 server (keeps connections alive) that answers origin-wide headers and
+# remembers the paths it was asked for
+SERVER = r'''
+import json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SEEN = []
+
+class Web(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self, body, headers=()):
+        self.send_response(200)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        SEEN.append(self.path)
+        if self.path == "/seen":
+            return self.answer(json.dumps(SEEN).encode())
+        self.answer(b"a page\n", [
+            ("Service-Worker-Allowed", "/"),
+            ("Set-Cookie", "sid=secret; Path=/; Domain=127.0.0.1; HttpOnly"),
+            ("Set-Cookie", "theme=dark"),
+            ("Set-Cookie", "deep=1; path=/app/x; Secure"),
+            ("Clear-Site-Data", '"*"'),
+            ("Strict-Transport-Security", "max-age=31536000; includeSubDomains"),
+            ("Alt-Svc", 'h2="evil.example:443"'),
+        ])
+    def do_POST(self):
+        SEEN.append(self.path)
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.answer(body)
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("0.0.0.0", 8080), Web).serve_forever()
+'''
+
+PROFILE = {"backend": "docker", "image": "sandboxer/python-base:bookworm",
+           "network": {"mode": "full"}, "ports": [8080],
+           "command": ["python3", "-c", SERVER],
+           "ttl": {"default": "10m", "max": "1h", "idle": "30m"}}
+
+
+@pytest.fixture
+def live(sbx_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+         docker_api) -> Iterator[LiveService]:
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "origin.yaml").write_text(json.dumps(PROFILE))
+    monkeypatch.setenv("SBX_PROFILE_PATH", str(folder))
+    service = LiveService(sbx_home).start()
+    try:
+        yield service
+    finally:
+        service.stop()
+        remove_test_containers(sbx_home)
+
+
+def _up(http: httpx.Client, path: str, limit_s: float = 60) -> httpx.Response:
+    give_up = time.monotonic() + limit_s
+    while True:
+        reply = http.get(path)
+        if reply.status_code != 502 or time.monotonic() > give_up:
+            return reply
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def sandbox(live: LiveService) -> Iterator[tuple[httpx.Client, dict]]:
+    key = live.key("write", owner="writer")
+    with httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {key}"},
+                      timeout=60, trust_env=False) as http:
+        made = http.post("/v1/sandboxes", json={"profile": "origin", "labels": dict(
+            [RUN_LABEL.split("=", 1)])})
+        assert made.status_code == 201, made.text
+        box = made.json()
+        assert _up(http, f"/v1/sandboxes/{box['id']}/ports/8080/seen").status_code == 200
+        yield http, box
+
+
+def test_a_sandboxs_answer_cannot_act_on_the_services_whole_origin(sandbox) -> None:
+    http, box = sandbox
+    prefix = f"/v1/sandboxes/{box['id']}/ports/8080"
+    link = http.post(prefix + "/links", json={"expires_in": "10m"})
+    assert link.status_code == 201, link.text
+    through_link = link.json()["path"].rstrip("/")
+    for base, client in ((prefix, http), (through_link, httpx.Client(
+            base_url=http.base_url, timeout=60, trust_env=False))):
+        page = client.get(base + "/app/index.html")
+        assert (page.status_code, page.text) == (200, "a page\n")
+        # a service worker the page registers could otherwise take the whole origin
+        for name in ("service-worker-allowed", "clear-site-data",
+                     "strict-transport-security", "alt-svc"):
+            assert name not in page.headers, (base, name)
+        # cookies stay on this sandbox's port: never for the service's other paths (another
+        # sandbox's pages, another tenant's link), never for another domain
+        cookies = page.headers.get_list("set-cookie")
+        assert cookies == [f"sid=secret; Path={base}/; HttpOnly", f"theme=dark; Path={base}/",
+                           f"deep=1; Path={base}/app/x; Secure"], cookies
+
+
+def test_a_request_framed_two_ways_is_not_passed_on(live: LiveService, sandbox) -> None:
+    """Content-Length and Transfer-Encoding both: the service refuses it rather than passing
+    a body the sandbox's server would frame otherwise (a request smuggled behind it)."""
+    http, box = sandbox
+    prefix = f"/v1/sandboxes/{box['id']}/ports/8080"
+    smuggled = (f"GET {prefix}/smuggled HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+    body = b"0\r\n\r\n" + smuggled
+    head = (f"POST {prefix}/echo HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: {http.headers['authorization']}\r\n"
+            f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    host, port = live.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(head + body)
+        raw.settimeout(5)
+        answer = b""
+        try:
+            while chunk := raw.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            pass
+    seen = http.get(prefix + "/seen").json()
+    assert "/smuggled" not in seen and not any(p.endswith("/smuggled") for p in seen), (
+        seen, answer[:300])
