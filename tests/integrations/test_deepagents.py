@@ -225,3 +225,36 @@ def test_importing_sandboxer_imports_no_framework():
                           timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
     assert sandboxer.Sandbox  # the handle the backend takes is public
+
+
+def test_a_deep_agent_runs_its_tools_in_the_sandbox(box):
+    """deepagents' own agent loop (create_deep_agent) with a scripted chat model in place of
+    a real one (no model is called): its write_file, execute and read_file tools reach the
+    sandbox through the backend."""
+    from deepagents import create_deep_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    class Scripted(GenericFakeChatModel):
+        def bind_tools(self, tools, **kwargs):  # the script names the tools itself
+            return self
+
+    def call(name: str, **args) -> AIMessage:
+        return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": name}])
+
+    model = Scripted(messages=iter([
+        call("write_file", file_path="/work/plan.md", content="step one\n"),
+        call("execute", command="cat /work/plan.md; echo ran > /work/ran.txt; exit 2"),
+        call("read_file", file_path="/work/plan.md"),
+        AIMessage(content="all done"),
+    ]))
+    agent = create_deep_agent(model=model, backend=SandboxerBackend(box))
+    out = agent.invoke({"messages": [{"role": "user", "content": "go"}]})
+
+    tools = {m.name: m for m in out["messages"] if isinstance(m, ToolMessage)}
+    assert tools["execute"].artifact == {"truncated": False, "exit_code": 2}
+    assert tools["execute"].content.startswith("step one\n")
+    assert "step one" in tools["read_file"].content
+    assert out["messages"][-1].content == "all done"
+    assert box.files.read("/work/plan.md") == b"step one\n"
+    assert box.files.read("/work/ran.txt") == b"ran\n"

@@ -244,3 +244,30 @@ async def test_a_manifest_root_elsewhere_is_made_at_start(local_client):
         assert (await session.exec("pwd")).stdout == b"/srv/agent\n"
         await session.write(Path("x.txt"), io.BytesIO(b"x"))
         assert await session._inner.sandbox.files.read("/srv/agent/x.txt") == b"x"
+
+
+async def test_a_sandbox_agent_run_uses_a_session_of_this_client(client):
+    """The SDK's own Runner with a SandboxAgent and a scripted model in place of a real one
+    (no model is called): the run makes a sandbox through this client, its exec_command tool
+    runs there, and the sandbox is destroyed when the run ends."""
+    from agents import Runner
+    from agents.run_config import RunConfig, SandboxRunConfig
+    from agents.sandbox import SandboxAgent
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    model = ScriptedModel([
+        [function_call("exec_command", {"cmd": "echo from-the-agent > made.txt; cat made.txt"},
+                       call_id="c1")],
+        [assistant_message("done")],
+    ])
+    agent = SandboxAgent(name="coder", instructions="Work in the sandbox.", model=model)
+    config = RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(
+        client=SandboxerSandboxClient(client), options=options(task="agent-run")))
+    result = await Runner.run(agent, "Make a file.", run_config=config)
+
+    assert result.final_output == "done"
+    [tool_output] = [item.output for item in result.new_items if hasattr(item, "output")]
+    assert "Process exited with code 0" in tool_output and "from-the-agent" in tool_output
+    [made] = [box for box in await client.list(labels=RUN, include_destroyed=True)
+              if box.task == "agent-run"]
+    assert made.state == sandboxer.State.DESTROYED
