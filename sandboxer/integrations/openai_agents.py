@@ -233,8 +233,13 @@ class SandboxerSandboxSession(BaseSandboxSession):
         if not isinstance(payload, bytes | bytearray):
             raise WorkspaceWriteTypeError(path=path, actual_type=type(payload).__name__)
         workspace_path = await self._validate_path_access(path, for_write=True)
+        target = sandbox_path_str(workspace_path)
+        # the file API replaces whatever is at the path, a folder and all it holds included
+        if (await self._exec_internal("test", "-d", target)).exit_code == 0:
+            raise WorkspaceArchiveWriteError(path=workspace_path,
+                                             context={"reason": f"{target} is a folder"})
         try:
-            await self._box.files.write(sandbox_path_str(workspace_path), bytes(payload))
+            await self._box.files.write(target, bytes(payload))
         except sandboxer.Error as e:
             raise WorkspaceArchiveWriteError(path=workspace_path,
                                              context={"reason": _one_line(e)}) from None

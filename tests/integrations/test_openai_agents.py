@@ -18,6 +18,7 @@ from agents.sandbox.errors import (
     ExecTimeoutError,
     ExposedPortUnavailableError,
     InvalidManifestPathError,
+    WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
 )
 from agents.sandbox.manifest import Manifest
@@ -70,6 +71,10 @@ async def test_files_written_read_back_byte_for_byte_and_a_missing_one_is_not_fo
 
         with pytest.raises(WorkspaceReadNotFoundError):
             await session.read(Path("missing.txt"))
+        # a write onto a folder is refused, and the folder keeps what it holds
+        with pytest.raises(WorkspaceArchiveWriteError):
+            await session.write(Path("deep"), io.BytesIO(b"would replace the folder"))
+        assert (await session.read(Path("deep/er/blob.bin"))).read() == blob
         # the SDK's own tools on top: ls, mkdir, rm
         names = sorted(e.path for e in await session.ls("deep/er"))
         assert names == ["/workspace/deep/er/blob.bin"]
