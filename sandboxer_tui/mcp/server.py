@@ -452,7 +452,7 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
         try:
             sbx = (await resolve(ctx, False)).client
             return await sbx.get(ref)
-        except SbxError as exc:
+        except (SbxError, ToolError) as exc:  # a refused key is a ToolError of resolve
             raise ResourceError(_one_line(exc)) from None
 
     async def resource(ctx: Context, work: Awaitable[Any]) -> str:
