@@ -13,6 +13,16 @@ from __future__ import annotations
 import asyncio
 import base64
 
+try:
+    import deepagents  # noqa: F401
+except ModuleNotFoundError as exc:
+    if exc.name != "deepagents":
+        raise
+    # an extra, not a dependency of sbx: say which extra brings it, not just its name
+    raise ModuleNotFoundError(
+        "sandboxer.integrations.deepagents needs deepagents: "
+        "pip install 'sandboxer[deepagents]'", name="deepagents") from None
+
 from deepagents.backends.protocol import (
     EditResult,
     ExecuteResponse,

@@ -23,6 +23,16 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+try:
+    import agents  # noqa: F401
+except ModuleNotFoundError as exc:
+    if exc.name != "agents":
+        raise
+    # an extra, not a dependency of sbx: say which extra brings it, not just its name
+    raise ModuleNotFoundError(
+        "sandboxer.integrations.openai_agents needs openai-agents: "
+        "pip install 'sandboxer[openai-agents]'", name="agents") from None
+
 from agents.sandbox.errors import (
     ExecTimeoutError,
     ExecTransportError,

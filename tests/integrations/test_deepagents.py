@@ -258,3 +258,16 @@ def test_a_deep_agent_runs_its_tools_in_the_sandbox(box):
     assert out["messages"][-1].content == "all done"
     assert box.files.read("/work/plan.md") == b"step one\n"
     assert box.files.read("/work/ran.txt") == b"ran\n"
+
+
+@pytest.mark.parametrize(("module", "framework", "extra"), [
+    ("deepagents", "deepagents", "deepagents"), ("openai_agents", "agents", "openai-agents")])
+def test_without_its_framework_an_integration_names_the_extra_to_install(module, framework,
+                                                                          extra):
+    code = (f"import sys; sys.modules[{framework!r}] = None\n"  # as if it were not installed
+            f"import sandboxer.integrations.{module}")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        f"pip install 'sandboxer[{extra}]'"), done.stderr
