@@ -310,10 +310,13 @@ class SandboxerSandboxSession(BaseSandboxSession):
         argv, as_user = self._split_user(
             self._prepare_exec_command(*command, shell=shell, user=user))
         entry = _PtyEntry(tty=tty)
+        if tty and as_user is not None:
+            # a terminal runs as the sandbox's own user (su needs capabilities a sandbox lacks)
+            raise ExecTransportError(
+                command=command, context={"reason": "terminal_as_user"},
+                message=f"a terminal cannot run as {as_user}: run it without tty")
         try:
             if tty:
-                if as_user is not None:
-                    argv = ["su", as_user, "-c", shlex.join(argv)]
                 entry.terminal = await self._box.pty(argv, cwd=self._cwd())
             else:
                 entry.process = await self._box.processes.start(
@@ -405,12 +408,13 @@ class SandboxerSandboxSession(BaseSandboxSession):
                     await entry.process.kill()
             except sandboxer.Error:
                 pass  # it ended meanwhile, or the sandbox did
-        for task in (entry.reader, entry.deadline if cancel_deadline else None):
-            if task is not None and not task.done():
-                try:
-                    await asyncio.wait_for(asyncio.shield(task), timeout=5)
-                except (TimeoutError, asyncio.CancelledError):
-                    task.cancel()
+        if cancel_deadline and entry.deadline is not None:
+            entry.deadline.cancel()
+        if entry.reader is not None and not entry.reader.done():
+            try:  # its output ends with the program; a reader still stuck then is dropped
+                await asyncio.wait_for(asyncio.shield(entry.reader), timeout=5)
+            except TimeoutError:
+                entry.reader.cancel()
 
     def _prune(self) -> _PtyEntry | None:
         if len(self._pty_processes) < PTY_PROCESSES_MAX:

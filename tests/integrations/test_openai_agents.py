@@ -16,6 +16,7 @@ import httpx
 import pytest
 from agents.sandbox.errors import (
     ExecTimeoutError,
+    ExecTransportError,
     ExposedPortUnavailableError,
     InvalidManifestPathError,
     WorkspaceArchiveWriteError,
@@ -276,3 +277,21 @@ async def test_a_sandbox_agent_run_uses_a_session_of_this_client(client):
     [made] = [box for box in await client.list(labels=RUN, include_destroyed=True)
               if box.task == "agent-run"]
     assert made.state == sandboxer.State.DESTROYED
+
+
+async def test_an_interactive_commands_timeout_ends_it_and_run_as_runs_as_that_user(
+        local_client):
+    session = await started(local_client)
+    try:
+        for tty in (False, True):
+            began = time.monotonic()
+            ended = await session.pty_exec_start("sleep 60", tty=tty, timeout=1, yield_time_s=20)
+            assert (ended.process_id, ended.exit_code) == (None, 137), tty
+            assert time.monotonic() - began < 15
+
+        as_nobody = await session.pty_exec_start("id -u", user="nobody", yield_time_s=20)
+        assert (as_nobody.output, as_nobody.exit_code) == (b"65534\n", 0)
+        with pytest.raises(ExecTransportError, match="cannot run as nobody"):
+            await session.pty_exec_start("id -u", user="nobody", tty=True)
+    finally:
+        await session.aclose()
