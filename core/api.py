@@ -697,6 +697,24 @@ def mark_traffic(mgr: Manager, ref: str) -> None:
     mgr._mark_active(row["id"])  # noqa: SLF001 (the lifecycle's own quiet mark)
 
 
+def record_mcp_call(mgr: Manager, tool: str, ref: str | None) -> None:
+    """An MCP tool call that records no event of its own: `mcp.call` with the tool's name,
+    of the sandbox `ref` names (seen by the caller's tenant), or of none."""
+    from sandboxer.core.rules.catalog import EventType
+    from sandboxer.core.rules.errors import BadInput
+    from sandboxer.core.store import tenancy
+
+    if not isinstance(tool, str) or not tool.isidentifier() or len(tool) > 64:
+        raise BadInput(f"bad tool name {tool!r}")
+    sandbox_id = None
+    if ref is not None:
+        row = mgr.resolve(ref)
+        tenancy.check(row, "sandbox", ref)
+        sandbox_id = row["id"]
+    with mgr.db.write() as conn:
+        mgr.event(conn, sandbox_id, EventType.MCP_CALL, payload={"tool": tool})
+
+
 def record_port_link(mgr: Manager, ref: str, port: int, expires_at: datetime) -> None:
     """A signed preview link to the running sandbox's `port` was handed out: the event
     `sandbox.port.link` with the port and when it expires (never the link itself)."""

@@ -445,6 +445,12 @@ class AsyncSandboxer:
         """Record that a signed preview link to the running sandbox's `port`, valid until
         `expires_at`, was handed out (`sandbox.port.link`; the link itself never is)."""
         await self._transport.record_port_link(ref, port, expires_at)
+
+    async def record_mcp_call(self, tool: str, sandbox: str | None = None) -> None:
+        """Record an MCP tool call that records no event of its own (a listing, a look at a
+        process): `mcp.call` with the tool's name, of `sandbox` if it named one, as this
+        client's actor (docs/mcp.md). A client of a service refuses: its /mcp records them."""
+        await self._transport.record_mcp_call(tool, sandbox)
     # -- warm pools (docs/pools.md) ---------------------------------------------------------
 
     async def pools(self) -> list[PoolInfo]:

@@ -584,6 +584,9 @@ class LocalTransport:
     async def record_port_link(self, ref: str, port: int, expires_at: datetime) -> None:
         await self._call(lambda mgr: api.record_port_link(mgr, ref, port, expires_at))
 
+    async def record_mcp_call(self, tool: str, ref: str | None) -> None:
+        await self._call(lambda mgr: api.record_mcp_call(mgr, tool, ref))
+
     # -- warm pools (core/pools/__init__.py) ---------------------------------------------------------
 
     async def pools(self) -> list[dict[str, Any]]:

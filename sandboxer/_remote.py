@@ -880,6 +880,10 @@ class RemoteTransport:
         raise BadInput("a preview link is made by the service that holds the sandbox: POST "
                        "/v1/sandboxes/{ref}/ports/{port}/links there")
 
+    async def record_mcp_call(self, tool: str, ref: str | None) -> None:
+        raise BadInput("an MCP call is recorded by the service that holds the sandbox: use "
+                       "its /mcp")
+
     # -- warm pools -------------------------------------------------------------------------
 
     async def pools(self) -> list[dict[str, Any]]:

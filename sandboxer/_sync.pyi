@@ -292,6 +292,13 @@ class Sandboxer:
         """
         ...
 
+    def record_mcp_call(self, tool: str, sandbox: str | None = None) -> None:
+        """Record an MCP tool call that records no event of its own (a listing, a look at a
+        process): `mcp.call` with the tool's name, of `sandbox` if it named one, as this
+        client's actor (docs/mcp.md). A client of a service refuses: its /mcp records them.
+        """
+        ...
+
     def pools(self) -> list[PoolInfo]:
         """This installation's warm pools: every profile on the search path that declares
         `pool:`, and any pool with members left (`sbx pool ls`).

@@ -468,6 +468,10 @@ class Transport(Protocol):
         """A signed preview link to `port` was handed out: its event (never the link)."""
         ...
 
+    async def record_mcp_call(self, tool: str, ref: str | None) -> None:
+        """An MCP tool call without an event of its own: `mcp.call`."""
+        ...
+
     # `list` comes last: a method of that name hides the builtin from the annotations below it
     # (for a type checker), so none is below it.
 

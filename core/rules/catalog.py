@@ -55,6 +55,9 @@ class EventType(enum.StrEnum):
     # the service's keys (an admin acts), with the owner's quotas when a create set them
     APIKEY_CREATED = "apikey.created"
     APIKEY_REVOKED = "apikey.revoked"
+    # an MCP tool call that records no event of its own (a listing, a look at a process), so
+    # that every call an agent makes is in the log (docs/mcp.md)
+    MCP_CALL = "mcp.call"
 
 
 class Reason(enum.StrEnum):

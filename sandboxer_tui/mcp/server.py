@@ -181,6 +181,7 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
         """The sandboxes this caller may see, newest first: id, name, state, deadline."""
         async with calling(ctx, False) as sbx:
             boxes = await sbx.list(state=state, include_destroyed=include_destroyed)
+            await _note(sbx, "list_sandboxes")
             return {"sandboxes": [b.to_dict() for b in boxes]}
 
     @server.tool(annotations=reads)
@@ -189,6 +190,7 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
         async with calling(ctx, False) as sbx:
             allowed = settings.mcp_profiles()
             infos = [p.to_dict() for p in await sbx.profiles()]
+            await _note(sbx, "list_profiles")
             return {"profiles": [p for p in infos
                                  if allowed is None or p.get("name") in allowed]}
 
@@ -350,7 +352,9 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
         """What is in a folder: name, kind, size, mode, modified time."""
         async with calling(ctx, False) as sbx:
             box = await sbx.get(sandbox)
-            return {"entries": [f.to_dict() for f in await box.files.list(path, depth)]}
+            entries = [f.to_dict() for f in await box.files.list(path, depth)]
+            await _note(sbx, "list_files", box.id)
+            return {"entries": entries}
 
     # -- background processes -------------------------------------------------------------
 
@@ -381,8 +385,11 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
         async with calling(ctx, False) as sbx:
             box = await sbx.get(sandbox)
             if pid is None:
-                return {"processes": [p.to_dict() for p in await box.processes.list()]}
-            return (await box.processes.get(pid)).to_dict()
+                doc = {"processes": [p.to_dict() for p in await box.processes.list()]}
+            else:
+                doc = (await box.processes.get(pid)).to_dict()
+            await _note(sbx, "inspect_process", box.id)
+            return doc
 
     @server.tool(annotations=reads)
     async def read_process_output(
@@ -421,6 +428,7 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
                     if len(data) > room:
                         more[chunk.stream] = True
             await proc.refresh()
+            await _note(sbx, "read_process_output", box.id)
             doc: dict[str, Any] = {"pid": pid, "running": proc.running,
                                    "exit_code": proc.exit_code}
             for stream in ("stdout", "stderr"):
@@ -503,6 +511,15 @@ class _Server(MCPServer):
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
                 for err in cause.errors(include_url=False, include_input=False))
             raise ToolError(f"Error executing tool {name}: bad arguments: {said}") from cause
+
+
+async def _note(sbx: AsyncSandboxer, tool: str, sandbox: str | None = None) -> None:
+    """`mcp.call` for a call that records no event of its own; a client of a service
+    (`sbx mcp` under SBX_URL) cannot record one, and its reads go unrecorded."""
+    try:
+        await sbx.record_mcp_call(tool, sandbox)
+    except BadInput:
+        pass
 
 
 def _one_line(exc: BaseException) -> str:

@@ -34,6 +34,8 @@ async def test_stdio_create_write_run_read_destroy(sbx, tmp_path, docker_api):
     assert "sandbox.file" in kinds and kinds[-1] == "sandbox.destroyed"
     # every call the agent made is recorded as the local user through that client
     assert {e["actor"] for e in events} == {"dana (mcp: desk-agent)"}
+    # a call that records nothing of its own (a listing) is an mcp.call event
+    assert [e["payload"] for e in events if e["type"] == "mcp.call"] == [{"tool": "list_files"}]
     assert {e["payload"].get("owner") for e in events if e["type"] == "sandbox.creating"} \
         == {"dana"}
 
