@@ -42,6 +42,8 @@ class Web(BaseHTTPRequestHandler):
         SEEN.append(self.path)
         if self.path == "/seen":
             return self.answer(json.dumps(SEEN).encode())
+        if self.path == "/closed":
+            return self.answer(str(len(self.closed)).encode())
         self.answer(b"a page\n", [
             ("Service-Worker-Allowed", "/"),
             ("Set-Cookie", "sid=secret; Path=/; Domain=127.0.0.1; HttpOnly"),
@@ -58,11 +60,29 @@ class Web(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+# 8081: an answer of known length that stops after its headers; GET /closed on 8080 says
+# whether the proxy closed that connection since
+import socket, threading
+CLOSED = []
+def stall():
+    listener = socket.create_server(("0.0.0.0", 8081))
+    while True:
+        conn, _ = listener.accept()
+        def hold(conn=conn):
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+            while conn.recv(65536):
+                pass
+            CLOSED.append(1)
+        threading.Thread(target=hold, daemon=True).start()
+threading.Thread(target=stall, daemon=True).start()
+Web.closed = CLOSED
+
 ThreadingHTTPServer(("0.0.0.0", 8080), Web).serve_forever()
 '''
 
 PROFILE = {"backend": "docker", "image": "sandboxer/python-base:bookworm",
-           "network": {"mode": "full"}, "ports": [8080],
+           "network": {"mode": "full"}, "ports": [8080, 8081],
            "command": ["python3", "-c", SERVER],
            "ttl": {"default": "10m", "max": "1h", "idle": "30m"}}
 
@@ -148,3 +168,20 @@ def test_a_request_framed_two_ways_is_not_passed_on(live: LiveService, sandbox) 
     seen = http.get(prefix + "/seen").json()
     assert "/smuggled" not in seen and not any(p.endswith("/smuggled") for p in seen), (
         seen, answer[:300])
+
+
+def test_a_stalled_answer_is_not_held_for_good_once_its_caller_left(sandbox, monkeypatch):
+    """An answer of known length whose body stops coming, its caller gone: the connection to
+    the sandbox is closed after BOUNDED_STALL_S, not held forever (each such request kept
+    one of the proxy's pooled connections, shared by every tenant, until the pool ran out)."""
+    from sandboxer_tui.service.routes import ports
+
+    monkeypatch.setattr(ports, "BOUNDED_STALL_S", 2.0)
+    http, box = sandbox
+    prefix = f"/v1/sandboxes/{box['id']}/ports"
+    with pytest.raises(httpx.ReadTimeout):
+        http.get(prefix + "/8081/stall", timeout=httpx.Timeout(60, read=1))
+    give_up = time.monotonic() + 30
+    while http.get(prefix + "/8080/closed").text != "1":
+        assert time.monotonic() < give_up, "the proxy still holds the stalled connection"
+        time.sleep(0.2)

@@ -193,10 +193,21 @@ async def _forward(request: Request, box: Any, port: int, tail: str, prefix: str
     proxy.activity.seen(box.id)
     metrics.proxy_requests.labels(*labels, via).inc()
 
+    length = answer.headers.get("content-length", "")
+    bounded = length.isdigit() and int(length) <= 1024**2
+
     async def relay() -> AsyncIterator[bytes]:
+        import asyncio
+
         received = 0
+        chunks = answer.aiter_raw()
         try:
-            async for chunk in answer.aiter_raw():
+            while True:
+                try:  # a bounded answer has no watch on its caller: a stall ends it
+                    async with asyncio.timeout(BOUNDED_STALL_S if bounded else None):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
                 received += len(chunk)
                 yield chunk
         finally:
@@ -204,12 +215,16 @@ async def _forward(request: Request, box: Any, port: int, tail: str, prefix: str
             metrics.proxy_bytes.labels(*labels, "in").inc(sent[0])
             metrics.proxy_bytes.labels(*labels, "out").inc(received)
 
-    length = answer.headers.get("content-length", "")
-    response = _Relayed(relay(), status_code=answer.status_code,
-                        bounded=length.isdigit() and int(length) <= 1024**2)
+    response = _Relayed(relay(), status_code=answer.status_code, bounded=bounded)
     response.raw_headers = response_headers(answer.headers.multi_items(), prefix=prefix,
                                             via_link=via == "link")
     return response
+
+
+# a bounded answer (below) whose body stops coming for this long is cut, closing its
+# connection to the sandbox: nothing else would notice that its caller left, and each one
+# held one of the pool's connections (shared by every sandbox) for good
+BOUNDED_STALL_S = 60.0
 
 
 class _Relayed(StreamingResponse):
@@ -227,7 +242,10 @@ class _Relayed(StreamingResponse):
         if not self.bounded:
             await super().__call__(scope, receive, send)
             return
-        await self.stream_response(send)
+        try:
+            await self.stream_response(send)
+        except TimeoutError:  # its body stalled (BOUNDED_STALL_S): left unfinished, closed
+            return
 
 
 def _unreachable(sandbox_id: str, port: int, status: int, why: str) -> JSONResponse:
