@@ -25,7 +25,7 @@ from pydantic import Field, ValidationError
 from sandboxer import AsyncSandbox, AsyncSandboxer
 from sandboxer.core.rules import settings
 from sandboxer.core.rules.durations import format_duration, parse_duration
-from sandboxer.core.rules.errors import BadInput, SbxError, TimedOut
+from sandboxer.core.rules.errors import BadInput, SbxError, TimedOut, one_line
 
 log = logging.getLogger("sandboxer.mcp")
 
@@ -126,7 +126,7 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
         except ToolError:
             raise
         except SbxError as exc:
-            raise ToolError(_one_line(exc)) from None
+            raise ToolError(one_line(exc)) from None
         except Exception:
             log.exception("an MCP tool call failed")
             raise ToolError("the call failed inside the server (its log says why)") from None
@@ -461,13 +461,13 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
             sbx = (await resolve(ctx, False)).client
             return await sbx.get(ref)
         except (SbxError, ToolError) as exc:  # a refused key is a ToolError of resolve
-            raise ResourceError(_one_line(exc)) from None
+            raise ResourceError(one_line(exc)) from None
 
     async def resource(ctx: Context, work: Awaitable[Any]) -> str:
         try:
             return json.dumps(await work, default=str, indent=1)
         except SbxError as exc:
-            raise ResourceError(_one_line(exc)) from None
+            raise ResourceError(one_line(exc)) from None
 
     @server.resource("sandbox://{ref}", name="sandbox", mime_type="application/json",
                      description="A sandbox's record: state, profile, backend, deadlines.")
@@ -520,7 +520,3 @@ async def _note(sbx: AsyncSandboxer, tool: str, sandbox: str | None = None) -> N
         await sbx.record_mcp_call(tool, sandbox)
     except BadInput:
         pass
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
