@@ -56,8 +56,10 @@ async def pty(websocket: WebSocket, ref: str, session: str | None = None,
     await websocket.accept()
     try:
         if session is None:
-            asked = await asyncio.wait_for(websocket.receive_text(), OPEN_WAIT_S)
-            term = await box.pty(**_open_request(asked))
+            first = await asyncio.wait_for(websocket.receive(), OPEN_WAIT_S)
+            if first["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(first.get("code", 1000))
+            term = await box.pty(**_open_request(first.get("text") or ""))  # binary: refused
             term.offset = 0
         else:
             view = term.to_dict()
