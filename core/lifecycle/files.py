@@ -48,6 +48,11 @@ async def write_file(mgr: Manager, ref: str, path: str, data: AsyncIterator[byte
                              or not 0 <= mode <= 0o7777):
         raise BadInput(f"mode {mode!r}: give permission bits such as 0o644")
     row, adapter = await _using(mgr, ref)
+    # a file extracted over a folder replaces the folder and all it holds (Docker's archive
+    # API does so): refused, as `cp` refuses it
+    there = await adapter.stat_file(row["backend_ref"], path)
+    if there is not None and there.type == "dir":
+        raise BadInput(f"{path} is a folder: give the path of a file in it to write")
     digest, size = hashlib.sha256(), 0
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
         async for chunk in data:

@@ -198,6 +198,7 @@ async def test_refused_file_operations_change_nothing(client, box, tmp_path):
     refused with the documented exit code, no event, last_activity_at as it was (the
     activity used to be recorded before the backend was asked)."""
     await box.files.mkdir("/work/here")  # an event and activity before
+    await box.files.write("/work/keep/kept.txt", b"kept")
     out = tmp_path / "out"
     out.mkdir()
     before_events, before = await box.events(), await _activity(client, box)
@@ -213,6 +214,8 @@ async def test_refused_file_operations_change_nothing(client, box, tmp_path):
         (NotFound, 3, lambda: box.files.remove("/nope")),
         (NotFound, 3, lambda: box.files.list("/nope")),
         (BadInput, 2, lambda: box.files.write("/work/here/x", ints())),
+        # a file over a folder would replace the folder and all it holds
+        (BadInput, 2, lambda: box.files.write("/work/keep", b"over")),
         (BadInput, 2, lambda: box.files.download("/", out / "root")),
         (BadInput, 2, lambda: box.files.download("/work/..", out)),
         (BadInput, 2, lambda: box.files.list("/work", depth=65)),
@@ -225,6 +228,7 @@ async def test_refused_file_operations_change_nothing(client, box, tmp_path):
         assert await _activity(client, box) == before, caught.value
     assert list(out.iterdir()) == []
     assert (await box.exec(["ls", "/work/here"])).stdout == b""  # no file of NUL bytes
+    assert await box.files.read("/work/keep/kept.txt") == b"kept"  # the folder is whole
     await box.files.stat("/work/here")  # what succeeds is activity
     assert await _activity(client, box) > before
 
