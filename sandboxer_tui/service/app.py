@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from sandboxer import AsyncSandboxer
-from sandboxer_tui.service import errors, mcp, timer
+from sandboxer_tui.service import e2b, errors, mcp, timer
 from sandboxer_tui.service.deps import ServiceState
 from sandboxer_tui.service.metrics import ServiceMetrics
 from sandboxer_tui.service.routes import ROUTERS
@@ -64,6 +64,7 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     for router in ROUTERS:
         app.include_router(router)
     app.state.mcp = mcp.mount(app)  # MCP at /mcp, when the SDK is installed
+    e2b.mount(app)  # the E2B API at /e2b (docs/e2b-api.md)
     _document_keys(app)
     _limits(app)
     return app

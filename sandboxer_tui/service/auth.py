@@ -58,7 +58,24 @@ def _over_socket(request: Request) -> bool:
     return bool(path and server and server[1] is None and server[0] == path)
 
 
+E2B_PREFIX = "/e2b/"  # the E2B API (service/e2b.py): its SDK sends the key in its own headers
+
+
+def _e2b_key(request: Request) -> str | None:
+    """The key of a call to the E2B API: `X-API-KEY` (its control plane) or `X-Access-Token`
+    (envd), `e2b_` before it allowed (docs/e2b-api.md); its `Authorization` names a user."""
+    token = request.headers.get("x-api-key") or request.headers.get("x-access-token")
+    if token is None:
+        return None
+    token = token.strip()
+    return token[4:] if token.startswith("e2b_") else token
+
+
 def _bearer(request: Request) -> str | None:
+    scope = request.scope
+    if (scope.get("root_path", "") + scope["path"]).startswith(E2B_PREFIX) or \
+            scope["path"].startswith(E2B_PREFIX):
+        return _e2b_key(request)
     header = request.headers.get("authorization")
     if not header:
         return None

@@ -29,6 +29,8 @@ STREAMED = re.compile(r"^/v1/sandboxes/[^/]+/files(/tree)?$")  # PUT: a file's o
 INPUT = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes/[^/]+/stdin)$")
 # any method: a body streamed on to a sandbox's port by the proxy, capped as an upload
 PROXIED = re.compile(r"^/v1/(sandboxes/[^/]+/ports/[^/]+/(?!links$)|previews/)")
+E2B_PREFIX = "/e2b/"  # the E2B API (service/e2b.py): its refusals in E2B's error body
+E2B_UPLOAD = ("POST", "/e2b/files")  # a file's bytes through the E2B API
 PREVIEWS = "/v1/previews/"  # a signed link is its own credential (routes/ports.py): no key
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this: 431
 KEEP_ALIVE_S = 5  # an idle connection between requests is closed after this
@@ -98,15 +100,15 @@ class Limits:
             try:  # the key is looked up once: caller() finds it in the request's state
                 principal = (await caller(Request(scope), KeyScope.READ)).principal
             except Refused as exc:
-                await body.answer(refusal(401, "unauthorized", str(exc),
-                                          **{"WWW-Authenticate": "Bearer"}))
+                await body.answer(_e2b(scope, 401, str(exc)) or refusal(
+                    401, "unauthorized", str(exc), **{"WWW-Authenticate": "Bearer"}))
                 return
             except SbxError as exc:  # the database cannot be reached, say
                 await body.answer(error_response(exc))
                 return
         streamed = ((scope["method"] == "PUT" and STREAMED.match(scope["path"]) is not None)
                     or PROXIED.match(scope["path"]) is not None)
-        upload = (scope["method"], scope["path"]) == UPLOAD or streamed
+        upload = (scope["method"], scope["path"]) in (UPLOAD, E2B_UPLOAD) or streamed
         body.drain = streamed  # the caller's key was good: an early answer is worth reading
         command_input = scope["method"] == "POST" and INPUT.match(scope["path"]) is not None
         body.limit, body.setting = (
@@ -114,7 +116,8 @@ class Limits:
             (self.max_input, "SBX_SERVE_MAX_INPUT") if command_input else
             (self.max_body, "SBX_SERVE_MAX_BODY"))
         if body.length is not None and body.length > body.limit:
-            await body.answer(refusal(413, "bad_input", body.too_large()))
+            await body.answer(_e2b(scope, 413, body.too_large())
+                              or refusal(413, "bad_input", body.too_large()))
             return
         if principal is None or not sse.asks_for_stream(scope):
             await self.app(scope, body.receive, body.send)
@@ -128,6 +131,14 @@ class Limits:
             await self.app(scope, body.receive, body.send)
         finally:
             self.streams.release(principal)
+
+
+def _e2b(scope: Scope, status: int, message: str) -> JSONResponse | None:
+    """A refusal of a call to the E2B API (service/e2b.py) in E2B's error body, which its
+    SDK reads; None for the service's own routes."""
+    if not scope["path"].startswith(E2B_PREFIX):
+        return None
+    return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
 class _Body:

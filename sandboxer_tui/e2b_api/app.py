@@ -1,0 +1,543 @@
+"""The E2B API as one ASGI app (docs/e2b-api.md): the control plane's routes and envd's, each
+call made through the library client of the request's caller (what `resolve` gives: the
+key's owner acting, narrowed to its tenant), so sbx's deadlines, tenants, scopes and event
+log hold as on its own routes. Exec, files and processes are the library's: a command is a
+background process (`box.processes`), so foreground and background runs, kill, stdin, list
+and connect are one thing, as on envd."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import stat as stat_module
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from sandboxer import AsyncSandbox, AsyncSandboxer
+from sandboxer_tui.e2b_api import wire
+from sandboxer_tui.e2b_api.wire import Reply, RpcError, unimplemented
+
+ENVD_VERSION = "0.6.4"  # the envd whose protocol this speaks (the SDK gates features on it)
+CLIENT_ID = "sbx"
+DEFAULT_TEMPLATE = "base"  # E2B's default template: sbx's `default` profile
+MAX_TIMEOUT_S = 24 * 3600
+PAGE = 100
+
+Resolve = Callable[[dict[str, Any], bool], Awaitable[tuple[AsyncSandboxer, str]]]
+"""(ASGI scope, needs write) -> (the caller's client, its token); raises `Denied`."""
+
+
+class Denied(Exception):
+    """No usable key (401) or a key whose scope does not allow the call (403)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    (method, re.compile(pattern), name) for method, pattern, name in [
+        ("POST", r"/v2/sandboxes", "create"),
+        ("POST", r"/sandboxes", "create"),
+        ("GET", r"/v2/sandboxes", "list"),
+        ("GET", r"/sandboxes", "list"),
+        ("GET", r"/sandboxes/(?P<sid>[^/]+)", "get"),
+        ("DELETE", r"/sandboxes/(?P<sid>[^/]+)", "kill"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/timeout", "timeout"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/pause", "pause"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/resume", "resume"),
+        ("POST", r"/v2/sandboxes/(?P<sid>[^/]+)/connect", "connect"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/connect", "connect"),
+    ]
+]
+# what the facade knows it does not do: a 501 naming the feature
+REFUSED: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(p), feature) for p, feature in [
+        (r"/sandboxes/[^/]+/metrics|/sandboxes/metrics", "sandbox metrics"),
+        (r"/sandboxes/[^/]+/snapshots|/snapshots.*", "snapshots"),
+        (r"/sandboxes/[^/]+/refreshes", "refreshing a sandbox"),
+        (r"/sandboxes/[^/]+/logs|/v2/sandboxes/[^/]+/logs", "sandbox logs"),
+        (r"/templates.*|/v2/templates.*|/v3/templates.*", "templates"),
+        (r"/volumes.*", "volumes"),
+        (r"/secrets.*", "secrets"),
+        (r"/teams.*", "teams"),
+        (r"/sandboxes/[^/]+/network.*", "sandbox network settings"),
+    ]
+]
+ENVD_WRITE = {"Start", "SendInput", "SendSignal", "CloseStdin", "MakeDir", "Move", "Remove",
+              "Update", "StreamInput"}
+
+
+class E2BApi:
+    """The ASGI app. `resolve` says who calls; `envs` keeps the variables a create gave, in
+    this process's memory only (values are secrets: never stored, never logged)."""
+
+    def __init__(self, resolve: Resolve) -> None:
+        self.resolve = resolve
+        self.envs: dict[str, dict[str, str]] = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        path = _route_path(scope)
+        if path.startswith(("/process.Process/", "/filesystem.Filesystem/")):
+            await self._rpc(scope, receive, send, path)
+        elif path == "/files":
+            await self._files(scope, receive, send)
+        elif path == "/health":
+            await wire.send_json(send, 204, None)
+        else:
+            await self._control(scope, receive, send, path)
+
+    # -- the control plane ---------------------------------------------------------------
+
+    async def _control(self, scope, receive, send, path: str) -> None:
+        method = scope["method"]
+        route = next(((name, m) for verb, pattern, name in ROUTES
+                      if verb == method and (m := pattern.fullmatch(path))), None)
+        try:
+            if route is None:
+                feature = next((f for p, f in REFUSED if p.fullmatch(path)),
+                               f"{method} {path}")
+                raise Reply(501, unimplemented(feature))
+            name, match = route
+            client, token = await self._caller(scope, method != "GET")
+            body = wire.parse(await wire.read_body(receive)) if method == "POST" else {}
+            query = parse_qsl(scope.get("query_string", b"").decode(), keep_blank_values=True)
+            args = {k: unquote(v) for k, v in match.groupdict().items()}
+            status, payload, headers = await getattr(self, f"_{name}")(
+                client, token, body, dict(query), **args)
+        except Denied as exc:
+            status, payload, headers = exc.status, {"code": exc.status,
+                                                    "message": str(exc)}, {}
+        except RpcError as exc:
+            status, payload, headers = 400, {"code": 400, "message": exc.message}, {}
+        except Exception as exc:  # an sbx error: its status and one line
+            reply = wire.reply_of(exc)
+            status, payload, headers = reply.status, {"code": reply.status,
+                                                      "message": reply.message}, {}
+        await wire.send_json(send, status, payload, headers)
+
+    async def _caller(self, scope, write: bool) -> tuple[AsyncSandboxer, str]:
+        return await self.resolve(scope, write)
+
+    async def _box(self, client: AsyncSandboxer, sid: str) -> AsyncSandbox:
+        from sandboxer.core.rules.errors import NotFound
+
+        try:
+            box = await client.get(sid)
+        except NotFound:
+            raise Reply(404, f"sandbox \"{sid}\" doesn't exist or you don't have access to "
+                             "it") from None
+        if box.id != sid or str(box.state) in ("destroyed", "failed", "lost"):
+            raise Reply(404, f"sandbox \"{sid}\" doesn't exist or you don't have access to it")
+        return box
+
+    def _created(self, box: AsyncSandbox, token: str) -> dict[str, Any]:
+        return {"templateID": box.profile, "sandboxID": box.id, "clientID": CLIENT_ID,
+                "envdVersion": ENVD_VERSION, "alias": box.profile, "envdAccessToken": token,
+                "trafficAccessToken": None, "domain": None}
+
+    def _listed(self, box: AsyncSandbox) -> dict[str, Any]:
+        return {"templateID": box.profile, "alias": box.profile, "sandboxID": box.id,
+                "clientID": CLIENT_ID, "startedAt": _iso(box.started_at or box.created_at),
+                "endAt": _iso(box.deadline), "cpuCount": 1, "memoryMB": 512,
+                "diskSizeMB": 1024, "state": "paused" if str(box.state) == "paused"
+                else "running", "envdVersion": ENVD_VERSION,
+                "metadata": dict(box.labels)}
+
+    async def _create(self, client, token, body, query):
+        template = body.get("templateID")
+        if not isinstance(template, str) or not template:
+            raise Reply(400, "templateID (an sbx profile name) is required")
+        timeout = _timeout(body.get("timeout", 300), minimum=1)
+        metadata = body.get("metadata") or {}
+        envs = body.get("envVars") or {}
+        for what, doc in (("metadata", metadata), ("envVars", envs)):
+            if not isinstance(doc, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in doc.items()):
+                raise Reply(400, f"{what} must map strings to strings")
+        for field, feature in (("autoPause", "auto-pause"), ("autoResume", "auto-resume"),
+                               ("mcp", "MCP gateways"), ("volumeMounts", "volume mounts"),
+                               ("network", "network rules"), ("iam", "IAM")):
+            if body.get(field) not in (None, False, [], {}):
+                raise Reply(501, unimplemented(f"creating a sandbox with {feature}"))
+        profile = "default" if template == DEFAULT_TEMPLATE else template
+        box = await client.create(profile, ttl=timedelta(seconds=timeout),
+                                  labels=metadata or None)
+        if envs:
+            self.envs[box.id] = dict(envs)
+        return 201, self._created(box, token), {}
+
+    async def _list(self, client, token, body, query):
+        wanted: dict[str, str] = {}
+        if query.get("metadata"):  # quoted by the SDK, urlencoded, then sent as a value
+            wanted = {unquote(k): unquote(v)
+                      for k, v in parse_qsl(query["metadata"], keep_blank_values=True)}
+        states = set(query["state"].split(",")) if query.get("state") else {"running",
+                                                                             "paused"}
+        if not states <= {"running", "paused"}:
+            raise Reply(400, f"state filter {query['state']!r}: running and paused only")
+        try:
+            limit = min(int(query.get("limit") or PAGE), 1000)
+        except ValueError:
+            raise Reply(400, "limit must be a whole number") from None
+        state = next(iter(states)) if len(states) == 1 else None
+        boxes, following = await client.list_page(
+            state=state, labels=wanted or None, limit=limit,
+            cursor=query.get("nextToken") or None)
+        shown = [self._listed(b) for b in boxes if str(b.state) in states]
+        return 200, shown, ({"x-next-token": following} if following else {})
+
+    async def _get(self, client, token, body, query, sid):
+        box = await self._box(client, sid)
+        doc = self._listed(box)
+        doc.update(envdAccessToken=token, domain=None)
+        return 200, doc, {}
+
+    async def _kill(self, client, token, body, query, sid):
+        box = await self._box(client, sid)
+        await box.destroy()
+        self.envs.pop(sid, None)
+        return 204, None, {}
+
+    async def _timeout(self, client, token, body, query, sid):
+        """E2B sets the end to now + timeout, earlier or later; sbx's deadline only moves
+        later (extend), never past the hard deadline: a shorter timeout leaves it."""
+        timeout = _timeout(body.get("timeout"), minimum=0)
+        box = await self._box(client, sid)
+        if str(box.state) != "running":
+            raise Reply(404, f"sandbox \"{sid}\" is not running")
+        await _extend_to(box, timeout)
+        return 204, None, {}
+
+    async def _pause(self, client, token, body, query, sid):
+        box = await self._box(client, sid)
+        if str(box.state) == "paused":
+            raise Reply(409, f"sandbox \"{sid}\" is already paused")
+        await box.pause()
+        return 204, None, {}
+
+    async def _resume(self, client, token, body, query, sid):
+        box = await self._box(client, sid)
+        if str(box.state) != "paused":
+            raise Reply(409, f"sandbox \"{sid}\" is not paused")
+        await box.resume()
+        await _extend_to(box, _timeout(body.get("timeout", 300), minimum=0))
+        return 201, self._created(box, token), {}
+
+    async def _connect(self, client, token, body, query, sid):
+        box = await self._box(client, sid)
+        timeout = _timeout(body.get("timeout", 300), minimum=0)
+        resumed = str(box.state) == "paused"
+        if resumed:
+            await box.resume()
+        await _extend_to(box, timeout)
+        return (201 if resumed else 200), self._created(box, token), {}
+
+    # -- envd ----------------------------------------------------------------------------
+
+    async def _envd_box(self, scope, write: bool) -> AsyncSandbox:
+        client, _ = await self._caller(scope, write)
+        sid = _header(scope, "e2b-sandbox-id")
+        if not sid:
+            raise RpcError("invalid_argument", "the E2b-Sandbox-Id header is missing")
+        try:
+            box = await self._box(client, sid)
+        except Reply as exc:
+            raise RpcError("not_found", exc.message) from None
+        if str(box.state) != "running":
+            raise RpcError("unavailable", f"sandbox \"{sid}\" is not running")
+        return box
+
+    async def _rpc(self, scope, receive, send, path: str) -> None:
+        service, _, method = path[1:].partition("/")
+        streaming = _header(scope, "content-type").startswith(wire.STREAM_TYPE)
+        handler = getattr(self, f"_rpc_{service.split('.')[0]}_{method}", None)
+        try:
+            body = await wire.read_body(receive)
+            if scope["method"] != "POST":
+                raise RpcError("unimplemented", unimplemented(f"{scope['method']} {path}"))
+            if handler is None:
+                feature = {"WatchDir": "filesystem.watch_dir", "CreateWatcher":
+                           "filesystem.watch_dir", "Update": "pty",
+                           "StreamInput": "commands.stream_input"}.get(method, path[1:])
+                raise RpcError("unimplemented", unimplemented(feature))
+            request = wire.first_envelope(body) if streaming else wire.parse(body)
+            box = await self._envd_box(scope, method in ENVD_WRITE)
+            if not streaming:
+                answer = await handler(box, request, scope)
+                await wire.send_json(send, 200, answer)
+                return
+        except Denied as exc:
+            error = RpcError("unauthenticated" if exc.status == 401 else "permission_denied",
+                             str(exc))
+            await self._rpc_fail(send, error, streaming)
+            return
+        except Exception as exc:
+            await self._rpc_fail(send, wire.rpc_error_of(exc), streaming)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", wire.STREAM_TYPE.encode())]})
+        error = None
+        try:
+            async for message in handler(box, request, scope):
+                await send({"type": "http.response.body", "body": wire.envelope(message),
+                            "more_body": True})
+        except Exception as exc:
+            error = wire.rpc_error_of(exc)
+        await send({"type": "http.response.body", "body": wire.end_of_stream(error)})
+
+    async def _rpc_fail(self, send, error: RpcError, streaming: bool) -> None:
+        if not streaming:
+            await wire.send_rpc_error(send, error)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", wire.STREAM_TYPE.encode())]})
+        await send({"type": "http.response.body", "body": wire.end_of_stream(error)})
+
+    # process.Process
+
+    async def _rpc_process_Start(self, box: AsyncSandbox, request, scope):
+        if request.get("pty"):
+            raise RpcError("unimplemented", unimplemented("pty"))
+        config = request.get("process") or {}
+        cmd, args = config.get("cmd"), list(config.get("args") or [])
+        if not isinstance(cmd, str) or not cmd:
+            raise RpcError("invalid_argument", "process.cmd is required")
+        if cmd in ("/bin/bash", "bash") and args[:2] == ["-l", "-c"] and len(args) == 3:
+            argv = ["sh", "-c", args[2]]  # the SDK's `bash -l -c CMD`, for images without bash
+        else:
+            argv = [cmd, *args]
+        env = {**self.envs.get(box.id, {}), **(config.get("envs") or {})}
+        proc = await box.processes.start(argv, env=env or None, cwd=config.get("cwd") or None,
+                                         user=_user(scope), stdin=bool(request.get("stdin")))
+        yield {"event": {"start": {"pid": proc.pid}}}
+        async for message in _follow(proc):
+            yield message
+
+    async def _rpc_process_Connect(self, box: AsyncSandbox, request, scope):
+        proc = await _process(box, request)
+        yield {"event": {"start": {"pid": proc.pid}}}
+        async for message in _follow(proc):
+            yield message
+
+    async def _rpc_process_List(self, box: AsyncSandbox, request, scope):
+        shown = []
+        for proc in await box.processes.list():
+            if proc.running:
+                argv = proc.argv
+                config = {"cmd": argv[0], "args": argv[1:], "envs": {}}
+                if proc.cwd:
+                    config["cwd"] = proc.cwd
+                shown.append({"config": config, "pid": proc.pid})
+        return {"processes": shown}
+
+    async def _rpc_process_SendInput(self, box: AsyncSandbox, request, scope):
+        proc = await _process(box, request)
+        given = request.get("input") or {}
+        if "stdin" not in given:
+            raise RpcError("unimplemented", unimplemented("pty input"))
+        await proc.write(wire.unb64(given["stdin"]))
+        return {}
+
+    async def _rpc_process_SendSignal(self, box: AsyncSandbox, request, scope):
+        proc = await _process(box, request)
+        number = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}.get(
+            request.get("signal"))
+        if number is None:
+            raise RpcError("invalid_argument", f"unknown signal {request.get('signal')!r}")
+        if proc.running:
+            await proc.kill(number)
+        return {}
+
+    async def _rpc_process_CloseStdin(self, box: AsyncSandbox, request, scope):
+        proc = await _process(box, request)
+        await proc.close_stdin()
+        return {}
+
+    # filesystem.Filesystem
+
+    async def _rpc_filesystem_Stat(self, box: AsyncSandbox, request, scope):
+        return {"entry": _entry(await box.files.stat(_path(request, "path")))}
+
+    async def _rpc_filesystem_ListDir(self, box: AsyncSandbox, request, scope):
+        path = _path(request, "path")
+        top = await box.files.stat(path)
+        if not top.is_dir:
+            raise RpcError("invalid_argument", f"path '{path}' is not a directory")
+        depth = int(request.get("depth") or 1)
+        found = await box.files.list(path, depth)
+        return {"entries": [_entry(info) for info in found if info.path != top.path]}
+
+    async def _rpc_filesystem_MakeDir(self, box: AsyncSandbox, request, scope):
+        path = _path(request, "path")
+        if await box.files.exists(path):
+            raise RpcError("already_exists", f"path '{path}' already exists")
+        await box.files.mkdir(path, parents=True)
+        return {"entry": _entry(await box.files.stat(path))}
+
+    async def _rpc_filesystem_Move(self, box: AsyncSandbox, request, scope):
+        source, destination = _path(request, "source"), _path(request, "destination")
+        await box.files.rename(source, destination)
+        return {"entry": _entry(await box.files.stat(destination))}
+
+    async def _rpc_filesystem_Remove(self, box: AsyncSandbox, request, scope):
+        await box.files.remove(_path(request, "path"), recursive=True)
+        return {}
+
+    # /files
+
+    async def _files(self, scope, receive, send) -> None:
+        query = dict(parse_qsl(scope.get("query_string", b"").decode(), keep_blank_values=True))
+        method = scope["method"]
+        try:
+            if method not in ("GET", "POST"):
+                raise Reply(501, unimplemented(f"{method} /files"))
+            path = query.get("path")
+            if not path and method == "GET":
+                raise Reply(400, "path is required")
+            kind = _header(scope, "content-type")
+            encoding = _header(scope, "content-encoding").strip().lower()
+            if method == "POST" and encoding not in ("", "identity", "gzip"):
+                raise Reply(501, unimplemented(f"uploads encoded as {encoding}"))
+            multipart = kind.startswith("multipart/form-data")
+            if method == "POST" and not (multipart or kind.startswith(
+                    "application/octet-stream")):
+                raise Reply(400, f"an upload is application/octet-stream or "
+                                 f"multipart/form-data, not {kind or 'untyped'}")
+            try:
+                box = await self._envd_box(scope, method == "POST")
+            except RpcError as exc:
+                raise Reply(wire.HTTP_OF.get(exc.code, 500), exc.message) from None
+            if method == "GET":
+                chunks = box.files.stream(path)
+                first = await anext(chunks, b"")  # a missing file fails before the answer
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", b"application/octet-stream")]})
+                if first:
+                    await send({"type": "http.response.body", "body": first,
+                                "more_body": True})
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk,
+                                "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            chunks = wire.body_chunks(receive)
+            if encoding == "gzip":
+                chunks = wire.gunzip(chunks)
+            if multipart:  # the SDK's default for text and bytes: buffered, as it sends it
+                body = b"".join([chunk async for chunk in chunks])
+                parts = wire.multipart_files(kind, body)
+                if len(parts) == 1 and query.get("path"):
+                    parts = [(query["path"], parts[0][1])]
+                for target, data in parts:
+                    await box.files.write(target, data)
+                written = [target for target, _ in parts]
+            else:
+                await box.files.write(path, chunks)
+                written = [path]
+            await wire.send_json(send, 200, [
+                {"name": p.rstrip("/").rpartition("/")[2], "type": "file", "path": p}
+                for p in written])
+        except Denied as exc:
+            await wire.send_json(send, exc.status, {"code": exc.status, "message": str(exc)})
+        except Exception as exc:
+            reply = wire.reply_of(exc)
+            await wire.send_json(send, reply.status, {"code": reply.status,
+                                                      "message": reply.message})
+
+
+async def _follow(proc):
+    """A process's output as envd's data events, then its end."""
+    async for out in proc.output(follow=True):
+        yield {"event": {"data": {out.stream: wire.b64(out.data)}}}
+    with contextlib.suppress(Exception):
+        await proc.refresh()
+    code = proc.exit_code
+    if code is None:
+        yield {"event": {"end": {"exitCode": -1, "exited": False, "status": "unknown",
+                                 "error": "how the process ended is not known"}}}
+    else:
+        yield {"event": {"end": {"exitCode": code, "exited": True,
+                                 "status": f"exit status {code}"}}}
+
+
+async def _process(box: AsyncSandbox, request: dict[str, Any]):
+    from sandboxer.core.rules.errors import NotFound
+
+    selector = request.get("process") or {}
+    if "pid" not in selector:
+        raise RpcError("unimplemented", unimplemented("selecting a process by tag"))
+    try:
+        return await box.processes.get(int(selector["pid"]))
+    except (NotFound, ValueError):
+        raise RpcError("not_found", f"process with pid {selector['pid']} not found") from None
+
+
+def _entry(info) -> dict[str, Any]:
+    """An sbx FileInfo as envd's EntryInfo (JSON mapping: int64 as text, enums by name)."""
+    kind = "FILE_TYPE_DIRECTORY" if info.type == "dir" else "FILE_TYPE_FILE"
+    bits = stat_module.S_IFDIR if info.type == "dir" else stat_module.S_IFLNK \
+        if info.type == "symlink" else stat_module.S_IFREG
+    doc = {"name": info.name, "type": kind, "path": info.path, "size": str(info.size),
+           "mode": info.mode, "permissions": stat_module.filemode(bits | info.mode),
+           "owner": "", "group": "", "modifiedTime": _iso(info.mtime, z=True),
+           "isSymlink": info.type == "symlink"}
+    if info.target:
+        doc["symlinkTarget"] = info.target
+    return doc
+
+
+def _path(request: dict[str, Any], field: str) -> str:
+    value = request.get(field)
+    if not isinstance(value, str) or not value:
+        raise RpcError("invalid_argument", f"{field} is required")
+    return value
+
+
+async def _extend_to(box: AsyncSandbox, timeout: int) -> None:
+    """Move the deadline to now + timeout when that is later (capped by the hard deadline)."""
+    wanted = datetime.now(UTC) + timedelta(seconds=timeout)
+    if wanted > box.deadline:
+        await box.extend(wanted - box.deadline)
+
+
+def _timeout(value: Any, *, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or \
+            not minimum <= value <= MAX_TIMEOUT_S:
+        raise Reply(400, f"timeout must be a whole number of seconds from {minimum} to "
+                         f"{MAX_TIMEOUT_S}")
+    return value
+
+
+def _user(scope) -> str | None:
+    """envd's user: `Authorization: Basic base64(USER:)`; none means the sandbox's own."""
+    import base64
+
+    kind, _, value = _header(scope, "authorization").partition(" ")
+    if kind.lower() != "basic" or not value:
+        return None
+    try:
+        user = base64.b64decode(value).decode().partition(":")[0]
+    except ValueError:
+        raise RpcError("invalid_argument",
+                       "the Authorization header is not Basic USER:") from None
+    return user or None
+
+
+def _header(scope, name: str) -> str:
+    wanted = name.encode()
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == wanted), "")
+
+
+def _route_path(scope) -> str:
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+def _iso(moment: datetime, *, z: bool = False) -> str:
+    text = moment.astimezone(UTC).isoformat()
+    return text.replace("+00:00", "Z") if z else text
