@@ -47,6 +47,7 @@ from deepagents.backends.utils import (
 )
 
 import sandboxer
+from sandboxer.core.rules.errors import one_line
 
 __all__ = ["SandboxerBackend"]
 
@@ -97,7 +98,7 @@ class SandboxerBackend(BaseSandbox):
             done = self._box.exec(["sh", "-c", "exec 2>&1\n" + command],
                                   timeout=limit, cwd=self._cwd)
         except sandboxer.Error as e:
-            return ExecuteResponse(output=f"Error: {_one_line(e)}", exit_code=None)
+            return ExecuteResponse(output=f"Error: {one_line(e)}", exit_code=None)
         raw = done.stdout + done.stderr
         if done.timed_out:
             text = raw[-self._max_output_bytes:].decode("utf-8", errors="replace")
@@ -270,13 +271,9 @@ def _absolute(path: str) -> bool:
     return isinstance(path, str) and path.startswith("/") and "\0" not in path
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
-
-
 def _file_error(error: sandboxer.Error) -> str:
     """deepagents' code for a failed file operation where one fits, else the one line."""
-    message = _one_line(error)
+    message = one_line(error)
     lowered = message.lower()
     if isinstance(error, sandboxer.NotFound):
         return "file_not_found"

@@ -68,6 +68,7 @@ from agents.sandbox.types import ExecResult, ExposedPortEndpoint, User
 from agents.sandbox.workspace_paths import sandbox_path_str
 
 import sandboxer
+from sandboxer.core.rules.errors import one_line
 
 __all__ = [
     "SandboxerSandboxClient",
@@ -77,10 +78,6 @@ __all__ = [
 ]
 
 BACKEND_ID = "sandboxer"
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 class SandboxerSandboxClientOptions(BaseSandboxClientOptions):
@@ -160,7 +157,7 @@ class SandboxerSandboxSession(BaseSandboxSession):
             await self._box.files.mkdir(root, parents=True)
         except sandboxer.Error as e:
             raise WorkspaceStartError(path=self._workspace_root_path(),
-                                      context={"reason": _one_line(e)}) from None
+                                      context={"reason": one_line(e)}) from None
         self._workspace_root_ready = True
 
     async def _validate_path_access(self, path: Path | str, *, for_write: bool = False) -> Path:
@@ -211,8 +208,8 @@ class SandboxerSandboxSession(BaseSandboxSession):
         try:
             done = await self._box.exec(argv, timeout=timeout, cwd=self._cwd(), user=user)
         except sandboxer.Error as e:
-            raise ExecTransportError(command=command, context={"reason": _one_line(e)},
-                                     message=f"sandboxer exec failed: {_one_line(e)}"
+            raise ExecTransportError(command=command, context={"reason": one_line(e)},
+                                     message=f"sandboxer exec failed: {one_line(e)}"
                                      ) from None
         if done.timed_out:
             raise ExecTimeoutError(command=command, timeout_s=timeout)
@@ -229,7 +226,7 @@ class SandboxerSandboxSession(BaseSandboxSession):
         except sandboxer.NotFound:
             raise WorkspaceReadNotFoundError(path=path) from None
         except sandboxer.Error as e:
-            raise WorkspaceArchiveReadError(path=path, context={"reason": _one_line(e)}
+            raise WorkspaceArchiveReadError(path=path, context={"reason": one_line(e)}
                                             ) from None
         return io.BytesIO(data)
 
@@ -252,7 +249,7 @@ class SandboxerSandboxSession(BaseSandboxSession):
             await self._box.files.write(target, bytes(payload))
         except sandboxer.Error as e:
             raise WorkspaceArchiveWriteError(path=workspace_path,
-                                             context={"reason": _one_line(e)}) from None
+                                             context={"reason": one_line(e)}) from None
 
     async def persist_workspace(self) -> io.IOBase:
         """The workspace as a tar stream with workspace-relative members."""
@@ -263,7 +260,7 @@ class SandboxerSandboxSession(BaseSandboxSession):
             done = await self._box.exec(["sh", "-c", command])
         except sandboxer.Error as e:
             raise WorkspaceArchiveReadError(path=self._workspace_root_path(),
-                                            context={"reason": _one_line(e)}) from None
+                                            context={"reason": one_line(e)}) from None
         if not done.ok:
             raise WorkspaceArchiveReadError(
                 path=self._workspace_root_path(),
@@ -279,7 +276,7 @@ class SandboxerSandboxSession(BaseSandboxSession):
                                            bytes(raw))
         except sandboxer.Error as e:
             raise WorkspaceArchiveWriteError(path=self._workspace_root_path(),
-                                             context={"reason": _one_line(e)}) from None
+                                             context={"reason": one_line(e)}) from None
 
     # -- exposed ports ----------------------------------------------------------------------
 
@@ -289,7 +286,7 @@ class SandboxerSandboxSession(BaseSandboxSession):
         except sandboxer.Error as e:
             raise ExposedPortUnavailableError(
                 port=port, exposed_ports=self.state.exposed_ports, reason="backend_unavailable",
-                context={"backend": BACKEND_ID, "detail": _one_line(e)}) from None
+                context={"backend": BACKEND_ID, "detail": one_line(e)}) from None
         tls = url.scheme == "https"
         return ExposedPortEndpoint(host=url.hostname or "", port=url.port or (443 if tls else 80),
                                    tls=tls, query=url.query)
@@ -322,8 +319,8 @@ class SandboxerSandboxSession(BaseSandboxSession):
                 entry.process = await self._box.processes.start(
                     argv, cwd=self._cwd(), user=as_user, stdin=False)
         except sandboxer.Error as e:
-            raise ExecTransportError(command=command, context={"reason": _one_line(e)},
-                                     message=f"sandboxer could not start it: {_one_line(e)}"
+            raise ExecTransportError(command=command, context={"reason": one_line(e)},
+                                     message=f"sandboxer could not start it: {one_line(e)}"
                                      ) from None
         entry.reader = asyncio.create_task(self._pump(entry))
         if timeout is not None:
@@ -355,7 +352,7 @@ class SandboxerSandboxSession(BaseSandboxSession):
                 await entry.terminal.write(chars)
             except sandboxer.Error as e:
                 raise ExecTransportError(command=("pty_write_stdin", str(session_id)),
-                                         context={"reason": _one_line(e)}) from None
+                                         context={"reason": one_line(e)}) from None
         wait_ms = 250 if yield_time_s is None else int(yield_time_s * 1000)
         entry.last_used = time.monotonic()
         return await self._update(
@@ -389,7 +386,7 @@ class SandboxerSandboxSession(BaseSandboxSession):
                     await keep(piece.data)
                 entry.exit_code = entry.process.exit_code
         except sandboxer.Error as e:
-            await keep(f"\n[sandboxer: {_one_line(e)}]\n".encode())
+            await keep(f"\n[sandboxer: {one_line(e)}]\n".encode())
         finally:
             entry.output_closed.set()
             entry.output_notify.set()
