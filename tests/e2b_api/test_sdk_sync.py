@@ -77,6 +77,9 @@ def test_files_are_written_read_listed_moved_and_removed(e2b_env):
         assert info.path == "/tmp/work/a.txt"
         assert box.files.read("/tmp/work/a.txt") == "alpha"
         assert box.files.read("/tmp/work/a.txt", format="bytes") == b"alpha"
+        box.files.write("/tmp/work/z.txt", "zipped " * 1000, gzip=True)  # octet-stream, gzip
+        assert box.files.read("/tmp/work/z.txt") == "zipped " * 1000
+        box.files.remove("/tmp/work/z.txt")
         assert box.files.exists("/tmp/work/a.txt") and not box.files.exists("/tmp/nope")
         assert box.files.make_dir("/tmp/work/sub") is True
         assert box.files.make_dir("/tmp/work/sub") is False
