@@ -34,6 +34,7 @@ from sandboxer_tui.service.errors import error_body, refusal, status_of
 
 router = APIRouter(tags=["terminals"])
 OPEN_WAIT_S = 30.0  # a new session's first message must come within this
+KEY_CHECK_S = 5.0  # an open connection's key is checked again this often: revoked, it closes
 
 
 @router.websocket("/v1/sandboxes/{ref}/pty")
@@ -73,7 +74,7 @@ async def pty(websocket: WebSocket, ref: str, session: str | None = None,
     except SbxError as exc:
         await _fail(websocket, exc)
         return
-    await _relay(websocket, term, output)
+    await _relay(websocket, term, output, who)
 
 
 async def _deny(websocket: WebSocket, response: JSONResponse) -> None:
@@ -106,24 +107,47 @@ def _open_request(text: str) -> dict[str, Any]:
             "cwd": asked.get("cwd")}
 
 
-async def _relay(websocket: WebSocket, term: Any, output: bool) -> None:
+async def _relay(websocket: WebSocket, term: Any, output: bool, who: Any) -> None:
     """Output out (unless the client asked for none: a connection for input only) and input
-    in until the program ends or the client leaves (the session then runs on, for a
-    reattach)."""
+    in until the program ends, the client leaves or its key is revoked (the session then
+    runs on, for a reattach)."""
     out = asyncio.ensure_future(_output(websocket, term) if output else asyncio.Event().wait())
     into = asyncio.ensure_future(_input(websocket, term))
+    watch = asyncio.ensure_future(_until_revoked(websocket, who))
     try:
-        await asyncio.wait({out, into}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({out, into, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (out, into):
+        for task in (out, into, watch):
             task.cancel()
-        await asyncio.gather(out, into, return_exceptions=True)
+        await asyncio.gather(out, into, watch, return_exceptions=True)
         with contextlib.suppress(Exception):
             await term._drop_stream()  # noqa: SLF001 (this route's own handle)
-    failed = next((t.exception() for t in (out, into)
+    failed = next((t.exception() for t in (out, into, watch)
                    if t.done() and not t.cancelled() and t.exception() is not None), None)
     if isinstance(failed, SbxError):
         await _fail(websocket, failed)
+
+
+async def _until_revoked(websocket: WebSocket, who: Any) -> None:
+    """Raises Unauthorized once the key this connection came with is revoked (checked every
+    KEY_CHECK_S): a connection is one request, and a revoked key's next request is refused.
+    Over the unix socket without a key: never."""
+    from sandboxer.core.rules.errors import Unauthorized
+    from sandboxer_tui.service.auth import LOCAL, _bearer
+
+    token = _bearer(websocket)  # type: ignore[arg-type]
+    if who.principal == LOCAL or not token:
+        await asyncio.Event().wait()
+    client = websocket.app.state.service.client
+    while True:
+        await asyncio.sleep(KEY_CHECK_S)
+        try:
+            key = await client.authenticate(token)
+        except Exception:  # noqa: BLE001 (the database unreachable a moment: check again)
+            continue
+        if key is None:
+            raise Unauthorized("the API key this terminal was opened with was revoked: its "
+                               "connection is closed (the terminal runs on)")
 
 
 async def _output(websocket: WebSocket, term: Any) -> None:
