@@ -157,3 +157,26 @@ def test_another_tenants_sandbox_is_not_found_and_a_read_key_cannot_create(e2b_e
         assert box.is_running()
     finally:
         box.kill()
+
+
+def test_bad_input_is_refused_with_its_reason_and_changes_nothing(e2b_env, live):
+    from e2b import InvalidArgumentException, NotFoundException, Sandbox, SandboxException
+
+    with pytest.raises(SandboxException, match="no-such-profile"):
+        Sandbox.create("no-such-profile")
+    with pytest.raises(SandboxException, match="timeout must be"):
+        Sandbox.create("default", timeout=10 ** 9)
+    assert Sandbox.list().next_items() == []
+    box = _sandbox()
+    try:
+        hard = datetime.now(UTC) + timedelta(hours=4)
+        box.set_timeout(86400)  # past the profile's ttl.max (4h): the hard deadline holds
+        assert box.get_info().end_at <= hard + timedelta(seconds=5)
+        with pytest.raises((NotFoundException, SandboxException)):
+            box.files.read("/no/such/file")
+        with pytest.raises(InvalidArgumentException):
+            box.commands.run("true", cwd="relative/folder")
+        assert box.files.list("/tmp") == [] or all(
+            e.name.startswith(".sbx") for e in box.files.list("/tmp"))
+    finally:
+        box.kill()
