@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from sandboxer import AsyncSandboxer
 from sandboxer.service import Scope
@@ -118,3 +119,29 @@ def need(scope: Scope):
 
 
 READ, WRITE, ADMIN = need(Scope.READ), need(Scope.WRITE), need(Scope.ADMIN)
+
+
+KEY_CHECK_S = 5.0  # an open WebSocket's key is checked again this often: revoked, it closes
+
+
+async def until_revoked(conn: HTTPConnection, principal: str) -> None:
+    """Raises Unauthorized once the key an open WebSocket came with is revoked (checked every
+    KEY_CHECK_S): a connection is one request, and a revoked key's next request is refused.
+    Over the unix socket without a key: never returns."""
+    import asyncio
+
+    from sandboxer.core.rules.errors import Unauthorized
+
+    token = _bearer(conn)  # type: ignore[arg-type]
+    if principal == LOCAL or not token:
+        await asyncio.Event().wait()
+    client = conn.app.state.service.client
+    while True:
+        await asyncio.sleep(KEY_CHECK_S)
+        try:
+            key = await client.authenticate(token)
+        except Exception:  # noqa: BLE001 (the database unreachable a moment: check again)
+            continue
+        if key is None:
+            raise Unauthorized("the API key this connection was opened with was revoked: "
+                               "the connection is closed")

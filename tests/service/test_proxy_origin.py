@@ -102,6 +102,14 @@ def live(sbx_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         remove_test_containers(sbx_home)
 
 
+@pytest.fixture
+def port_service(sbx_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_api):
+    """test_port_proxy's service: its HTTP server (8080) and WebSocket echo (8765)."""
+    from tests.service import test_port_proxy
+
+    yield from test_port_proxy.service.__wrapped__(sbx_home, tmp_path, monkeypatch, docker_api)
+
+
 def _up(http: httpx.Client, path: str, limit_s: float = 60) -> httpx.Response:
     give_up = time.monotonic() + limit_s
     while True:
@@ -185,3 +193,35 @@ def test_a_stalled_answer_is_not_held_for_good_once_its_caller_left(sandbox, mon
     while http.get(prefix + "/8080/closed").text != "1":
         assert time.monotonic() < give_up, "the proxy still holds the stalled connection"
         time.sleep(0.2)
+
+
+def test_revoking_the_key_closes_its_proxied_websocket(monkeypatch, port_service) -> None:
+    """A WebSocket through the proxy with a key is one long request: revoking the key closes
+    it (1008) within KEY_CHECK_S, rather than leaving a leaked key its connection."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    import sandboxer
+    from sandboxer_tui.service import auth
+    from tests.service.test_port_proxy import when_up, ws_url
+
+    monkeypatch.setattr(auth, "KEY_CHECK_S", 0.5)
+    service = port_service
+    local = sandboxer.Sandboxer(home=service.live.home, actor="test-setup")
+    try:
+        record, token = local.create_api_key("write", owner="writer")
+    finally:
+        local.close()
+    with service.http(token) as http, service.http(service.live.key("admin")) as admin:
+        box = service.sandbox(http)
+        assert when_up(http, f"/v1/sandboxes/{box['id']}/ports/8080/hello").status_code == 200
+        with connect(ws_url(service, f"/v1/sandboxes/{box['id']}/ports/8765/echo"),
+                     additional_headers={"Authorization": f"Bearer {token}"},
+                     open_timeout=30) as ws:
+            ws.send("before")
+            assert ws.recv(timeout=10) == "before"
+            assert admin.delete(f"/v1/api-keys/{record['id']}").status_code == 200
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008

@@ -40,10 +40,10 @@ async def test_revoking_the_key_closes_its_open_terminal(live, monkeypatch):
     (4401, kind unauthorized) within KEY_CHECK_S, rather than leaving a leaked key a shell
     for as long as the sandbox lives. The session itself runs on (another key reattaches)."""
     import sandboxer
-    from sandboxer_tui.service.routes import terminals
+    from sandboxer_tui.service import auth
     from tests.support import RUN_LABEL
 
-    monkeypatch.setattr(terminals, "KEY_CHECK_S", 0.5)
+    monkeypatch.setattr(auth, "KEY_CHECK_S", 0.5)
     local = sandboxer.Sandboxer(home=live.home, actor="test-setup")
     try:
         record, token = local.create_api_key("write", owner="alice")

@@ -364,7 +364,28 @@ async def proxy_websocket(websocket: WebSocket, ref: str, port: int, path: str) 
     except SbxError as exc:
         await _deny(websocket, status_of(exc), one_line(exc))
         return
-    await _relay(websocket, box, port, _tail(websocket, 6), "key")
+    await _until_revoked(websocket, _relay(websocket, box, port, _tail(websocket, 6), "key"))
+
+
+async def _until_revoked(websocket: WebSocket, relay: Any) -> None:
+    """The relay, ended (a close 1008) once the key it was opened with is revoked."""
+    import asyncio
+    import contextlib
+
+    from sandboxer_tui.service.auth import LOCAL, until_revoked
+
+    key = getattr(websocket.state, "api_key", None)
+    running = asyncio.ensure_future(relay)
+    watch = asyncio.ensure_future(until_revoked(websocket, key["id"] if key else LOCAL))
+    try:
+        await asyncio.wait({running, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (running, watch):
+            task.cancel()
+        await asyncio.gather(running, watch, return_exceptions=True)
+    if not watch.cancelled() and watch.exception() is not None:
+        with contextlib.suppress(Exception):
+            await websocket.close(code=1008, reason="the API key was revoked")
 
 
 @router.websocket(PREVIEW + "/{path:path}")

@@ -29,12 +29,11 @@ from fastapi.responses import JSONResponse
 
 from sandboxer.core.rules.errors import BadInput, SbxError, one_line
 from sandboxer.service import Scope
-from sandboxer_tui.service.auth import Refused, caller
+from sandboxer_tui.service.auth import Refused, caller, until_revoked
 from sandboxer_tui.service.errors import error_body, refusal, status_of
 
 router = APIRouter(tags=["terminals"])
 OPEN_WAIT_S = 30.0  # a new session's first message must come within this
-KEY_CHECK_S = 5.0  # an open connection's key is checked again this often: revoked, it closes
 
 
 @router.websocket("/v1/sandboxes/{ref}/pty")
@@ -113,7 +112,7 @@ async def _relay(websocket: WebSocket, term: Any, output: bool, who: Any) -> Non
     runs on, for a reattach)."""
     out = asyncio.ensure_future(_output(websocket, term) if output else asyncio.Event().wait())
     into = asyncio.ensure_future(_input(websocket, term))
-    watch = asyncio.ensure_future(_until_revoked(websocket, who))
+    watch = asyncio.ensure_future(until_revoked(websocket, who.principal))
     try:
         await asyncio.wait({out, into, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -126,28 +125,6 @@ async def _relay(websocket: WebSocket, term: Any, output: bool, who: Any) -> Non
                    if t.done() and not t.cancelled() and t.exception() is not None), None)
     if isinstance(failed, SbxError):
         await _fail(websocket, failed)
-
-
-async def _until_revoked(websocket: WebSocket, who: Any) -> None:
-    """Raises Unauthorized once the key this connection came with is revoked (checked every
-    KEY_CHECK_S): a connection is one request, and a revoked key's next request is refused.
-    Over the unix socket without a key: never."""
-    from sandboxer.core.rules.errors import Unauthorized
-    from sandboxer_tui.service.auth import LOCAL, _bearer
-
-    token = _bearer(websocket)  # type: ignore[arg-type]
-    if who.principal == LOCAL or not token:
-        await asyncio.Event().wait()
-    client = websocket.app.state.service.client
-    while True:
-        await asyncio.sleep(KEY_CHECK_S)
-        try:
-            key = await client.authenticate(token)
-        except Exception:  # noqa: BLE001 (the database unreachable a moment: check again)
-            continue
-        if key is None:
-            raise Unauthorized("the API key this terminal was opened with was revoked: its "
-                               "connection is closed (the terminal runs on)")
 
 
 async def _output(websocket: WebSocket, term: Any) -> None:
