@@ -18,7 +18,7 @@ RESULTS = ROOT / "bench" / "results"
 README = ROOT / "README.md"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 # the benchmarks in the order the table lists them
-ORDER = ("lifecycle", "oneshot", "api", "service", "mcp", "files", "proxy", "terminal", "pool", "reap", "checkpoints", "delivery",
+ORDER = ("lifecycle", "oneshot", "api", "service", "mcp", "e2b_api", "files", "proxy", "terminal", "pool", "reap", "checkpoints", "delivery",
          "metrics", "fleet", "tui")
 
 

@@ -454,8 +454,9 @@ async def _follow(proc):
     """A process's output as envd's data events, then its end."""
     async for out in proc.output(follow=True):
         yield {"event": {"data": {out.stream: wire.b64(out.data)}}}
-    with contextlib.suppress(Exception):
-        await proc.refresh()
+    if proc.running:  # the output's end carries the record; read it again only if not
+        with contextlib.suppress(Exception):
+            await proc.refresh()
     code = proc.exit_code
     if code is None:
         yield {"event": {"end": {"exitCode": -1, "exited": False, "status": "unknown",
