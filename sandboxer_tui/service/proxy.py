@@ -98,6 +98,8 @@ def response_headers(headers: Iterable[tuple[str, str]], *, prefix: str,
     not hand the link on to the sites it links to."""
     headers = list(headers)
     drop = _connection_named(headers)
+    if any(name.lower() == "transfer-encoding" for name, _ in headers):
+        drop.add("content-length")  # the body was read by its chunks (RFC 9112 6.3)
     if via_link:
         drop.add("referrer-policy")
     out = []

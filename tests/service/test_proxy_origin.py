@@ -69,7 +69,13 @@ def stall():
     while True:
         conn, _ = listener.accept()
         def hold(conn=conn):
-            conn.recv(65536)
+            asked = conn.recv(65536)
+            if asked.startswith(b"GET /both "):  # framed by Content-Length and chunks both
+                body = b"x" * 100
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: "
+                             b"chunked\r\nConnection: close\r\n\r\n64\r\n" + body
+                             + b"\r\n0\r\n\r\n")
+                return conn.close()
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
             while conn.recv(65536):
                 pass
@@ -225,3 +231,12 @@ def test_revoking_the_key_closes_its_proxied_websocket(monkeypatch, port_service
                 while True:
                     ws.recv(timeout=30)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+def test_an_answer_framed_two_ways_is_passed_on_by_its_chunks(sandbox) -> None:
+    """A sandbox's answer with both Content-Length and Transfer-Encoding: chunked is read by
+    its chunks (RFC 9112 6.3: they win), so its Content-Length is not passed on: passed on,
+    it promised the caller another length than the body that followed."""
+    http, box = sandbox
+    both = http.get(f"/v1/sandboxes/{box['id']}/ports/8081/both")
+    assert (both.status_code, both.content) == (200, b"x" * 100)
