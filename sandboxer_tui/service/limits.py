@@ -80,7 +80,12 @@ class Limits:
         self.streams = streams
         self.max_connections = max_connections
 
+    websockets = 0  # WebSockets open now (this app's): at most half of max_connections
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -131,6 +136,27 @@ class Limits:
             await self.app(scope, body.receive, body.send)
         finally:
             self.streams.release(principal)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket holds its connection as long as it lasts, and uvicorn counts it among
+        the open connections the cap above judges plain requests by: past half of the cap,
+        a new one is refused (503) before it opens, so WebSockets never take every slot."""
+        most = max(1, self.max_connections // 2)
+        if self.websockets >= most:
+            await receive()  # websocket.connect
+            message = (f"the service has {self.websockets} WebSockets open, the most it "
+                       "serves (half of SBX_SERVE_MAX_CONNECTIONS): try again later")
+            if "websocket.http.response" in scope.get("extensions", {}):
+                await JSONResponse(error_body(Unavailable(message)), status_code=503,
+                                   headers={"Retry-After": "1"})(scope, receive, send)
+            else:
+                await send({"type": "websocket.close", "code": 1013})
+            return
+        self.websockets += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.websockets -= 1
 
 
 def _e2b(scope: Scope, status: int, message: str) -> JSONResponse | None:
