@@ -77,6 +77,7 @@ class E2BApi:
     def __init__(self, resolve: Resolve) -> None:
         self.resolve = resolve
         self.envs: dict[str, dict[str, str]] = {}
+        self.homes: dict[str, str] = {}  # a sandbox's home, where relative paths are
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -87,7 +88,7 @@ class E2BApi:
         elif path == "/files":
             await self._files(scope, receive, send)
         elif path == "/health":
-            await wire.send_json(send, 204, None)
+            await self._health(scope, send)
         else:
             await self._control(scope, receive, send, path)
 
@@ -184,12 +185,29 @@ class E2BApi:
             limit = min(int(query.get("limit") or PAGE), 1000)
         except ValueError:
             raise Reply(400, "limit must be a whole number") from None
-        state = next(iter(states)) if len(states) == 1 else None
-        boxes, following = await client.list_page(
-            state=state, labels=wanted or None, limit=limit,
-            cursor=query.get("nextToken") or None)
-        shown = [self._listed(b) for b in boxes if str(b.state) in states]
-        return 200, shown, ({"x-next-token": following} if following else {})
+        order = query.get("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise Reply(400, f"order {order!r}: asc or desc")
+        after = None
+        if query.get("startedAfter"):
+            try:
+                after = datetime.fromisoformat(query["startedAfter"].replace("Z", "+00:00"))
+            except ValueError:
+                raise Reply(400, "startedAfter must be an RFC 3339 time") from None
+        try:
+            offset = int(query.get("nextToken") or 0)
+        except ValueError:
+            raise Reply(400, "nextToken is not one this service gave") from None
+        # E2B pages newest first by default: the filtered list is sorted, then cut here
+        found = [b for b in await client.list(labels=wanted or None)
+                 if str(b.state) in states
+                 and (after is None or (b.started_at or b.created_at) >= after)
+                 and (not query.get("template") or query["template"] in (
+                     b.profile, DEFAULT_TEMPLATE if b.profile == "default" else None))]
+        found.sort(key=lambda b: (b.created_at, b.id), reverse=order == "desc")
+        page = found[offset:offset + limit]
+        headers = {"x-next-token": str(offset + limit)} if offset + limit < len(found) else {}
+        return 200, [self._listed(b) for b in page], headers
 
     async def _get(self, client, token, body, query, sid):
         box = await self._box(client, sid)
@@ -238,6 +256,19 @@ class E2BApi:
         return (201 if resumed else 200), self._created(box, token), {}
 
     # -- envd ----------------------------------------------------------------------------
+
+    async def _health(self, scope, send) -> None:
+        """envd answers while its sandbox runs; E2B's proxy answers 502 otherwise."""
+        try:
+            await self._envd_box(scope, False)
+        except Denied as exc:
+            await wire.send_json(send, exc.status, {"code": exc.status, "message": str(exc)})
+            return
+        except Exception as exc:
+            error = wire.rpc_error_of(exc)
+            await wire.send_json(send, 502, {"code": 502, "message": error.message})
+            return
+        await wire.send_json(send, 204, None)
 
     async def _envd_box(self, scope, write: bool) -> AsyncSandbox:
         client, _ = await self._caller(scope, write)
@@ -312,7 +343,8 @@ class E2BApi:
         else:
             argv = [cmd, *args]
         env = {**self.envs.get(box.id, {}), **(config.get("envs") or {})}
-        proc = await box.processes.start(argv, env=env or None, cwd=config.get("cwd") or None,
+        cwd = await self._absolute(box, config.get("cwd") or ".")  # the home, by default
+        proc = await box.processes.start(argv, env=env or None, cwd=cwd,
                                          user=_user(scope), stdin=bool(request.get("stdin")))
         yield {"event": {"start": {"pid": proc.pid}}}
         async for message in _follow(proc):
@@ -361,10 +393,10 @@ class E2BApi:
     # filesystem.Filesystem
 
     async def _rpc_filesystem_Stat(self, box: AsyncSandbox, request, scope):
-        return {"entry": _entry(await box.files.stat(_path(request, "path")))}
+        return {"entry": _entry(await box.files.stat(await self._p(box, request, "path")))}
 
     async def _rpc_filesystem_ListDir(self, box: AsyncSandbox, request, scope):
-        path = _path(request, "path")
+        path = await self._p(box, request, "path")
         top = await box.files.stat(path)
         if not top.is_dir:
             raise RpcError("invalid_argument", f"path '{path}' is not a directory")
@@ -373,20 +405,45 @@ class E2BApi:
         return {"entries": [_entry(info) for info in found if info.path != top.path]}
 
     async def _rpc_filesystem_MakeDir(self, box: AsyncSandbox, request, scope):
-        path = _path(request, "path")
+        path = await self._p(box, request, "path")
         if await box.files.exists(path):
             raise RpcError("already_exists", f"path '{path}' already exists")
         await box.files.mkdir(path, parents=True)
         return {"entry": _entry(await box.files.stat(path))}
 
     async def _rpc_filesystem_Move(self, box: AsyncSandbox, request, scope):
-        source, destination = _path(request, "source"), _path(request, "destination")
+        source = await self._p(box, request, "source")
+        destination = await self._p(box, request, "destination")
         await box.files.rename(source, destination)
         return {"entry": _entry(await box.files.stat(destination))}
 
     async def _rpc_filesystem_Remove(self, box: AsyncSandbox, request, scope):
-        await box.files.remove(_path(request, "path"), recursive=True)
+        from sandboxer.core.rules.errors import NotFound
+
+        with contextlib.suppress(NotFound):  # as envd: removing what is not there is done
+            await box.files.remove(await self._p(box, request, "path"), recursive=True)
         return {}
+
+    async def _p(self, box: AsyncSandbox, request: dict[str, Any], field: str) -> str:
+        return await self._absolute(box, _path(request, field))
+
+    async def _absolute(self, box: AsyncSandbox, path: str) -> str:
+        """A path as envd takes it: a relative one is under the user's home, which is
+        /home/user where the image has it (E2B's), else /root, else /."""
+        if path.startswith("/"):
+            return path
+        home = self.homes.get(box.id)
+        if home is None:
+            home = "/"
+            for candidate in ("/home/user", "/root"):
+                with contextlib.suppress(Exception):
+                    if (await box.files.stat(candidate)).is_dir:
+                        home = candidate
+                        break
+            self.homes[box.id] = home
+        if path in ("", "."):
+            return home
+        return home.rstrip("/") + "/" + path
 
     # /files
 
@@ -399,6 +456,8 @@ class E2BApi:
             path = query.get("path")
             if not path and method == "GET":
                 raise Reply(400, "path is required")
+            if any(k.lower().startswith(b"x-metadata-") for k, _ in scope["headers"]):
+                raise Reply(501, unimplemented("file metadata (metadata=)"))
             kind = _header(scope, "content-type")
             encoding = _header(scope, "content-encoding").strip().lower()
             if method == "POST" and encoding not in ("", "identity", "gzip"):
@@ -412,6 +471,8 @@ class E2BApi:
                 box = await self._envd_box(scope, method == "POST")
             except RpcError as exc:
                 raise Reply(wire.HTTP_OF.get(exc.code, 500), exc.message) from None
+            if path:
+                path = await self._absolute(box, path)
             if method == "GET":
                 chunks = box.files.stream(path)
                 first = await anext(chunks, b"")  # a missing file fails before the answer
@@ -431,8 +492,9 @@ class E2BApi:
             if multipart:  # the SDK's default for text and bytes: buffered, as it sends it
                 body = b"".join([chunk async for chunk in chunks])
                 parts = wire.multipart_files(kind, body)
-                if len(parts) == 1 and query.get("path"):
-                    parts = [(query["path"], parts[0][1])]
+                if len(parts) == 1 and path:
+                    parts = [(path, parts[0][1])]
+                parts = [(await self._absolute(box, target), data) for target, data in parts]
                 for target, data in parts:
                     await box.files.write(target, data)
                 written = [target for target, _ in parts]

@@ -174,9 +174,37 @@ def test_bad_input_is_refused_with_its_reason_and_changes_nothing(e2b_env, live)
         assert box.get_info().end_at <= hard + timedelta(seconds=5)
         with pytest.raises((NotFoundException, SandboxException)):
             box.files.read("/no/such/file")
+        with pytest.raises(NotFoundException, match="no folder /no/such/folder"):
+            box.commands.run("true", cwd="/no/such/folder")
         with pytest.raises(InvalidArgumentException):
-            box.commands.run("true", cwd="relative/folder")
+            box.files.list("/root/../..//bad\x00path")
         assert box.files.list("/tmp") == [] or all(
             e.name.startswith(".sbx") for e in box.files.list("/tmp"))
     finally:
         box.kill()
+
+
+def test_relative_paths_and_commands_start_in_the_home_and_lists_are_newest_first(e2b_env):
+    from e2b import Sandbox, SandboxQuery
+
+    older, newer = _sandbox(pair="yes"), _sandbox(pair="yes")
+    try:
+        home = older.commands.run("pwd").stdout.strip()
+        assert home == "/root"  # busybox has no /home/user (E2B's): root's home
+        older.files.write("notes.txt", "n")
+        assert older.files.get_info("notes.txt").path == "/root/notes.txt"
+        assert older.commands.run("cat notes.txt").stdout == "n"
+        older.files.remove("never-there.txt")  # as envd: nothing to remove is done
+        query = SandboxQuery(metadata={"pair": "yes"})
+        assert [s.sandbox_id for s in Sandbox.list(query=query).next_items()] == [
+            newer.sandbox_id, older.sandbox_id]
+        pages = Sandbox.list(query=query, limit=1)
+        first = pages.next_items()
+        assert pages.has_next and [s.sandbox_id for s in first] == [newer.sandbox_id]
+        assert [s.sandbox_id for s in pages.next_items()] == [older.sandbox_id]
+        assert not pages.has_next
+        older.pause()
+        assert not older.is_running()
+    finally:
+        older.kill()
+        newer.kill()
