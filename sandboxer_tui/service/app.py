@@ -66,7 +66,11 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     app.state.mcp = mcp.mount(app)  # MCP at /mcp, when the SDK is installed
     e2b.mount(app)  # the E2B API at /e2b (docs/e2b-api.md)
     _document_keys(app)
+    from sandboxer_tui.service.proxy_asgi import FastProxy, KeyCache, Keys
+
+    app.add_middleware(FastProxy)  # the proxy's fast path, inside the limits (proxy_asgi.py)
     _limits(app)
+    app.add_middleware(KeyCache, keys=Keys())  # and its keys, before them
     return app
 
 
