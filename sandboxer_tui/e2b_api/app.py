@@ -313,13 +313,15 @@ class E2BApi:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", wire.STREAM_TYPE.encode())]})
         error = None
-        try:
-            async for message in handler(box, request, scope):
-                await send({"type": "http.response.body", "body": wire.envelope(message),
-                            "more_body": True})
+        try:  # a client that goes away ends the stream here; the process runs on, as on envd
+            async with contextlib.aclosing(handler(box, request, scope)) as messages:
+                async for message in messages:
+                    await send({"type": "http.response.body",
+                                "body": wire.envelope(message), "more_body": True})
         except Exception as exc:
             error = wire.rpc_error_of(exc)
-        await send({"type": "http.response.body", "body": wire.end_of_stream(error)})
+        with contextlib.suppress(Exception):  # gone already: nobody to tell
+            await send({"type": "http.response.body", "body": wire.end_of_stream(error)})
 
     async def _rpc_fail(self, send, error: RpcError, streaming: bool) -> None:
         if not streaming:
