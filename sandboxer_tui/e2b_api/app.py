@@ -7,6 +7,7 @@ and connect are one thing, as on envd."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import stat as stat_module
@@ -264,9 +265,10 @@ class E2BApi:
         except Denied as exc:
             await wire.send_json(send, exc.status, {"code": exc.status, "message": str(exc)})
             return
-        except Exception as exc:
+        except Exception as exc:  # E2B's proxy's words, which the SDK reads as "not running"
             error = wire.rpc_error_of(exc)
-            await wire.send_json(send, 502, {"code": 502, "message": error.message})
+            await wire.send_json(send, 502, {"code": 502, "message": "The sandbox was not "
+                                             f"found or is not running ({error.message})"})
             return
         await wire.send_json(send, 204, None)
 
@@ -313,11 +315,15 @@ class E2BApi:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", wire.STREAM_TYPE.encode())]})
         error = None
+        limit = _deadline_s(scope)  # Connect's timeout header: the stream ends by then
         try:  # a client that goes away ends the stream here; the process runs on, as on envd
-            async with contextlib.aclosing(handler(box, request, scope)) as messages:
+            async with asyncio.timeout(limit), \
+                    contextlib.aclosing(handler(box, request, scope)) as messages:
                 async for message in messages:
                     await send({"type": "http.response.body",
                                 "body": wire.envelope(message), "more_body": True})
+        except TimeoutError:
+            error = RpcError("deadline_exceeded", f"the call's timeout ({limit:g} s) passed")
         except Exception as exc:
             error = wire.rpc_error_of(exc)
         with contextlib.suppress(Exception):  # gone already: nobody to tell
@@ -349,13 +355,13 @@ class E2BApi:
         proc = await box.processes.start(argv, env=env or None, cwd=cwd,
                                          user=_user(scope), stdin=bool(request.get("stdin")))
         yield {"event": {"start": {"pid": proc.pid}}}
-        async for message in _follow(proc):
+        async for message in _follow(box, proc):
             yield message
 
     async def _rpc_process_Connect(self, box: AsyncSandbox, request, scope):
         proc = await _process(box, request)
         yield {"event": {"start": {"pid": proc.pid}}}
-        async for message in _follow(proc):
+        async for message in _follow(box, proc):
             yield message
 
     async def _rpc_process_List(self, box: AsyncSandbox, request, scope):
@@ -514,20 +520,50 @@ class E2BApi:
                                                       "message": reply.message})
 
 
-async def _follow(proc):
-    """A process's output as envd's data events, then its end."""
-    async for out in proc.output(follow=True):
-        yield {"event": {"data": {out.stream: wire.b64(out.data)}}}
+async def _follow(box: AsyncSandbox, proc):
+    """A process's output as envd's data events, then its end; when the sandbox went away
+    meanwhile (killed, expired), envd's connection ends instead: UNAVAILABLE."""
+    try:
+        async for out in proc.output(follow=True):
+            yield {"event": {"data": {out.stream: wire.b64(out.data)}}}
+    except Exception:
+        await _still_there(box)
+        raise
     if proc.running:  # the output's end carries the record; read it again only if not
         with contextlib.suppress(Exception):
             await proc.refresh()
     code = proc.exit_code
     if code is None:
+        await _still_there(box)
         yield {"event": {"end": {"exitCode": -1, "exited": False, "status": "unknown",
                                  "error": "how the process ended is not known"}}}
     else:
         yield {"event": {"end": {"exitCode": code, "exited": True,
                                  "status": f"exit status {code}"}}}
+
+
+async def _still_there(box: AsyncSandbox) -> None:
+    """UNAVAILABLE when the sandbox no longer runs (the SDK then asks /health why)."""
+    from sandboxer.core.rules.errors import NotFound
+
+    gone = False
+    try:
+        await box.refresh()
+    except NotFound:
+        gone = True
+    except Exception:  # noqa: BLE001 (cannot tell: the original error stands)
+        return
+    if gone or str(box.state) != "running":
+        raise RpcError("unavailable", f"the connection to sandbox {box.id} ended: it "
+                                      "no longer runs")
+
+
+def _deadline_s(scope) -> float | None:
+    try:
+        value = int(_header(scope, "connect-timeout-ms"))
+    except ValueError:
+        return None
+    return value / 1000 if value > 0 else None
 
 
 async def _process(box: AsyncSandbox, request: dict[str, Any]):
