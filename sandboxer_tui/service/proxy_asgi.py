@@ -240,15 +240,19 @@ class FastProxy:
             return
         await send({"type": "http.response.start", "status": answer.status_code,
                     "headers": out_headers})
-        chunks = relay()
+        chunks, left, ended = relay(), int(content_length), False
         try:
             async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                left -= len(chunk)
+                await send({"type": "http.response.body", "body": chunk,
+                            "more_body": left > 0})  # the last one ends it: one send less
+                ended = left <= 0  # (the loop goes on to the answer's end: kept alive)
         except TimeoutError:  # its body stalled (BOUNDED_STALL_S): left unfinished, closed
             return
         finally:
             await chunks.aclose()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not ended:  # an empty body, or one that ended short of its length
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _proxy_of(scope: Scope) -> Any:
