@@ -456,6 +456,7 @@ class E2BApi:
     # /files
 
     async def _files(self, scope, receive, send) -> None:
+        receive = _Receive(receive)
         query = dict(parse_qsl(scope.get("query_string", b"").decode(), keep_blank_values=True))
         method = scope["method"]
         try:
@@ -513,11 +514,37 @@ class E2BApi:
                 {"name": p.rstrip("/").rpartition("/")[2], "type": "file", "path": p}
                 for p in written])
         except Denied as exc:
+            await _drain(receive, method)
             await wire.send_json(send, exc.status, {"code": exc.status, "message": str(exc)})
         except Exception as exc:
             reply = wire.reply_of(exc)
+            await _drain(receive, method)
             await wire.send_json(send, reply.status, {"code": reply.status,
                                                       "message": reply.message})
+
+
+class _Receive:
+    """An ASGI receive that knows whether the request's body has all been read."""
+
+    def __init__(self, receive) -> None:
+        self.receive = receive
+        self.done = False
+
+    async def __call__(self):
+        message = await self.receive()
+        if message["type"] != "http.request" or not message.get("more_body"):
+            self.done = True
+        return message
+
+
+async def _drain(receive: _Receive, method: str) -> None:
+    """Read what is left of a refused upload (the service caps it), so that a client still
+    sending it reads the answer instead of a closed connection."""
+    if method != "POST" or receive.done:
+        return
+    with contextlib.suppress(Exception):
+        async for _ in wire.body_chunks(receive):
+            pass
 
 
 async def _follow(box: AsyncSandbox, proc):
