@@ -5,16 +5,20 @@ process only, is the service's too), or as a real `sbx serve` process."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 import sandboxer
+from tests.support import remove_test_containers
 
 SERVICE_ACTOR = "the-service"
 
@@ -62,9 +66,13 @@ class LiveService:
 
     def key(self, scope: str = "admin", owner: str = "api-test") -> str:
         """A new API key of the service."""
+        return self.new_key(scope, owner)[1]
+
+    def new_key(self, scope: str = "admin", owner: str = "api-test"):
+        """A new API key of the service and its record (whose id revokes it)."""
         local = sandboxer.Sandboxer(home=self.home, actor="test-setup")
         try:
-            return local.create_api_key(scope, owner=owner)[1]
+            return local.create_api_key(scope, owner=owner)
         finally:
             local.close()
 
@@ -78,6 +86,22 @@ class LiveService:
             os.unlink(self.socket_path)
         if self.client is not None:
             self.client._transport.close_blocking()
+
+
+@contextmanager
+def served_profile(home: Path, folder: Path, monkeypatch, name: str,
+                   profile: dict) -> Iterator[LiveService]:
+    """A live service over `home` whose profile path is `folder`, holding `name`.yaml
+    (`profile`); afterwards it stops and the containers the test made are removed."""
+    folder.mkdir()
+    (folder / f"{name}.yaml").write_text(json.dumps(profile))
+    monkeypatch.setenv("SBX_PROFILE_PATH", str(folder))
+    live = LiveService(home).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+        remove_test_containers(home)
 
 
 def free_port() -> int:

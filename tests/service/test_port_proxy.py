@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.live import LiveService
-from tests.support import RUN_LABEL, remove_test_containers
+from tests.service.live import LiveService, served_profile
+from tests.support import RUN_LABEL
 
 pytestmark = pytest.mark.docker
 
@@ -112,16 +112,8 @@ class Service:
 @pytest.fixture
 def service(sbx_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             docker_api) -> Iterator[Service]:
-    folder = tmp_path / "profiles"
-    folder.mkdir()
-    (folder / "web.yaml").write_text(json.dumps(PROFILE))
-    monkeypatch.setenv("SBX_PROFILE_PATH", str(folder))
-    live = LiveService(sbx_home).start()
-    try:
+    with served_profile(sbx_home, tmp_path / "profiles", monkeypatch, "web", PROFILE) as live:
         yield Service(live)
-    finally:
-        live.stop()
-        remove_test_containers(sbx_home)
 
 
 def when_up(http: httpx.Client, path: str, limit_s: float = 60) -> httpx.Response:

@@ -15,13 +15,7 @@ pytestmark = pytest.mark.docker
 
 
 def test_a_revoked_key_is_refused_by_the_proxy_within_a_second(service: Service) -> None:  # noqa: F811
-    import sandboxer
-
-    local = sandboxer.Sandboxer(home=service.live.home, actor="test-setup")
-    try:
-        record, token = local.create_api_key("write", owner="writer")
-    finally:
-        local.close()
+    record, token = service.live.new_key("write", owner="writer")
     with service.http(token) as http, service.http(service.live.key("admin")) as admin:
         box = service.sandbox(http)
         hello = f"/v1/sandboxes/{box['id']}/ports/8080/hello"

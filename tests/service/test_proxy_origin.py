@@ -7,7 +7,6 @@ passed on to be read a third way. On the real Docker engine and a live `sbx serv
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Iterator
@@ -16,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.live import LiveService
-from tests.support import RUN_LABEL, remove_test_containers
+from tests.service.live import LiveService, served_profile
+from tests.support import RUN_LABEL
 
 pytestmark = pytest.mark.docker
 
@@ -96,16 +95,8 @@ PROFILE = {"backend": "docker", "image": "sandboxer/python-base:bookworm",
 @pytest.fixture
 def live(sbx_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
          docker_api) -> Iterator[LiveService]:
-    folder = tmp_path / "profiles"
-    folder.mkdir()
-    (folder / "origin.yaml").write_text(json.dumps(PROFILE))
-    monkeypatch.setenv("SBX_PROFILE_PATH", str(folder))
-    service = LiveService(sbx_home).start()
-    try:
-        yield service
-    finally:
-        service.stop()
-        remove_test_containers(sbx_home)
+    with served_profile(sbx_home, tmp_path / "profiles", monkeypatch, "origin", PROFILE) as live:
+        yield live
 
 
 @pytest.fixture
@@ -207,17 +198,12 @@ def test_revoking_the_key_closes_its_proxied_websocket(monkeypatch, port_service
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
-    import sandboxer
     from sandboxer_tui.service import auth
     from tests.service.test_port_proxy import when_up, ws_url
 
     monkeypatch.setattr(auth, "KEY_CHECK_S", 0.5)
     service = port_service
-    local = sandboxer.Sandboxer(home=service.live.home, actor="test-setup")
-    try:
-        record, token = local.create_api_key("write", owner="writer")
-    finally:
-        local.close()
+    record, token = service.live.new_key("write", owner="writer")
     with service.http(token) as http, service.http(service.live.key("admin")) as admin:
         box = service.sandbox(http)
         assert when_up(http, f"/v1/sandboxes/{box['id']}/ports/8080/hello").status_code == 200
