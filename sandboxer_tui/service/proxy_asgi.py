@@ -212,35 +212,20 @@ class FastProxy:
                                        via_link=via == "link")
         content_length = answer.headers.get("content-length", "")
         bounded = content_length.isdigit() and int(content_length) <= 1024**2
-        received = 0
 
-        async def relay() -> AsyncIterator[bytes]:
-            import asyncio
-
-            nonlocal received
-            chunks = answer.aiter_raw()
-            try:
-                while True:
-                    try:  # a bounded answer has no watch on its caller: a stall ends it
-                        async with asyncio.timeout(ports.BOUNDED_STALL_S if bounded else None):
-                            chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
-                    received += len(chunk)
-                    yield chunk
-            finally:
-                await answer.aclose()
-                self.counter(metrics, "proxy_bytes", *labels, "in").inc(sent)
-                self.counter(metrics, "proxy_bytes", *labels, "out").inc(received)
+        def counted(received: int) -> None:
+            self.counter(metrics, "proxy_bytes", *labels, "in").inc(sent)
+            self.counter(metrics, "proxy_bytes", *labels, "out").inc(received)
 
         if not bounded:  # a stream or a long poll: Starlette's watch for the caller leaving
-            response = ports._Relayed(relay(), status_code=answer.status_code, bounded=False)
+            response = ports._Relayed(ports.relay_answer(answer, False, counted),
+                                      status_code=answer.status_code, bounded=False)
             response.raw_headers = out_headers
             await response(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": answer.status_code,
                     "headers": out_headers})
-        chunks, left, ended = relay(), int(content_length), False
+        chunks, left, ended = ports.relay_answer(answer, True, counted), int(content_length), False
         try:
             async for chunk in chunks:
                 left -= len(chunk)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, WebSocket
@@ -196,26 +196,12 @@ async def _forward(request: Request, box: Any, port: int, tail: str, prefix: str
     length = answer.headers.get("content-length", "")
     bounded = length.isdigit() and int(length) <= 1024**2
 
-    async def relay() -> AsyncIterator[bytes]:
-        import asyncio
+    def counted(received: int) -> None:
+        metrics.proxy_bytes.labels(*labels, "in").inc(sent[0])
+        metrics.proxy_bytes.labels(*labels, "out").inc(received)
 
-        received = 0
-        chunks = answer.aiter_raw()
-        try:
-            while True:
-                try:  # a bounded answer has no watch on its caller: a stall ends it
-                    async with asyncio.timeout(BOUNDED_STALL_S if bounded else None):
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                received += len(chunk)
-                yield chunk
-        finally:
-            await answer.aclose()
-            metrics.proxy_bytes.labels(*labels, "in").inc(sent[0])
-            metrics.proxy_bytes.labels(*labels, "out").inc(received)
-
-    response = _Relayed(relay(), status_code=answer.status_code, bounded=bounded)
+    response = _Relayed(relay_answer(answer, bounded, counted), status_code=answer.status_code,
+                        bounded=bounded)
     response.raw_headers = response_headers(answer.headers.multi_items(), prefix=prefix,
                                             via_link=via == "link")
     return response
@@ -225,6 +211,29 @@ async def _forward(request: Request, box: Any, port: int, tail: str, prefix: str
 # connection to the sandbox: nothing else would notice that its caller left, and each one
 # held one of the pool's connections (shared by every sandbox) for good
 BOUNDED_STALL_S = 60.0
+
+
+async def relay_answer(answer: Any, bounded: bool,
+                       counted: Callable[[int], None]) -> AsyncIterator[bytes]:
+    """The upstream answer's body as it comes (this route's and service/proxy_asgi.py's): a
+    bounded answer's body that stalls for BOUNDED_STALL_S ends it (TimeoutError). At the end
+    the answer is closed and `counted` gets the bytes received."""
+    import asyncio
+
+    received = 0
+    chunks = answer.aiter_raw()
+    try:
+        while True:
+            try:  # a bounded answer has no watch on its caller: a stall ends it
+                async with asyncio.timeout(BOUNDED_STALL_S if bounded else None):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            received += len(chunk)
+            yield chunk
+    finally:
+        await answer.aclose()
+        counted(received)
 
 
 class _Relayed(StreamingResponse):
