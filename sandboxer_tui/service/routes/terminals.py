@@ -90,14 +90,20 @@ async def _fail(websocket: WebSocket, exc: BaseException) -> None:
         await websocket.close(4000 + status_of(exc), one_line(exc)[:120])
 
 
-def _open_request(text: str) -> dict[str, Any]:
+def _json_object(text: str, shape: str) -> dict[str, Any]:
+    """`text` as a JSON object; BadInput saying `shape` (what is expected) when it is not."""
     try:
-        asked = json.loads(text)
+        said = json.loads(text)
     except ValueError:
-        asked = None
-    if not isinstance(asked, dict):
-        raise BadInput('a new terminal\'s first message is a JSON object: {"argv": [...] or '
-                       'null, "cols": 80, "rows": 24, "env": {}, "cwd": null}')
+        said = None
+    if not isinstance(said, dict):
+        raise BadInput(shape)
+    return said
+
+
+def _open_request(text: str) -> dict[str, Any]:
+    asked = _json_object(text, 'a new terminal\'s first message is a JSON object: {"argv": '
+                               '[...] or null, "cols": 80, "rows": 24, "env": {}, "cwd": null}')
     unknown = set(asked) - {"argv", "cols", "rows", "env", "cwd"}
     if unknown:
         raise BadInput(f"unknown fields in the terminal's first message: {sorted(unknown)}")
@@ -159,11 +165,5 @@ async def _input(websocket: WebSocket, term: Any) -> None:
 
 
 def _control(text: str) -> dict[str, Any]:
-    try:
-        said = json.loads(text)
-    except ValueError:
-        said = None
-    if not isinstance(said, dict):
-        raise BadInput('a control message is a JSON object: {"resize": [cols, rows]} or '
-                       '{"close": true}')
-    return said
+    return _json_object(text, 'a control message is a JSON object: {"resize": [cols, rows]} '
+                              'or {"close": true}')
