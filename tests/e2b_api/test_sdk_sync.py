@@ -209,3 +209,21 @@ def test_relative_paths_and_commands_start_in_the_home_and_lists_are_newest_firs
     finally:
         older.kill()
         newer.kill()
+
+
+def test_create_envs_reach_every_command_and_the_record_keeps_names_only(e2b_env, live):
+    from e2b import Sandbox
+
+    box = Sandbox.create("default", timeout=120, envs={"TOKEN": "s3cret-value"},
+                         metadata={LABEL_KEY: LABEL_VALUE})
+    try:
+        assert box.commands.run("echo $TOKEN").stdout == "s3cret-value\n"
+        assert box.commands.run("echo $TOKEN $MORE", envs={"MORE": "x"}).stdout == \
+            "s3cret-value x\n"
+        import sandboxer
+
+        with sandboxer.Sandboxer(home=live.home) as sbx:
+            text = repr([e.to_dict() for e in sbx.get(box.sandbox_id).events()])
+        assert "TOKEN" in text and "s3cret-value" not in text
+    finally:
+        box.kill()
