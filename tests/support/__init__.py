@@ -263,6 +263,29 @@ def tmux() -> Iterator[Tmux]:
     server.kill()
 
 
+def dashboard_script(folder: Path, env: dict[str, str], cwd: Path, then: str = "") -> Path:
+    """folder/dashboard.sh: runs the dashboard (`python -m sandboxer_tui.cli`) in `cwd` with
+    `env`, prints `exit=CODE` when it ends, runs `then` (shell lines, each ending in a
+    newline), and keeps the pane open for a minute."""
+    import shlex
+
+    script = folder / "dashboard.sh"
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()
+                        if k.isidentifier())
+    script.write_text(f"""{exports}
+cd {shlex.quote(str(cwd))}
+{shlex.quote(sys.executable)} -m sandboxer_tui.cli
+echo "exit=$?"
+{then}sleep 60
+""")
+    return script
+
+
+def row_line(screen: str, name: str) -> str | None:
+    """The dashboard's line for the sandbox `name` on `screen`, if there is one."""
+    return next((line for line in screen.splitlines() if f" {name} " in line), None)
+
+
 # -- sbx server ------------------------------------------------------------------------------
 
 

@@ -5,19 +5,12 @@ of its own and is the only one killed."""
 
 from __future__ import annotations
 
-import shlex
-import sys
-
 import pytest
-from support import RUN_LABEL, events_of
+from support import RUN_LABEL, dashboard_script, events_of, row_line
 
 from tests.service.test_serve_cli import served  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.docker, pytest.mark.tmux]
-
-
-def row_line(screen: str, name: str) -> str | None:
-    return next((line for line in screen.splitlines() if f" {name} " in line), None)
 
 
 def test_the_shell_key_through_a_service(sbx, served, tmux, tmp_path):  # noqa: F811
@@ -26,15 +19,7 @@ def test_the_shell_key_through_a_service(sbx, served, tmux, tmp_path):  # noqa: 
                env={"SBX_URL": url, "SBX_TOKEN": token})
     assert made.code == 0, made.err
     box = made.json()
-    script = tmp_path / "dashboard.sh"
-    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()
-                        if k.isidentifier())
-    script.write_text(f"""{exports}
-cd {shlex.quote(str(sbx.cwd))}
-{shlex.quote(sys.executable)} -m sandboxer_tui.cli
-echo "exit=$?"
-sleep 60
-""")
+    script = dashboard_script(tmp_path, env, sbx.cwd)
     tmux("new-session", "-d", "-x", "120", "-y", "32", "-s", "main", f"sh {script}")
     tmux("set", "-g", "escape-time", "0")
     tmux.wait(lambda s: "running" in (row_line(s, "far-box") or ""), 60, "the row")

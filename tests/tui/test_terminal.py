@@ -7,34 +7,21 @@ its own and is the only one killed."""
 from __future__ import annotations
 
 import shlex
-import sys
 from datetime import timedelta
 
 import pytest
+from support import dashboard_script, row_line
 
 from sandboxer.core.rules.clock import from_iso
 
 pytestmark = [pytest.mark.docker, pytest.mark.tmux]
 
 
-def row_line(screen: str, name: str) -> str | None:
-    return next((line for line in screen.splitlines() if f" {name} " in line), None)
-
-
 def test_dashboard_in_tmux(sbx, docker_api, tmux, tmp_path):
     env = {k: v for k, v in sbx.env().items() if not k.startswith(("E2B_", "MODAL_"))}
     stty_after = tmp_path / "stty-after.txt"
-    script = tmp_path / "dashboard.sh"
-    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()
-                        if k.isidentifier())
-    script.write_text(f"""{exports}
-cd {shlex.quote(str(sbx.cwd))}
-{shlex.quote(sys.executable)} -m sandboxer_tui.cli
-echo "exit=$?"
-stty -a > {shlex.quote(str(stty_after))}
-echo DONE
-sleep 60
-""")
+    script = dashboard_script(tmp_path, env, sbx.cwd,
+                              then=f"stty -a > {shlex.quote(str(stty_after))}\necho DONE\n")
     tmux("new-session", "-d", "-x", "120", "-y", "32", "-s", "main", f"sh {script}")
     tmux("set", "-g", "escape-time", "0")
     tmux.wait(lambda s: "0 sandboxes" in s and "docker ● up" in s, 60, "dashboard")
