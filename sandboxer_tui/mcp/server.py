@@ -108,6 +108,19 @@ Cwd = Annotated[str | None, Field(description="an absolute folder to run in")]
 Pid = Annotated[int, Field(description="the process's pid (start_process returns it)")]
 
 
+async def _ttl_within_limit(sbx: AsyncSandboxer, ttl: str | None, profile: str) -> timedelta:
+    """The ttl asked for, refused when longer than the operator's limit (settings.mcp_max_ttl);
+    without one, the profile's default cut to that limit (create and restore alike)."""
+    limit = settings.mcp_max_ttl()
+    if ttl is not None:
+        asked = parse_duration(ttl, "ttl")
+        if asked > limit:
+            raise BadInput(f"ttl {ttl}: longer than this server's limit of "
+                           f"{format_duration(limit)}")
+        return asked
+    return min((await sbx.profile(profile)).ttl.default, limit)
+
+
 def build(resolve: Resolve, *, version: str = "") -> MCPServer:
     """The server: its tools and resources over `resolve`."""
     server = _Server(
@@ -158,14 +171,7 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
             if allowed is not None and profile not in allowed:
                 raise BadInput(f"profile {profile!r} is not one this server lets MCP create "
                                f"from: {', '.join(allowed)}")
-            limit = settings.mcp_max_ttl()
-            if ttl is not None:
-                asked = parse_duration(ttl, "ttl")
-                if asked > limit:
-                    raise BadInput(f"ttl {ttl}: longer than this server's limit of "
-                                   f"{format_duration(limit)}")
-            else:
-                asked = min((await sbx.profile(profile)).ttl.default, limit)
+            asked = await _ttl_within_limit(sbx, ttl, profile)
             box = await sbx.create(profile, ttl=asked, name=name, task=task,
                                    owner=await owner(ctx))
             return box.to_dict()
@@ -238,15 +244,7 @@ def build(resolve: Resolve, *, version: str = "") -> MCPServer:
             if allowed is not None and point.profile not in allowed:
                 raise BadInput(f"checkpoint {checkpoint!r} is of profile {point.profile!r}, "
                                f"not one this server lets MCP create from")
-            limit = settings.mcp_max_ttl()
-            asked: timedelta
-            if ttl is not None:
-                asked = parse_duration(ttl, "ttl")
-                if asked > limit:
-                    raise BadInput(f"ttl {ttl}: longer than this server's limit of "
-                                   f"{format_duration(limit)}")
-            else:
-                asked = min((await sbx.profile(point.profile)).ttl.default, limit)
+            asked = await _ttl_within_limit(sbx, ttl, point.profile)
             box = await point.restore(ttl=asked, name=name)
             return box.to_dict()
 
