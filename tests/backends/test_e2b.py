@@ -28,6 +28,7 @@ from support import (
     alive,
     events_of,
     install_id_of,
+    library_terminal,
     query,
     table_rows,
     terminal_until,
@@ -669,25 +670,5 @@ def test_a_terminal_runs_on_envds_pty_resizes_and_close_ends_what_it_started(e2b
 def test_a_terminal_through_the_library_on_e2b(e2b_env, standin, sbx_home):
     """box.pty() with the built-in e2b profile: the core's login shell on envd's pty, the
     size asked for, a resize, and its exit code."""
-    import sandboxer
-
-    async def scenario():
-        client = sandboxer.AsyncSandboxer(home=sbx_home, actor="e2b-test")
-        try:
-            box = await client.create("e2b", ttl="10m")
-            try:
-                term = await box.pty(cols=90, rows=20)
-                await term.write("stty size; echo sum=$((6*7))\r")
-                seen = await terminal_until(term, b"sum=42")
-                await term.resize(120, 40)
-                await term.write("stty size\r")
-                await terminal_until(term, b"40 120")
-                await term.write("exit 4\r")
-                return seen, await asyncio.wait_for(term.wait(), 30)
-            finally:
-                await box.destroy()
-        finally:
-            await client.close()
-
-    seen, code = run(scenario())
+    seen, code = run(library_terminal(sbx_home, "e2b-test", "e2b"))
     assert b"20 90" in seen and code == 4

@@ -26,6 +26,7 @@ from support import (
     alive,
     events_of,
     install_id_of,
+    library_terminal,
     show,
     table_rows,
     terminal_until,
@@ -597,27 +598,6 @@ def test_a_terminal_is_sized_in_the_sandbox_resized_with_sigwinch_and_closed(sta
 def test_a_terminal_through_the_library_on_modal(image, sbx_home):
     """box.pty() on a modal profile: the core's login shell on the exec's terminal, the size
     asked for, a resize, and its exit code."""
-    import sandboxer
-
-    async def scenario():
-        client = sandboxer.AsyncSandboxer(home=sbx_home, actor="modal-test")
-        try:
-            profile = await client.check_profile({"name": "mdl-pty", "extends": "modal",
-                                                  "image": image})
-            box = await client.create(profile, ttl="10m")
-            try:
-                term = await box.pty(cols=90, rows=20)
-                await term.write("stty size; echo sum=$((6*7))\r")
-                seen = await terminal_until(term, b"sum=42")
-                await term.resize(120, 40)
-                await term.write("stty size\r")
-                await terminal_until(term, b"40 120")
-                await term.write("exit 4\r")
-                return seen, await asyncio.wait_for(term.wait(), 30)
-            finally:
-                await box.destroy()
-        finally:
-            await client.close()
-
-    seen, code = run(scenario())
+    profile = {"name": "mdl-pty", "extends": "modal", "image": image}
+    seen, code = run(library_terminal(sbx_home, "modal-test", profile))
     assert b"20 90" in seen and code == 4

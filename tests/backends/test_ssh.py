@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from sshd import free_port, sshd_server, start_sshd  # noqa: F401 (sshd_server: a fixture)
-from support import SBX, events_of, query, show, table_rows, terminal_until, write_profile
+from support import SBX, events_of, library_terminal, query, show, table_rows, write_profile
 
 pytestmark = pytest.mark.sshd
 
@@ -488,30 +488,9 @@ def test_a_terminal_on_a_leased_host_through_the_library(one_host, sbx_home):
     size asked for; a resize reaches it; `exit 4` is the terminal's exit code."""
     import asyncio
 
-    import sandboxer
-
-    async def main() -> tuple[bytes, int | None]:
-        client = sandboxer.AsyncSandboxer(home=sbx_home, actor="ssh-test")
-        try:
-            profile = await client.check_profile({
-                "name": "attach-pty", "backend": "ssh", "network": {"mode": "full"},
-                "resources": {"memory": None, "pids": None},
-                "options": {"inventory": str(one_host), "connect_timeout": 3}})
-            box = await client.create(profile, ttl="10m")
-            try:
-                term = await box.pty(cols=90, rows=20)
-                await term.write("stty size; echo sum=$((6*7))\r")
-                seen = await terminal_until(term, b"sum=42")
-                await term.resize(120, 40)
-                await term.write("stty size\r")
-                await terminal_until(term, b"40 120")
-                await term.write("exit 4\r")
-                return seen, await asyncio.wait_for(term.wait(), 30)
-            finally:
-                await box.destroy()
-        finally:
-            await client.close()
-
-    seen, code = asyncio.run(main())
+    profile = {"name": "attach-pty", "backend": "ssh", "network": {"mode": "full"},
+               "resources": {"memory": None, "pids": None},
+               "options": {"inventory": str(one_host), "connect_timeout": 3}}
+    seen, code = asyncio.run(library_terminal(sbx_home, "ssh-test", profile))
     assert b"20 90" in seen
     assert code == 4

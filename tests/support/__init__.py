@@ -365,3 +365,31 @@ def wait_ended(pids, limit: float = 30) -> list[int]:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+async def library_terminal(home: Path, actor: str, profile: str | dict) -> tuple[bytes, int | None]:
+    """box.pty() through the library on `profile` (a name, or a dict checked first): asks for
+    90x20 and reads `stty size`, resizes to 120x40 and waits for it, then `exit 4`. The
+    terminal's output up to `sum=42` and its exit code; the sandbox is destroyed."""
+    import asyncio
+
+    import sandboxer
+
+    client = sandboxer.AsyncSandboxer(home=home, actor=actor)
+    try:
+        if isinstance(profile, dict):
+            profile = await client.check_profile(profile)
+        box = await client.create(profile, ttl="10m")
+        try:
+            term = await box.pty(cols=90, rows=20)
+            await term.write("stty size; echo sum=$((6*7))\r")
+            seen = await terminal_until(term, b"sum=42")
+            await term.resize(120, 40)
+            await term.write("stty size\r")
+            await terminal_until(term, b"40 120")
+            await term.write("exit 4\r")
+            return seen, await asyncio.wait_for(term.wait(), 30)
+        finally:
+            await box.destroy()
+    finally:
+        await client.close()
