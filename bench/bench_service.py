@@ -80,6 +80,14 @@ class Context(BenchContext):
         self.services: list[tuple[subprocess.Popen, Path]] = []
         self.docker_homes: list[Path] = []
 
+    def served_home(self, name: str = "service", scope: str = "write",
+                    ) -> tuple[Path, str, str]:
+        """A new home `name` whose Docker sandboxes cleanup removes, served by a real `sbx
+        serve` (serve): (the home, its URL, a key of `scope`)."""
+        home = self.home(name)
+        self.docker_homes.append(home)
+        return (home, *self.serve(home, scope))
+
     def serve(self, home: Path, scope: str) -> tuple[str, str]:
         """A key of `scope` in `home`, then a real `sbx serve` on a free 127.0.0.1 port for
         it; (its URL, the key) once it answers /healthz."""
@@ -407,9 +415,7 @@ def main() -> int:
     results: dict[str, Any] = {"meta": meta, "run_id": ctx.run_id,
                                "args": {k: v for k, v in vars(args).items() if k != "json_path"}}
     try:
-        home = ctx.home("service")
-        ctx.docker_homes.append(home)
-        url, token = ctx.serve(home, "write")
+        _, url, token = ctx.served_home()
         cd = results["create_destroy"] = asyncio.run(
             bench_create_destroy(ctx, url, token, args.rounds))
         cc = results["concurrent"] = asyncio.run(
