@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support import RUN_LABEL, remove_test_containers
+from support import RUN_LABEL, library_client, remove_test_containers, service_for
 
 import sandboxer
 
@@ -37,23 +37,14 @@ TRANSPORTS = ["local", "remote"]
 @pytest.fixture
 def service(request, sbx_home: Path):
     """A live service over the test's SBX_HOME when the transport is `remote`."""
-    if request.param == "local":
-        yield None
-        return
-    from tests.service.live import LiveService
-
-    live = LiveService(sbx_home).start()
-    yield live
-    live.stop()
+    with service_for(request.param, sbx_home) as live:
+        yield live
 
 
 @pytest_asyncio.fixture
 async def client(service, sbx_home: Path) -> AsyncIterator[sandboxer.AsyncSandboxer]:
     """An AsyncSandboxer on the test's SBX_HOME; the containers it made are removed after."""
-    if service is None:
-        sbx = sandboxer.AsyncSandboxer(home=sbx_home, actor="api-test")
-    else:
-        sbx = sandboxer.AsyncSandboxer(url=service.url, token=service.key())
+    sbx = library_client(sandboxer.AsyncSandboxer, service, sbx_home, "api-test")
     yield sbx
     await sbx.close()
     remove_test_containers(sbx_home)
@@ -61,10 +52,7 @@ async def client(service, sbx_home: Path) -> AsyncIterator[sandboxer.AsyncSandbo
 
 @pytest.fixture
 def sync_client(service, sbx_home: Path):
-    if service is None:
-        sbx = sandboxer.Sandboxer(home=sbx_home, actor="api-test")
-    else:
-        sbx = sandboxer.Sandboxer(url=service.url, token=service.key())
+    sbx = library_client(sandboxer.Sandboxer, service, sbx_home, "api-test")
     yield sbx
     sbx.close()
     remove_test_containers(sbx_home)

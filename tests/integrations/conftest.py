@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from support import RUN_LABEL, remove_test_containers
+from support import RUN_LABEL, library_client, remove_test_containers, service_for
 
 import sandboxer
 
@@ -20,22 +20,13 @@ RUN = dict([RUN_LABEL.split("=", 1)])
 @pytest.fixture(params=["local", "remote"])
 def service(request, sbx_home: Path):
     """A live service over the test's SBX_HOME when the transport is `remote`."""
-    if request.param == "local":
-        yield None
-        return
-    from tests.service.live import LiveService
-
-    live = LiveService(sbx_home).start()
-    yield live
-    live.stop()
+    with service_for(request.param, sbx_home) as live:
+        yield live
 
 
 @pytest.fixture
 def sync_client(service, sbx_home: Path) -> Iterator[sandboxer.Sandboxer]:
-    if service is None:
-        sbx = sandboxer.Sandboxer(home=sbx_home, actor="integration-test")
-    else:
-        sbx = sandboxer.Sandboxer(url=service.url, token=service.key())
+    sbx = library_client(sandboxer.Sandboxer, service, sbx_home, "integration-test")
     yield sbx
     sbx.close()
     remove_test_containers(sbx_home)
@@ -43,10 +34,7 @@ def sync_client(service, sbx_home: Path) -> Iterator[sandboxer.Sandboxer]:
 
 @pytest_asyncio.fixture
 async def client(service, sbx_home: Path) -> AsyncIterator[sandboxer.AsyncSandboxer]:
-    if service is None:
-        sbx = sandboxer.AsyncSandboxer(home=sbx_home, actor="integration-test")
-    else:
-        sbx = sandboxer.AsyncSandboxer(url=service.url, token=service.key())
+    sbx = library_client(sandboxer.AsyncSandboxer, service, sbx_home, "integration-test")
     yield sbx
     await sbx.close()
     remove_test_containers(sbx_home)

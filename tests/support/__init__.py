@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -393,3 +394,28 @@ async def library_terminal(home: Path, actor: str, profile: str | dict) -> tuple
             await box.destroy()
     finally:
         await client.close()
+
+
+# -- the library's two transports (tests/api, tests/integrations) ----------------------------
+
+
+@contextmanager
+def service_for(transport: str, home: Path) -> Iterator[object | None]:
+    """A live service (tests/service/live.py) over `home` when `transport` is `remote`; None
+    when it is `local`."""
+    if transport == "local":
+        yield None
+        return
+    from tests.service.live import LiveService
+
+    live = LiveService(home).start()
+    yield live
+    live.stop()
+
+
+def library_client(cls, service, home: Path, actor: str):
+    """`cls` (Sandboxer or AsyncSandboxer) in process on `home` as `actor` when `service` is
+    None, else a client of that live service with its admin key."""
+    if service is None:
+        return cls(home=home, actor=actor)
+    return cls(url=service.url, token=service.key())
