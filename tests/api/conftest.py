@@ -31,6 +31,22 @@ def stub_profile(sbx_home: Path, tmp_path: Path):
     return ProfileLoader().load_file(path)
 
 
+DEBIAN = "sandboxer/python-base:bookworm"  # has bash and dash (made by `make test-setup`)
+
+
+async def debian_box(client, docker_api, tmp_path: Path):
+    """A sandbox of `client` on the Debian image DEBIAN, labelled with the run; the test is
+    skipped on an engine without that image."""
+    from sandboxer.core.rules.profiles import ProfileLoader
+
+    if not docker_api.images(name=DEBIAN):
+        pytest.skip(f"{DEBIAN} is built by `make test-setup` (the service image's base); "
+                    "this engine does not have it")
+    path = tmp_path / "debian.yaml"
+    path.write_text(f"extends: default\nimage: {DEBIAN}\n")
+    return await client.create(ProfileLoader().load_file(path), ttl="10m", labels=RUN)
+
+
 TRANSPORTS = ["local", "remote"]
 
 

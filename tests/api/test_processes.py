@@ -20,7 +20,7 @@ from sshd import sshd_server  # noqa: F401 (a fixture)
 import sandboxer
 from sandboxer.core.lifecycle.processes import KEEP_BYTES
 from sandboxer.core.rules.profiles import ProfileLoader
-from tests.api.conftest import RUN
+from tests.api.conftest import RUN, debian_box
 from tests.store.test_postgres import pg_url  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.docker
@@ -284,17 +284,9 @@ async def test_a_backend_without_processes_refuses_with_exit_4(stub_profile, sbx
         await box.destroy()
 
 
-DEBIAN = "sandboxer/python-base:bookworm"
-
-
 async def test_the_same_supervisor_runs_on_debian(client, docker_api, tmp_path):
     """Written once for every POSIX sh: Debian's dash and coreutils run what busybox runs."""
-    if not docker_api.images(name=DEBIAN):
-        pytest.skip(f"{DEBIAN} is built by `make test-setup` (the service image's base); "
-                    "this engine does not have it")
-    path = tmp_path / "debian.yaml"
-    path.write_text(f"extends: default\nimage: {DEBIAN}\n")
-    box = await client.create(ProfileLoader().load_file(path), ttl="10m", labels=RUN)
+    box = await debian_box(client, docker_api, tmp_path)
     proc = await box.processes.start(["sh", "-c", 'echo "$WHO in $PWD"; cat; exit 5'],
                                      env={"WHO": "dash"}, cwd="/usr")
     await proc.write(b"from stdin\n")

@@ -18,7 +18,7 @@ import pytest
 from support import ROOT, containers_of, install_id_of
 
 import sandboxer
-from tests.api.conftest import RUN
+from tests.api.conftest import RUN, debian_box
 
 pytestmark = pytest.mark.docker
 
@@ -69,18 +69,8 @@ async def test_a_shell_is_typed_into_read_resized_and_exits_with_its_code(client
     assert all("sum=" not in str(e.payload) and "stty" not in str(e.payload) for e in events)
 
 
-DEBIAN = "sandboxer/python-base:bookworm"  # has bash (made by `make test-setup`)
-
-
 async def test_the_default_is_bash_where_the_sandbox_has_it(client, docker_api, tmp_path):
-    if not docker_api.images(name=DEBIAN):
-        pytest.skip(f"{DEBIAN} is built by `make test-setup` (the service image's base); "
-                    "this engine does not have it")
-    from sandboxer.core.rules.profiles import ProfileLoader
-
-    path = tmp_path / "debian.yaml"
-    path.write_text(f"extends: default\nimage: {DEBIAN}\n")
-    box = await client.create(ProfileLoader().load_file(path), ttl="10m", labels=RUN)
+    box = await debian_box(client, docker_api, tmp_path)
     term = await box.pty()
     await term.write('echo "shell=${BASH_VERSION:+bash}"; shopt -q login_shell && echo login\r')
     await read_until(term, b"shell=bash\r\nlogin")
