@@ -27,6 +27,7 @@ from support import (
     events_of,
     install_id_of,
     library_terminal,
+    modal_sdk_env,
     show,
     table_rows,
     terminal_until,
@@ -82,12 +83,7 @@ def modal_env(standin, monkeypatch, tmp_path):
     """The SDK pointed at the stand-in with a good token; never at ~/.modal.toml. Afterwards:
     the SDK called nothing the stand-in does not implement, and nothing beyond what was
     measured (a new SDK version that calls something else shows up here)."""
-    monkeypatch.setenv("MODAL_SERVER_URL", standin.url)
-    monkeypatch.setenv("MODAL_TOKEN_ID", TOKEN_ID)
-    monkeypatch.setenv("MODAL_TOKEN_SECRET", TOKEN_SECRET)
-    monkeypatch.setenv("MODAL_CONFIG_PATH", str(tmp_path / "modal.toml"))
-    for name in ("MODAL_PROFILE", "MODAL_ENVIRONMENT", "MODAL_SANDBOX_V2"):
-        monkeypatch.delenv(name, raising=False)
+    modal_sdk_env(monkeypatch, standin.url, TOKEN_ID, TOKEN_SECRET, tmp_path / "modal.toml")
     seen, calls = len(standin.unimplemented), len(standin.calls)
     yield
     assert standin.unimplemented[seen:] == [], "the SDK called RPCs the stand-in lacks"

@@ -21,7 +21,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from standins.modal_server import ModalStandin
-from support import SourceBroke, alive, breaking, chunks, gather, write_profile
+from support import (
+    SourceBroke,
+    alive,
+    breaking,
+    chunks,
+    gather,
+    modal_sdk_env,
+    write_profile,
+)
 
 from sandboxer.adapters.base import (
     LABEL_ID,
@@ -47,12 +55,7 @@ def standin(tmp_path_factory) -> ModalStandin:
 @pytest.fixture
 def modal_env(standin, monkeypatch, tmp_path):
     """The SDK (here and in the `sbx` this test starts) pointed at the stand-in."""
-    monkeypatch.setenv("MODAL_SERVER_URL", standin.url)
-    monkeypatch.setenv("MODAL_TOKEN_ID", TOKEN_ID)
-    monkeypatch.setenv("MODAL_TOKEN_SECRET", TOKEN_SECRET)
-    monkeypatch.setenv("MODAL_CONFIG_PATH", str(tmp_path / "modal.toml"))
-    for name in ("MODAL_PROFILE", "MODAL_ENVIRONMENT", "MODAL_SANDBOX_V2"):
-        monkeypatch.delenv(name, raising=False)
+    modal_sdk_env(monkeypatch, standin.url, TOKEN_ID, TOKEN_SECRET, tmp_path / "modal.toml")
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from standins.modal_server import TUNNEL_DOMAIN
-from support import one_json
+from support import modal_sdk_env, one_json
 
 from tests.backends.test_modal import (  # noqa: F401 (image, standin: fixtures)
     TOKEN_ID,
@@ -24,12 +24,7 @@ from tests.backends.test_modal import (  # noqa: F401 (image, standin: fixtures)
 def modal_env(standin, monkeypatch, tmp_path):  # noqa: F811
     """The SDK pointed at the stand-in with a good token; afterwards, nothing it lacks was
     called."""
-    monkeypatch.setenv("MODAL_SERVER_URL", standin.url)
-    monkeypatch.setenv("MODAL_TOKEN_ID", TOKEN_ID)
-    monkeypatch.setenv("MODAL_TOKEN_SECRET", TOKEN_SECRET)
-    monkeypatch.setenv("MODAL_CONFIG_PATH", str(tmp_path / "modal.toml"))
-    for name in ("MODAL_PROFILE", "MODAL_ENVIRONMENT", "MODAL_SANDBOX_V2"):
-        monkeypatch.delenv(name, raising=False)
+    modal_sdk_env(monkeypatch, standin.url, TOKEN_ID, TOKEN_SECRET, tmp_path / "modal.toml")
     seen = len(standin.unimplemented)
     yield
     assert standin.unimplemented[seen:] == [], "the SDK called RPCs the stand-in lacks"

@@ -419,3 +419,16 @@ def library_client(cls, service, home: Path, actor: str):
     if service is None:
         return cls(home=home, actor=actor)
     return cls(url=service.url, token=service.key())
+
+
+def modal_sdk_env(monkeypatch: pytest.MonkeyPatch, url: str, token_id: str, token_secret: str,
+                  config: Path) -> None:
+    """The modal SDK (here and in an `sbx` the test starts) pointed at the stand-in at `url`
+    with that token; its config file `config` (never ~/.modal.toml), no profile, environment
+    or sandbox-v2 choice from the developer's shell."""
+    monkeypatch.setenv("MODAL_SERVER_URL", url)
+    monkeypatch.setenv("MODAL_TOKEN_ID", token_id)
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", token_secret)
+    monkeypatch.setenv("MODAL_CONFIG_PATH", str(config))
+    for name in ("MODAL_PROFILE", "MODAL_ENVIRONMENT", "MODAL_SANDBOX_V2"):
+        monkeypatch.delenv(name, raising=False)
