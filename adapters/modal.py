@@ -551,20 +551,9 @@ class ModalAdapter(Adapter):
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
-        if sandbox is None:
-            raise BackendObjectGone(f"Modal sandbox {split_ref(ref)[0]} is gone")
-        mark = uuid.uuid4().hex
-        try:
-            process = await sandbox.exec.aio(
-                *argv, timeout=math.ceil(timeout_s) + EXEC_BACKSTOP_S if timeout_s else None,
-                text=False, env={**(env or {}), EXEC_MARK: mark},
-                **({"workdir": cwd} if cwd is not None else {}))
-        except (NotFoundError, ConflictError) as exc:
-            raise BackendObjectGone(
-                f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
-        except Exception as exc:
-            raise self._translate(exc, tokens, "run the command") from exc
+        sandbox, process, tokens, mark = await self._exec_marked(
+            ref, argv, env or {}, cwd, "run the command",
+            timeout=math.ceil(timeout_s) + EXEC_BACKSTOP_S if timeout_s else None)
         queue: asyncio.Queue[tuple[str, bytes] | BaseException | None] = asyncio.Queue(16)
 
         async def pump(reader: Any, name: str) -> None:
@@ -639,6 +628,18 @@ class ModalAdapter(Adapter):
         program started by PTY_START at `cols` x `rows`; keystrokes through its stdin, its
         terminal's output on stdout; resized by PTY_RESIZE; closed by killing every process
         carrying its mark."""
+        sandbox, process, tokens, mark = await self._exec_marked(
+            ref, ["sh", "-c", PTY_START, "sbx-pty", str(rows), str(cols), *argv],
+            {"TERM": "xterm-256color", **(env or {})}, cwd, "open a terminal", pty=True)
+        return _ModalPty(self, sandbox, process, mark, tokens)
+
+    async def _exec_marked(self, ref: str, argv: Sequence[str], env: Mapping[str, str],
+                           cwd: str | None, what: str, **options: Any,
+                           ) -> tuple[Any, Any, Any, str]:
+        """`Sandbox.exec` of `argv` (text=False, `options` besides) with `env` and a new mark
+        (EXEC_MARK) in its environment, in `cwd` if given: (sandbox, process, tokens, mark).
+        BackendObjectGone when the sandbox is gone or has ended; else the SDK's failure
+        translated, saying it could not `what`."""
         from modal.exception import ConflictError, NotFoundError
 
         sandbox, tokens = await self._sandbox(ref, "look up the sandbox")
@@ -647,15 +648,14 @@ class ModalAdapter(Adapter):
         mark = uuid.uuid4().hex
         try:
             process = await sandbox.exec.aio(
-                "sh", "-c", PTY_START, "sbx-pty", str(rows), str(cols), *argv, pty=True,
-                text=False, env={"TERM": "xterm-256color", **(env or {}), EXEC_MARK: mark},
-                **({"workdir": cwd} if cwd is not None else {}))
+                *argv, text=False, env={**env, EXEC_MARK: mark},
+                **({"workdir": cwd} if cwd is not None else {}), **options)
         except (NotFoundError, ConflictError) as exc:
             raise BackendObjectGone(
                 f"Modal sandbox {split_ref(ref)[0]} has ended ({one_line(exc)})") from exc
         except Exception as exc:
-            raise self._translate(exc, tokens, "open a terminal") from exc
-        return _ModalPty(self, sandbox, process, mark, tokens)
+            raise self._translate(exc, tokens, what) from exc
+        return sandbox, process, tokens, mark
 
     @staticmethod
     async def _kill_marked(sandbox: Any, mark: str) -> bool:
