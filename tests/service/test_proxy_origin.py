@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.service.live import LiveService, served_profile
+from tests.service.test_port_proxy import when_up
 from tests.support import RUN_LABEL
 
 pytestmark = pytest.mark.docker
@@ -107,15 +108,6 @@ def port_service(sbx_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     yield from test_port_proxy.service.__wrapped__(sbx_home, tmp_path, monkeypatch, docker_api)
 
 
-def _up(http: httpx.Client, path: str, limit_s: float = 60) -> httpx.Response:
-    give_up = time.monotonic() + limit_s
-    while True:
-        reply = http.get(path)
-        if reply.status_code != 502 or time.monotonic() > give_up:
-            return reply
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def sandbox(live: LiveService) -> Iterator[tuple[httpx.Client, dict]]:
     key = live.key("write", owner="writer")
@@ -125,7 +117,7 @@ def sandbox(live: LiveService) -> Iterator[tuple[httpx.Client, dict]]:
             [RUN_LABEL.split("=", 1)])})
         assert made.status_code == 201, made.text
         box = made.json()
-        assert _up(http, f"/v1/sandboxes/{box['id']}/ports/8080/seen").status_code == 200
+        assert when_up(http, f"/v1/sandboxes/{box['id']}/ports/8080/seen").status_code == 200
         yield http, box
 
 
@@ -199,7 +191,7 @@ def test_revoking_the_key_closes_its_proxied_websocket(monkeypatch, port_service
     from websockets.sync.client import connect
 
     from sandboxer_tui.service import auth
-    from tests.service.test_port_proxy import when_up, ws_url
+    from tests.service.test_port_proxy import ws_url
 
     monkeypatch.setattr(auth, "KEY_CHECK_S", 0.5)
     service = port_service
