@@ -127,7 +127,9 @@ def test_a_client_of_a_service_is_refused_an_interactive_shell_and_told_why(live
         with pytest.raises(sandboxer.Conflict) as refused:
             box.shell_command()
         message = str(refused.value)
-        assert live.url in message and "without SBX_URL" in message and "exec" in message
+        # ... and told what does work through the service: a terminal over its WebSocket
+        assert live.url in message and "without SBX_URL" in message
+        assert "sbx shell" in message and "Sandbox.pty()" in message
 
 
 # -- on the engine ----------------------------------------------------------------------------
