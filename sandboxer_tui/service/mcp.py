@@ -7,6 +7,7 @@ installed (`pip install 'sandboxer[mcp]'`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -26,16 +27,79 @@ if TYPE_CHECKING:
 PATH = "/mcp"
 
 
-def mount(app: FastAPI) -> Any | None:
-    """Add `/mcp` to `app`; the SDK's session manager (run it while the app runs), or None
-    when the SDK is not installed."""
-    try:
-        from mcp.server.transport_security import TransportSecuritySettings
-    except ImportError:
+def mount(app: FastAPI) -> _Lazy | None:
+    """Add `/mcp` to `app`; what `running` keeps while the app runs, or None when the SDK is
+    not installed. The SDK is imported on the first request that carries a key, not before:
+    it costs the service about 22 MiB of memory that a service nobody asks for MCP need not
+    hold (the service's peak stays under 150 MB, docs/service.md)."""
+    import importlib.util
+
+    if importlib.util.find_spec("mcp") is None:
         return None
+    lazy = _Lazy()
+
+    async def endpoint(scope: Any, receive: Any, send: Any) -> None:
+        request = Request(scope, receive)
+        try:
+            await caller(request, Scope.READ)
+        except Refused as exc:
+            if exc.status == 401:
+                answer = refusal(401, "unauthorized", str(exc), **{"WWW-Authenticate": "Bearer"})
+            else:
+                answer = refusal(403, "forbidden", str(exc))
+            await answer(scope, receive, send)
+            return
+        manager = await lazy.manager()
+        await manager.handle_request(scope, receive, send)
+
+    app.router.routes.append(Route(PATH, endpoint=_Asgi(endpoint), include_in_schema=False,
+                                   methods=["GET", "POST", "DELETE"]))
+    return lazy
+
+
+class _Lazy:
+    """The SDK's session manager, built and run on first use; its task group lives in a task
+    of its own (an anyio task group is left in the task that entered it) until `stop`."""
+
+    def __init__(self) -> None:
+        self._manager: Any | None = None
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    async def manager(self) -> Any:
+        async with self._lock:
+            if self._manager is None:
+                manager = _build()
+                ready = asyncio.Event()
+
+                async def serve() -> None:
+                    async with manager.run():
+                        ready.set()
+                        await self._stop.wait()
+
+                self._task = asyncio.create_task(serve())
+                waiting = asyncio.create_task(ready.wait())
+                await asyncio.wait({waiting, self._task}, return_when=asyncio.FIRST_COMPLETED)
+                if not ready.is_set():
+                    waiting.cancel()
+                    await self._task  # raises why it could not run
+                self._manager = manager
+        return self._manager
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._task
+
+
+def _build() -> Any:
+    """The MCP server over this service's keys, and its session manager."""
     from importlib.metadata import version
 
     from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.transport_security import TransportSecuritySettings
 
     from sandboxer_tui.mcp.server import Acting, actor_of, build
 
@@ -59,24 +123,7 @@ def mount(app: FastAPI) -> Any | None:
     server.streamable_http_app(
         streamable_http_path=PATH, json_response=True,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-    manager = server.session_manager
-
-    async def endpoint(scope: Any, receive: Any, send: Any) -> None:
-        request = Request(scope, receive)
-        try:
-            await caller(request, Scope.READ)
-        except Refused as exc:
-            if exc.status == 401:
-                answer = refusal(401, "unauthorized", str(exc), **{"WWW-Authenticate": "Bearer"})
-            else:
-                answer = refusal(403, "forbidden", str(exc))
-            await answer(scope, receive, send)
-            return
-        await manager.handle_request(scope, receive, send)
-
-    app.router.routes.append(Route(PATH, endpoint=_Asgi(endpoint), include_in_schema=False,
-                                   methods=["GET", "POST", "DELETE"]))
-    return manager
+    return server.session_manager
 
 
 class _Asgi:
@@ -90,10 +137,10 @@ class _Asgi:
 
 
 @contextlib.asynccontextmanager
-async def running(manager: Any | None) -> AsyncIterator[None]:
-    """The session manager's task group, for as long as the app runs."""
-    if manager is None:
+async def running(lazy: _Lazy | None) -> AsyncIterator[None]:
+    """For as long as the app runs; the session manager, if it was started, stopped after."""
+    try:
         yield
-        return
-    async with manager.run():
-        yield
+    finally:
+        if lazy is not None:
+            await lazy.stop()
