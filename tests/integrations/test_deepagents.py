@@ -177,7 +177,7 @@ def test_on_an_image_with_python_read_agrees_with_deepagents_own_and_grep_glob_w
     the bytes from the file API, give the same results; grep and glob, not overridden, run
     deepagents' own commands over this backend's execute."""
     if not docker_api.images(name=PYTHON_IMAGE):
-        pytest.skip(f"{PYTHON_IMAGE} is made by `make test-setup`")
+        pytest.fail(f"{PYTHON_IMAGE} is made by `make test-setup`; this engine does not have it")
     profile = sync_client.check_profile({"name": "py", "extends": "default",
                                          "image": PYTHON_IMAGE})
     with sync_client.create(profile, ttl="10m", labels=RUN) as box:
