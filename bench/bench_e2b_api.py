@@ -131,9 +131,7 @@ def main() -> int:
     results: dict[str, Any] = {"meta": meta, "run_id": ctx.run_id,
                                "args": {k: v for k, v in vars(args).items() if k != "json_path"}}
     try:
-        home = ctx.home("service")
-        ctx.docker_homes.append(home)
-        url, token = ctx.serve(home, "write")
+        _, url, token = ctx.served_home()
         r = results["e2b_api"] = asyncio.run(bench(ctx, url, token, args.rounds,
                                                    args.files_rounds))
     finally:
