@@ -331,9 +331,11 @@ EXEC_QUEUE = 64
 EXEC_READ = 64 * 1024
 STDIN_PIECE = 256 * 1024
 STDIN_QUEUE = 4
-# A timed-out exec's result comes at most this long after its deadline (the bound is
-# 0.5 s): the kill and the last of the output are waited for until then, no longer.
-EXEC_TIMEOUT_RETURN_S = 0.4
+# A timed-out exec's result comes at most this long after its deadline (docs/adapters.md
+# promises 0.5 s): the kill and the last of the output are waited for until then, no longer;
+# the rest of the half second is left to a busy machine's scheduling (CI once saw 0.57 s
+# with 0.4 here).
+EXEC_TIMEOUT_RETURN_S = 0.3
 # The exec's stream can end a moment before the engine records its exit code.
 EXIT_CODE_WAIT_S = 2.0
 # What the engine writes on the exec's stdout when the command never started: a working
