@@ -20,6 +20,8 @@ class Sandbox(SQLModel, table=True):
     backend_ref: str | None = Field(default=None, max_length=256)
     # which engine/account of the backend holds it: another one is never told it is gone
     backend_instance: str | None = Field(default=None, max_length=128)
+    # how it is contained: the profile's `isolation` (container | gvisor), migration 0014
+    isolation: str = Field(default="container", max_length=16)
     install_id: str = Field(max_length=64)  # the installation (host) that made it
     host: str | None = Field(default=None, max_length=255)  # that installation's machine name
     state: str = Field(index=True, max_length=16)
