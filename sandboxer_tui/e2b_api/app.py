@@ -25,6 +25,9 @@ CLIENT_ID = "sbx"
 DEFAULT_TEMPLATE = "base"  # E2B's default template: sbx's `default` profile
 MAX_TIMEOUT_S = 24 * 3600
 PAGE = 100
+# a terminal's pid as the SDK sees it: sbx's terminals have ids, not pids, so the facade
+# numbers them from above Linux's largest pid (pid_max, 2**22), where no process's pid is
+PTY_PID_BASE = 1 << 22
 
 Resolve = Callable[[dict[str, Any], bool], Awaitable[tuple[AsyncSandboxer, str]]]
 """(ASGI scope, needs write) -> (the caller's client, its token); raises `Denied`."""
@@ -80,6 +83,8 @@ class E2BApi:
         self.resolve = resolve
         self.envs: dict[str, dict[str, str]] = {}
         self.homes: dict[str, str] = {}  # a sandbox's home, where relative paths are
+        self.ptys: dict[int, tuple[str, str]] = {}  # pid -> (sandbox id, terminal id)
+        self.killed: set[int] = set()  # the ptys killed through the SDK (SIGKILL)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -367,7 +372,9 @@ class E2BApi:
 
     async def _rpc_process_Start(self, box: AsyncSandbox, request, scope):
         if request.get("pty"):
-            raise RpcError("unimplemented", unimplemented("pty"))
+            async for message in self._pty_start(box, request, scope):
+                yield message
+            return
         config = request.get("process") or {}
         cmd, args = config.get("cmd"), list(config.get("args") or [])
         if not isinstance(cmd, str) or not cmd:
@@ -385,6 +392,12 @@ class E2BApi:
             yield message
 
     async def _rpc_process_Connect(self, box: AsyncSandbox, request, scope):
+        if (terminal := await self._terminal(box, request)) is not None:
+            yield {"event": {"start": {"pid": int(request["process"]["pid"])}}}
+            async for message in self._follow_pty(box, terminal, int(
+                    request["process"]["pid"])):
+                yield message
+            return
         proc = await _process(box, request)
         yield {"event": {"start": {"pid": proc.pid}}}
         async for message in _follow(box, proc):
@@ -399,17 +412,39 @@ class E2BApi:
                 if proc.cwd:
                     config["cwd"] = proc.cwd
                 shown.append({"config": config, "pid": proc.pid})
+        for pid, (sid, _) in list(self.ptys.items()):
+            terminal = await self._terminal(box, {"process": {"pid": pid}}) \
+                if sid == box.id else None
+            if terminal is not None and terminal.running:
+                argv = terminal.argv
+                shown.append({"config": {"cmd": argv[0], "args": argv[1:], "envs": {}},
+                              "pid": pid})
         return {"processes": shown}
 
     async def _rpc_process_SendInput(self, box: AsyncSandbox, request, scope):
-        proc = await _process(box, request)
         given = request.get("input") or {}
+        if (terminal := await self._terminal(box, request)) is not None:
+            if "pty" not in given:
+                raise RpcError("invalid_argument", "a pty takes input as pty, not stdin")
+            await terminal.write(wire.unb64(given["pty"]))
+            return {}
+        proc = await _process(box, request)
         if "stdin" not in given:
-            raise RpcError("unimplemented", unimplemented("pty input"))
+            raise RpcError("invalid_argument", "a process without a pty takes stdin")
         await proc.write(wire.unb64(given["stdin"]))
         return {}
 
     async def _rpc_process_SendSignal(self, box: AsyncSandbox, request, scope):
+        if (terminal := await self._terminal(box, request)) is not None:
+            if request.get("signal") not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM", 9, 15):
+                raise RpcError("invalid_argument",
+                               f"unknown signal {request.get('signal')!r}")
+            if not terminal.running:  # as envd: an ended process is not found
+                raise RpcError("not_found", f"process with pid "
+                                            f"{request['process']['pid']} not found")
+            self.killed.add(int(request["process"]["pid"]))
+            await terminal.close()  # its terminal hangs up: the program ends
+            return {}
         proc = await _process(box, request)
         number = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}.get(
             request.get("signal"))
@@ -418,6 +453,84 @@ class E2BApi:
         if proc.running:
             await proc.kill(number)
         return {}
+
+    async def _rpc_process_Update(self, box: AsyncSandbox, request, scope):
+        """Resize a pty (the only thing envd's Update changes)."""
+        terminal = await self._terminal(box, request)
+        if terminal is None:
+            await _process(box, request)  # not found, or found without a pty:
+            raise RpcError("invalid_argument", "only a pty can be resized")
+        size = (request.get("pty") or {}).get("size") or {}
+        await terminal.resize(int(size.get("cols") or 0), int(size.get("rows") or 0))
+        return {}
+
+    async def _pty_start(self, box: AsyncSandbox, request, scope):
+        """`sandbox.pty.create`: a library terminal (box.pty). The SDK's `/bin/bash -i -l` is
+        the library's login shell (bash where the image has it, else sh)."""
+        size = (request.get("pty") or {}).get("size") or {}
+        config = request.get("process") or {}
+        cmd, args = config.get("cmd"), list(config.get("args") or [])
+        if not isinstance(cmd, str) or not cmd:
+            raise RpcError("invalid_argument", "process.cmd is required")
+        user = _user(scope)
+        if user not in (None, "root"):
+            raise RpcError("unimplemented", unimplemented(f"a pty as user {user!r}"))
+        login = cmd in ("/bin/bash", "bash") and set(args) <= {"-i", "-l"}
+        env = {**self.envs.get(box.id, {}), **(config.get("envs") or {})}
+        cwd = await self._absolute(box, config.get("cwd") or ".")
+        try:
+            cols, rows = int(size.get("cols") or 80), int(size.get("rows") or 24)
+        except (TypeError, ValueError):
+            raise RpcError("invalid_argument", "pty.size is rows and cols") from None
+        terminal = await box.pty(None if login else [cmd, *args], cols=cols, rows=rows,
+                                 env=env or None, cwd=cwd)
+        pid = PTY_PID_BASE + len(self.ptys) + 1
+        self.ptys[pid] = (box.id, terminal.id)
+        yield {"event": {"start": {"pid": pid}}}
+        async for message in self._follow_pty(box, terminal, pid):
+            yield message
+
+    async def _follow_pty(self, box: AsyncSandbox, terminal, pid: int):
+        """A terminal's output as envd's pty data events, then its end. The client going
+        away drops the connection to the terminal, not the terminal (as on envd)."""
+        try:
+            async for data in terminal:
+                yield {"event": {"data": {"pty": wire.b64(data)}}}
+        except Exception:
+            await _still_there(box)
+            raise
+        finally:
+            await terminal.attach()  # drops the stream it read on
+        code = terminal.exit_code
+        if pid in self.killed:
+            yield {"event": {"end": {"exitCode": -1, "exited": False,
+                                     "status": "signal: killed"}}}
+        elif code is None:
+            await _still_there(box)
+            yield {"event": {"end": {"exitCode": -1, "exited": False, "status": "unknown",
+                                     "error": "how the program ended is not known"}}}
+        else:
+            yield {"event": {"end": {"exitCode": code, "exited": True,
+                                     "status": f"exit status {code}"}}}
+
+    async def _terminal(self, box: AsyncSandbox, request: dict[str, Any]):
+        """The library terminal a request's pid names, or None when it names no pty."""
+        from sandboxer.core.rules.errors import NotFound
+
+        selector = request.get("process") or {}
+        try:
+            pid = int(selector.get("pid"))
+        except (TypeError, ValueError):
+            return None
+        found = self.ptys.get(pid)
+        if found is None:
+            return None
+        if found[0] != box.id:
+            raise RpcError("not_found", f"process with pid {pid} not found")
+        try:
+            return await box.terminal(found[1])
+        except NotFound:
+            raise RpcError("not_found", f"process with pid {pid} not found") from None
 
     async def _rpc_process_CloseStdin(self, box: AsyncSandbox, request, scope):
         proc = await _process(box, request)

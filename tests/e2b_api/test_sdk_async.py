@@ -1,6 +1,6 @@
 """The unmodified `e2b` SDK's async classes (AsyncSandbox) against `sbx serve` on the real
 Docker engine (docs/e2b-api.md): the same flows as the sync ones, and pause, resume,
-connecting to a running command, and a pty refused by name."""
+and connecting to a running command (ptys: test_sdk_pty.py)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def test_async_commands_files_and_kill(e2b_env):
     asyncio.run(main())
 
 
-def test_async_pause_resume_connect_to_a_command_and_pty_refused(e2b_env, live):
-    from e2b import AsyncSandbox, PtySize, SandboxException
+def test_async_pause_resume_and_connect_to_a_command(e2b_env, live):
+    from e2b import AsyncSandbox
 
     async def main() -> None:
         box = await _sandbox()
@@ -69,8 +69,6 @@ def test_async_pause_resume_connect_to_a_command_and_pty_refused(e2b_env, live):
             resumed = await AsyncSandbox.connect(box.sandbox_id)
             assert (await resumed.get_info()).state.value == "running"
             assert (await resumed.commands.run("echo back")).stdout == "back\n"
-            with pytest.raises(SandboxException, match="pty is not implemented"):
-                await box.pty.create(PtySize(rows=24, cols=80), on_data=print)
         finally:
             await box.kill()
 
