@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup test-setup venv bytecode docker image service-image python-base postgres sshd tmux compose lint bench clean
+.PHONY: run test setup test-setup venv bytecode docker image service-image python-base postgres sshd tmux compose gvisor lint bench clean
 
 run: setup
 	$(BIN)/sbx
@@ -25,7 +25,7 @@ setup: venv bytecode docker image
 bytecode: venv
 	$(BIN)/python -m compileall -q core adapters sandboxer sandboxer_tui profiles
 
-test-setup: postgres sshd tmux compose service-image
+test-setup: postgres sshd tmux compose service-image gvisor
 
 venv: $(STAMP)
 
@@ -71,6 +71,11 @@ tmux:
 
 compose: docker
 	scripts/ensure-compose.sh
+
+# gVisor's runsc registered with the engine, for profiles with `isolation: gvisor`
+# (docs/security.md); it tries the flags on the base image, hence `image`.
+gvisor: docker image
+	scripts/ensure-gvisor.sh
 
 lint: venv
 	$(BIN)/ruff check .
