@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from sandboxer import AsyncSandbox, AsyncSandboxer
-from sandboxer_tui.e2b_api import wire
+from sandboxer_tui.e2b_api import watch, wire
 from sandboxer_tui.e2b_api.wire import Reply, RpcError, unimplemented
 
 ENVD_VERSION = "0.6.4"  # the envd whose protocol this speaks (the SDK gates features on it)
@@ -85,6 +85,8 @@ class E2BApi:
         self.homes: dict[str, str] = {}  # a sandbox's home, where relative paths are
         self.ptys: dict[int, tuple[str, str]] = {}  # pid -> (sandbox id, terminal id)
         self.killed: set[int] = set()  # the ptys killed through the SDK (SIGKILL)
+        # the SDK's polling watchers: id -> (sandbox id, path, recursive, entries?, last look)
+        self.watchers: dict[str, tuple[str, str, bool, bool, watch.Look]] = {}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -325,9 +327,7 @@ class E2BApi:
             if scope["method"] != "POST":
                 raise RpcError("unimplemented", unimplemented(f"{scope['method']} {path}"))
             if handler is None:
-                feature = {"WatchDir": "filesystem.watch_dir", "CreateWatcher":
-                           "filesystem.watch_dir", "Update": "pty",
-                           "StreamInput": "commands.stream_input"}.get(method, path[1:])
+                feature = {"StreamInput": "commands.stream_input"}.get(method, path[1:])
                 raise RpcError("unimplemented", unimplemented(feature))
             request = wire.first_envelope(body) if streaming else wire.parse(body)
             box = await self._envd_box(scope, method in ENVD_WRITE)
@@ -571,6 +571,59 @@ class E2BApi:
             await box.files.remove(await self._p(box, request, "path"), recursive=True)
         return {}
 
+    async def _rpc_filesystem_WatchDir(self, box: AsyncSandbox, request, scope):
+        """The streaming watch (the async SDK's): a look every watch.POLL_S, its changes as
+        events, until the client goes or the call's timeout passes."""
+        path, recursive, entries = await self._watched(box, request)
+        before = await watch.look(box, path, recursive)
+        yield {"start": {}}  # a oneof: its field is the message's own, in JSON
+        while True:
+            await asyncio.sleep(watch.POLL_S)
+            try:
+                after = await watch.look(box, path, recursive)
+            except Exception:
+                await _still_there(box)
+                raise
+            for event in _events(watch.changes(before, after), entries):
+                yield {"filesystem": event}
+            before = after
+
+    async def _rpc_filesystem_CreateWatcher(self, box: AsyncSandbox, request, scope):
+        """The polling watch (the sync SDK's): a look now, and one each GetWatcherEvents."""
+        import secrets
+
+        if len(self.watchers) >= watch.MAX_WATCHERS:
+            raise RpcError("resource_exhausted", f"{watch.MAX_WATCHERS} watchers are open: "
+                                                 "stop one first")
+        path, recursive, entries = await self._watched(box, request)
+        first = await watch.look(box, path, recursive)
+        watcher = "watch-" + secrets.token_hex(8)
+        self.watchers[watcher] = (box.id, path, recursive, entries, first)
+        return {"watcherId": watcher}
+
+    async def _rpc_filesystem_GetWatcherEvents(self, box: AsyncSandbox, request, scope):
+        watcher = self._watcher(box, request)
+        sid, path, recursive, entries, before = self.watchers[watcher]
+        after = await watch.look(box, path, recursive)
+        self.watchers[watcher] = (sid, path, recursive, entries, after)
+        return {"events": _events(watch.changes(before, after), entries)}
+
+    async def _rpc_filesystem_RemoveWatcher(self, box: AsyncSandbox, request, scope):
+        self.watchers.pop(self._watcher(box, request))
+        return {}
+
+    def _watcher(self, box: AsyncSandbox, request: dict[str, Any]) -> str:
+        watcher = request.get("watcherId")
+        if not isinstance(watcher, str) or self.watchers.get(watcher, ("",))[0] != box.id:
+            raise RpcError("not_found", f"watcher {watcher!r} not found")
+        return watcher
+
+    async def _watched(self, box: AsyncSandbox, request) -> tuple[str, bool, bool]:
+        path = await self._p(box, request, "path")
+        if not (await box.files.stat(path)).is_dir:
+            raise RpcError("invalid_argument", f"path '{path}' is not a directory")
+        return path, bool(request.get("recursive")), bool(request.get("includeEntry"))
+
     async def _p(self, box: AsyncSandbox, request: dict[str, Any], field: str) -> str:
         return await self._absolute(box, _path(request, field))
 
@@ -756,6 +809,17 @@ def _entry(info) -> dict[str, Any]:
     if info.target:
         doc["symlinkTarget"] = info.target
     return doc
+
+
+def _events(found: list[tuple[str, str, Any]], entries: bool) -> list[dict[str, Any]]:
+    """watch.changes as envd's FilesystemEvent messages (with the entry when asked)."""
+    out = []
+    for name, kind, info in found:
+        event: dict[str, Any] = {"name": name, "type": kind}
+        if entries and info is not None:
+            event["entry"] = _entry(info)
+        out.append(event)
+    return out
 
 
 def _path(request: dict[str, Any], field: str) -> str:

@@ -123,8 +123,9 @@ def test_what_is_not_implemented_is_a_501_naming_it_and_metrics_are_read(e2b_env
 
     box = _sandbox()
     try:
-        with pytest.raises(SandboxException, match="watch_dir is not implemented"):
-            box.files.watch_dir("/tmp")
+        with pytest.raises(SandboxException, match="file metadata .* is not implemented"):
+            box.files.write("/tmp/m.txt", "x", metadata={"kind": "note"})
+        assert not box.files.exists("/tmp/m.txt")  # refused: nothing written
         box.commands.run("true")
         readings = box.get_metrics()  # a live reading when none is stored yet
         assert readings and readings[0].mem_used > 0 and readings[0].mem_total > 0
