@@ -215,3 +215,35 @@ class Process(SQLModel, table=True):
     started_by: str = Field(max_length=256)
     ended_at: str | None = Field(default=None, max_length=TIME)
     exit_code: int | None = Field(default=None)
+
+
+class Volume(SQLModel, table=True):
+    """Named storage that outlives a sandbox (core/lifecycle/volumes.py, docs/volumes.md).
+    The row goes when the volume is removed; its events stay."""
+
+    __tablename__ = "volumes"
+    __table_args__ = (Index("ix_volumes_owner_name", "owner", "name", unique=True),)
+
+    id: str = Field(primary_key=True, max_length=40)  # vol- and a lower-case ULID
+    name: str = Field(max_length=128)  # unique per owner
+    owner: str = Field(max_length=256)  # its tenant (core/store/tenancy.py)
+    backend: str = Field(max_length=64)
+    backend_ref: str | None = Field(default=None, max_length=256)  # None until the backend made it
+    backend_instance: str | None = Field(default=None, max_length=128)
+    install_id: str = Field(max_length=64)
+    labels_json: str = Field(default="{}", sa_type=Text)
+    shared: bool = Field(default=False)  # more than one read-write mount at once
+    size_bytes: int | None = Field(default=None, sa_type=BigInteger)  # as the backend last told
+    created_at: str = Field(max_length=TIME)
+    expires_at: str | None = Field(default=None, max_length=TIME)  # None: kept until removed
+
+
+class Mount(SQLModel, table=True):
+    """A sandbox's mount of a volume; it holds the volume while the sandbox is live."""
+
+    __tablename__ = "mounts"
+
+    sandbox_id: str = Field(primary_key=True, max_length=40)
+    volume_id: str = Field(primary_key=True, max_length=40, index=True)
+    path: str = Field(sa_type=Text)
+    read_only: bool

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SCHEMA_HEAD = "0014"
+SCHEMA_HEAD = "0015"
 SCRIPT_LOCATION = Path(__file__).parent
 
 
