@@ -459,7 +459,7 @@ def test_a_listener_of_another_user_gets_nothing(sbx: SbxRunner) -> None:
     (b"pid 12x\nexit 7\n", "no process id"),
     (b"pid\nexit 7\n", "no process id"),
     (f"pid {os.getpid()}\nexit seven\n".encode(), "no exit code"),
-])
+], ids=["pid-0", "pid-minus-1", "pid-plus-5", "pid-12x", "pid-missing", "exit-seven"])
 def test_a_reply_that_is_not_a_process_or_a_code_is_refused(
         answer: bytes, says: str, tmp_path: Path) -> None:
     home = tmp_path / "home"
