@@ -540,7 +540,8 @@ class E2BApi:
     # filesystem.Filesystem
 
     async def _rpc_filesystem_Stat(self, box: AsyncSandbox, request, scope):
-        return {"entry": _entry(await box.files.stat(await self._p(box, request, "path")))}
+        info = await box.files.stat(await self._p(box, request, "path"))
+        return {"entry": _entry(info, await _link_end(box, info))}
 
     async def _rpc_filesystem_ListDir(self, box: AsyncSandbox, request, scope):
         path = await self._p(box, request, "path")
@@ -549,7 +550,8 @@ class E2BApi:
             raise RpcError("invalid_argument", f"path '{path}' is not a directory")
         depth = int(request.get("depth") or 1)
         found = await box.files.list(path, depth)
-        return {"entries": [_entry(info) for info in found if info.path != top.path]}
+        return {"entries": [_entry(info, await _link_end(box, info)) for info in found
+                            if info.path != top.path]}
 
     async def _rpc_filesystem_MakeDir(self, box: AsyncSandbox, request, scope):
         path = await self._p(box, request, "path")
@@ -797,16 +799,44 @@ async def _process(box: AsyncSandbox, request: dict[str, Any]):
         raise RpcError("not_found", f"process with pid {selector['pid']} not found") from None
 
 
-def _entry(info) -> dict[str, Any]:
-    """An sbx FileInfo as envd's EntryInfo (JSON mapping: int64 as text, enums by name)."""
+async def _link_end(box: AsyncSandbox, info, hops: int = 8):
+    """A symbolic link's end, as envd reports a link: (its absolute target, that target's
+    FileInfo, None when it dangles), following links up to `hops`; None for anything else."""
+    import posixpath
+
+    from sandboxer.core.rules.errors import NotFound
+
+    if info.type != "symlink" or not info.target:
+        return None
+    target, end = info.path, info
+    while end is not None and end.type == "symlink" and end.target and hops > 0:
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(target), end.target))
+        hops -= 1
+        try:
+            end = await box.files.stat(target)
+        except NotFound:
+            end = None
+    return target, end
+
+
+def _entry(info, link=None) -> dict[str, Any]:
+    """An sbx FileInfo as envd's EntryInfo (JSON mapping: int64 as text, enums by name). A
+    symbolic link is as envd 0.6 has it: `type` its end's (what `link`, from _link_end,
+    found; a dangling link's is SYMLINK, as older envd says, which the SDK lists),
+    `isSymlink` true, `symlinkTarget` the end's absolute path."""
     kind = "FILE_TYPE_DIRECTORY" if info.type == "dir" else "FILE_TYPE_FILE"
+    if link is not None:
+        kind = "FILE_TYPE_SYMLINK" if link[1] is None else \
+            "FILE_TYPE_DIRECTORY" if link[1].type == "dir" else "FILE_TYPE_FILE"
     bits = stat_module.S_IFDIR if info.type == "dir" else stat_module.S_IFLNK \
         if info.type == "symlink" else stat_module.S_IFREG
     doc = {"name": info.name, "type": kind, "path": info.path, "size": str(info.size),
            "mode": info.mode, "permissions": stat_module.filemode(bits | info.mode),
            "owner": "", "group": "", "modifiedTime": _iso(info.mtime, z=True),
            "isSymlink": info.type == "symlink"}
-    if info.target:
+    if link is not None:
+        doc["symlinkTarget"] = link[0]
+    elif info.target:
         doc["symlinkTarget"] = info.target
     return doc
 
