@@ -863,7 +863,8 @@ class DockerAdapter(Adapter):
         """Pings, unless the engine answered this past second (a ping, making the client,
         or any call): then there is nothing to ask, nor a thread to hop to."""
         if not self._answered_lately():
-            await self._call(lambda api: api.ping())  # _call notes the answer
+            made = self._api is None  # making the client is a ping (/_ping): not a second one
+            await self._call(lambda api: None if made else api.ping())  # _call notes it
 
     def _answered_lately(self) -> bool:
         return self._pinged_at is not None and time.monotonic() - self._pinged_at < PING_FRESH_S
