@@ -25,6 +25,7 @@ CLIENT_ID = "sbx"
 DEFAULT_TEMPLATE = "base"  # E2B's default template: sbx's `default` profile
 MAX_TIMEOUT_S = 24 * 3600
 PAGE = 100
+MAX_FORKS = 20  # forks of one call (the SDK's own bound)
 # a terminal's pid as the SDK sees it: sbx's terminals have ids, not pids, so the facade
 # numbers them from above Linux's largest pid (pid_max, 2**22), where no process's pid is
 PTY_PID_BASE = 1 << 22
@@ -55,6 +56,10 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", r"/v2/sandboxes/(?P<sid>[^/]+)/connect", "connect"),
         ("POST", r"/sandboxes/(?P<sid>[^/]+)/connect", "connect"),
         ("GET", r"/sandboxes/(?P<sid>[^/]+)/metrics", "metrics"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/snapshots", "snapshot"),
+        ("GET", r"/snapshots", "snapshots"),
+        ("DELETE", r"/templates/(?P<tid>ckpt-[^/]+)", "delete_snapshot"),
+        ("POST", r"/sandboxes/(?P<sid>[^/]+)/fork", "fork"),
     ]
 ]
 # what the facade knows it does not do: a 501 naming the feature
@@ -175,8 +180,7 @@ class E2BApi:
             if body.get(field) not in (None, False, [], {}):
                 raise Reply(501, unimplemented(f"creating a sandbox with {feature}"))
         profile = "default" if template == DEFAULT_TEMPLATE else template
-        box = await client.create(profile, ttl=timedelta(seconds=timeout),
-                                  labels=metadata or None)
+        box = await _create_from(client, profile, timedelta(seconds=timeout), metadata)
         if envs:
             self.envs[box.id] = dict(envs)
         return 201, self._created(box, token), {}
@@ -264,6 +268,73 @@ class E2BApi:
                               "memTotal": int(m.memory_limit or 0), "memCache": 0,
                               "diskUsed": 0, "diskTotal": 0})
         return 200, shown, {}
+
+    async def _snapshot(self, client, token, body, query, sid):
+        """A snapshot is an sbx checkpoint of the sandbox's filesystem (its processes and
+        memory are not kept): `Sandbox.create(snapshot_id)` restores it."""
+        box = await self._box(client, sid)
+        if body.get("memory") is True:
+            raise Reply(501, unimplemented("snapshots with memory (mode='full'; sbx's "
+                                           "checkpoints keep the filesystem)"))
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise Reply(400, "name must be text")
+        return 201, _snapshot_info(await box.snapshot(name or None)), {}
+
+    async def _snapshots(self, client, token, body, query):
+        """The caller's checkpoints, newest first (of one sandbox, of one name), in pages."""
+        try:
+            limit = min(int(query.get("limit") or PAGE), 1000)
+            offset = int(query.get("nextToken") or 0)
+        except ValueError:
+            raise Reply(400, "limit and nextToken are whole numbers") from None
+        from sandboxer.core.rules.errors import NotFound
+
+        try:  # a sandbox's outlive it; another tenant's are not found: none
+            found = await client.checkpoints(query.get("sandboxID") or None)
+        except NotFound:
+            found = []
+        found = [c for c in found if not query.get("name") or c.name == query["name"]]
+        found.reverse()
+        headers = {"x-next-token": str(offset + limit)} if offset + limit < len(found) else {}
+        return 200, [_snapshot_info(c) for c in found[offset:offset + limit]], headers
+
+    async def _delete_snapshot(self, client, token, body, query, tid):
+        from sandboxer.core.rules.errors import NotFound
+
+        try:
+            checkpoint = await client.checkpoint(tid)
+        except NotFound:
+            raise Reply(404, f"snapshot \"{tid}\" not found") from None
+        await checkpoint.remove()
+        return 204, None, {}
+
+    async def _fork(self, client, token, body, query, sid):
+        """`count` new sandboxes from a checkpoint of this one's filesystem taken now (kept:
+        `sbx checkpoints` lists it); each fork succeeds or fails on its own, as on E2B."""
+        box = await self._box(client, sid)
+        timeout = _timeout(body.get("timeout", 300), minimum=1)
+        count = body.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or \
+                not 1 <= count <= MAX_FORKS:
+            raise Reply(400, f"count must be a whole number from 1 to {MAX_FORKS}")
+        if str(box.state) != "running":
+            raise Reply(409, f"sandbox \"{sid}\" is not running")
+        checkpoint = await box.snapshot(None)
+        made = await asyncio.gather(*(checkpoint.restore(
+            ttl=timedelta(seconds=timeout), labels=dict(box.labels) or None)
+            for _ in range(count)), return_exceptions=True)
+        results = []
+        for fork in made:
+            if isinstance(fork, BaseException):
+                reply = wire.reply_of(fork) if isinstance(fork, Exception) else Reply(
+                    500, "the fork did not start")
+                results.append({"error": {"code": reply.status, "message": reply.message}})
+                continue
+            if box.id in self.envs:
+                self.envs[fork.id] = dict(self.envs[box.id])
+            results.append({"sandbox": self._created(fork, token)})
+        return 201, results, {}
 
     async def _pause(self, client, token, body, query, sid):
         box = await self._box(client, sid)
@@ -839,6 +910,30 @@ def _entry(info, link=None) -> dict[str, Any]:
     elif info.target:
         doc["symlinkTarget"] = info.target
     return doc
+
+
+async def _create_from(client: AsyncSandboxer, template: str, ttl: timedelta,
+                       metadata: dict[str, str]) -> AsyncSandbox:
+    """A sandbox from an E2B template: a checkpoint's id or name (a snapshot's) restores
+    it, anything else is a profile's name."""
+    from sandboxer.core.rules.errors import NotFound
+    from sandboxer.core.rules.ids import CHECKPOINT_PREFIX
+
+    if not template.startswith(CHECKPOINT_PREFIX):
+        try:
+            return await client.create(template, ttl=ttl, labels=metadata or None)
+        except NotFound as missing:  # no such profile: a snapshot's name, or that error
+            try:
+                checkpoint = await client.checkpoint(template)
+            except NotFound:
+                raise missing from None
+    else:
+        checkpoint = await client.checkpoint(template)
+    return await checkpoint.restore(ttl=ttl, labels=metadata or None)
+
+
+def _snapshot_info(checkpoint) -> dict[str, Any]:
+    return {"snapshotID": checkpoint.id, "names": [checkpoint.name] if checkpoint.name else []}
 
 
 def _events(found: list[tuple[str, str, Any]], entries: bool) -> list[dict[str, Any]]:
