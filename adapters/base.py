@@ -44,6 +44,9 @@ class Capability(enum.StrEnum):
     # reach into it (docs/terminals-and-ports.md)
     PTY = "pty"  # a terminal: open_pty, a program on a pseudo-terminal, resizable
     PORTS = "ports"  # a sandbox's TCP ports reachable from this host: port_endpoints/expose_port
+    # named storage that outlives a sandbox (docs/volumes.md): create_volume, remove_volume,
+    # volume_size, list_volumes, open_volume/close_volume, and CreateRequest.mounts
+    VOLUMES = "volumes"
 
 
 # Labels sbx puts on every backend object; the `sbx.` prefix is reserved for them.
@@ -57,6 +60,7 @@ LABEL_POD = "sbx.pod"  # a service container: the backend ref of the main contai
 # backend): the sandbox's backend ref; the docker backend leaves such objects alone
 LABEL_COMPOSE = "sbx.compose"
 LABEL_POOL = "sbx.pool"  # a warm pool member: the profile whose pool it was made for
+LABEL_VOLUME = "sbx.volume"  # a volume (or a helper reaching into one): the volume's id
 RESERVED_LABEL_PREFIX = "sbx."
 
 
@@ -147,6 +151,17 @@ class CreateRequest:
     # profile opts into another address); a backend that publishes chooses the host port
     ports: Sequence[int] = ()
     publish_address: str = "127.0.0.1"
+    # volumes to mount, asked only of a backend declaring VOLUMES (docs/volumes.md)
+    mounts: Sequence[VolumeMountSpec] = ()
+
+
+@dataclass(frozen=True)
+class VolumeMountSpec:
+    """A volume in a sandbox: the backend's reference of the volume (create_volume's)."""
+
+    ref: str
+    path: str
+    read_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -556,6 +571,32 @@ class Adapter(abc.ABC):
         A backend that can publish only at create (Docker) raises CapabilityNotSupported
         saying so, and the core names the profile's `ports:` instead."""
         raise self._unsupported("publish a port while the sandbox runs")
+
+    # -- volumes (Capability.VOLUMES, docs/volumes.md) -----------------------------------------
+
+    async def create_volume(self, volume_id: str, labels: Mapping[str, str]) -> str:
+        """Make an empty volume carrying `labels`; its reference."""
+        raise self._unsupported("keep volumes")
+
+    async def remove_volume(self, ref: str) -> None:
+        """Remove a volume and what it holds (already gone is success)."""
+        raise self._unsupported("keep volumes")
+
+    async def volume_size(self, ref: str) -> int | None:
+        """Bytes the volume holds, as far as the backend can tell (None: it cannot)."""
+        return None
+
+    async def list_volumes(self, labels: Mapping[str, str]) -> list[str]:
+        """References of the volumes carrying every one of `labels`."""
+        raise self._unsupported("keep volumes")
+
+    async def open_volume(self, ref: str, labels: Mapping[str, str]) -> str:
+        """A short-lived object of this backend with the volume mounted at /volume, on which
+        the file primitives (put_archive, get_archive) work; close_volume removes it."""
+        raise self._unsupported("reach a volume's files without a sandbox")
+
+    async def close_volume(self, helper: str) -> None:
+        raise self._unsupported("reach a volume's files without a sandbox")
 
     def shell_argv(self, ref: str) -> list[str]:
         """The command line that opens an interactive shell in the sandbox `ref` on this

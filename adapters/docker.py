@@ -69,6 +69,7 @@ from sandboxer.adapters.base import (  # noqa: E402
     LABEL_INSTALL,
     LABEL_POD,
     LABEL_SERVICE,
+    LABEL_VOLUME,
     Adapter,
     AdapterError,
     Artifact,
@@ -89,6 +90,7 @@ from sandboxer.adapters.base import (  # noqa: E402
     PtyChannel,
     ServiceSpec,
     Stdin,
+    VolumeMountSpec,
     one_line,
     stdin_chunks,
 )
@@ -752,7 +754,7 @@ class DockerAdapter(Adapter):
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.SERVICES,
                               Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER,
                               Capability.FILES, Capability.PROCESSES, Capability.PTY,
-                              Capability.PORTS})
+                              Capability.PORTS, Capability.VOLUMES})
 
     def supports(self, capability: Capability) -> bool:
         if capability == Capability.MEMORY_CHECKPOINT:
@@ -928,6 +930,8 @@ class DockerAdapter(Adapter):
             if request.ports:  # each on publish_address, the host port the engine's choice
                 hardening["port_bindings"] = {port: (request.publish_address,)
                                               for port in request.ports}
+            if request.mounts:  # named volumes (docs/volumes.md)
+                hardening["mounts"] = _volume_mounts(request.mounts)
             spec = dict(
                 image=image, command=list(request.command or KEEPALIVE), name=request.sandbox_id,
                 labels=dict(request.labels), environment=dict(request.env),
@@ -1757,6 +1761,83 @@ class DockerAdapter(Adapter):
 
         return shutil.which("docker")
 
+    # -- volumes (docs/volumes.md): named volumes labelled sbx.volume and sbx.install ---------
+
+    async def create_volume(self, volume_id: str, labels: Mapping[str, str]) -> str:
+        name = f"sbx-{volume_id}"
+        try:
+            made = await self._call(lambda api: api.create_volume(name=name, labels=dict(labels)))
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker refused to make the volume: {_short(exc)}") from exc
+        return made["Name"]
+
+    async def remove_volume(self, ref: str) -> None:
+        """Only a volume carrying sbx.volume is removed: never one sbx did not make."""
+        def remove(api: docker.APIClient) -> None:
+            try:
+                info = api.inspect_volume(ref)
+            except docker_errors.NotFound:
+                return
+            if not (info.get("Labels") or {}).get(LABEL_VOLUME):
+                raise InvalidRequest(f"docker volume {ref} is not one of sbx's: left alone")
+            try:
+                api.remove_volume(ref)
+            except docker_errors.NotFound:
+                return
+            except docker_errors.APIError as exc:
+                if exc.status_code == 409:  # a container (not a live sandbox of ours) holds it
+                    raise AdapterError(f"docker volume {ref} is in use by a container: "
+                                       f"{_short(exc)}") from exc
+                raise
+
+        await self._call(remove)
+
+    async def volume_size(self, ref: str) -> int | None:
+        """The engine's own figure (`docker system df -v`); None when it has none."""
+        def size(api: docker.APIClient) -> int | None:
+            response = api._get(api._url("/system/df"), params={"type": "volume"})
+            api._raise_for_status(response)
+            for volume in response.json().get("Volumes") or []:
+                if volume.get("Name") == ref:
+                    used = (volume.get("UsageData") or {}).get("Size")
+                    return used if isinstance(used, int) and used >= 0 else None
+            return None
+
+        try:
+            return await self._call(size)
+        except docker_errors.APIError:
+            return None
+
+    async def list_volumes(self, labels: Mapping[str, str]) -> list[str]:
+        found = await self._call(lambda api: api.volumes(
+            filters={"label": [f"{k}={v}" for k, v in labels.items()]}))
+        return [v["Name"] for v in (found or {}).get("Volumes") or []]
+
+    async def open_volume(self, ref: str, labels: Mapping[str, str]) -> str:
+        """A container made (never started: the archive API needs no process) from the base
+        image, network none, the volume at /volume; labelled sbx.volume but not sbx.install,
+        so reconcile never takes it for a sandbox. close_volume removes it by id."""
+        def make(api: docker.APIClient) -> str:
+            spec = dict(image=BASE_IMAGE, command=list(KEEPALIVE), labels=dict(labels),
+                        network_disabled=True, host_config=api.create_host_config(
+                            network_mode="none", cap_drop=["ALL"],
+                            security_opt=["no-new-privileges"],
+                            mounts=_volume_mounts([VolumeMountSpec(ref, "/volume")])))
+            try:
+                return api.create_container(**spec)["Id"]
+            except docker_errors.ImageNotFound:
+                build_base_image(api)
+                return api.create_container(**spec)["Id"]
+
+        try:
+            return await self._call(make)
+        except docker_errors.APIError as exc:
+            raise AdapterError(f"docker could not reach the volume: {_short(exc)}") from exc
+
+    async def close_volume(self, helper: str) -> None:
+        await self._call(lambda api: _remove_quietly(api, helper))
+        self._traits.pop(helper, None)
+
     def shell_argv(self, ref: str) -> list[str]:
         """`docker exec -it REF sh` on this adapter's engine (`--host`: DOCKER_HOST or the
         local socket, even where a docker context names another); the docker CLI reads
@@ -2024,6 +2105,11 @@ def _pod_members(api: docker.APIClient, ref: str) -> list[str]:
     """The service containers of the sandbox whose main container is `ref`."""
     found = api.containers(all=True, filters={"label": [f"{LABEL_POD}={ref}"]})
     return [info["Id"] for info in found]
+
+
+def _volume_mounts(mounts: Sequence[VolumeMountSpec]) -> list[docker.types.Mount]:
+    return [docker.types.Mount(target=m.path, source=m.ref, type="volume",
+                               read_only=m.read_only, no_copy=True) for m in mounts]
 
 
 def _remove_quietly(api: docker.APIClient, container_id: str) -> None:

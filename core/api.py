@@ -53,10 +53,15 @@ async def create(
     labels: Mapping[str, str] | None,
     owner: str | None,
     task: str | None,
+    volumes: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     from sandboxer.core.rules.views import sandbox_view
 
     resolved = load_profile(profile)
+    if volumes:  # mounts asked at create, beside the profile's own (docs/volumes.md)
+        from sandboxer.core.lifecycle.volumes import with_mounts
+
+        resolved = with_mounts(resolved, volumes)
     row = await mgr.create(resolved, ttl=ttl, name=name, labels=labels, owner=owner,
                            task=task)
     return sandbox_view(row, mgr.now_iso())
@@ -732,3 +737,46 @@ def record_port_link(mgr: Manager, ref: str, port: int, expires_at: datetime) ->
     with mgr.db.write() as conn:
         mgr.event(conn, row["id"], EventType.SANDBOX_PORT_LINK,
                   payload={"port": port, "expires_at": to_iso(expires_at)})
+
+
+# -- volumes (core/lifecycle/volumes.py) -----------------------------------------------------
+
+
+async def create_volume(mgr: Manager, name: str, *, backend: str | None,
+                        labels: Mapping[str, str] | None, ttl: timedelta | None,
+                        shared: bool, owner: str | None) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import volumes
+
+    return await volumes.create(mgr, name, backend=backend, labels=labels, ttl=ttl,
+                                shared=shared, owner=owner)
+
+
+def volumes(mgr: Manager) -> list[dict[str, Any]]:
+    from sandboxer.core.lifecycle import volumes
+
+    return volumes.list_volumes(mgr)
+
+
+async def volume(mgr: Manager, ref: str) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import volumes
+
+    return await volumes.show(mgr, ref)
+
+
+async def remove_volume(mgr: Manager, ref: str) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import volumes
+
+    return await volumes.remove(mgr, ref)
+
+
+async def put_volume_tree(mgr: Manager, ref: str, path: str,
+                          tar: AsyncIterator[bytes]) -> dict[str, Any]:
+    from sandboxer.core.lifecycle import volumes
+
+    return await volumes.put_tree(mgr, ref, path, tar)
+
+
+def get_volume_tree(mgr: Manager, ref: str, path: str) -> AsyncIterator[bytes]:
+    from sandboxer.core.lifecycle import volumes
+
+    return volumes.get_tree(mgr, ref, path)

@@ -29,6 +29,7 @@ from sandboxer._records import (
     PoolInfo,
     ProfileInfo,
     ReapReport,
+    VolumeRecord,
     lineage,
 )
 from sandboxer._sync import (
@@ -110,6 +111,7 @@ __all__ = [
     "Terminal",
     "Unauthorized",
     "Unavailable",
+    "VolumeRecord",
     "lineage",
     "load_profile",
     "profile_schema",

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import posixpath
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -14,6 +17,7 @@ from sandboxer._records import (
     Event,
     ExecExit,
     ExecResult,
+    FileTransfer,
     InventoryChange,
     MetricSample,
     OutputChunk,
@@ -21,6 +25,7 @@ from sandboxer._records import (
     ProfileInfo,
     ReapReport,
     SandboxRecord,
+    VolumeRecord,
 )
 
 if TYPE_CHECKING:
@@ -148,14 +153,17 @@ class AsyncSandboxer:
 
     def create(self, profile: str | Profile = "default", *, ttl: Duration | None = None,
                name: str | None = None, labels: Mapping[str, str] | None = None,
-               owner: str | None = None, task: str | None = None) -> _Creating:
+               owner: str | None = None, task: str | None = None,
+               volumes: Sequence[Mapping[str, Any]] | None = None) -> _Creating:
         """A new sandbox from a profile (a name on the search path, or a `Profile`).
         Await it for the sandbox; or `async with sbx.create(...) as box:` to destroy it on
-        leaving, on an exception too."""
+        leaving, on an exception too. `volumes`: mounts ({"name", "path", "read_only"}) of
+        volumes made with `create_volume`, beside the profile's own."""
         async def make() -> AsyncSandbox:
             view = await self._transport.create(
                 profile, ttl=_duration(ttl, "ttl"), name=name,
-                labels=dict(labels) if labels else None, owner=owner, task=task)
+                labels=dict(labels) if labels else None, owner=owner, task=task,
+                **({"volumes": [dict(v) for v in volumes]} if volumes else {}))
             return AsyncSandbox(self, view)
 
         return _Creating(make)
@@ -296,6 +304,85 @@ class AsyncSandboxer:
     async def prune_checkpoints(self) -> list[str]:
         """Remove expired checkpoints and those past each profile's `keep`."""
         return await self._transport.prune_checkpoints()
+
+    # -- volumes (docs/volumes.md) -----------------------------------------------------------
+
+    async def create_volume(self, name: str, *, backend: str | None = None,
+                            labels: Mapping[str, str] | None = None,
+                            ttl: Duration | None = None, shared: bool = False,
+                            owner: str | None = None) -> VolumeRecord:
+        """An empty volume that outlives sandboxes; a profile's `volumes:` mounts it.
+        `ttl`: removed once past it (never while a live sandbox mounts it); `shared`: more
+        than one sandbox may mount it read-write at once."""
+        return VolumeRecord(await self._transport.create_volume(
+            name, backend=backend, labels=dict(labels) if labels else None,
+            ttl=_duration(ttl, "ttl"), shared=shared, owner=owner))
+
+    async def volume(self, ref: str) -> VolumeRecord:
+        """A volume by id or name, its size asked of the backend now."""
+        return VolumeRecord(await self._transport.volume(ref))
+
+    async def volumes(self) -> list[VolumeRecord]:
+        """Volumes, oldest first."""
+        return [VolumeRecord(v) for v in await self._transport.volumes()]
+
+    async def remove_volume(self, ref: str) -> VolumeRecord:
+        """Remove a volume and what it holds (Conflict while a live sandbox mounts it)."""
+        return VolumeRecord(await self._transport.remove_volume(ref))
+
+    async def put_volume_tree(self, ref: str, path: str,
+                              tar: bytes | BinaryIO | AsyncIterator[bytes]) -> FileTransfer:
+        """Unpack a tar stream into the folder `path` of a volume (/ is its root), without
+        a sandbox."""
+        from sandboxer._files import _chunks
+
+        doc = await self._transport.put_volume_tree(ref, path, _chunks(tar))
+        return FileTransfer.from_dict(doc)
+
+    async def upload_to_volume(self, ref: str, local: Path | str, path: str = "/"
+                               ) -> FileTransfer:
+        """A local file or folder into the folder `path` of a volume, under its own name."""
+        from sandboxer._files import _tree_chunks
+        from sandboxer.core.rules.errors import BadInput
+
+        source = Path(os.path.abspath(local))
+        if not source.exists():
+            raise BadInput(f"{source} does not exist")
+        doc = await self._transport.put_volume_tree(ref, path, _tree_chunks(source))
+        return FileTransfer.from_dict(doc)
+
+    async def get_volume_tree(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """A file or folder of a volume as a tar stream whose one top entry is its base
+        name, as it comes; untrusted (`download_from_volume` unpacks it safely)."""
+        async with contextlib.aclosing(self._transport.get_volume_tree(ref, path)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def download_from_volume(self, ref: str, path: str, local: Path | str) -> Path:
+        """A file or folder of a volume into the local folder `local`, under its own name,
+        unpacked as `files.download` unpacks (nothing lands outside it): the path made."""
+        import shutil
+        import tempfile
+
+        from sandboxer._files import _extract
+        from sandboxer.core.rules.errors import BadInput
+
+        name = posixpath.basename(posixpath.normpath(path)) if isinstance(path, str) else ""
+        dest = Path(local)
+        if not name or name in (".", ".."):
+            raise BadInput(f"path {path!r}: name a file or folder in the volume, not its root")
+        if not dest.is_dir():
+            raise BadInput(f"{dest} is not a folder on this machine")
+        final = dest / name
+        if final.exists() or final.is_symlink():
+            raise BadInput(f"{final} exists: download into another folder")
+        staging = Path(tempfile.mkdtemp(prefix=".sbx-download-", dir=dest))
+        try:
+            await _extract(self.get_volume_tree(ref, path), staging, top=name)
+            (staging / name).rename(final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return final
 
     # -- health and the store ---------------------------------------------------------------
 

@@ -251,9 +251,11 @@ class LocalTransport:
 
     async def create(self, profile: str | Profile, *, ttl: timedelta | None, name: str | None,
                      labels: Mapping[str, str] | None, owner: str | None,
-                     task: str | None) -> dict[str, Any]:
+                     task: str | None,
+                     volumes: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
         return await self._call(lambda mgr: api.create(mgr, profile, ttl=ttl, name=name,
-                                                       labels=labels, owner=owner, task=task))
+                                                       labels=labels, owner=owner, task=task,
+                                                       volumes=volumes))
 
     async def get(self, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
         return await self._call(lambda mgr: api.get(mgr, ref, with_profile=with_profile))
@@ -485,6 +487,31 @@ class LocalTransport:
 
     async def import_checkpoint(self, path: str, name: str | None) -> dict[str, Any]:
         return await self._call(lambda mgr: api.import_checkpoint(mgr, path, name))
+
+    # -- volumes (core/lifecycle/volumes.py) -------------------------------------------------
+
+    async def create_volume(self, name: str, *, backend: str | None,
+                            labels: Mapping[str, str] | None, ttl: timedelta | None,
+                            shared: bool, owner: str | None) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.create_volume(
+            mgr, name, backend=backend, labels=labels, ttl=ttl, shared=shared, owner=owner))
+
+    async def volumes(self) -> list[dict[str, Any]]:
+        return await self._call(api.volumes)
+
+    async def volume(self, ref: str) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.volume(mgr, ref))
+
+    async def remove_volume(self, ref: str) -> dict[str, Any]:
+        return await self._call(lambda mgr: api.remove_volume(mgr, ref))
+
+    async def put_volume_tree(self, ref: str, path: str,
+                              tar: AsyncIterator[bytes]) -> dict[str, Any]:
+        incoming = self._pull(tar)  # here, on the caller's loop
+        return await self._call(lambda mgr: api.put_volume_tree(mgr, ref, path, incoming))
+
+    def get_volume_tree(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        return self._stream(lambda mgr: api.get_volume_tree(mgr, ref, path))
 
     # -- profiles, health, the store --------------------------------------------------------
 

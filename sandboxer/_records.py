@@ -257,6 +257,71 @@ class CheckpointRecord:
         return hash(self._view["id"])
 
 
+class VolumeRecord:
+    """A volume's fields (docs/volumes.md): named storage that outlives a sandbox.
+    `mounted_by` lists the live sandboxes that mount it ({"sandbox", "path", "read_only"});
+    `size_bytes` is the backend's figure when last asked (None: it cannot tell)."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: Mapping[str, Any]) -> None:
+        self._view = view if type(view) is dict else dict(view)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as `sbx volume show --json` prints it."""
+        return dict(self._view)
+
+    @property
+    def id(self) -> str:
+        return self._view["id"]
+
+    @property
+    def name(self) -> str:
+        return self._view["name"]
+
+    @property
+    def owner(self) -> str:
+        return self._view["owner"]
+
+    @property
+    def backend(self) -> str:
+        return self._view["backend"]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self._view["labels"])
+
+    @property
+    def shared(self) -> bool:
+        """Whether more than one sandbox may mount it read-write at once."""
+        return self._view["shared"]
+
+    @property
+    def size_bytes(self) -> int | None:
+        return self._view.get("size_bytes")
+
+    @property
+    def created_at(self) -> datetime:
+        return _time(self._view["created_at"])
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return _time(self._view.get("expires_at"))
+
+    @property
+    def mounted_by(self) -> list[dict[str, Any]]:
+        return [dict(m) for m in self._view.get("mounted_by") or []]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self.name!r} on {self.backend}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VolumeRecord) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self._view["id"])
+
+
 @dataclass(frozen=True, slots=True)
 class ExecResult:
     """What a command did. `exit_code` is the command's own (124 when `timeout` ended it)."""

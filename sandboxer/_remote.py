@@ -274,15 +274,19 @@ class RemoteTransport:
 
     async def create(self, profile: str | Profile, *, ttl: timedelta | None, name: str | None,
                      labels: Mapping[str, str] | None, owner: str | None,
-                     task: str | None) -> dict[str, Any]:
+                     task: str | None,
+                     volumes: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
         return await self._create(profile, ttl=ttl, name=name, labels=labels, owner=owner,
-                                  task=task, headers=None)
+                                  task=task, headers=None, volumes=volumes)
 
     async def _create(self, profile: str | Profile, *, ttl: timedelta | None,
                       name: str | None, labels: Mapping[str, str] | None, owner: str | None,
-                      task: str | None, headers: Mapping[str, str] | None) -> dict[str, Any]:
+                      task: str | None, headers: Mapping[str, str] | None,
+                      volumes: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
         body = {"profile": self._profile_ref(profile), "ttl": _seconds(ttl), "name": name,
                 "labels": dict(labels) if labels else None, "owner": owner, "task": task}
+        if volumes:
+            body["volumes"] = [dict(v) for v in volumes]
         return await self._json("POST", "/v1/sandboxes", json_body=body, headers=headers)
 
     async def get(self, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
@@ -754,6 +758,33 @@ class RemoteTransport:
             raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
         return await self._json("POST", "/v1/checkpoints/import", params={"name": name},
                                 content=data, headers={"Content-Type": "application/gzip"})
+
+    # -- volumes (sandboxer_tui/service/routes/volumes.py) -----------------------------------
+
+    async def create_volume(self, name: str, *, backend: str | None,
+                            labels: Mapping[str, str] | None, ttl: timedelta | None,
+                            shared: bool, owner: str | None) -> dict[str, Any]:
+        return await self._json("POST", "/v1/volumes", json_body={
+            "name": name, "backend": backend, "labels": dict(labels) if labels else None,
+            "ttl": _seconds(ttl), "shared": shared, "owner": owner})
+
+    async def volumes(self) -> list[dict[str, Any]]:
+        return await self._json("GET", "/v1/volumes")
+
+    async def volume(self, ref: str) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/volumes/{_seg(ref)}")
+
+    async def remove_volume(self, ref: str) -> dict[str, Any]:
+        return await self._json("DELETE", f"/v1/volumes/{_seg(ref)}")
+
+    async def put_volume_tree(self, ref: str, path: str,
+                              tar: AsyncIterator[bytes]) -> dict[str, Any]:
+        return await self._json("PUT", f"/v1/volumes/{_seg(ref)}/files/tree",
+                                params={"path": path}, content=_body(tar),
+                                headers={"Content-Type": "application/x-tar"})
+
+    def get_volume_tree(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        return self._download(f"/v1/volumes/{_seg(ref)}/files/tree", {"path": path})
 
     # -- profiles, health, the store --------------------------------------------------------
 

@@ -26,6 +26,7 @@ from sandboxer._records import (
     ProfileInfo,
     ReapReport,
     SandboxRecord,
+    VolumeRecord,
 )
 from sandboxer._terminals import AsyncTerminal
 from sandboxer._transport import Transport
@@ -80,10 +81,11 @@ class Sandboxer:
         """Close the database and the backends' connections. Sandboxes keep running."""
         ...
 
-    def create(self, profile: str | Profile = 'default', *, ttl: Duration | None = None, name: str | None = None, labels: Mapping[str, str] | None = None, owner: str | None = None, task: str | None = None) -> Sandbox:
+    def create(self, profile: str | Profile = 'default', *, ttl: Duration | None = None, name: str | None = None, labels: Mapping[str, str] | None = None, owner: str | None = None, task: str | None = None, volumes: Sequence[Mapping[str, Any]] | None = None) -> Sandbox:
         """A new sandbox from a profile (a name on the search path, or a `Profile`).
         Await it for the sandbox; or `async with sbx.create(...) as box:` to destroy it on
-        leaving, on an exception too.
+        leaving, on an exception too. `volumes`: mounts ({"name", "path", "read_only"}) of
+        volumes made with `create_volume`, beside the profile's own.
         """
         ...
 
@@ -173,6 +175,47 @@ class Sandboxer:
 
     def prune_checkpoints(self) -> list[str]:
         """Remove expired checkpoints and those past each profile's `keep`."""
+        ...
+
+    def create_volume(self, name: str, *, backend: str | None = None, labels: Mapping[str, str] | None = None, ttl: Duration | None = None, shared: bool = False, owner: str | None = None) -> VolumeRecord:
+        """An empty volume that outlives sandboxes; a profile's `volumes:` mounts it.
+        `ttl`: removed once past it (never while a live sandbox mounts it); `shared`: more
+        than one sandbox may mount it read-write at once.
+        """
+        ...
+
+    def volume(self, ref: str) -> VolumeRecord:
+        """A volume by id or name, its size asked of the backend now."""
+        ...
+
+    def volumes(self) -> list[VolumeRecord]:
+        """Volumes, oldest first."""
+        ...
+
+    def remove_volume(self, ref: str) -> VolumeRecord:
+        """Remove a volume and what it holds (Conflict while a live sandbox mounts it)."""
+        ...
+
+    def put_volume_tree(self, ref: str, path: str, tar: bytes | BinaryIO | AsyncIterator[bytes]) -> FileTransfer:
+        """Unpack a tar stream into the folder `path` of a volume (/ is its root), without
+        a sandbox.
+        """
+        ...
+
+    def upload_to_volume(self, ref: str, local: Path | str, path: str = '/') -> FileTransfer:
+        """A local file or folder into the folder `path` of a volume, under its own name."""
+        ...
+
+    def get_volume_tree(self, ref: str, path: str) -> SyncIterator[bytes]:
+        """A file or folder of a volume as a tar stream whose one top entry is its base
+        name, as it comes; untrusted (`download_from_volume` unpacks it safely).
+        """
+        ...
+
+    def download_from_volume(self, ref: str, path: str, local: Path | str) -> Path:
+        """A file or folder of a volume into the local folder `local`, under its own name,
+        unpacked as `files.download` unpacks (nothing lands outside it): the path made.
+        """
         ...
 
     def doctor(self) -> dict[str, Any]:

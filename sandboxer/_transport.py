@@ -74,8 +74,10 @@ class Transport(Protocol):
 
     async def create(self, profile: str | Profile, *, ttl: timedelta | None, name: str | None,
                      labels: Mapping[str, str] | None, owner: str | None,
-                     task: str | None) -> dict[str, Any]:
-        """Make a sandbox from a profile (a name on the search path, or a `Profile`)."""
+                     task: str | None,
+                     volumes: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+        """Make a sandbox from a profile (a name on the search path, or a `Profile`);
+        `volumes` ({name, path, read_only}) are mounted beside the profile's own."""
         ...
 
     async def get(self, ref: str, *, with_profile: bool = False) -> dict[str, Any]:
@@ -359,6 +361,35 @@ class Transport(Protocol):
 
     async def import_checkpoint(self, path: str, name: str | None) -> dict[str, Any]:
         """A checkpoint from an archive at `path` on this machine: its view."""
+        ...
+
+    # -- volumes (docs/volumes.md): a volume's view is core/lifecycle/volumes.py view() ---
+
+    async def create_volume(self, name: str, *, backend: str | None,
+                            labels: Mapping[str, str] | None, ttl: timedelta | None,
+                            shared: bool, owner: str | None) -> dict[str, Any]:
+        """Make an empty volume: its view."""
+        ...
+
+    async def volumes(self) -> list[dict[str, Any]]:
+        """Volumes' views, oldest first."""
+        ...
+
+    async def volume(self, ref: str) -> dict[str, Any]:
+        """A volume's view by id or name, its size asked of the backend now."""
+        ...
+
+    async def remove_volume(self, ref: str) -> dict[str, Any]:
+        """Remove a volume no live sandbox mounts: its last view."""
+        ...
+
+    async def put_volume_tree(self, ref: str, path: str,
+                              tar: AsyncIterator[bytes]) -> dict[str, Any]:
+        """Unpack a tar stream into the folder `path` of a volume (no sandbox needed)."""
+        ...
+
+    def get_volume_tree(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """A file or folder of a volume as a tar stream (one top entry, its base name)."""
         ...
 
     # -- profiles, health, the store --------------------------------------------------------

@@ -53,7 +53,7 @@ IMPORTS = {
     **{name: f"from sandboxer._records import {name}" for name in (
         "BackendStatus", "CheckpointRecord", "Event", "ExecExit", "ExecResult", "FileInfo",
         "FileTransfer", "InventoryChange", "MetricSample", "OutputChunk", "PoolInfo", "ProfileInfo",
-        "ReapReport", "SandboxRecord")},
+        "ReapReport", "SandboxRecord", "VolumeRecord")},
     "Transport": "from sandboxer._transport import Transport",
     "Error": "from sandboxer.core.rules.errors import SbxError as Error",
     "Profile": "from sandboxer.core.rules.profiles import Profile",

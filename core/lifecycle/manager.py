@@ -374,6 +374,12 @@ class Manager:
             # a member's idle clock is sbx's, from its claim
             env, deadline, hard_deadline, idle=None if pool_member else profile.ttl.idle)
         adapter = self.adapter(profile.backend)
+        mounts: list[Any] = []
+        if profile.volumes:  # the owner's volumes, and the sharing rule (docs/volumes.md)
+            from sandboxer.core.lifecycle import volumes
+
+            mounts = volumes.mounts_for(self, profile, owner, adapter)
+            request = dataclasses.replace(request, mounts=tuple(spec for _, spec in mounts))
         self._refuse_what_the_backend_cannot(profile, request, adapter,
                                              restore=restore_from is not None)
         if trace := telemetry.trace_env():  # the workload's spans join the create's trace;
@@ -426,6 +432,8 @@ class Manager:
                 serialise(conn, LOCK_TENANT_QUOTAS)  # two creates cannot both take the last
                 tenancy.check_live(conn, limits, owner, SANDBOXES, LIVE)
             conn.execute(_INSERT, row)
+            if mounts:  # checked again here: a mount made meanwhile counts
+                volumes.record_mounts(self, conn, sandbox_id, mounts)
             if bind is not None:
                 bind(conn, sandbox_id)
             self.event(conn, sandbox_id, CREATED_EVENT, payload={

@@ -259,6 +259,7 @@ class Reaper:
         make_room: Callable[[], bool] = lambda: False,
         read_restarts: Callable[[list[str]], dict[str, str]] | None = None,
         read_pools: PoolSource | None = None,
+        read_due_volumes: Callable[[str], int] | None = None,
     ) -> None:
         self.install_id = install_id
         self.clock = clock
@@ -274,6 +275,8 @@ class Reaper:
         self.make_room = make_room  # on a nearly full disk: release the reserve (sandboxer.core.rules.reserve)
         self.read_restarts = read_restarts  # None: through the Manager
         self.read_pools = read_pools  # None: pools are not kept by this reaper
+        # how many volumes are past their TTL at a time (None: volumes are not reaped here)
+        self.read_due_volumes = read_due_volumes
         self.pool_profiles: dict[str, Any] = {}  # the profiles FILL makes members from
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
@@ -463,6 +466,7 @@ class Reaper:
             report.planned = [a.describe() for a in actions]
             return report
         if not actions:
+            await self._reap_volumes(report)
             return report
         mgr = self.manager()
         gate = asyncio.Semaphore(self.concurrency)
@@ -475,7 +479,28 @@ class Reaper:
             batch = [a for a in actions if a.kind == kind]
             if batch:
                 await asyncio.gather(*(one(a) for a in batch))
+        await self._reap_volumes(report)
         return report
+
+    async def _reap_volumes(self, report: Report) -> None:
+        """Volumes past their TTL, after the sandboxes (a sandbox reaped in this cycle lets
+        go of its mounts first); one still mounted by a live sandbox is skipped, saying so."""
+        if not self.reap or self.read_due_volumes is None:
+            return
+        from sandboxer.core.rules.clock import to_iso
+
+        if not self.read_due_volumes(to_iso(self.clock.now())):
+            return
+        from sandboxer.core.lifecycle import volumes
+
+        done = await volumes.reap(self.manager())
+        for volume_id in done["removed"]:
+            report.reconciled.append({"volume": volume_id, "action": "expired volume removed",
+                                      "reason": "ttl"})
+        for volume_id in done["skipped"]:
+            report.skipped.append({"id": volume_id, "error": "a live sandbox mounts it"})
+        for volume_id, message in done["failed"]:
+            report.failed.append({"id": volume_id, "code": 1, "error": message})
 
     async def _apply(self, mgr: Manager, action: Action, report: Report) -> None:
         label = action.sandbox_id or action.ref or "?"
@@ -677,6 +702,18 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
                 fast[0].close()
         return pools.read_specs(names, sizes, member_pools)
 
+    def read_due_volumes(now: str) -> int:
+        fast = inventory.open_readonly(url)
+        if fast is None:
+            from sandboxer.core.lifecycle import volumes
+
+            return volumes.count_due(reaper.manager(), now)
+        try:
+            return inventory.due_volumes(fast[0], now, reaper.install_id, fast[1])
+        finally:
+            fast[0].close()
+
+    options.setdefault("read_due_volumes", read_due_volumes)
     options.setdefault("read_restarts", read_restarts)
     options.setdefault("read_pools", read_pools)
     options.setdefault("warn_before", settings.expiry_warning())

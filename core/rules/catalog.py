@@ -49,6 +49,12 @@ class EventType(enum.StrEnum):
     CHECKPOINT_IMPORTED = "checkpoint.imported"
     CHECKPOINT_ORPHAN_REMOVED = "checkpoint.orphan-removed"
     CHECKPOINT_LOST = "checkpoint.lost"  # its artifact is gone from the backend
+    # volumes (core/lifecycle/volumes.py): made, removed (by hand or its TTL), and each mount
+    # by a sandbox (the sandbox's id; the volume's id and name in the payload)
+    VOLUME_CREATED = "volume.created"
+    VOLUME_REMOVED = "volume.removed"
+    VOLUME_MOUNTED = "volume.mounted"
+    VOLUME_FILE = "volume.file"  # a tree into or out of a volume without a sandbox
     # warm pools (about a profile's pool, not one sandbox)
     POOL_RESIZED = "pool.resized"
     POOL_DRAINED = "pool.drained"

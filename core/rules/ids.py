@@ -10,6 +10,7 @@ from sandboxer.core.rules.errors import BadInput
 
 PREFIX = "sbx-"
 CHECKPOINT_PREFIX = "ckpt-"
+VOLUME_PREFIX = "vol-"  # volumes (core/lifecycle/volumes.py)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\[\]-]{0,62}")
 # what a unique id prefix can look like: a ULID in lower case starts with 0-7, in Crockford's
 # base 32 (no i, l, o, u); a name like that would shadow an id that starts with it
@@ -30,7 +31,7 @@ def validate_name(name: str, what: str = "name") -> str:
             "starting with a letter or digit, at most 63 characters"
         )
     lowered = name.lower()
-    for prefix in (PREFIX, CHECKPOINT_PREFIX):
+    for prefix in (PREFIX, CHECKPOINT_PREFIX, VOLUME_PREFIX):
         if lowered.startswith(prefix):
             raise BadInput(f"bad {what} {name!r}: names may not start with {prefix!r} (ids do)")
     if _ID_PREFIX.fullmatch(lowered):

@@ -167,6 +167,34 @@ class Compose(_Strict):
         return self
 
 
+class VolumeMount(_Strict):
+    """A volume mounted into the sandbox (docs/volumes.md): made beforehand with `sbx volume
+    create`, looked up by name among the creator's own."""
+
+    name: str = Field(description="the volume's name (sbx volume create NAME)")
+    path: str = Field(description="where it appears in the sandbox: an absolute path, not /")
+    read_only: StrictBool = False
+
+    @field_validator("name")
+    @classmethod
+    def _volume_name(cls, v: str) -> str:
+        from sandboxer.core.rules.ids import validate_name
+
+        try:
+            return validate_name(v, "volume name")
+        except BadInput as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("path")
+    @classmethod
+    def _mount_path(cls, v: str) -> str:
+        parts = v.split("/")
+        if not v.startswith("/") or v == "/" or ".." in parts or "\0" in v or len(v) > 4096:
+            raise ValueError(f"{v[:80]!r} is not a mount path: give an absolute path in the "
+                             "sandbox other than / (without ..)")
+        return "/" + "/".join(part for part in parts if part)
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
@@ -235,6 +263,27 @@ class Profile(_Strict):
     # warm members of this profile kept ready (core/pools/__init__.py); not inherited by a profile
     # of another name that extends this one
     pool: PoolPolicy | None = None
+    # volumes that outlive the sandbox, mounted into it (docs/volumes.md)
+    volumes: list[VolumeMount] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _volumes_not_pooled(self) -> Profile:
+        if self.volumes and self.pool is not None:
+            raise ValueError("a profile with volumes cannot keep a pool: a warm member would "
+                             "hold its mounts before anyone claimed it")
+        return self
+
+    @field_validator("volumes")
+    @classmethod
+    def _one_mount_each(cls, v: list[VolumeMount]) -> list[VolumeMount]:
+        for what in ("name", "path"):
+            seen = [getattr(m, what) for m in v]
+            twice = sorted({x for x in seen if seen.count(x) > 1})
+            if twice:
+                raise ValueError(f"volume {what} {twice[0]!r} is listed twice: mount each "
+                                 "volume once, at a path of its own")
+        return v
+
 
     @field_validator("pool")
     @classmethod

@@ -225,6 +225,19 @@ def list_checkpoints(dbapi_conn: Any) -> list[dict[str, Any]]:
         cursor.close()
 
 
+def due_volumes(dbapi_conn: Any, now: str, install: str, placeholder: str = "?") -> int:
+    """How many of this installation's volumes are past their TTL (the reaper's volume
+    step, core/lifecycle/volumes.py, runs only when some are)."""
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(f"SELECT COUNT(*) FROM volumes WHERE expires_at IS NOT NULL AND "
+                       f"expires_at <= {placeholder} AND install_id = {placeholder}",
+                       [now, install])
+        return int(cursor.fetchone()[0])
+    finally:
+        cursor.close()
+
+
 def count_sandboxes(dbapi_conn: Any, owner: str | None = None,
                     placeholder: str = "?") -> list[dict[str, Any]]:
     """How many sandboxes are in each (state, backend), destroyed ones included; `owner`:

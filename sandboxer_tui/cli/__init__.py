@@ -37,6 +37,7 @@ from sandboxer_tui.cli import (
     serve,
     terminals,
     tui,
+    volumes,
 )
 from sandboxer_tui.cli.output import fail
 
@@ -104,6 +105,7 @@ for _command in (
     serve.serve_command,
     mcp.mcp_command,
     api_keys.api_keys_group,
+    volumes.volume_group,
 ):
     cli.add_command(_command)
 

@@ -33,9 +33,13 @@ from sandboxer_tui.formatting import printable
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="A label (repeatable).")
 @click.option("--owner", metavar="WHO", help="Who it is for (default: you, user@host).")
 @click.option("--task", metavar="WHAT", help="What it is for.")
+@click.option("--volume", "volumes", multiple=True, metavar="NAME:PATH[:ro]",
+              help="Mount a volume (sbx volume create) at PATH, read-only with :ro "
+                   "(repeatable).")
 @JSON_OPTION
 @command
-def create_command(profile_name, profile_file, ttl, name, labels, owner, task, as_json) -> None:
+def create_command(profile_name, profile_file, ttl, name, labels, owner, task, volumes,
+                   as_json) -> None:
     """Create a sandbox from a profile (`default` unless told)."""
     from sandboxer import load_profile
     from sandboxer.core.rules.durations import parse_duration
@@ -52,11 +56,21 @@ def create_command(profile_name, profile_file, ttl, name, labels, owner, task, a
         progress(f"creating a sandbox from profile {profile}..." if isinstance(profile, str)
                  else f"creating a sandbox from profile {profile.name} on {profile.backend}...")
         view = sbx.create(profile, ttl=ttl_delta, name=name, labels=parsed_labels,
-                          owner=owner, task=task).to_dict()
+                          owner=owner, task=task,
+                          volumes=[_volume_mount(v) for v in volumes]).to_dict()
     if as_json:
         emit_json(view)
     else:
         click.echo(view["id"])
+
+
+def _volume_mount(text: str) -> dict[str, Any]:
+    """`--volume NAME:PATH[:ro]` as a mount (docs/volumes.md)."""
+    name, _, rest = text.partition(":")
+    path, read_only = (rest[:-3], True) if rest.endswith(":ro") else (rest, False)
+    if not name or not path:
+        raise BadInput(f"--volume {text!r}: give NAME:PATH or NAME:PATH:ro")
+    return {"name": name, "path": path, "read_only": read_only}
 
 
 def _ls_rows(views: list[Mapping[str, Any]], now: str) -> list[list[Any]]:
@@ -103,7 +117,8 @@ def show_command(sandbox_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(view)
         return
-    for key in ("id", "name", "state", "profile", "backend", "backend_ref", "owner", "task",
+    for key in ("id", "name", "state", "profile", "backend", "backend_ref", "isolation", "owner",
+                "task",
                 "install", "created_at", "started_at", "deadline", "hard_deadline",
                 "last_activity_at", "idle_deadline", "ended_at", "error"):
         if view.get(key) is not None:

@@ -40,6 +40,21 @@ class CreateSandbox(Body):
     labels: dict[str, str] | None = None
     owner: str | None = Field(None, description="default: the key's owner")
     task: str | None = None
+    volumes: list[dict[str, Any]] | None = Field(
+        None, description="volumes to mount beside the profile's: {name, path, read_only} "
+                          "(docs/volumes.md)")
+
+
+class CreateVolume(Body):
+    """docs/volumes.md"""
+
+    name: str
+    backend: str | None = Field(None, description="default: docker")
+    labels: dict[str, str] | None = None
+    ttl: Duration | None = Field(None, description="removed once past it, never while a "
+                                                   "live sandbox mounts it; default: kept")
+    shared: bool = Field(False, description="more than one read-write mount at once")
+    owner: str | None = Field(None, description="default: the key's owner")
 
 
 class Extend(Body):
@@ -268,6 +283,27 @@ class CheckpointRecord(BaseModel):
     origin_parent_id: str | None = None
     origin_install_id: str | None = None
     exported_at: str | None = None
+
+
+class VolumeMounted(BaseModel):
+    sandbox: str
+    path: str
+    read_only: bool
+
+
+class VolumeRecord(BaseModel):
+    """docs/volumes.md"""
+
+    id: str
+    name: str
+    owner: str
+    backend: str
+    labels: dict[str, str]
+    shared: bool
+    size_bytes: int | None = Field(description="bytes it holds, as the backend last told")
+    created_at: str
+    expires_at: str | None
+    mounted_by: list[VolumeMounted] = Field(description="the live sandboxes mounting it")
 
 
 Event = derived("Event", sandboxer.Event)

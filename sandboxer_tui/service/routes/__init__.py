@@ -19,6 +19,7 @@ from sandboxer_tui.service.routes import (
     reaper,
     sandboxes,
     terminals,
+    volumes,
 )
 
 # ports first: its proxy answers every request to a sandbox's port, and FastAPI tries the
@@ -26,4 +27,4 @@ from sandboxer_tui.service.routes import (
 ROUTERS = (ports.router, health.router, metrics.router, sandboxes.router, commands.router,
            files.router, processes.router, evidence.router,
            checkpoints.router, events.router, reaper.router, profiles.router, pools.router,
-           keys.router, terminals.router)
+           keys.router, terminals.router, volumes.router)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse, Response
 
+from sandboxer.core.rules.errors import BadInput
 from sandboxer.core.rules.profiles import refuse_host_files
 from sandboxer.service import Scope
 from sandboxer_tui.service import params
@@ -30,6 +31,11 @@ async def create(who: Write, metrics: Metrics, body: s.CreateSandbox,
     who.may_own(body.owner)
     args = dict(ttl=body.ttl, name=body.name, labels=body.labels, owner=body.owner,
                 task=body.task)
+    if body.volumes:  # docs/volumes.md
+        if idempotency_key is not None:
+            raise BadInput("volumes cannot be given with an Idempotency-Key yet: name them "
+                           "in the profile, or create without the key")
+        args["volumes"] = body.volumes
     if idempotency_key is not None:
         made = who.client.create_idempotent(idempotency_key, body.profile,
                                             caller=who.principal, **args)
