@@ -64,9 +64,12 @@ def main() -> int:
                    "E2B_API_KEY": key}
         run_env.pop("E2B_DEBUG", None)
         run_env.pop("E2B_DOMAIN", None)
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        # -P: not the checkout's own `e2b` (the cwd's) but the installed SDK, the pinned one
+        subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         "-c", str(ini), "--rootdir", str(sdk), f"--junitxml={report}",
                         *args.paths], cwd=sdk, env=run_env)
+        if not report.exists():
+            raise SystemExit("pytest wrote no report: its output above says why")
         counts, refused, failed = _count(report)
     finally:
         serve.terminate()
@@ -132,13 +135,17 @@ def _count(report: Path) -> tuple[dict[str, int], list[str]]:
 
 
 def _destroy_left(sbx: list[str], env: dict[str, str]) -> None:
-    listed = subprocess.run([*sbx, "ls", "--json"], env=env, capture_output=True, text=True)
-    try:
-        ids = [b["id"] for b in json.loads(listed.stdout or "[]")]
-    except json.JSONDecodeError:
-        return
-    if ids:
-        subprocess.run([*sbx, "destroy", "--yes", *ids], env=env, capture_output=True)
+    """The run's sandboxes and checkpoints (its snapshots and forks'), by id: the run's
+    home is its own, so all of them are the run's."""
+    for command, remove in ((["ls", "--json"], ["destroy", "--yes"]),
+                            (["checkpoints", "list", "--json"], ["checkpoint", "rm"])):
+        listed = subprocess.run([*sbx, *command], env=env, capture_output=True, text=True)
+        try:
+            ids = [b["id"] for b in json.loads(listed.stdout or "[]")]
+        except json.JSONDecodeError:
+            continue
+        if ids:
+            subprocess.run([*sbx, *remove, *ids], env=env, capture_output=True)
 
 
 if __name__ == "__main__":
