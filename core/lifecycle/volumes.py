@@ -34,7 +34,6 @@ from sandboxer.adapters.base import (
     LABEL_INSTALL,
     LABEL_VOLUME,
     Capability,
-    CapabilityNotSupported,
     VolumeMountSpec,
 )
 from sandboxer.core.rules.catalog import EventType, Reason
@@ -304,10 +303,9 @@ def mounts_for(mgr: Manager, profile: Profile, owner: str, adapter: Any
     Another owner's volume is not found, exactly as a missing one."""
     if not profile.volumes:
         return []
-    if not adapter.supports(Capability.VOLUMES):
-        raise CapabilityNotSupported(
-            f"the {profile.backend} backend cannot mount volumes (the profile's volumes:); "
-            "docs/volumes.md says which backends can")
+    if not adapter.supports(Capability.VOLUMES):  # exit 2: the profile asks what cannot be
+        raise BadInput(f"the {profile.backend} backend cannot mount volumes (the profile's "
+                       "volumes:); docs/volumes.md says which backends can")
     found = []
     with mgr.db.read() as conn:
         for asked in profile.volumes:
