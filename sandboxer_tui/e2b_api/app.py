@@ -90,6 +90,7 @@ class E2BApi:
         self.homes: dict[str, str] = {}  # a sandbox's home, where relative paths are
         self.ptys: dict[int, tuple[str, str]] = {}  # pid -> (sandbox id, terminal id)
         self.killed: set[int] = set()  # the ptys killed through the SDK (SIGKILL)
+        self.pty_count = 0  # terminals opened: a pty's pid is never given twice
         # the SDK's polling watchers: id -> (sandbox id, path, recursive, entries?, last look)
         self.watchers: dict[str, tuple[str, str, bool, bool, watch.Look]] = {}
 
@@ -231,8 +232,19 @@ class E2BApi:
     async def _kill(self, client, token, body, query, sid):
         box = await self._box(client, sid)
         await box.destroy()
-        self.envs.pop(sid, None)
+        self._forget(sid)
         return 204, None, {}
+
+    def _forget(self, sid: str) -> None:
+        """What this process kept of a sandbox it destroyed: its variables, home, terminals'
+        pids and watchers (one the reaper ends is forgotten when the process ends)."""
+        self.envs.pop(sid, None)
+        self.homes.pop(sid, None)
+        for pid in [p for p, (owner, _) in self.ptys.items() if owner == sid]:
+            del self.ptys[pid]
+            self.killed.discard(pid)
+        for watcher in [w for w, kept in self.watchers.items() if kept[0] == sid]:
+            del self.watchers[watcher]
 
     async def _timeout(self, client, token, body, query, sid):
         """E2B sets the end to now + timeout, earlier or later; sbx's deadline only moves
@@ -555,7 +567,8 @@ class E2BApi:
             raise RpcError("invalid_argument", "pty.size is rows and cols") from None
         terminal = await box.pty(None if login else [cmd, *args], cols=cols, rows=rows,
                                  env=env or None, cwd=cwd)
-        pid = PTY_PID_BASE + len(self.ptys) + 1
+        self.pty_count += 1
+        pid = PTY_PID_BASE + self.pty_count
         self.ptys[pid] = (box.id, terminal.id)
         yield {"event": {"start": {"pid": pid}}}
         async for message in self._follow_pty(box, terminal, pid):
