@@ -42,6 +42,9 @@ class Capability(enum.StrEnum):
     FILES = "files"  # files and trees in and out, list/stat/remove/mkdir/rename
     PROCESSES = "processes"  # background processes (needs EXEC and a POSIX sh in the sandbox)
     # reach into it (docs/terminals-and-ports.md)
+    # `isolation: gvisor`: the sandbox runs under gVisor (runsc), a kernel of its own
+    # (docs/security.md); a backend without it refuses such a profile at validation
+    ISOLATION_GVISOR = "isolation-gvisor"
     PTY = "pty"  # a terminal: open_pty, a program on a pseudo-terminal, resizable
     PORTS = "ports"  # a sandbox's TCP ports reachable from this host: port_endpoints/expose_port
     # named storage that outlives a sandbox (docs/volumes.md): create_volume, remove_volume,
@@ -143,6 +146,7 @@ class CreateRequest:
     # asked only of a backend declaring READ_ONLY_ROOT / RUN_AS_USER
     read_only: bool = False
     user: str | None = None  # "UID", "UID:GID", "NAME" or "NAME:GROUP"
+    isolation: str = "container"  # the profile's; "gvisor" asked only with ISOLATION_GVISOR
     # the profile's `compose:` (file as an absolute path, or project; service; allow), for
     # the compose backend
     compose: Mapping[str, Any] | None = None
@@ -387,6 +391,11 @@ class Adapter(abc.ABC):
         health = await self.health()
         if not (health.reachable and health.credentials):
             raise BackendUnavailable(health.detail)
+
+    async def ensure_isolation(self, isolation: str) -> None:  # noqa: B027 (optional hook)
+        """Raise BackendUnavailable, naming the fix, when the engine cannot contain a sandbox as
+        `isolation` asks (a backend declaring ISOLATION_GVISOR: no runsc runtime), before the
+        core writes an intent: a sandbox never falls back to a weaker isolation."""
 
     async def exec(
         self, ref: str, argv: Sequence[str], timeout_s: float | None = None,

@@ -66,6 +66,7 @@ from sandboxer.adapters.base import (
 )
 from sandboxer.adapters.docker import (
     BASE_IMAGE,
+    GVISOR_RUNTIME,
     DockerAdapter,
     _in_thread,
     _maybe_restarted,
@@ -489,6 +490,8 @@ def build_override(config: Mapping[str, Any], project: Project, request: CreateR
                 svc["command"] = [_literal(arg) for arg in request.command]
         if images and name in images:
             svc["image"] = images[name]
+        if request.isolation == "gvisor":  # every service: a file cannot set runtime: itself
+            svc["runtime"] = GVISOR_RUNTIME
         services[name] = svc
     override: dict[str, Any] = {"services": services}
     if version is not None:
@@ -554,7 +557,8 @@ class ComposeAdapter(_Adapter):
     description = "Docker Compose projects on a Docker engine (local socket or DOCKER_HOST)"
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.FILES,
-                              Capability.PROCESSES, Capability.PTY, Capability.PORTS})
+                              Capability.PROCESSES, Capability.PTY, Capability.PORTS,
+                              Capability.ISOLATION_GVISOR})
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
         self.base_url = base_url or engine_url()
@@ -704,6 +708,9 @@ class ComposeAdapter(_Adapter):
 
     async def instance_id(self) -> str | None:
         return await self.docker.instance_id()
+
+    async def ensure_isolation(self, isolation: str) -> None:
+        await self.docker.ensure_isolation(isolation)
 
     async def create(self, request: CreateRequest) -> BackendObject:
         return await self._up(request, images=None)

@@ -125,6 +125,16 @@ RESTART_POLICY = {"Name": "unless-stopped"}
 # started within a second of being made; the listing's times are whole seconds).
 RESTART_SLACK_S = 2.0
 # What a person can do however sbx was installed (a pip install has no Makefile).
+GVISOR_RUNTIME = "runsc"  # gVisor's OCI runtime, as `make gvisor` registers it
+
+
+def gvisor_missing(where: str) -> str:
+    """What a create asking for gVisor, and `sbx doctor`, say of an engine without runsc."""
+    return (f"the Docker engine at {where} has no {GVISOR_RUNTIME} runtime, which isolation: "
+            "gvisor needs (sbx never falls back to runc); run `make gvisor`, or install gVisor "
+            "and register runsc in the engine's daemon.json `runtimes`")
+
+
 START_HINT = (
     "start Docker (`sudo systemctl start docker`, or open Docker Desktop) or set DOCKER_HOST "
     "to an engine that runs; `sbx doctor` checks the setup"
@@ -754,7 +764,8 @@ class DockerAdapter(Adapter):
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.SERVICES,
                               Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER,
                               Capability.FILES, Capability.PROCESSES, Capability.PTY,
-                              Capability.PORTS, Capability.VOLUMES})
+                              Capability.PORTS, Capability.VOLUMES,
+                              Capability.ISOLATION_GVISOR})
 
     def supports(self, capability: Capability) -> bool:
         if capability == Capability.MEMORY_CHECKPOINT:
@@ -781,6 +792,7 @@ class DockerAdapter(Adapter):
         self._api: docker.APIClient | None = None
         self._pinged_at: float | None = None  # when the engine last answered a ping
         self._engine_id: str | None = None
+        self._has_runsc = False  # the engine listed the runsc runtime (isolation: gvisor)
         # by container: (writes must not go as root, mounts the archive API does not see)
         self._traits: dict[str, tuple[bool, tuple[str, ...]]] = {}
 
@@ -878,6 +890,15 @@ class DockerAdapter(Adapter):
             self._engine_id = (await self._call(lambda api: api.info())).get("ID") or ""
         return self._engine_id or None
 
+    async def ensure_isolation(self, isolation: str) -> None:
+        """`gvisor` needs the engine's `runsc` runtime (`docker info` Runtimes), asked each
+        time until it is there: `make gvisor` may register it while sbx runs."""
+        if isolation == "gvisor" and not self._has_runsc:
+            runtimes = (await self._call(lambda api: api.info())).get("Runtimes") or {}
+            if GVISOR_RUNTIME not in runtimes:
+                raise BackendUnavailable(gvisor_missing(self.base_url))
+            self._has_runsc = True
+
     def validate(self, request: CreateRequest) -> None:
         if request.network == "full" and not request.labels.get(LABEL_INSTALL):
             raise InvalidRequest(f"network mode 'full' needs the {LABEL_INSTALL} label, "
@@ -917,6 +938,8 @@ class DockerAdapter(Adapter):
                 nano_cpus=int(limits.cpu * 1e9) if limits.cpu else None,
                 pids_limit=limits.pids,
                 init=False,
+                # isolation: gvisor, its services too; ensure_isolation saw the runtime
+                runtime=GVISOR_RUNTIME if request.isolation == "gvisor" else None,
                 **hardening,
                 restart_policy=RESTART_POLICY,
             )
@@ -1425,6 +1448,8 @@ class DockerAdapter(Adapter):
             mounts = [*ARCHIVE_BLIND, *(host.get("Tmpfs") or {}),
                       *(m.get("Destination", "") for m in info.get("Mounts") or []
                         if m.get("Type") == "tmpfs")]
+            if host.get("Runtime") == GVISOR_RUNTIME:  # gVisor has a /tmp of its own and
+                mounts = ["/"]  # caches the root: the sandbox's tar serves every path
             traits = (bool((info.get("Config") or {}).get("User") or host.get("ReadonlyRootfs")),
                       tuple(m.rstrip("/") for m in mounts if m))
             if len(self._traits) >= TRAITS_KEPT:
@@ -1740,15 +1765,22 @@ class DockerAdapter(Adapter):
             "ports: and create the sandbox again")
 
     async def metrics(self, ref: str) -> AsyncIterator[MetricSample]:
-        """The engine's stats stream (a sample a second); the first has no CPU figure."""
+        """The engine's stats stream (a sample a second); the first has no CPU figure. Under
+        gVisor no pids: the engine counts gVisor's own threads, not the sandbox's processes
+        (docs/security.md, "Isolation levels")."""
+        def open_stats(api: docker.APIClient) -> tuple[bool, Any]:
+            runtime = (api.inspect_container(ref).get("HostConfig") or {}).get("Runtime")
+            return runtime == GVISOR_RUNTIME, api.stats(ref, stream=True, decode=True)
+
         try:
-            stream = await self._call(lambda api: api.stats(ref, stream=True, decode=True))
+            gvisor, stream = await self._call(open_stats)
         except docker_errors.NotFound as exc:
             raise BackendObjectGone(f"container {ref[:12]} is gone") from exc
         async for stats in _in_thread(stream):
             if str(stats.get("read", "")).startswith("0001-"):
                 return  # the engine's empty reading: the container is not running
-            yield sample_from_stats(stats)
+            sample = sample_from_stats(stats)
+            yield replace(sample, pids=None) if gvisor else sample
 
     async def close(self) -> None:
         if self._api is not None:

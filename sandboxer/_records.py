@@ -85,6 +85,11 @@ class SandboxRecord:
         return self._view["backend_ref"]
 
     @property
+    def isolation(self) -> str:
+        """How it is contained: "container", or "gvisor" (docs/security.md, "Isolation levels")."""
+        return self._view.get("isolation") or "container"
+
+    @property
     def owner(self) -> str:
         return self._view["owner"]
 
@@ -233,6 +238,12 @@ class CheckpointRecord:
     @property
     def size_bytes(self) -> int | None:
         return self._view.get("size_bytes")
+
+    @property
+    def volumes(self) -> list[dict[str, Any]]:
+        """The volumes its sandbox mounted ({"name", "path", "read_only"}): named, their
+        data not in the checkpoint; a restore mounts them again by name (docs/volumes.md)."""
+        return [dict(v) for v in self._view.get("volumes") or []]
 
     @property
     def origin_sandbox(self) -> str | None:

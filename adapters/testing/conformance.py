@@ -759,7 +759,8 @@ class AdapterConformance:
                 # CreateRequest.services, which the core refuses for a backend without them;
                 # the Docker pods are tested in tests/backends/test_docker_pods.py)
                 return
-            if capability in (Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER):
+            if capability in (Capability.READ_ONLY_ROOT, Capability.RUN_AS_USER,
+                              Capability.ISOLATION_GVISOR):
                 # asked through CreateRequest, which the core refuses for a backend without them
                 if declared:
                     await self._hardened(kit, capability)
@@ -833,6 +834,11 @@ class AdapterConformance:
                 assert root.exit_code != 0, "read_only: writing to / must fail"
                 tmp = await adapter.exec(obj.ref, self.argv_write("/tmp/sbx-conformance-probe"))
                 assert tmp.exit_code == 0, f"read_only: /tmp must stay writable ({tmp.stderr!r})"
+        elif capability == Capability.ISOLATION_GVISOR:  # that it is gVisor: tests/gvisor
+            obj = await kit.create(replace(kit.request(), isolation="gvisor"))
+            if adapter.supports(Capability.EXEC):
+                said = await adapter.exec(obj.ref, self.argv_echo("under gvisor"))
+                assert said.stdout == b"under gvisor\n", said
         else:
             obj = await kit.create(replace(kit.request(), user=self.run_as_user))
             if adapter.supports(Capability.EXEC):

@@ -169,8 +169,21 @@ def restore_profile(ckpt: Mapping[str, Any], profile_name: str | None = None,
 
 
 def checkpoint_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A checkpoint as the CLI and the API show it (without its stored profile)."""
-    return {k: v for k, v in row.items() if k != "profile_json"}
+    """A checkpoint as the CLI and the API show it (without its stored profile, but with the
+    volumes its sandbox mounted: by name, never their data; docs/volumes.md)."""
+    return {**{k: v for k, v in row.items() if k != "profile_json"},
+            "volumes": mounted_volumes(row)}
+
+
+def mounted_volumes(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The volumes a checkpoint's profile mounts ({name, path, read_only}): not in the
+    checkpoint; a restore mounts them again by name."""
+    try:
+        volumes = json.loads(row.get("profile_json") or "{}").get("volumes") or []
+    except (ValueError, AttributeError):
+        return []
+    return [{"name": v.get("name"), "path": v.get("path"), "read_only": bool(v.get("read_only"))}
+            for v in volumes if isinstance(v, dict)]
 
 
 def new_checkpoint_id() -> str:
@@ -451,7 +464,9 @@ class Checkpoints:
             claims.update(sandbox_id=ckpt["sandbox_id"], parent_id=ckpt["parent_id"],
                           install_id=ckpt["install_id"])
         manifest = {"format": ARCHIVE_FORMAT, "exported_at": to_iso(self.mgr.clock.now()),
-                    "checkpoint": claims}
+                    "checkpoint": claims,
+                    # named, not included (docs/volumes.md): an import runs under a local profile
+                    "volumes_not_included": mounted_volumes(ckpt)}
         with tempfile.TemporaryDirectory() as tmp:
             artifact = Path(tmp) / "artifact.tar"
             await self.mgr.adapter(ckpt["backend"]).export_artifact(ckpt["backend_ref"],

@@ -378,7 +378,8 @@ class Manager:
         if profile.volumes:  # the owner's volumes, and the sharing rule (docs/volumes.md)
             from sandboxer.core.lifecycle import volumes
 
-            mounts = volumes.mounts_for(self, profile, owner, adapter)
+            mounts = volumes.mounts_for(self, profile, owner, adapter,
+                                        restoring=restore_from is not None)
             request = dataclasses.replace(request, mounts=tuple(spec for _, spec in mounts))
         self._refuse_what_the_backend_cannot(profile, request, adapter,
                                              restore=restore_from is not None)
@@ -386,6 +387,7 @@ class Manager:
             # added after validate: a backend that takes no env (ssh) drops it, never refuses
             request = dataclasses.replace(request, env={**trace, **request.env})
         await adapter.ensure_available()
+        await adapter.ensure_isolation(request.isolation)  # never a silent fallback to runc
         instance = await adapter.instance_id()
         if (pools is not None and profile.pool is not None and not pool_member
                 and restore_from is None):
@@ -401,6 +403,7 @@ class Manager:
             "backend": profile.backend,
             "backend_ref": None,
             "backend_instance": instance,
+            "isolation": profile.isolation,
             "install_id": self.install_id,
             "host": settings.host_name(),
             "state": State.CREATING,
@@ -438,6 +441,7 @@ class Manager:
                 bind(conn, sandbox_id)
             self.event(conn, sandbox_id, CREATED_EVENT, payload={
                 "profile": profile.name, "backend": profile.backend, "name": name,
+                "isolation": profile.isolation,
                 "owner": row["owner"], "task": task, "labels": all_labels,
                 "deadline": row["deadline"], "hard_deadline": row["hard_deadline"],
                 **({"restored_from": restore_from["id"]} if restore_from else {}),
@@ -467,7 +471,7 @@ class Manager:
         running = self.leases.finish(
             lease, State.RUNNING,
             values={"backend_ref": obj.ref, "started_at": self._now()},
-            payload={"backend_ref": obj.ref},
+            payload={"backend_ref": obj.ref, "isolation": profile.isolation},
         )
         failpoint("create.after-running")
         return running
@@ -498,6 +502,11 @@ class Manager:
                 raise CapabilityNotSupported(
                     f"the {profile.backend} backend cannot enforce {field}; remove it from "
                     f"the profile, or use a backend that `sbx doctor` lists with {capability}")
+        if request.isolation != "container" and not adapter.supports(Capability.ISOLATION_GVISOR):
+            raise BadInput(  # exit 2, nothing written (docs/security.md, "Isolation levels")
+                f"isolation: {request.isolation} is not available on the {profile.backend} "
+                f"backend; use a backend that `sbx doctor` lists with "
+                f"{Capability.ISOLATION_GVISOR} (docker, compose), or isolation: container")
         if request.ports and not adapter.supports(Capability.PORTS):  # exit 2: the profile's
             raise BadInput(
                 f"the {profile.backend} backend cannot publish ports (the profile's ports: "
@@ -1262,6 +1271,7 @@ def _request_for(profile: Profile, sandbox_id: str, labels: Mapping[str, str],
         options=profile.options,
         read_only=profile.read_only,
         user=profile.user,
+        isolation=profile.isolation,
         compose=profile.compose.model_dump() if profile.compose else None,
         ports=tuple(profile.ports),
         publish_address=profile.publish_address,

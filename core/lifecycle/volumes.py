@@ -297,10 +297,11 @@ def with_mounts(profile: Profile, asked: Sequence[Mapping[str, Any]]) -> Profile
     return profile.model_copy(update={"volumes": mounts})
 
 
-def mounts_for(mgr: Manager, profile: Profile, owner: str, adapter: Any
-               ) -> list[tuple[dict[str, Any], VolumeMountSpec]]:
+def mounts_for(mgr: Manager, profile: Profile, owner: str, adapter: Any, *,
+               restoring: bool = False) -> list[tuple[dict[str, Any], VolumeMountSpec]]:
     """The profile's `volumes:` as the owner's volume rows and what the backend mounts.
-    Another owner's volume is not found, exactly as a missing one."""
+    Another owner's volume is not found, exactly as a missing one. A restore mounts the
+    checkpoint's volumes again by name; one that is gone is NotFound saying so."""
     if not profile.volumes:
         return []
     if not adapter.supports(Capability.VOLUMES):  # exit 2: the profile asks what cannot be
@@ -311,6 +312,11 @@ def mounts_for(mgr: Manager, profile: Profile, owner: str, adapter: Any
         for asked in profile.volumes:
             row = _owned(conn, owner, asked.name)
             if row is None:
+                if restoring:
+                    raise NotFound(f"no volume {asked.name!r}: the checkpoint's sandbox mounted "
+                                   f"it at {asked.path}, and a checkpoint holds no volume "
+                                   "data; make the volume again, or restore under a profile "
+                                   "without it (--profile)")
                 raise NotFound(f"no volume {asked.name!r}")
             if row["backend"] != profile.backend:
                 raise BadInput(f"volume {asked.name!r} is on the {row['backend']} backend, "

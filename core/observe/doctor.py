@@ -40,6 +40,8 @@ async def backend_report(name: str, health_timeout_s: float = 20.0) -> dict[str,
     try:
         health = await asyncio.wait_for(adapter.health(), health_timeout_s)
         report["capabilities"] = sorted(c.value for c in Capability if adapter.supports(c))
+        if health.reachable:
+            report["isolation"] = await isolation_report(adapter, health_timeout_s)
     except Exception as exc:  # health() must never raise: say so, go on with the others
         why = (f"health() did not answer within {health_timeout_s:g}s"
                if isinstance(exc, TimeoutError) else f"health() raised {_one_line(exc)}")
@@ -52,6 +54,22 @@ async def backend_report(name: str, health_timeout_s: float = 20.0) -> dict[str,
     report.update(reachable=health.reachable, credentials=health.credentials,
                   detail=health.detail)
     return report
+
+
+async def isolation_report(adapter: Any, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Each isolation level a profile may ask for (docs/security.md): available on this
+    backend's engine, or the one line that makes it so."""
+    levels: dict[str, dict[str, Any]] = {"container": {"available": True, "detail": "ok"}}
+    if not adapter.supports(Capability.ISOLATION_GVISOR):
+        levels["gvisor"] = {"available": False,
+                            "detail": f"the {adapter.name} backend cannot run gVisor"}
+        return levels
+    try:
+        await asyncio.wait_for(adapter.ensure_isolation("gvisor"), timeout_s)
+        levels["gvisor"] = {"available": True, "detail": "ok"}
+    except Exception as exc:  # BackendUnavailable names the fix (`make gvisor`)
+        levels["gvisor"] = {"available": False, "detail": _one_line(exc)}
+    return levels
 
 
 def _one_line(exc: BaseException) -> str:

@@ -46,6 +46,8 @@ def build(sandbox: Mapping[str, Any], events: list[Mapping[str, Any]],
         "checkpoints": [dict(c) for c in checkpoints],
         "summary": {
             "owner": sandbox["owner"], "task": sandbox["task"], "backend": sandbox["backend"],
+            # how it was contained, beside who ran what (docs/security.md, "Isolation levels")
+            "isolation": sandbox.get("isolation") or "container",
             "created_at": sandbox["created_at"], "started_at": started, "ended_at": ended,
             "lifetime_s": lifetime, "exec_count": len(execs), "event_count": len(raw_events),
             "actors": sorted({e["actor"] for e in raw_events}),

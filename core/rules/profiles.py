@@ -224,6 +224,12 @@ class Profile(_Strict):
     publish_address: str = Field(LOOPBACK, description=(
         "the host address `ports:` are published on: loopback unless you opt into another "
         "(0.0.0.0: every interface of the host)"))
+    # how the sandbox is contained (docs/security.md, "Isolation levels"); a backend that
+    # cannot run gvisor (no isolation-gvisor capability) refuses the profile, exit 2
+    isolation: Literal["container", "gvisor"] = Field("container", description=(
+        "container: the backend's own container (Docker's runc); gvisor: under gVisor's runsc "
+        "runtime, a kernel of its own between the sandbox and the host (docker and compose "
+        "backends; `make gvisor` registers it)"))
 
     @field_validator("ports")
     @classmethod
@@ -283,7 +289,6 @@ class Profile(_Strict):
                 raise ValueError(f"volume {what} {twice[0]!r} is listed twice: mount each "
                                  "volume once, at a path of its own")
         return v
-
 
     @field_validator("pool")
     @classmethod

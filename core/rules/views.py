@@ -27,6 +27,7 @@ class SandboxView(TypedDict):
     profile: str
     backend: str
     backend_ref: str | None
+    isolation: str  # how it is contained: container | gvisor (docs/security.md)
     state: str
     owner: str
     task: str | None
@@ -47,6 +48,13 @@ class SandboxView(TypedDict):
     ttl_left_s: NotRequired[int | None]  # only when read with a `now`
 
 
+# What `sbx metrics` tells a person about a sandbox under gVisor (docs/security.md): the engine
+# measures the gVisor kernel's host process, not the sandbox's own processes (the docker
+# backend leaves pids out).
+GVISOR_METRICS_NOTE = ("under gVisor: pids is not read (the engine sees gVisor's own threads, "
+                       "not the sandbox's processes); CPU and memory include gVisor's kernel")
+
+
 def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
     """The row as a `SandboxView`."""
     view = {
@@ -55,6 +63,7 @@ def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str
         "profile": row["profile"],
         "backend": row["backend"],
         "backend_ref": row["backend_ref"],
+        "isolation": row.get("isolation") or "container",
         "state": row["state"],
         "owner": row["owner"],
         "task": row["task"],

@@ -145,6 +145,9 @@ def checkpoint_export(checkpoint_id: str, output: str) -> None:
         ckpt = sbx.checkpoint(checkpoint_id)
         ckpt.export(output)
     click.echo(f"{output}: {ckpt.id}")
+    if ckpt.volumes:  # docs/volumes.md: named in the archive, their data not in it
+        click.echo("sbx: warning: the archive holds no volume data; its sandbox mounted "
+                   + ", ".join(f"{v['name']} at {v['path']}" for v in ckpt.volumes), err=True)
 
 
 @checkpoint_group.command("import")

@@ -38,6 +38,10 @@ def doctor_command(as_json: bool) -> None:
             state = "ok" if b["reachable"] and b["credentials"] else "UNAVAILABLE"
             caps = ",".join(b["capabilities"]) or "-"
             click.echo(f"  {b['name']:<8} {state:<11} {b['detail']}  (capabilities: {caps}){tag}")
+            if b.get("isolation"):  # each level a profile may ask for (docs/security.md)
+                click.echo("           isolation: " + "; ".join(
+                    f"{level} {'ok' if said['available'] else 'NO: ' + said['detail']}"
+                    for level, said in b["isolation"].items()))
         adapters = data.get("adapters") or {}
         if adapters.get("selected") is not None:
             click.echo(f"SBX_ADAPTERS limits backends to: {', '.join(adapters['selected'])}")

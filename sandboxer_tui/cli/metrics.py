@@ -72,6 +72,10 @@ def metrics_command(sandbox_id: str | None, follow: bool, history: bool, all_run
     seen = 0
     with client() as sbx:
         box = sbx.get(sandbox_id)
+        if box.isolation == "gvisor" and not as_json:
+            from sandboxer.core.rules.views import GVISOR_METRICS_NOTE
+
+            click.echo(GVISOR_METRICS_NOTE, err=True)
         samples = box.follow_metrics() if follow else [box.metrics()]
         for sample in samples:
             if sample is None:

@@ -263,6 +263,12 @@ ExecResult = derived(
     stderr_truncated=(bool, Field(description="as stdout_truncated")))
 
 
+class CheckpointVolume(BaseModel):
+    name: str
+    path: str
+    read_only: bool
+
+
 class CheckpointRecord(BaseModel):
     id: str
     name: str | None
@@ -283,6 +289,9 @@ class CheckpointRecord(BaseModel):
     origin_parent_id: str | None = None
     origin_install_id: str | None = None
     exported_at: str | None = None
+    volumes: list[CheckpointVolume] = Field(
+        default_factory=list, description="the volumes its sandbox mounted, by name: their "
+                                          "data is not in the checkpoint (docs/volumes.md)")
 
 
 class VolumeMounted(BaseModel):

@@ -1,6 +1,7 @@
 """Volumes' tests remove what they made: the `sbx` fixture removes the test's containers;
 `volumes_cleanup` then removes, by name, the Docker volumes labelled with the test's own
-installation id (and any helper container left labelled with one of them)."""
+installation id (and any helper container left labelled with one of them), and the
+checkpoint images labelled with it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def remove_test_volumes(home: Path) -> None:
                                          filters={"label": [f"sbx.volume={volume_id}"]}):
                 api.remove_container(helper["Id"], force=True)
             api.remove_volume(volume["Name"], force=True)
+        for image in api.images(filters={"label": [f"sbx.install={install}"]}):  # checkpoints
+            api.remove_image(image["Id"], force=True)
     finally:
         api.close()
 

@@ -7,6 +7,7 @@ with exit 2 before anything is made."""
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 
 import docker
@@ -164,6 +165,44 @@ def test_files_go_into_and_out_of_a_volume_without_a_sandbox(sbx, tmp_path):
     assert [(p["op"], p["direction"], p["path"]) for p in moved] == [
         ("upload", "in", "/checkout"), ("download", "out", "/checkout/src"),
         ("download", "out", "/checkout/src/a.txt")]
+
+
+def test_a_checkpoint_names_its_volumes_and_a_restore_mounts_them_again(sbx, tmp_path):
+    volume_ok(sbx, "create", "state")
+    box = sbx.create("--volume", "state:/state")
+    wrote = sbx("exec", box["id"], "--", "sh", "-c",
+                "echo before > /state/v && echo rootfs > /tmp/r")
+    assert wrote.code == 0, wrote.err
+    snap = sbx("snapshot", box["id"], "--json")
+    assert snap.code == 0, snap.err
+    ckpt = snap.json()
+    assert ckpt["volumes"] == [{"name": "state", "path": "/state", "read_only": False}]
+    assert sbx("exec", box["id"], "--", "sh", "-c", "echo after > /state/v").code == 0
+    assert sbx("destroy", box["id"]).code == 0
+
+    restored = sbx("restore", ckpt["id"], "--label", RUN_LABEL, "--json")
+    assert restored.code == 0, restored.err
+    again = restored.json()["id"]
+    # the filesystem is the checkpoint's; the volume is not in it: mounted again, as it is now
+    assert sbx("exec", again, "--", "cat", "/tmp/r", "/state/v").out == "rootfs\nafter\n"
+
+    archive = tmp_path / "c.tar.gz"
+    exported = sbx("checkpoint", "export", ckpt["id"], "-o", str(archive))
+    assert exported.code == 0, exported.err
+    assert "the archive holds no volume data; its sandbox mounted state at /state" in \
+        exported.err
+    with tarfile.open(archive) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert manifest["volumes_not_included"] == ckpt["volumes"]
+
+    assert sbx("destroy", again).code == 0
+    assert sbx("volume", "rm", "state").code == 0
+    rows = table_rows(sbx.home, "sandboxes")
+    refused = sbx("restore", ckpt["id"], "--label", RUN_LABEL)
+    assert refused.code == 3
+    assert "no volume 'state': the checkpoint's sandbox mounted it at /state" in refused.err
+    assert table_rows(sbx.home, "sandboxes") == rows
+    assert sbx("checkpoint", "rm", ckpt["id"]).code == 0
 
 
 @pytest.mark.parametrize(("args", "code", "said"), [
