@@ -79,6 +79,19 @@ class TestDockerConformance(AdapterConformance):
         return lambda ref: docker_api.remove_container(ref, force=True)
 
 
+# -- docker under gVisor: the same kit, every sandbox under the engine's runsc runtime --------
+# (make test-setup registers it; tests/gvisor shows it is gVisor). Where gVisor differs the
+# adapter says so and the kit checks what it says (docs/security.md, "Isolation levels").
+
+
+@pytest.mark.docker
+class TestDockerGvisorConformance(TestDockerConformance):
+    @pytest.fixture
+    def create_request(self):
+        return lambda sandbox_id, labels: CreateRequest(sandbox_id=sandbox_id, labels=labels,
+                                                        isolation="gvisor")
+
+
 # -- compose: the real Docker Compose on the real engine, a project of two services ---------
 
 COMPOSE_KIT_PROJECT = {
