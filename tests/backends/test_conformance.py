@@ -80,8 +80,8 @@ class TestDockerConformance(AdapterConformance):
 
 
 # -- docker under gVisor: the same kit, every sandbox under the engine's runsc runtime --------
-# (make test-setup registers it; tests/gvisor shows it is gVisor). Where gVisor differs the
-# adapter says so and the kit checks what it says (docs/security.md, "Isolation levels").
+# (make test-setup registers it; tests/gvisor shows it is gVisor and checks what the user is
+# told where gVisor differs: docs/security.md, "Isolation levels").
 
 
 @pytest.mark.docker
