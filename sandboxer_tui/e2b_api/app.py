@@ -405,13 +405,15 @@ class E2BApi:
         service, _, method = path[1:].partition("/")
         streaming = _header(scope, "content-type").startswith(wire.STREAM_TYPE)
         handler = getattr(self, f"_rpc_{service.split('.')[0]}_{method}", None)
+        if path == "/process.Process/StreamInput" and streaming and scope["method"] == "POST":
+            await self._stream_input(scope, receive, send)
+            return
         try:
             body = await wire.read_body(receive)
             if scope["method"] != "POST":
                 raise RpcError("unimplemented", unimplemented(f"{scope['method']} {path}"))
             if handler is None:
-                feature = {"StreamInput": "commands.stream_input"}.get(method, path[1:])
-                raise RpcError("unimplemented", unimplemented(feature))
+                raise RpcError("unimplemented", unimplemented(path[1:]))
             request = wire.first_envelope(body) if streaming else wire.parse(body)
             box = await self._envd_box(scope, method in ENVD_WRITE)
             if not streaming:
@@ -442,6 +444,41 @@ class E2BApi:
             error = wire.rpc_error_of(exc)
         with contextlib.suppress(Exception):  # gone already: nobody to tell
             await send({"type": "http.response.body", "body": wire.end_of_stream(error)})
+
+    async def _stream_input(self, scope, receive, send) -> None:
+        """`commands.stream_input` / `pty.stream_input`: envd's client stream, a start
+        naming the process then its input, each message written to the process (or the
+        terminal) as it comes; answered once the stream ends."""
+        receive = _Receive(receive)
+        error = None
+        try:
+            box = await self._envd_box(scope, True)
+            messages = wire.envelopes(wire.body_chunks(receive))
+            start = (await anext(messages, None) or {}).get("start")
+            if not isinstance(start, dict):
+                raise RpcError("invalid_argument", "a stream of input starts with its start")
+            request = {"process": start.get("process") or {}}
+            terminal = await self._terminal(box, request)
+            proc = None if terminal is not None else await _process(box, request)
+            kind = "stdin" if terminal is None else "pty"
+            async for message in messages:
+                given = (message.get("data") or {}).get("input")
+                if given is None:  # a keepalive
+                    continue
+                if kind not in given:
+                    raise RpcError("invalid_argument", f"this process takes input as {kind}")
+                data = wire.unb64(given[kind])
+                await (proc.write(data) if terminal is None else terminal.write(data))
+        except Denied as exc:
+            error = RpcError("unauthenticated" if exc.status == 401 else "permission_denied",
+                             str(exc))
+        except Exception as exc:
+            error = wire.rpc_error_of(exc)
+        await _drain(receive, "POST")  # a refused stream's rest, so that its sender reads
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", wire.STREAM_TYPE.encode())]})
+        await send({"type": "http.response.body", "body": (
+            wire.envelope({}) if error is None else b"") + wire.end_of_stream(error)})
 
     async def _rpc_fail(self, send, error: RpcError, streaming: bool) -> None:
         if not streaming:

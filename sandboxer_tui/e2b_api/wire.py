@@ -98,6 +98,27 @@ def first_envelope(body: bytes) -> dict[str, Any]:
     return parse(body[5:5 + length])
 
 
+async def envelopes(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
+    """A client stream's messages as they arrive, to its end-of-stream envelope (or the
+    body's end)."""
+    buffer = bytearray()
+    async for chunk in chunks:
+        buffer += chunk
+        while len(buffer) >= 5:
+            flags, length = struct.unpack(">BI", buffer[:5])
+            if len(buffer) < 5 + length:
+                break
+            data = bytes(buffer[5:5 + length])
+            del buffer[:5 + length]
+            if flags & END_STREAM:
+                return
+            if flags & 0x01:
+                raise RpcError("unimplemented", unimplemented("a compressed request"))
+            yield parse(data)
+    if buffer:
+        raise RpcError("invalid_argument", "the request ends inside a message")
+
+
 def parse(data: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(data or b"{}")

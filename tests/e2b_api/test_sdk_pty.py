@@ -44,6 +44,12 @@ def test_a_pty_takes_keystrokes_shows_output_resizes_and_is_killed(e2b_env, live
             seen.clear()
             await box.pty.send_stdin(term.pid, b"stty size\r")
             await _until(seen, b"30 100")  # the refused size changed nothing
+            # input as a stream: a piece reaches the terminal while the stream is open
+            async with box.pty.stream_input(term.pid) as stream:
+                await stream.send(b"echo ear" + b"ly\r")
+                await _until(seen, b"early\r\n")
+                await stream.send("echo str" + "eamed\r")
+            await _until(seen, b"streamed\r\n")
             assert term.pid in [p.pid for p in await box.commands.list()]
             # another handle on the same terminal reads what is kept of its output
             again = bytearray()

@@ -52,7 +52,7 @@ def test_a_command_runs_and_its_output_exit_code_and_failure_reach_the_sdk(e2b_e
 
 
 def test_a_background_command_is_waited_for_fed_stdin_and_killed(e2b_env):
-    from e2b import CommandExitException
+    from e2b import CommandExitException, NotFoundException
 
     box = _sandbox()
     try:
@@ -60,6 +60,12 @@ def test_a_background_command_is_waited_for_fed_stdin_and_killed(e2b_env):
         assert handle.pid in [p.pid for p in box.commands.list()]
         box.commands.send_stdin(handle.pid, "ping\n")
         assert handle.wait().stdout == "got ping\n"
+        # input as a stream: each piece reaches the process as it is sent
+        paired = box.commands.run("read a; read b; echo $a+$b", background=True, stdin=True)
+        box.commands.stream_input(paired.pid, ["left\n", b"right\n"])
+        assert paired.wait().stdout == "left+right\n"
+        with pytest.raises(NotFoundException):
+            box.commands.stream_input(paired.pid + 100000, ["nobody\n"])
         sleeper = box.commands.run("sleep 300", background=True)
         assert sleeper.kill() is True
         with pytest.raises(CommandExitException) as killed:
