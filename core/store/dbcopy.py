@@ -18,7 +18,7 @@ from sandboxer.core.store.db import Database, redact
 
 # parents before children; each table's rows in primary-key order
 TABLES = ("sandboxes", "checkpoints", "events", "sink_cursors", "deliveries", "metric_samples",
-          "api_keys", "tenants", "idempotency_keys", "pools", "processes")
+          "api_keys", "tenants", "idempotency_keys", "pools", "processes", "volumes", "mounts")
 BATCH = 2000
 
 
