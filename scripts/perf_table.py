@@ -19,7 +19,7 @@ README = ROOT / "README.md"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 # the benchmarks in the order the table lists them
 ORDER = ("lifecycle", "oneshot", "api", "service", "mcp", "e2b_api", "files", "proxy", "terminal", "pool", "reap", "checkpoints", "delivery",
-         "metrics", "fleet", "tui")
+         "metrics", "fleet", "tui", "gvisor")
 
 
 def table(results: Path = RESULTS) -> str:
