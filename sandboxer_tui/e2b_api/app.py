@@ -698,7 +698,7 @@ class E2BApi:
         """The streaming watch (the async SDK's): a look every watch.POLL_S, its changes as
         events, until the client goes or the call's timeout passes."""
         path, recursive, entries = await self._watched(box, request)
-        before = await watch.look(box, path, recursive)
+        before = await watch.look(box, path, recursive) or {}
         yield {"start": {}}  # a oneof: its field is the message's own, in JSON
         while True:
             await asyncio.sleep(watch.POLL_S)
@@ -707,6 +707,9 @@ class E2BApi:
             except Exception:
                 await _still_there(box)
                 raise
+            if after is None:  # the folder is gone, or the sandbox: then the stream ends
+                await _still_there(box)
+                after = {}
             for event in _events(watch.changes(before, after), entries):
                 yield {"filesystem": event}
             before = after
@@ -719,7 +722,7 @@ class E2BApi:
             raise RpcError("resource_exhausted", f"{watch.MAX_WATCHERS} watchers are open: "
                                                  "stop one first")
         path, recursive, entries = await self._watched(box, request)
-        first = await watch.look(box, path, recursive)
+        first = await watch.look(box, path, recursive) or {}
         watcher = "watch-" + secrets.token_hex(8)
         self.watchers[watcher] = (box.id, path, recursive, entries, first)
         return {"watcherId": watcher}
@@ -727,7 +730,7 @@ class E2BApi:
     async def _rpc_filesystem_GetWatcherEvents(self, box: AsyncSandbox, request, scope):
         watcher = self._watcher(box, request)
         sid, path, recursive, entries, before = self.watchers[watcher]
-        after = await watch.look(box, path, recursive)
+        after = await watch.look(box, path, recursive) or {}  # gone: all of it removed
         self.watchers[watcher] = (sid, path, recursive, entries, after)
         return {"events": _events(watch.changes(before, after), entries)}
 

@@ -19,9 +19,9 @@ RECURSIVE_DEPTH = 16  # the levels a recursive watch looks down (each look lists
 Look = dict[str, Any]  # a name relative to the watched folder -> its FileInfo
 
 
-async def look(box, path: str, recursive: bool) -> Look:
-    """What the folder holds now (all levels when recursive), by relative name; empty when
-    the folder itself is gone."""
+async def look(box, path: str, recursive: bool) -> Look | None:
+    """What the folder holds now (all levels when recursive), by relative name; None when
+    it is not found (the folder is gone, or the sandbox)."""
     from sandboxer.core.rules.errors import NotFound
 
     try:
@@ -30,7 +30,7 @@ async def look(box, path: str, recursive: bool) -> Look:
             raise RpcError("invalid_argument", f"path '{path}' is not a directory")
         found = await box.files.list(path, RECURSIVE_DEPTH if recursive else 1)
     except NotFound:
-        return {}
+        return None
     base = top.path.rstrip("/") + "/"
     return {info.path[len(base):]: info for info in found if info.path.startswith(base)}
 

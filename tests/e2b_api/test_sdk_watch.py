@@ -81,6 +81,17 @@ def test_the_streaming_watcher_calls_back_as_files_change(e2b_env):
                             ("new.txt", FilesystemEventType.WRITE),
                             ("new.txt", FilesystemEventType.REMOVE)]
             await handle.stop()
+            # the sandbox going away ends a watch with an error, not with every file removed
+            await box.files.write("/tmp/s/kept.txt", "k")
+            ended: list[Exception | None] = []
+            seen.clear()
+            await box.files.watch_dir("/tmp/s", on_event=lambda e: seen.append(
+                (e.name, e.type)), on_exit=ended.append)
+            await box.kill()
+            async with asyncio.timeout(30):
+                while not ended:
+                    await asyncio.sleep(0.05)
+            assert ended[0] is not None and seen == []
         finally:
             await box.kill()
 
