@@ -488,6 +488,10 @@ def build_override(config: Mapping[str, Any], project: Project, request: CreateR
                 svc["environment"] = {key: None for key in request.env}
             if request.command is not None:
                 svc["command"] = [_literal(arg) for arg in request.command]
+            if request.mounts:  # sbx's named volumes (docs/volumes.md), outside the project
+                svc["volumes"] = [{"type": "volume", "source": m.ref, "target": m.path,
+                                   "read_only": m.read_only, "volume": {"nocopy": True}}
+                                  for m in request.mounts]
         if images and name in images:
             svc["image"] = images[name]
         if request.isolation == "gvisor":  # every service: a file cannot set runtime: itself
@@ -509,6 +513,8 @@ def build_override(config: Mapping[str, Any], project: Project, request: CreateR
     named = config.get("volumes") or {}
     volumes = {key: {"labels": labels} for key, spec in sorted(named.items())
                if not _external(spec)}
+    for mount in request.mounts:  # external: `down --volumes` never removes them
+        volumes[mount.ref] = {"external": True, "name": mount.ref}
     if volumes:
         override["volumes"] = volumes
     return override
@@ -552,18 +558,48 @@ def add_up(samples: Sequence[MetricSample]) -> MetricSample:
     )
 
 
+VOLUME_HELPER = "volume-helper:"  # open_volume's reference: a helper container, not a project
+
+
 class ComposeAdapter(_Adapter):
     name = "compose"
     description = "Docker Compose projects on a Docker engine (local socket or DOCKER_HOST)"
     capabilities = frozenset({Capability.EXEC, Capability.LOGS, Capability.METRICS,
                               Capability.PAUSE, Capability.SNAPSHOT, Capability.FILES,
                               Capability.PROCESSES, Capability.PTY, Capability.PORTS,
-                              Capability.ISOLATION_GVISOR})
+                              Capability.ISOLATION_GVISOR, Capability.VOLUMES})
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
         self.base_url = base_url or engine_url()
         self.docker = DockerAdapter(self.base_url, timeout)
         self._configs: dict[str, dict[str, Any]] = {}  # validated, by sandbox id
+
+    # -- volumes (docs/volumes.md): the engine's named volumes, as the docker backend keeps them
+
+    async def create_volume(self, volume_id: str, labels: Mapping[str, str]) -> str:
+        return await self.docker.create_volume(volume_id, labels)
+
+    async def remove_volume(self, ref: str) -> None:
+        await self.docker.remove_volume(ref)
+
+    async def volume_size(self, ref: str) -> int | None:
+        return await self.docker.volume_size(ref)
+
+    async def list_volumes(self, labels: Mapping[str, str]) -> list[str]:
+        return await self.docker.list_volumes(labels)
+
+    async def open_volume(self, ref: str, labels: Mapping[str, str]) -> str:
+        """The docker backend's helper container, marked so that put_archive and
+        get_archive below take it for itself, not for a project."""
+        return VOLUME_HELPER + await self.docker.open_volume(ref, labels)
+
+    async def close_volume(self, helper: str) -> None:
+        await self.docker.close_volume(helper.removeprefix(VOLUME_HELPER))
+
+    async def _files_target(self, ref: str) -> str:
+        if ref.startswith(VOLUME_HELPER):
+            return ref.removeprefix(VOLUME_HELPER)
+        return await self._main_id(ref)
 
     # -- running compose ----------------------------------------------------------------------
 
@@ -900,10 +936,10 @@ class ComposeAdapter(_Adapter):
     # list, remove, mkdir and rename are the base's, run through exec above
 
     async def put_archive(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> None:
-        await self.docker.put_archive(await self._main_id(ref), path, tar)
+        await self.docker.put_archive(await self._files_target(ref), path, tar)
 
     async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
-        async for chunk in self.docker.get_archive(await self._main_id(ref), path):
+        async for chunk in self.docker.get_archive(await self._files_target(ref), path):
             yield chunk
 
     async def stat_file(self, ref: str, path: str) -> FileInfo | None:

@@ -223,3 +223,36 @@ def test_bad_input_is_refused_and_changes_nothing(sbx, args, code, said):
     assert "Traceback" not in result.err and str(sbx.home) not in result.err
     assert table_rows(sbx.home, "volumes") == [] and table_rows(sbx.home, "sandboxes") == []
     assert install_id_of(sbx.home) is None or docker_volumes(sbx.home) == []
+
+
+def test_compose_mounts_the_engines_named_volume_and_its_down_leaves_it(sbx, tmp_path):
+    """The compose backend mounts sbx's volume into the project's service as an external
+    volume: `compose down --volumes` at destroy leaves it, and a later project reads it."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    project = {"services": {"app": {"image": "sandboxer/base:busybox", "command": [
+        "sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $$!; done"]}}}
+    (folder / "stack.yaml").write_text(json.dumps({
+        "backend": "compose", "compose": {"project": project, "service": "app"}}))
+    env = {"SBX_PROFILE_PATH": str(folder)}
+    made = sbx("volume", "create", "shared-data", "--backend", "compose", "--json", env=env)
+    assert made.code == 0, made.err
+    seed = tmp_path / "seed.txt"
+    seed.write_text("seeded\n")
+    assert sbx("volume", "put", "shared-data", str(seed), "/", env=env).code == 0
+
+    first = sbx("create", "--label", RUN_LABEL, "--profile", "stack", "--volume",
+                "shared-data:/data", "--json", env=env)
+    assert first.code == 0, first.err
+    box = first.json()["id"]
+    wrote = sbx("exec", box, "--", "sh", "-c", "cat /data/seed.txt > /data/copy.txt", env=env)
+    assert wrote.code == 0, wrote.err
+    assert sbx("destroy", box, env=env).code == 0
+    assert len(docker_volumes(sbx.home)) == 1  # compose down --volumes left it
+
+    second = sbx("create", "--label", RUN_LABEL, "--profile", "stack", "--volume",
+                 "shared-data:/data:ro", "--json", env=env)
+    assert second.code == 0, second.err
+    read = sbx("exec", second.json()["id"], "--", "cat", "/data/copy.txt", env=env)
+    assert (read.code, read.out) == (0, "seeded\n")
+    assert helpers_left() == []
