@@ -7,6 +7,7 @@ validation; neither leaves anything behind."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,49 @@ def test_a_compose_project_runs_every_service_under_gvisor(sbx, docker_api, tmp_
         assert "gVisor" in said.out, said.out
     finally:
         assert sbx("destroy", box["id"]).code == 0
+
+
+def test_files_and_background_processes_work_under_gvisor(runner, boxes, tmp_path):
+    """The files API goes through the sandbox under gVisor (its /tmp is gVisor's own): what
+    sbx cp puts there, a command in the sandbox reads, and the other way round."""
+    box = boxes["gvisor"]["id"]
+    (tmp_path / "in.txt").write_text("from the host\n")
+    for where in ("/tmp/in.txt", "/in.txt"):
+        assert runner("cp", str(tmp_path / "in.txt"), f"{box}:{where}").code == 0
+        assert runner("exec", box, "--", "cat", where).out == "from the host\n"
+    made = runner("exec", box, "--", "sh", "-c", "echo made inside > /tmp/out.txt")
+    assert made.code == 0, made.err
+    assert runner("cp", f"{box}:/tmp/out.txt", str(tmp_path / "out.txt")).code == 0
+    assert (tmp_path / "out.txt").read_text() == "made inside\n"
+    started = runner("exec", "--detach", box, "--", "sh", "-c", "echo tick; exit 7")
+    assert started.code == 0, started.err
+    attached = runner("attach", box, started.out.strip())
+    assert (attached.code, attached.out) == (7, "tick\n"), attached.err
+
+
+WEB = ("backend: docker\nisolation: gvisor\nnetwork: {mode: full}\nports: [8080]\n"
+       "command: [sh, -c, \"mkdir -p /www && echo served > /www/index.html "
+       "&& exec httpd -f -p 8080 -h /www\"]\n")
+
+
+def test_ports_and_reap_work_under_gvisor(sbx, docker_api, tmp_path):
+    import urllib.error
+    import urllib.request
+
+    box = sbx.create("--profile-file", str(write_profile(tmp_path, "web", WEB)), "--ttl", "5m")
+    url = sbx("port", box["id"], "8080").out.strip()
+    assert url.startswith("http://127.0.0.1:"), url
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    give_up = time.monotonic() + 30
+    while True:  # until httpd in the sandbox answers
+        try:
+            with opener.open(url + "/index.html", timeout=5) as reply:
+                assert reply.read() == b"served\n"
+                break
+        except (urllib.error.URLError, ConnectionError):
+            assert time.monotonic() < give_up, f"nothing answered at {url} within 30 s"
+            time.sleep(0.1)
+    reaped = sbx("reap", env={"SBX_CLOCK_OFFSET": "10m"})  # its deadline has passed
+    assert reaped.code == 0, reaped.err
+    assert show(sbx, box["id"])["state"] == "destroyed", reaped.out
+    assert containers_of(docker_api, install_id_of(sbx.home)) == []
