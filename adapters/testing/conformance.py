@@ -50,6 +50,7 @@ from sandboxer.adapters.base import (
     LABEL_HARD_DEADLINE,
     LABEL_ID,
     LABEL_INSTALL,
+    LABEL_VOLUME,
     Adapter,
     AdapterError,
     Artifact,
@@ -64,6 +65,7 @@ from sandboxer.adapters.base import (
     MetricSample,
     NoSuchPath,
     PtyChannel,
+    VolumeMountSpec,
 )
 
 GROUP = "sandboxer.adapters"
@@ -765,6 +767,9 @@ class AdapterConformance:
                 if declared:
                     await self._hardened(kit, capability)
                 return
+            if capability == Capability.VOLUMES and declared:
+                await self._volume(kit)
+                return
             if capability == Capability.SHELL:
                 # a command line for a person's terminal: built here, not run (no terminal)
                 obj = await kit.create()
@@ -823,6 +828,35 @@ class AdapterConformance:
                 assert term.exit_code == 5, f"exit 5 typed: exit_code {term.exit_code!r}"
             finally:
                 await term.close()
+
+    async def _volume(self, kit: Kit) -> None:
+        """A volume made, listed by its labels, written through open_volume's helper (no
+        sandbox), read in a sandbox that mounts it, then removed (twice: already gone is
+        success), and no longer listed (docs/volumes.md)."""
+        adapter = kit.adapter
+        volume_id = f"vol-{secrets.token_hex(6)}"
+        labels = {LABEL_VOLUME: volume_id, LABEL_INSTALL: kit.install}
+        ref = await adapter.create_volume(volume_id, labels)
+        try:
+            assert ref in await adapter.list_volumes({LABEL_VOLUME: volume_id}), (
+                f"list_volumes() does not show {ref}")
+            helper = await adapter.open_volume(ref, {LABEL_VOLUME: volume_id})
+            try:
+                await adapter.put_archive(helper, "/volume", _chunked(_kit_tree(b"kept")))
+            finally:
+                await adapter.close_volume(helper)
+            size = await adapter.volume_size(ref)
+            assert size is None or size >= 0
+            if adapter.supports(Capability.EXEC):
+                obj = await kit.create(replace(kit.request(), mounts=(
+                    VolumeMountSpec(ref, "/sbx-kit-volume", read_only=True),)))
+                said = await adapter.exec(obj.ref, ["cat", "/sbx-kit-volume/tree/data"])
+                assert said.stdout == b"kept", said
+                await adapter.destroy(obj.ref)
+        finally:
+            await adapter.remove_volume(ref)
+        await adapter.remove_volume(ref)
+        assert ref not in await adapter.list_volumes({LABEL_VOLUME: volume_id})
 
     async def _hardened(self, kit: Kit, capability: Capability) -> None:
         """A sandbox made with `read_only` / `user` is what was asked (seen through exec)."""
@@ -899,6 +933,11 @@ class AdapterConformance:
             Capability.PTY: [lambda: adapter.open_pty(ref, ["sh"])],
             Capability.PORTS: [lambda: adapter.port_endpoints(ref),
                                lambda: adapter.expose_port(ref, 8080)],
+            Capability.VOLUMES: [lambda: adapter.create_volume("vol-kit", {}),
+                                 lambda: adapter.remove_volume("no-such-volume"),
+                                 lambda: adapter.list_volumes({LABEL_INSTALL: kit.install}),
+                                 lambda: adapter.open_volume("no-such-volume", {}),
+                                 lambda: adapter.close_volume("no-such-helper")],
         }
         for call in calls[capability]:
             with pytest.raises(CapabilityNotSupported) as refused:

@@ -329,4 +329,4 @@ def test_the_kit_fails_an_adapter_that_breaks_the_contract(tmp_path):
         "test_destroy_takes_the_services_hint",    # destroy takes no services
         "test_capability[files]",                  # not declared, not refused (the stub's)
     ]), result.stdout[-4000:]
-    assert "16 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]  # the rest, shell, pty and ports (not declared, refused) among them
+    assert "18 passed" in result.stdout.splitlines()[-1], result.stdout[-1000:]  # the rest, shell, pty, ports, isolation-gvisor and volumes (not declared, refused) among them
