@@ -93,6 +93,7 @@ class E2BApi:
         self.pty_count = 0  # terminals opened: a pty's pid is never given twice
         # the SDK's polling watchers: id -> (sandbox id, path, recursive, entries?, last look)
         self.watchers: dict[str, tuple[str, str, bool, bool, watch.Look]] = {}
+        self.capabilities: dict[str, frozenset[str]] = {}  # a backend's, as loaded here
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -150,6 +151,19 @@ class E2BApi:
         if box.id != sid or str(box.state) in ("destroyed", "failed", "lost"):
             raise Reply(404, f"sandbox \"{sid}\" doesn't exist or you don't have access to it")
         return box
+
+    async def _needs(self, client: AsyncSandboxer, box: AsyncSandbox, capability: str,
+                     feature: str) -> None:
+        """501 naming the feature and the backend when the sandbox's backend lacks it: the
+        library's answer is a conflict (409), which the SDK reads as done for some calls
+        (a pause of a paused sandbox), and the caller must learn it never will be."""
+        found = self.capabilities.get(box.backend)
+        if found is None:
+            statuses = await client.backends([box.backend], check=False)
+            found = statuses[0].capabilities if statuses else frozenset()
+            self.capabilities[box.backend] = found
+        if capability not in found:
+            raise Reply(501, unimplemented(f"{feature} on the {box.backend} backend"))
 
     def _created(self, box: AsyncSandbox, token: str) -> dict[str, Any]:
         return {"templateID": box.profile, "sandboxID": box.id, "clientID": CLIENT_ID,
@@ -261,6 +275,7 @@ class E2BApi:
         seconds), or a live one when none is stored: CPU and memory; disk is not measured
         (0)."""
         box = await self._box(client, sid)
+        await self._needs(client, box, "metrics", "metrics")
         try:
             start = int(query.get("start") or 0)
             end = int(query.get("end") or 2**62)
@@ -285,6 +300,7 @@ class E2BApi:
         """A snapshot is an sbx checkpoint of the sandbox's filesystem (its processes and
         memory are not kept): `Sandbox.create(snapshot_id)` restores it."""
         box = await self._box(client, sid)
+        await self._needs(client, box, "snapshot", "snapshots")
         if body.get("memory") is True:
             raise Reply(501, unimplemented("snapshots with memory (mode='full'; sbx's "
                                            "checkpoints keep the filesystem)"))
@@ -325,6 +341,7 @@ class E2BApi:
         """`count` new sandboxes from a checkpoint of this one's filesystem taken now (kept:
         `sbx checkpoints` lists it); each fork succeeds or fails on its own, as on E2B."""
         box = await self._box(client, sid)
+        await self._needs(client, box, "snapshot", "forks (a snapshot restored)")
         timeout = _timeout(body.get("timeout", 300), minimum=1)
         count = body.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or \
@@ -350,6 +367,7 @@ class E2BApi:
 
     async def _pause(self, client, token, body, query, sid):
         box = await self._box(client, sid)
+        await self._needs(client, box, "pause", "pausing")
         if str(box.state) == "paused":
             raise Reply(409, f"sandbox \"{sid}\" is already paused")
         await box.pause()
