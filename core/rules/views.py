@@ -54,6 +54,11 @@ class SandboxView(TypedDict):
 GVISOR_METRICS_NOTE = ("under gVisor: pids is not read (the engine sees gVisor's own threads, "
                        "not the sandbox's processes); CPU and memory include gVisor's kernel")
 
+# ... and about its snapshots: gVisor keeps /tmp in its own memory, which the engine's commit
+# does not see
+GVISOR_SNAPSHOT_NOTE = ("under gVisor: /tmp is gVisor's own memory, not in the checkpoint; the "
+                        "rest of the filesystem is")
+
 
 def sandbox_view(row: Mapping[str, Any], now_iso: str | None = None) -> dict[str, Any]:
     """The row as a `SandboxView`."""

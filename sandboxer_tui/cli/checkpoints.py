@@ -22,7 +22,12 @@ def snapshot_command(sandbox_id: str, name: str | None, as_json: bool) -> None:
     """Save a sandbox's filesystem as a checkpoint."""
     progress(f"snapshotting {sandbox_id}...")
     with client() as sbx:
-        view = sbx.get(sandbox_id).snapshot(name).to_dict()
+        box = sbx.get(sandbox_id)
+        view = box.snapshot(name).to_dict()
+    if box.isolation == "gvisor":  # docs/security.md, "Isolation levels"
+        from sandboxer.core.rules.views import GVISOR_SNAPSHOT_NOTE
+
+        click.echo(GVISOR_SNAPSHOT_NOTE, err=True)
     if as_json:
         emit_json(view)
     else:

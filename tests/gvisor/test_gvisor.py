@@ -222,3 +222,22 @@ def test_ports_and_reap_work_under_gvisor(sbx, docker_api, tmp_path):
     assert reaped.code == 0, reaped.err
     assert show(sbx, box["id"])["state"] == "destroyed", reaped.out
     assert containers_of(docker_api, install_id_of(sbx.home)) == []
+
+
+def test_a_snapshot_under_gvisor_keeps_the_root_not_tmp_and_says_so(runner, boxes):
+    box = boxes["gvisor"]["id"]
+    wrote = runner("exec", box, "--", "sh", "-c", "echo kept > /kept; echo gone > /tmp/gone")
+    assert wrote.code == 0, wrote.err
+    snapped = runner("snapshot", box, "--json")
+    assert snapped.code == 0, snapped.err
+    assert "under gVisor: /tmp is gVisor's own memory, not in the checkpoint" in snapped.err
+    checkpoint = one_json(snapped.out)["id"]
+    restored = runner("restore", checkpoint, "--label", RUN_LABEL, "--json")
+    assert restored.code == 0, restored.err
+    again = one_json(restored.out)
+    assert again["isolation"] == "gvisor"
+    said = runner("exec", again["id"], "--", "sh", "-c", "cat /kept; test -e /tmp/gone || echo no")
+    assert said.out == "kept\nno\n", said.err
+    assert runner("destroy", again["id"]).code == 0
+    removed = runner("checkpoint", "rm", checkpoint)  # its image, by the checkpoint's id
+    assert removed.code == 0, removed.err
