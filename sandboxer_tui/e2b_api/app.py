@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from sandboxer import AsyncSandbox, AsyncSandboxer
+from sandboxer import AsyncSandbox, AsyncSandboxer, ExecExit
 from sandboxer_tui.e2b_api import watch, wire
 from sandboxer_tui.e2b_api.wire import Reply, RpcError, unimplemented
 
@@ -29,6 +29,9 @@ MAX_FORKS = 20  # forks of one call (the SDK's own bound)
 # a terminal's pid as the SDK sees it: sbx's terminals have ids, not pids, so the facade
 # numbers them from above Linux's largest pid (pid_max, 2**22), where no process's pid is
 PTY_PID_BASE = 1 << 22
+# a command run as an exec (a backend without background processes: docs/e2b-api.md,
+# "Backends"), numbered above the terminals' range
+EXEC_PID_BASE = 1 << 23
 
 Resolve = Callable[[dict[str, Any], bool], Awaitable[tuple[AsyncSandboxer, str]]]
 """(ASGI scope, needs write) -> (the caller's client, its token); raises `Denied`."""
@@ -94,6 +97,7 @@ class E2BApi:
         # the SDK's polling watchers: id -> (sandbox id, path, recursive, entries?, last look)
         self.watchers: dict[str, tuple[str, str, bool, bool, watch.Look]] = {}
         self.capabilities: dict[str, frozenset[str]] = {}  # a backend's, as loaded here
+        self.exec_count = 0  # commands run as an exec: their pids are never given twice
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -157,13 +161,24 @@ class E2BApi:
         """501 naming the feature and the backend when the sandbox's backend lacks it: the
         library's answer is a conflict (409), which the SDK reads as done for some calls
         (a pause of a paused sandbox), and the caller must learn it never will be."""
-        found = self.capabilities.get(box.backend)
-        if found is None:
-            statuses = await client.backends([box.backend], check=False)
-            found = statuses[0].capabilities if statuses else frozenset()
-            self.capabilities[box.backend] = found
-        if capability not in found:
+        if capability not in await self._capable(client, box.backend):
             raise Reply(501, unimplemented(f"{feature} on the {box.backend} backend"))
+
+    async def _capable(self, client: AsyncSandboxer, backend: str) -> frozenset[str]:
+        """What `backend` can do (capability values), looked up once a service process."""
+        found = self.capabilities.get(backend)
+        if found is None:
+            statuses = await client.backends([backend], check=False)
+            found = statuses[0].capabilities if statuses else frozenset()
+            self.capabilities[backend] = found
+        return found
+
+    def _without_processes(self, box: AsyncSandbox, feature: str) -> None:
+        """envd's unimplemented, naming the feature and the backend, when the sandbox's
+        backend has no background processes (its commands ran as execs)."""
+        if "processes" not in self.capabilities.get(box.backend, frozenset({"processes"})):
+            raise RpcError("unimplemented", unimplemented(
+                f"{feature} on the {box.backend} backend (it has no background processes)"))
 
     def _created(self, box: AsyncSandbox, token: str) -> dict[str, Any]:
         return {"templateID": box.profile, "sandboxID": box.id, "clientID": CLIENT_ID,
@@ -417,6 +432,7 @@ class E2BApi:
             raise RpcError("not_found", exc.message) from None
         if str(box.state) != "running":
             raise RpcError("unavailable", f"sandbox \"{sid}\" is not running")
+        await self._capable(client, box.backend)  # known to the envd calls from here on
         return box
 
     async def _rpc(self, scope, receive, send, path: str) -> None:
@@ -477,6 +493,8 @@ class E2BApi:
                 raise RpcError("invalid_argument", "a stream of input starts with its start")
             request = {"process": start.get("process") or {}}
             terminal = await self._terminal(box, request)
+            if terminal is None:
+                self._without_processes(box, "a command's input")
             proc = None if terminal is not None else await _process(box, request)
             kind = "stdin" if terminal is None else "pty"
             async for message in messages:
@@ -523,11 +541,32 @@ class E2BApi:
             argv = [cmd, *args]
         env = {**self.envs.get(box.id, {}), **(config.get("envs") or {})}
         cwd = await self._absolute(box, config.get("cwd") or ".")  # the home, by default
+        if "processes" not in self.capabilities.get(box.backend, frozenset({"processes"})):
+            if request.get("stdin"):
+                self._without_processes(box, "a command's input (stdin=True)")
+            async for message in self._exec(box, argv, env, cwd, _user(scope)):
+                yield message
+            return
         proc = await box.processes.start(argv, env=env or None, cwd=cwd,
                                          user=_user(scope), stdin=bool(request.get("stdin")))
         yield {"event": {"start": {"pid": proc.pid}}}
         async for message in _follow(box, proc):
             yield message
+
+    async def _exec(self, box: AsyncSandbox, argv: list[str], env: dict[str, str],
+                    cwd: str, user: str | None):
+        """A command on a backend without background processes: the library's exec
+        (`exec_stream`), its output streamed as it comes. It is not listed, and cannot be
+        fed, killed or connected to (501 naming the backend)."""
+        self.exec_count += 1
+        yield {"event": {"start": {"pid": EXEC_PID_BASE + self.exec_count}}}
+        async for item in box.exec_stream(argv, env=env or None, cwd=cwd, user=user):
+            if isinstance(item, ExecExit):
+                code = item.exit_code
+                yield {"event": {"end": {"exitCode": code, "exited": True,
+                                         "status": f"exit status {code}"}}}
+            else:
+                yield {"event": {"data": {item.stream: wire.b64(item.data)}}}
 
     async def _rpc_process_Connect(self, box: AsyncSandbox, request, scope):
         if (terminal := await self._terminal(box, request)) is not None:
@@ -536,6 +575,7 @@ class E2BApi:
                     request["process"]["pid"])):
                 yield message
             return
+        self._without_processes(box, "connecting to a command")
         proc = await _process(box, request)
         yield {"event": {"start": {"pid": proc.pid}}}
         async for message in _follow(box, proc):
@@ -543,7 +583,9 @@ class E2BApi:
 
     async def _rpc_process_List(self, box: AsyncSandbox, request, scope):
         shown = []
-        for proc in await box.processes.list():
+        running = await box.processes.list() if "processes" in self.capabilities.get(
+            box.backend, frozenset({"processes"})) else []  # an exec is not listed
+        for proc in running:
             if proc.running:
                 argv = proc.argv
                 config = {"cmd": argv[0], "args": argv[1:], "envs": {}}
@@ -566,6 +608,7 @@ class E2BApi:
                 raise RpcError("invalid_argument", "a pty takes input as pty, not stdin")
             await terminal.write(wire.unb64(given["pty"]))
             return {}
+        self._without_processes(box, "a command's input")
         proc = await _process(box, request)
         if "stdin" not in given:
             raise RpcError("invalid_argument", "a process without a pty takes stdin")
@@ -583,6 +626,7 @@ class E2BApi:
             self.killed.add(int(request["process"]["pid"]))
             await terminal.close()  # its terminal hangs up: the program ends
             return {}
+        self._without_processes(box, "killing a command")
         proc = await _process(box, request)
         number = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}.get(
             request.get("signal"))
@@ -672,6 +716,7 @@ class E2BApi:
             raise RpcError("not_found", f"process with pid {pid} not found") from None
 
     async def _rpc_process_CloseStdin(self, box: AsyncSandbox, request, scope):
+        self._without_processes(box, "a command's input")
         proc = await _process(box, request)
         await proc.close_stdin()
         return {}

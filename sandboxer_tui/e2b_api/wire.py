@@ -12,7 +12,7 @@ import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sandboxer.core.rules.errors import classify, one_line
+from sandboxer.core.rules.errors import CapabilityNotSupported, classify, one_line
 
 END_STREAM = 0x02
 STREAM_TYPE = "application/connect+json"
@@ -58,6 +58,8 @@ def rpc_error_of(exc: BaseException) -> RpcError:
     """An sbx error (or anything else) as a Connect error, its message one line."""
     if isinstance(exc, RpcError):
         return exc
+    if isinstance(exc, CapabilityNotSupported):  # the backend's lack, named: not a conflict
+        return RpcError("unimplemented", one_line(exc))
     _, kind = classify(exc)
     return RpcError(CODE_OF_KIND.get(kind, "internal"), one_line(exc))
 
@@ -68,6 +70,8 @@ def reply_of(exc: BaseException) -> Reply:
         return exc
     if isinstance(exc, RpcError):
         return Reply(HTTP_OF.get(exc.code, 500), exc.message)
+    if isinstance(exc, CapabilityNotSupported):  # the backend's lack, named: not a conflict
+        return Reply(501, one_line(exc))
     from sandboxer.core.rules.errors import SbxError
 
     if not isinstance(exc, SbxError):

@@ -7,6 +7,7 @@ or a 500, and it changes nothing."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 from sshd import sshd_server  # noqa: F401 (a fixture)
-from support import RUN_LABEL, install_id_of, write_profile
+from standins.modal_server import ModalStandin
+from support import RUN_LABEL, install_id_of, modal_sdk_env, write_profile
 
 from tests.service.live import LiveService
 
@@ -22,11 +24,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 
 LABEL_KEY, LABEL_VALUE = RUN_LABEL.split("=")
 KEEPALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $$!; done"
-BACKENDS = ["ssh", "compose"]
+BACKENDS = ["ssh", "compose", "modal"]
+WITH_PROCESSES = ["ssh", "compose"]  # modal's commands are execs (docs/e2b-api.md)
+MODAL_TOKEN = ("ak-e2bapi" + secrets.token_hex(6), "as-e2bapi" + secrets.token_hex(12))
 
 
-def _profiles(folder: Path, server) -> None:
-    """`on-ssh`: the sshd as one host; `on-compose`: a one-service project on busybox."""
+def _profiles(folder: Path, server, modal_image: str) -> None:
+    """`on-ssh`: the sshd as one host; `on-compose`: a one-service project on busybox;
+    `on-modal`: an image of the Modal stand-in."""
     folder.mkdir()
     hosts = folder / "hosts.yaml"
     hosts.write_text(yaml.safe_dump({"hosts": [server.inventory_entry(
@@ -39,6 +44,7 @@ def _profiles(folder: Path, server) -> None:
         "image": "sandboxer/base:busybox", "command": ["sh", "-c", KEEPALIVE]}}}))
     write_profile(folder, "on-compose", "backend: compose\n" + yaml.safe_dump(
         {"compose": {"file": "stack/compose.yaml", "service": "app"}}))
+    write_profile(folder, "on-modal", f"extends: modal\nimage: {modal_image}\n")
 
 
 def _remove_compose_objects(home: Path) -> None:
@@ -67,8 +73,10 @@ def served(tmp_path_factory, sshd_server) -> Iterator[LiveService]:  # noqa: F81
     environment pointed at it with a write key of owner `writer`."""
     folder = tmp_path_factory.mktemp("e2b-backends")
     home = folder / "sbx-home"
-    _profiles(folder / "profiles", sshd_server)
+    modal = ModalStandin(folder / "modal-standin", *MODAL_TOKEN).start()
+    _profiles(folder / "profiles", sshd_server, modal.add_image())
     with pytest.MonkeyPatch.context() as patch:
+        modal_sdk_env(patch, modal.url, *MODAL_TOKEN, folder / "modal.toml")
         patch.setenv("SBX_HOME", str(home))
         patch.setenv("SBX_PROFILE_PATH", str(folder / "profiles"))
         patch.setenv("XDG_CONFIG_HOME", str(folder / "xdg-config"))
@@ -85,6 +93,8 @@ def served(tmp_path_factory, sshd_server) -> Iterator[LiveService]:  # noqa: F81
         finally:
             service.stop()
             _remove_compose_objects(home)
+            modal.stop()
+    assert modal.unimplemented == [], "the modal SDK called RPCs the stand-in lacks"
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -109,6 +119,7 @@ def test_commands_run_with_envs_cwd_and_exit_codes(box):
     assert failed.value.exit_code == 3 and failed.value.stderr == "bad\n"
 
 
+@pytest.mark.parametrize("box", WITH_PROCESSES, indirect=True)
 def test_a_background_command_is_listed_fed_waited_for_and_killed(box):
     from e2b import CommandExitException
 
@@ -162,6 +173,22 @@ def test_what_the_ssh_backend_lacks_is_a_501_naming_it_and_changes_nothing(box):
             call()
     assert box.is_running()
     assert box.list_snapshots().next_items() == []
+    assert box.commands.run("echo still").stdout == "still\n"
+
+
+@pytest.mark.parametrize("box", ["modal"], indirect=True)
+def test_on_modal_a_command_is_an_exec_and_what_it_cannot_do_is_a_501(box):
+    """Modal has no background processes: a command (foreground or background) runs as the
+    library's exec, its output streamed; stdin, kill and listing it are refused by name."""
+    from e2b import SandboxException
+
+    handle = box.commands.run("echo started; sleep 1; echo done", background=True)
+    with pytest.raises(SandboxException, match="killing a command on the modal backend"):
+        handle.kill()
+    assert handle.wait().stdout == "started\ndone\n"  # it ran to its end all the same
+    assert box.commands.list() == []
+    with pytest.raises(SandboxException, match=r"stdin=True\) on the modal backend"):
+        box.commands.run("cat", background=True, stdin=True)
     assert box.commands.run("echo still").stdout == "still\n"
 
 
