@@ -160,16 +160,20 @@ def test_set_timeout_moves_the_deadline_later_only(box):
     assert box.get_info().end_at == after
 
 
-@pytest.mark.parametrize("box", ["ssh"], indirect=True)
-def test_what_the_ssh_backend_lacks_is_a_501_naming_it_and_changes_nothing(box):
-    """ssh has exec, files, processes and terminals, not pause, metrics or snapshots."""
+@pytest.mark.parametrize("box", ["ssh", "modal"], indirect=True)
+def test_what_a_backend_lacks_is_a_501_naming_it_and_changes_nothing(box):
+    """ssh has exec, files, processes and terminals, not pause, metrics or snapshots; modal
+    has snapshots, not pause or metrics."""
     from e2b import SandboxException
 
-    for call, feature in ((box.pause, "pausing"), (box.get_metrics, "metrics"),
-                          (box.create_snapshot, "snapshots"),
-                          (box.fork, r"forks \(a snapshot restored\)")):
-        with pytest.raises(SandboxException, match=rf"{feature} on the ssh backend is not "
-                                                   r"implemented"):
+    backend = box.get_info().metadata["backend"]
+    lacks = [(box.pause, "pausing"), (box.get_metrics, "metrics")]
+    if backend == "ssh":
+        lacks += [(box.create_snapshot, "snapshots"),
+                  (box.fork, r"forks \(a snapshot restored\)")]
+    for call, feature in lacks:
+        with pytest.raises(SandboxException, match=rf"{feature} on the {backend} backend is "
+                                                   r"not implemented"):
             call()
     assert box.is_running()
     assert box.list_snapshots().next_items() == []
