@@ -7,6 +7,7 @@ or a 500, and it changes nothing."""
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from sshd import sshd_server  # noqa: F401 (a fixture)
+from standins.e2b_server import E2BStandIn
 from standins.modal_server import ModalStandin
 from support import RUN_LABEL, install_id_of, modal_sdk_env, write_profile
 
@@ -24,8 +26,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 
 LABEL_KEY, LABEL_VALUE = RUN_LABEL.split("=")
 KEEPALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $$!; done"
-BACKENDS = ["ssh", "compose", "modal"]
-WITH_PROCESSES = ["ssh", "compose"]  # modal's commands are execs (docs/e2b-api.md)
+BACKENDS = ["ssh", "compose", "modal", "e2b"]
+WITH_PROCESSES = ["ssh", "compose"]  # modal's and e2b's commands are execs (docs/e2b-api.md)
+E2B_KEY = "e2b_sbxtest_" + secrets.token_hex(12)  # the e2b backend's key, to its stand-in
 MODAL_TOKEN = ("ak-e2bapi" + secrets.token_hex(6), "as-e2bapi" + secrets.token_hex(12))
 
 
@@ -45,6 +48,7 @@ def _profiles(folder: Path, server, modal_image: str) -> None:
     write_profile(folder, "on-compose", "backend: compose\n" + yaml.safe_dump(
         {"compose": {"file": "stack/compose.yaml", "service": "app"}}))
     write_profile(folder, "on-modal", f"extends: modal\nimage: {modal_image}\n")
+    write_profile(folder, "on-e2b", "extends: e2b\n")
 
 
 def _remove_compose_objects(home: Path) -> None:
@@ -68,33 +72,41 @@ def _remove_compose_objects(home: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, sshd_server) -> Iterator[LiveService]:  # noqa: F811
-    """One `sbx serve` for the module, its profiles on ssh and compose, and the SDK's
-    environment pointed at it with a write key of owner `writer`."""
+def served(tmp_path_factory, sshd_server) -> Iterator[dict[str, str]]:  # noqa: F811
+    """One `sbx serve` for the module with its profiles on each backend; the SDK's options
+    that point it there with a write key of owner `writer`. The environment's E2B_* point
+    at the E2B stand-in, for the service's e2b backend (which reads them too): the SDK the
+    tests drive is given the facade's URLs and key as options instead."""
     folder = tmp_path_factory.mktemp("e2b-backends")
     home = folder / "sbx-home"
     modal = ModalStandin(folder / "modal-standin", *MODAL_TOKEN).start()
+    e2b_cloud = E2BStandIn({E2B_KEY: "team-a"}).start()
     _profiles(folder / "profiles", sshd_server, modal.add_image())
     with pytest.MonkeyPatch.context() as patch:
         modal_sdk_env(patch, modal.url, *MODAL_TOKEN, folder / "modal.toml")
+        for name in [n for n in os.environ if n.startswith("E2B_")]:
+            patch.delenv(name)
+        for name, value in {"E2B_API_URL": e2b_cloud.url, "E2B_SANDBOX_URL": e2b_cloud.url,
+                            "E2B_API_KEY": E2B_KEY, "E2B_CONNECTION_RETRIES": "0"}.items():
+            patch.setenv(name, value)
         patch.setenv("SBX_HOME", str(home))
         patch.setenv("SBX_PROFILE_PATH", str(folder / "profiles"))
         patch.setenv("XDG_CONFIG_HOME", str(folder / "xdg-config"))
-        for name in ("SBX_DATABASE_URL", "SBX_CLOCK_OFFSET", "E2B_DOMAIN", "E2B_DEBUG"):
+        for name in ("SBX_DATABASE_URL", "SBX_CLOCK_OFFSET"):
             patch.delenv(name, raising=False)
         patch.chdir(folder)
         service = LiveService(home).start()
         try:
-            key = service.key("write", owner="writer")
-            patch.setenv("E2B_API_URL", f"{service.url}/e2b")
-            patch.setenv("E2B_SANDBOX_URL", f"{service.url}/e2b")
-            patch.setenv("E2B_API_KEY", key)
-            yield service
+            yield {"api_url": f"{service.url}/e2b", "sandbox_url": f"{service.url}/e2b",
+                   "api_key": service.key("write", owner="writer")}
         finally:
             service.stop()
             _remove_compose_objects(home)
             modal.stop()
+            e2b_cloud.stop()
     assert modal.unimplemented == [], "the modal SDK called RPCs the stand-in lacks"
+    assert e2b_cloud.problems == [], f"the E2B stand-in met what it does not know: " \
+        f"{e2b_cloud.problems}"
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -103,7 +115,8 @@ def box(request, served):
     from e2b import Sandbox
 
     sandbox = Sandbox.create(f"on-{request.param}", timeout=300,
-                             metadata={LABEL_KEY: LABEL_VALUE, "backend": request.param})
+                             metadata={LABEL_KEY: LABEL_VALUE, "backend": request.param},
+                             **served)
     yield sandbox
     sandbox.kill()
 
@@ -180,26 +193,28 @@ def test_what_a_backend_lacks_is_a_501_naming_it_and_changes_nothing(box):
     assert box.commands.run("echo still").stdout == "still\n"
 
 
-@pytest.mark.parametrize("box", ["modal"], indirect=True)
-def test_on_modal_a_command_is_an_exec_and_what_it_cannot_do_is_a_501(box):
-    """Modal has no background processes: a command (foreground or background) runs as the
-    library's exec, its output streamed; stdin, kill and listing it are refused by name."""
+@pytest.mark.parametrize("box", ["modal", "e2b"], indirect=True)
+def test_without_processes_a_command_is_an_exec_and_what_it_cannot_do_is_a_501(box):
+    """Modal and e2b have no background processes: a command (foreground or background)
+    runs as the library's exec, its output streamed; stdin, kill and listing it are refused
+    by name."""
     from e2b import SandboxException
 
+    backend = box.get_info().metadata["backend"]
     handle = box.commands.run("echo started; sleep 1; echo done", background=True)
-    with pytest.raises(SandboxException, match="killing a command on the modal backend"):
+    with pytest.raises(SandboxException, match=f"killing a command on the {backend} backend"):
         handle.kill()
     assert handle.wait().stdout == "started\ndone\n"  # it ran to its end all the same
     assert box.commands.list() == []
-    with pytest.raises(SandboxException, match=r"stdin=True\) on the modal backend"):
+    with pytest.raises(SandboxException, match=rf"stdin=True\) on the {backend} backend"):
         box.commands.run("cat", background=True, stdin=True)
     assert box.commands.run("echo still").stdout == "still\n"
 
 
-def test_kill_ends_the_sandbox_on_its_backend(box):
+def test_kill_ends_the_sandbox_on_its_backend(box, served):
     """Last of the module: it kills the shared sandbox (the fixture's kill is then False)."""
     from e2b import Sandbox
 
     assert box.kill() is True
-    assert Sandbox.kill(box.sandbox_id) is False
+    assert Sandbox.kill(box.sandbox_id, **served) is False
     assert not box.is_running()
