@@ -143,10 +143,15 @@ async def create(mgr: Manager, name: str, *, backend: str | None = None,
         raise BadInput("shared: give true or false")
     owner = validate_owner(tenancy.owner_for(owner) or mgr.actor)
     backend = backend or DEFAULT_BACKEND
+    from sandboxer.adapters import registry
+
+    if not isinstance(backend, str) or not registry.is_registered(backend):
+        raise BadInput(f"unknown backend {str(backend)[:64]!r} (known: "
+                       f"{', '.join(registry.names())})")
     adapter = mgr.adapter(backend)
     if not adapter.supports(Capability.VOLUMES):
         raise BadInput(f"the {backend} backend keeps no volumes (docs/volumes.md says which "
-                       "do): use docker, compose or ssh")
+                       "do): use docker or compose")
     with mgr.db.read() as conn:
         if _owned(conn, owner, name) is not None:
             raise Conflict(f"volume {name!r} already exists")

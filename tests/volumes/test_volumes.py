@@ -210,6 +210,9 @@ def test_a_checkpoint_names_its_volumes_and_a_restore_mounts_them_again(sbx, tmp
     (("volume", "create", "vol-1"), 2, "names may not start with 'vol-'"),
     (("volume", "create", "ok", "--ttl", "-5m"), 2, "--ttl"),
     (("volume", "create", "ok", "--backend", "stub"), 2, "the stub backend keeps no volumes"),
+    (("volume", "create", "ok", "--backend", "modal"), 2, "the modal backend keeps no volumes"),
+    (("volume", "create", "ok", "--backend", "e2b"), 2, "the e2b backend keeps no volumes"),
+    (("volume", "create", "ok", "--backend", "nope"), 2, "unknown backend 'nope'"),
     (("create", "--volume", "absent:/d"), 3, "no volume 'absent'"),
     (("create", "--volume", "absent:relative"), 2, "'relative' is not a mount path"),
     (("create", "--volume", "absent:/a/../b"), 2, "is not a mount path"),
@@ -217,7 +220,7 @@ def test_a_checkpoint_names_its_volumes_and_a_restore_mounts_them_again(sbx, tmp
     (("volume", "show", "/etc/passwd"), 2, "bad volume name"),
 ])
 def test_bad_input_is_refused_and_changes_nothing(sbx, args, code, said):
-    result = sbx(*args, env={"SBX_ADAPTERS": "docker,stub"})
+    result = sbx(*args, env={"SBX_ADAPTERS": "docker,stub,e2b,modal"})
     assert result.code == code, result.err
     assert said in result.err and len(result.err.strip().splitlines()) == 1
     assert "Traceback" not in result.err and str(sbx.home) not in result.err
