@@ -161,6 +161,48 @@ done
 """
 
 
+# Volumes (docs/volumes.md): a folder <home>/.sbx/volumes/<volume id> on one host of the
+# backend's inventory, its data in `volume/` beside sbx's mark `sbx-volume.json` (its
+# labels): only a folder carrying the mark is ever removed. Files reach it without a
+# sandbox through a helper ref (HELPER_PREFIX + the volume's ref) whose /volume is that
+# folder; a sandbox on that host sees it at the mount's path through a bind mount
+# (read-only: remounted ro), which needs the inventory user to be root there.
+VOLUMES_DIR = ".sbx/volumes"
+VOLUME_MARK = "sbx-volume.json"
+HELPER_PREFIX = "volume:"
+HELPER_ROOT = "/volume"
+MAKE_VOLUME = r"""set -e
+d="$HOME/.sbx/volumes/$1"
+mkdir -p "$d/volume"
+chmod 700 "$HOME/.sbx/volumes" "$d"
+cat > "$d/sbx-volume.json"
+cd "$d" && pwd -P
+"""
+REMOVE_VOLUME = r"""d=$1
+[ -e "$d" ] || exit 0
+[ -f "$d/sbx-volume.json" ] || { echo "not one of sbx's volumes (no sbx-volume.json)" >&2; exit 3; }
+rm -rf -- "$d"
+"""
+VOLUME_SIZE = r"""if out=$(du -sb "$1/volume" 2>/dev/null); then echo "b ${out%%[!0-9]*}"
+else out=$(du -sk "$1/volume") && echo "k ${out%%[!0-9]*}"; fi
+"""
+MOUNT_VOLUME = r"""[ "$(id -u)" = 0 ] || { echo "a bind mount needs root" >&2; exit 3; }
+[ -d "$1" ] || { echo "the volume's folder is gone" >&2; exit 4; }
+made=
+if [ ! -e "$2" ]; then mkdir -p "$2" || exit 1; made=1; fi
+if ! mount --bind "$1" "$2"; then [ -n "$made" ] && rmdir "$2"; exit 1; fi
+if [ -n "$3" ] && ! mount -o remount,bind,ro "$2"; then
+  umount "$2"; [ -n "$made" ] && rmdir "$2"; exit 1
+fi
+echo "made=$made"
+"""
+UNMOUNT_VOLUME = r"""umount "$1" 2>/dev/null || umount -l "$1" 2>/dev/null
+if mountpoint -q "$1" 2>/dev/null; then echo "still mounted" >&2; exit 1; fi
+[ -z "$2" ] || rmdir "$1" 2>/dev/null
+exit 0
+"""
+
+
 class BadConfiguration(InvalidRequest):
     """The inventory or the profile's ssh options are wrong: exit 2, nothing written."""
 
@@ -499,6 +541,17 @@ class Lease:
                              running=True, created_at=self.leased_at)
 
 
+@dataclass(frozen=True)
+class SSHVolume:
+    """A volume: the folder `folder` on `host` (the data is its `volume` subfolder)."""
+
+    ref: str
+    volume_id: str
+    host: Host
+    folder: str
+    labels: Mapping[str, str]
+
+
 class NoFreeHost(AdapterError):
     """Every matching host is leased (exit 1)."""
 
@@ -524,6 +577,19 @@ class LeaseStore:
         command_timeout REAL NOT NULL,
         state TEXT NOT NULL,
         leased_at TEXT NOT NULL)"""
+    # ssh volumes (docs/volumes.md): which host keeps each, and the folder it is there
+    VOLUMES_SCHEMA = """CREATE TABLE IF NOT EXISTS ssh_volumes (
+        ref TEXT PRIMARY KEY,              -- <host name>/<volume id>
+        volume_id TEXT NOT NULL UNIQUE,
+        host_json TEXT NOT NULL,
+        folder TEXT NOT NULL,              -- absolute, on the host: <home>/.sbx/volumes/<id>
+        labels_json TEXT NOT NULL)"""
+    # the bind mounts a lease made (unmounted as it ends); made: the mount point was made
+    MOUNTS_SCHEMA = """CREATE TABLE IF NOT EXISTS ssh_mounts (
+        lease_ref TEXT NOT NULL,
+        path TEXT NOT NULL,
+        made INTEGER NOT NULL,
+        PRIMARY KEY (lease_ref, path))"""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -538,6 +604,8 @@ class LeaseStore:
                     self.path.chmod(0o600)
             conn.row_factory = sqlite3.Row
             conn.execute(self.SCHEMA)
+            conn.execute(self.VOLUMES_SCHEMA)
+            conn.execute(self.MOUNTS_SCHEMA)
             if not write:
                 yield conn
                 return
@@ -617,6 +685,60 @@ class LeaseStore:
     def release(self, ref: str) -> None:
         with self._connect(write=True) as conn:
             conn.execute("DELETE FROM ssh_leases WHERE ref = ?", (ref,))
+            conn.execute("DELETE FROM ssh_mounts WHERE lease_ref = ?", (ref,))
+
+    # -- volumes ----------------------------------------------------------------------------
+
+    def add_volume(self, volume: SSHVolume) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute("INSERT INTO ssh_volumes VALUES (?, ?, ?, ?, ?)", (
+                volume.ref, volume.volume_id,
+                json.dumps({**asdict(volume.host), "labels": dict(volume.host.labels)}),
+                volume.folder, json.dumps(dict(volume.labels), sort_keys=True)))
+
+    @staticmethod
+    def _volume(row: sqlite3.Row) -> SSHVolume:
+        host = json.loads(row["host_json"])
+        host["host_key"] = tuple(host.get("host_key") or ())
+        return SSHVolume(ref=row["ref"], volume_id=row["volume_id"], host=Host(**host),
+                         folder=row["folder"], labels=json.loads(row["labels_json"]))
+
+    def volume(self, ref: str) -> SSHVolume | None:
+        if not self.path.exists():
+            return None
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM ssh_volumes WHERE ref = ?", (ref,)).fetchone()
+        return self._volume(row) if row else None
+
+    def volumes(self) -> list[SSHVolume]:
+        if not self.path.exists():
+            return []
+        with self._connect() as conn:
+            return [self._volume(r) for r in conn.execute(
+                "SELECT * FROM ssh_volumes ORDER BY ref")]
+
+    def drop_volume(self, ref: str) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute("DELETE FROM ssh_volumes WHERE ref = ?", (ref,))
+
+    def add_mount(self, lease_ref: str, path: str, made: bool) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute("INSERT OR REPLACE INTO ssh_mounts VALUES (?, ?, ?)",
+                         (lease_ref, path, int(made)))
+
+    def mounts(self, lease_ref: str) -> list[tuple[str, bool]]:
+        """The lease's mount points, deepest first (the order they are unmounted in)."""
+        if not self.path.exists():
+            return []
+        with self._connect() as conn:
+            rows = conn.execute("SELECT path, made FROM ssh_mounts WHERE lease_ref = ? "
+                                "ORDER BY length(path) DESC, path", (lease_ref,)).fetchall()
+        return [(r["path"], bool(r["made"])) for r in rows]
+
+    def drop_mount(self, lease_ref: str, path: str) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute("DELETE FROM ssh_mounts WHERE lease_ref = ? AND path = ?",
+                         (lease_ref, path))
 
 
 @contextlib.asynccontextmanager
@@ -697,8 +819,9 @@ class SSHAdapter(Adapter):
     # with its input streamed over the session); processes: the core's, on exec and sh
     # pty: `ssh -tt` on a pseudo-terminal of this host; a resize reaches the host as ssh's
     # own window-change message (docs/terminals-and-ports.md)
+    # volumes: folders on one host, bind-mounted into the sandboxes leased there (VOLUMES_DIR)
     capabilities = frozenset({Capability.EXEC, Capability.FILES, Capability.PROCESSES,
-                              Capability.PTY})
+                              Capability.PTY, Capability.VOLUMES})
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home
@@ -978,6 +1101,7 @@ class SSHAdapter(Adapter):
             self.leases.mark_releasing(lease.ref)
             for command in current.cleanup:
                 await self._run_checked(current, command, "cleanup")
+            await self._unmount(current)
             await self._sweep(current)
             self.leases.release(lease.ref)
 
@@ -1010,6 +1134,7 @@ class SSHAdapter(Adapter):
                 raise CapabilityNotSupported(
                     f"the ssh backend leases a whole host and cannot limit resources.{name}; "
                     f"set resources.{name}: null")
+        candidates = self._placed(candidates, request, settings)
         taken = self.leases.holders()
         if all(h.address in taken for h in candidates):  # checked again, atomically, at create
             raise NoFreeHost.of(candidates, taken, settings)
@@ -1037,11 +1162,13 @@ class SSHAdapter(Adapter):
 
     async def create(self, request: CreateRequest) -> BackendObject:
         settings = settings_from(request.options)
-        candidates = matching(settings.hosts(), settings.match)
+        candidates = self._placed(matching(settings.hosts(), settings.match), request, settings)
         lease = await asyncio.to_thread(self.leases.take, candidates, request, settings)
         setup = list(settings.setup)  # the profile's own `setup:` the core runs through exec
         try:
             await self.connect(lease.host, lease.connect_timeout)
+            for mount in request.mounts:
+                await self._mount(lease, mount)
             for command in setup:
                 await self._run_checked(lease, command, "setup")
         except BaseException as exc:
@@ -1049,6 +1176,7 @@ class SSHAdapter(Adapter):
                 with contextlib.suppress(Exception):
                     for command in lease.cleanup:
                         await self._run_checked(lease, command, "cleanup")
+                    await self._unmount(lease)
                     await self._sweep(lease)
             self.leases.release(lease.ref)
             raise
@@ -1073,6 +1201,14 @@ class SSHAdapter(Adapter):
             raise CapabilityNotSupported(
                 "the ssh backend runs every command as the host's inventory user; it cannot "
                 f"run one as {user!r} (remove user, or list the host with that user)")
+        if ref.startswith(HELPER_PREFIX):  # a volume's files, without a sandbox
+            volume = self.leases.volume(ref[len(HELPER_PREFIX):])
+            if volume is None:
+                raise BackendObjectGone(f"ssh volume {ref[len(HELPER_PREFIX):]} is gone")
+            return Lease(ref=ref, sandbox_id="", host=volume.host, labels={}, cleanup=(),
+                         connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+                         command_timeout=DEFAULT_COMMAND_TIMEOUT, state=LEASED,
+                         leased_at=datetime.now(UTC))
         lease = self.leases.get(ref)
         if lease is None:
             raise BackendObjectGone(f"ssh lease {ref} is released")
@@ -1148,6 +1284,164 @@ class SSHAdapter(Adapter):
                 raise BackendUnavailable(f"ssh host {host.describe()}: {text}")
             raise AdapterError(f"cannot open a terminal on ssh host {host.describe()}: {text}")
         return channel
+
+
+    # -- volumes (docs/volumes.md) ----------------------------------------------------------
+
+    def _placed(self, candidates: list[Host], request: CreateRequest,
+                settings: Settings) -> list[Host]:
+        """A sandbox mounting volumes runs on the host that keeps them: the candidates
+        narrowed to it, or BadConfiguration (exit 2) when the profile does not offer it."""
+        if not request.mounts:
+            return candidates
+        kept: dict[str, SSHVolume] = {}
+        for mount in request.mounts:
+            volume = self.leases.volume(mount.ref)
+            if volume is None:
+                raise BadConfiguration(f"no ssh volume {mount.ref} in this sbx's state folder")
+            kept[volume.host.address] = volume
+        if len(kept) > 1:
+            names = ", ".join(sorted(repr(v.host.name) for v in kept.values()))
+            raise BadConfiguration(f"the volumes to mount are kept on different ssh hosts "
+                                   f"({names}): a sandbox runs on one host, so mount volumes "
+                                   "of one host")
+        address, volume = next(iter(kept.items()))
+        placed = [h for h in candidates if h.address == address]
+        if not placed:
+            raise BadConfiguration(
+                f"volume {volume.volume_id} is kept on ssh host {volume.host.name!r}, which "
+                f"{settings.source} with options.match {dict(settings.match)} does not offer: "
+                "a sandbox mounting it must run on that host")
+        return placed
+
+    async def _volume_sh(self, host: Host, script: str, *args: str,
+                         stdin: bytes | None = None) -> ExecResult:
+        return await self.run(host, ["sh", "-c", script, "sbx", *args],
+                              connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+                              timeout_s=DEFAULT_COMMAND_TIMEOUT, stdin=stdin)
+
+    async def _mount(self, lease: Lease, mount: Any) -> None:
+        """Bind-mount the volume's data at the mount's path on the leased host (read-only:
+        remounted ro, which root cannot write through either)."""
+        volume = self.leases.volume(mount.ref)
+        if volume is None or volume.host.address != lease.host.address:
+            raise BadConfiguration(f"no ssh volume {mount.ref} on ssh host {lease.host.name!r}")
+        self.leases.add_mount(lease.ref, mount.path, False)  # before: a crash still unmounts
+        result = await self.run(lease.host, ["sh", "-c", MOUNT_VOLUME, "sbx",
+                                             f"{volume.folder}/volume", mount.path,
+                                             "1" if mount.read_only else ""],
+                                connect_timeout=lease.connect_timeout,
+                                timeout_s=lease.command_timeout)
+        if result.exit_code != 0:
+            self.leases.drop_mount(lease.ref, mount.path)
+            if result.exit_code == 3:
+                raise BadConfiguration(
+                    f"the ssh backend mounts a volume with a bind mount, which needs the "
+                    f"inventory user of ssh host {lease.host.name!r} to be root there (it is "
+                    f"{lease.host.user!r}); docs/volumes.md")
+            raise AdapterError(f"cannot mount volume {volume.volume_id} at {mount.path} on ssh "
+                               f"host {lease.host.name!r}: {_last_line(result.stderr)}")
+        self.leases.add_mount(lease.ref, mount.path, b"made=1" in result.stdout)
+
+    async def _unmount(self, lease: Lease) -> None:
+        """Undo the lease's bind mounts (and the mount points it made), deepest first, so
+        the next lessee of the host sees no volume of this one's."""
+        for path, made in self.leases.mounts(lease.ref):
+            result = await self.run(lease.host, ["sh", "-c", UNMOUNT_VOLUME, "sbx", path,
+                                                 "1" if made else ""],
+                                    connect_timeout=lease.connect_timeout,
+                                    timeout_s=lease.command_timeout)
+            if result.exit_code != 0:
+                raise AdapterError(f"cannot unmount the volume at {path} on ssh host "
+                                   f"{lease.host.name!r}: {_last_line(result.stderr)}")
+            self.leases.drop_mount(lease.ref, path)
+
+    async def create_volume(self, volume_id: str, labels: Mapping[str, str]) -> str:
+        """A folder on the first host of the backend's inventory ($SBX_SSH_INVENTORY); the
+        volume remembers that host, and sandboxes mounting it are placed there."""
+        inventory = os.environ.get(INVENTORY_ENV)
+        if not inventory:
+            raise BadConfiguration(f"an ssh volume is kept on a host of the ssh backend's "
+                                   f"inventory: set ${INVENTORY_ENV} (docs/volumes.md)")
+        host = load_inventory(inventory)[0]
+        result = await self._volume_sh(host, MAKE_VOLUME, volume_id,
+                                       stdin=json.dumps(dict(labels), sort_keys=True).encode())
+        folder = result.stdout.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        if result.exit_code != 0 or not folder[0].startswith("/"):
+            raise AdapterError(f"cannot make the volume's folder on ssh host {host.name!r}: "
+                               f"{_last_line(result.stderr)}")
+        volume = SSHVolume(ref=f"{host.name}/{volume_id}", volume_id=volume_id, host=host,
+                           folder=folder[0], labels=dict(labels))
+        await asyncio.to_thread(self.leases.add_volume, volume)
+        return volume.ref
+
+    async def remove_volume(self, ref: str) -> None:
+        """Only a folder carrying sbx's mark is removed; a volume already gone is success."""
+        volume = self.leases.volume(ref)
+        if volume is None:
+            return
+        result = await self._volume_sh(volume.host, REMOVE_VOLUME, volume.folder)
+        if result.exit_code == 3:
+            raise InvalidRequest(f"the folder of ssh volume {ref} is not one of sbx's: left alone")
+        if result.exit_code != 0:
+            raise AdapterError(f"cannot remove ssh volume {ref} on ssh host "
+                               f"{volume.host.name!r}: {_last_line(result.stderr)}")
+        self.leases.drop_volume(ref)
+
+    async def volume_size(self, ref: str) -> int | None:
+        """`du` of the volume's data (bytes, or KiB blocks where du has no -b)."""
+        volume = self.leases.volume(ref)
+        if volume is None:
+            return None
+        result = await self._volume_sh(volume.host, VOLUME_SIZE, volume.folder)
+        unit, _, number = result.stdout.decode(errors="replace").strip().partition(" ")
+        if result.exit_code != 0 or not number.isdigit():
+            return None
+        return int(number) * (1024 if unit == "k" else 1)
+
+    async def list_volumes(self, labels: Mapping[str, str]) -> list[str]:
+        want = dict(labels).items()
+        return [v.ref for v in self.leases.volumes() if want <= dict(v.labels).items()]
+
+    async def open_volume(self, ref: str, labels: Mapping[str, str]) -> str:
+        """Nothing is made: the helper is the volume's folder reached over ssh."""
+        if self.leases.volume(ref) is None:
+            raise BackendObjectGone(f"ssh volume {ref} is gone")
+        return HELPER_PREFIX + ref
+
+    async def close_volume(self, helper: str) -> None:
+        return None
+
+    def _in_helper(self, ref: str, path: str) -> tuple[str, str | None]:
+        """A helper's /volume... as the host's path (and the folder, to keep it out of
+        messages); any other ref's path as it is."""
+        if not ref.startswith(HELPER_PREFIX):
+            return path, None
+        volume = self.leases.volume(ref[len(HELPER_PREFIX):])
+        if volume is None:
+            raise BackendObjectGone(f"ssh volume {ref[len(HELPER_PREFIX):]} is gone")
+        if path != HELPER_ROOT and not path.startswith(HELPER_ROOT + "/"):
+            raise InvalidRequest(f"{path}: a volume's paths are under {HELPER_ROOT}")
+        return volume.folder + path, volume.folder
+
+    async def put_archive(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> None:
+        there, folder = self._in_helper(ref, path)
+        try:
+            await super().put_archive(ref, there, tar)
+        except AdapterError as exc:
+            if folder is None:
+                raise
+            raise type(exc)(str(exc).replace(folder, "")) from None
+
+    async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        there, folder = self._in_helper(ref, path)
+        try:
+            async for chunk in super().get_archive(ref, there):
+                yield chunk
+        except AdapterError as exc:
+            if folder is None:
+                raise
+            raise type(exc)(str(exc).replace(folder, "")) from None
 
 
 def _without_option(argv: Sequence[str], name: str) -> list[str]:

@@ -149,9 +149,10 @@ def ssh_inventory(sshd_server, tmp_path) -> Path:  # noqa: F811
 
 class TestSSHConformance(AdapterConformance):
     @pytest.fixture
-    def adapter(self, sbx_home):
-        from sandboxer.adapters.ssh import SSHAdapter
+    def adapter(self, sbx_home, ssh_inventory, monkeypatch):
+        from sandboxer.adapters.ssh import INVENTORY_ENV, SSHAdapter
 
+        monkeypatch.setenv(INVENTORY_ENV, str(ssh_inventory))  # where volumes are kept
         return SSHAdapter()
 
     @pytest.fixture
