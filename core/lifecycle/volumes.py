@@ -14,7 +14,8 @@ The sharing rule: any number of read-only mounts; one read-write mount at a time
 volume was made with `shared` (then any number). A refused mount writes nothing.
 
 Files reach a volume without a sandbox through the backend's short-lived helper
-(`open_volume`: on Docker a container never started, network none, the volume at /volume),
+(`open_volume`: on Docker a container never started, network none, the volume at /volume;
+on ssh the volume's folder on its host, reached over ssh),
 removed by id once the transfer ends; each transfer is a `volume.file` event (path, bytes,
 SHA-256, direction; never the bytes).
 """
@@ -151,7 +152,7 @@ async def create(mgr: Manager, name: str, *, backend: str | None = None,
     adapter = mgr.adapter(backend)
     if not adapter.supports(Capability.VOLUMES):
         raise BadInput(f"the {backend} backend keeps no volumes (docs/volumes.md says which "
-                       "do): use docker or compose")
+                       "do): use docker, compose or ssh")
     with mgr.db.read() as conn:
         if _owned(conn, owner, name) is not None:
             raise Conflict(f"volume {name!r} already exists")
