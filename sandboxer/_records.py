@@ -43,12 +43,17 @@ def _maybe_enum(enum_type: Callable[[str], E], value: str | None) -> E | str | N
         return value
 
 
-class SandboxRecord:
-    """A sandbox's fields, as of when it was last read (`refresh()` reads it again).
-    Times are aware datetimes in UTC; `ttl_left` counts down from the effective deadline
-    (the earlier of the deadline and the idle deadline) and is None once off the clock."""
+class _ViewRecord:
+    """A record over the view a transport returned: its fields are read from the view when
+    asked, and two records (or a record and its handle) are equal when their ids are."""
 
     __slots__ = ("_view",)
+    _kind: type  # the record type equality compares within: the class right below this one
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if _ViewRecord in cls.__bases__:
+            cls._kind = cls
 
     def __init__(self, view: Mapping[str, Any]) -> None:
         # a transport's view is a new dict nobody else holds or changes: kept as it is (a
@@ -57,6 +62,24 @@ class SandboxRecord:
 
     def _replace(self, view: Mapping[str, Any]) -> None:
         self._view = view if type(view) is dict else dict(view)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the CLI's `--json` prints it."""
+        return dict(self._view)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self._kind) and other._view["id"] == self._view["id"]
+
+    def __hash__(self) -> int:
+        return hash(self._view["id"])
+
+
+class SandboxRecord(_ViewRecord):
+    """A sandbox's fields, as of when it was last read (`refresh()` reads it again).
+    Times are aware datetimes in UTC; `ttl_left` counts down from the effective deadline
+    (the earlier of the deadline and the idle deadline) and is None once off the clock."""
+
+    __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The record as `sbx show --json` prints it (without the resolved profile)."""
@@ -164,11 +187,6 @@ class SandboxRecord:
         name = f" {self.name!r}" if self.name else ""
         return f"<{type(self).__name__} {self.id}{name} {self._view['state']} on {self.backend}>"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SandboxRecord) and other.id == self.id
-
-    def __hash__(self) -> int:
-        return hash(self._view["id"])
 
     @property
     def launch(self) -> str | None:
@@ -182,20 +200,12 @@ class SandboxRecord:
         return self._view.get("pool")
 
 
-class CheckpointRecord:
+class CheckpointRecord(_ViewRecord):
     """A checkpoint's fields. `sandbox` is the id of the sandbox it was taken from and
     `parent` the checkpoint that sandbox was restored from, if any. An imported checkpoint
     has neither here: `origin_sandbox` is what its archive claims (a sandbox elsewhere)."""
 
-    __slots__ = ("_view",)
-
-    def __init__(self, view: Mapping[str, Any]) -> None:
-        # a transport's view is a new dict nobody else holds or changes: kept as it is (a
-        # copy per record was a fifth of `sbx ls --json`'s time over 10,000 rows)
-        self._view = view if type(view) is dict else dict(view)
-
-    def _replace(self, view: Mapping[str, Any]) -> None:
-        self._view = view if type(view) is dict else dict(view)
+    __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The record as `sbx checkpoints --json` prints it."""
@@ -261,22 +271,14 @@ class CheckpointRecord:
         name = f" {self.name!r}" if self.name else ""
         return f"<{type(self).__name__} {self.id}{name} of {self.sandbox} {self.state}>"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CheckpointRecord) and other.id == self.id
-
-    def __hash__(self) -> int:
-        return hash(self._view["id"])
 
 
-class VolumeRecord:
+class VolumeRecord(_ViewRecord):
     """A volume's fields (docs/volumes.md): named storage that outlives a sandbox.
     `mounted_by` lists the live sandboxes that mount it ({"sandbox", "path", "read_only"});
     `size_bytes` is the backend's figure when last asked (None: it cannot tell)."""
 
-    __slots__ = ("_view",)
-
-    def __init__(self, view: Mapping[str, Any]) -> None:
-        self._view = view if type(view) is dict else dict(view)
+    __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The record as `sbx volume show --json` prints it."""
@@ -326,11 +328,6 @@ class VolumeRecord:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.name!r} on {self.backend}>"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, VolumeRecord) and other.id == self.id
-
-    def __hash__(self) -> int:
-        return hash(self._view["id"])
 
 
 @dataclass(frozen=True, slots=True)
