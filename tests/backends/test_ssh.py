@@ -373,7 +373,8 @@ def test_what_an_attached_host_cannot_enforce_is_refused(sbx, one_host, tmp_path
 def test_doctor_shows_the_ssh_backend(sbx, one_host):
     report = sbx("doctor", "--json", env={"SBX_SSH_INVENTORY": str(one_host)}).json()
     ssh = {b["name"]: b for b in report["backends"]}["ssh"]
-    assert ssh["loaded"] and ssh["reachable"] and ssh["capabilities"] == ["exec", "files", "processes", "pty"]
+    assert ssh["loaded"] and ssh["reachable"] and ssh["capabilities"] == ["exec", "files", "processes", "pty",
+                                                                  "volumes"]
     assert f"inventory {one_host}: 1 host(s)" in ssh["detail"]
 
 
