@@ -253,6 +253,13 @@ class AdapterConformance:
     # the user a backend declaring run-as-user is asked to run as (`user:` of a profile)
     run_as_user: str = "4242"
 
+    # volumes (docs/volumes.md). False where a backend's volumes cannot do it (E2B's, and
+    # Modal's for links): its mounts cannot be read-only (the kit then mounts read-write and checks that a read-only
+    # mount is refused, InvalidRequest); its files without a sandbox cannot make links (the
+    # kit's tree then has none, and a tree with one must be refused, writing nothing)
+    volume_read_only: bool = True
+    volume_links: bool = True
+
     @pytest.fixture
     def create_request(self) -> Callable[[str, Mapping[str, str]], CreateRequest]:
         return lambda sandbox_id, labels: CreateRequest(sandbox_id=sandbox_id, labels=labels)
@@ -842,14 +849,24 @@ class AdapterConformance:
                 f"list_volumes() does not show {ref}")
             helper = await adapter.open_volume(ref, {LABEL_VOLUME: volume_id})
             try:
-                await adapter.put_archive(helper, "/volume", _chunked(_kit_tree(b"kept")))
+                if not self.volume_links:
+                    with pytest.raises(InvalidRequest):
+                        await adapter.put_archive(helper, "/volume", _chunked(_kit_tree(b"no")))
+                    with pytest.raises(NoSuchPath):  # nothing was written
+                        await _gather(adapter.get_archive(helper, "/volume/tree"))
+                await adapter.put_archive(helper, "/volume", _chunked(
+                    _kit_tree(b"kept", links=self.volume_links)))
             finally:
                 await adapter.close_volume(helper)
             size = await adapter.volume_size(ref)
             assert size is None or size >= 0
             if adapter.supports(Capability.EXEC):
+                if not self.volume_read_only:
+                    with pytest.raises(InvalidRequest):
+                        await kit.create(replace(kit.request(), mounts=(
+                            VolumeMountSpec(ref, "/sbx-kit-volume", read_only=True),)))
                 obj = await kit.create(replace(kit.request(), mounts=(
-                    VolumeMountSpec(ref, "/sbx-kit-volume", read_only=True),)))
+                    VolumeMountSpec(ref, "/sbx-kit-volume", read_only=self.volume_read_only),)))
                 said = await adapter.exec(obj.ref, ["cat", "/sbx-kit-volume/tree/data"])
                 assert said.stdout == b"kept", said
                 await adapter.destroy(obj.ref)
@@ -962,10 +979,12 @@ _KIT_TREE: dict[str, tuple[str, int, bytes | None]] = {
 }
 
 
-def _kit_tree(data: bytes) -> bytes:
+def _kit_tree(data: bytes, *, links: bool = True) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, (kind, mode, content) in _KIT_TREE.items():
+            if kind == "symlink" and not links:
+                continue
             info = tarfile.TarInfo(name)
             info.mode, info.mtime = mode, int(time.time())
             body = data if content is None else content
