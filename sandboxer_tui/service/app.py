@@ -71,6 +71,7 @@ def build_app(client: AsyncSandboxer, *, actor: str, socket_path: str | None = N
     app.add_middleware(FastProxy)  # the proxy's fast path, inside the limits (proxy_asgi.py)
     _limits(app)
     app.add_middleware(KeyCache, keys=Keys())  # and its keys, before them
+    app.add_middleware(e2b.SignedFileUrls)  # the E2B SDK's signed URLs: a 501 (e2b.py)
     return app
 
 

@@ -30,3 +30,30 @@ def mount(app: FastAPI) -> None:
         return who.client, (token or "").strip()
 
     app.mount(PATH, E2BApi(resolve))
+
+
+class SignedFileUrls:
+    """The SDK's signed file URLs (`download_url`, `upload_url`) answered 501 with E2B's
+    error body, ahead of the key check: the SDK joins envd's `/files` to `E2B_SANDBOX_URL`,
+    so they reach the host's root, and with one URL for every sandbox they do not say which
+    sandbox they are for. Nothing is read or written; any other request goes on."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/files" \
+                and b"signature=" in scope.get("query_string", b""):
+            import json
+
+            from sandboxer_tui.e2b_api.wire import unimplemented
+
+            body = json.dumps({"code": 501, "message": unimplemented(
+                "signed file URLs (download_url, upload_url; use files.read and files.write)"
+            )}).encode()
+            await send({"type": "http.response.start", "status": 501, "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

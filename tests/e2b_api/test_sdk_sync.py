@@ -133,10 +133,12 @@ def test_what_is_not_implemented_is_a_501_naming_it_and_metrics_are_read(e2b_env
             box.files.write("/tmp/m.txt", "x", metadata={"kind": "note"})
         assert not box.files.exists("/tmp/m.txt")  # refused: nothing written
         # the SDK's signed URLs point at the host's root, naming no sandbox, without a key:
-        # the service refuses them (docs/e2b-api.md, "What is refused")
+        # a 501 naming them (docs/e2b-api.md, "What is refused"), and nothing written
         for answer in (httpx.get(box.download_url("/tmp/m.txt")),
                        httpx.post(box.upload_url("/tmp/m.txt"), files={"file": b"x"})):
-            assert answer.status_code == 401
+            assert answer.status_code == 501
+            assert answer.json()["code"] == 501
+            assert "signed file URLs" in answer.json()["message"]
         assert not box.files.exists("/tmp/m.txt")
         box.commands.run("true")
         readings = box.get_metrics()  # a live reading when none is stored yet
