@@ -13,6 +13,22 @@ codes, stdout and stderr; an exec with `pty=True` runs on a real pseudo-terminal
 created from that image starts from a copy. Server-side deadlines are real: a sandbox past its
 `timeout` ends with the timed-out result (exit 124), as on Modal, and its processes are killed.
 
+Volumes (V2, Modal's current volume filesystem), as the SDK speaks to them: VolumeGetOrCreate,
+VolumeDelete, VolumeList, VolumeListFiles2, VolumeGetFile2, VolumePutFiles2 and
+VolumeRemoveFile2 on the control plane, and the blocks over HTTP as on Modal: a put answers
+the blocks it lacks with a `put_url` (an HTTP PUT of the block, checked against its SHA-256;
+its answer is the `put_response` the next put carries), a get answers one `get_urls` entry
+per 8 MiB block. A volume's files are a folder of the stand-in's temp folder
+(`<root>/volumes/<volume id>`), the blocks a folder beside it. A V1 volume's file RPCs are
+not implemented (UNIMPLEMENTED, recorded). A sandbox created with `volume_mounts` sees each
+volume at its `mount_path`: since the stand-in's commands run on this host, every command of
+such a sandbox runs in a mount namespace of its own (`unshare --mount`, private
+propagation) in which the volume's folder is bind-mounted at that host path (remounted
+read-only for `read_only`), so nothing of it is seen outside the sandbox's commands. A
+missing mount point is made on the host while a sandbox uses it and removed after (this
+needs root, as the tests run). Writes are seen in the volume at once (Modal commits a
+sandbox's writes in the background and at its end).
+
 Auth as on Modal: the token pair arrives as metadata on every control-plane call
 (UNAUTHENTICATED when wrong), `AuthTokenGet` hands out a JWT-shaped token with an `exp` claim
 that V2 calls carry, and the router wants the per-sandbox JWT it was given.
@@ -24,6 +40,7 @@ import asyncio
 import base64
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -52,6 +69,8 @@ from modal_proto.task_command_router_grpc import TaskCommandRouterBase
 GenericResult = api_pb2.GenericResult
 V1_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 TUNNEL_DOMAIN = "tunnels.modal.test"  # the hosts of the stand-in's tunnels (never reached)
+BLOCK_SIZE = 8 * 1024 * 1024  # a volume file's blocks, as Modal's (modal._utils.blob_utils)
+LIST_BATCH = 100  # VolumeListFiles2 entries per streamed message
 
 
 def _free_port() -> int:
@@ -102,6 +121,8 @@ class Sandbox:
     entrypoint: asyncio.subprocess.Process | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    # volume_mounts: (the volume's folder, the mount path on this host, read-only)
+    mounts: list[tuple[Path, str, bool]] = field(default_factory=list)
 
     @property
     def running(self) -> bool:
@@ -139,6 +160,11 @@ class ModalStandin:
         self.dict_ids: dict[str, str] = {}  # Dict name -> id
         self.dicts: dict[str, dict[bytes, bytes]] = {}  # Dict id -> serialized entries
         self.auth_tokens: set[str] = set()
+        self.volumes: dict[str, StandinVolume] = {}  # volume id -> volume
+        self.block_reads: dict[str, tuple[Path, int, int]] = {}  # token -> (file, start, len)
+        self._mount_points: dict[Path, int] = {}  # mount points made here -> sandboxes using them
+        self.blocks_port = _free_port()
+        self._blocks_runner: Any = None
         self.api_port = _free_port()
         self.router_port = _free_port()
         self._loop = asyncio.new_event_loop()
@@ -156,6 +182,10 @@ class ModalStandin:
     def router_url(self) -> str:
         return f"http://127.0.0.1:{self.router_port}"
 
+    @property
+    def blocks_url(self) -> str:
+        return f"http://127.0.0.1:{self.blocks_port}"
+
     def start(self) -> ModalStandin:
         self._thread.start()
         self.call(self._start())
@@ -167,6 +197,7 @@ class ModalStandin:
             server = Server([handler])
             await server.start("127.0.0.1", port)
             self._servers.append(server)
+        await self._start_blocks()
 
     def stop(self) -> None:
         async def shutdown() -> None:
@@ -175,6 +206,8 @@ class ModalStandin:
             for server in self._servers:
                 server.close()
                 await server.wait_closed()
+            if self._blocks_runner is not None:
+                await self._blocks_runner.cleanup()
 
         self.call(shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -226,6 +259,7 @@ class ModalStandin:
         image_id = definition.image_id
         if image_id not in self.images:
             raise GRPCError(Status.NOT_FOUND, f"Image {image_id} not found")
+        mounts = self._mounts_of(definition)
         fs = self.root / "sandboxes" / sandbox_id
         source = self.images[image_id]
         if source is not None:
@@ -238,8 +272,9 @@ class ModalStandin:
             id=sandbox_id, task_id=f"ta-{uuid.uuid4().hex[:12]}{'V' if version == 2 else ''}",
             app_id=app_id, created_at=max(now, latest + 1e-3), definition=definition, tags=tags,
             fs=fs, env=env, jwt=_jwt({"sub": sandbox_id, "exp": int(now) + 3600}),
-            version=version, last_activity=now,
+            version=version, last_activity=now, mounts=mounts,
         )
+        self._hold_mount_points(mounts)
         self.sandboxes[sandbox_id] = sandbox
         loop = asyncio.get_running_loop()
         if definition.timeout_secs:
@@ -293,6 +328,7 @@ class ModalStandin:
                     pass
         for process in processes:
             await process.wait()
+        self._release_mount_points(sandbox.mounts)
         sandbox.ended.set()
 
     async def _spawn(self, sandbox: Sandbox, argv: list[str], env: dict[str, str], *,
@@ -307,7 +343,7 @@ class ModalStandin:
             raise GRPCError(Status.FAILED_PRECONDITION, f"workdir {workdir} is not a directory")
         try:
             return await asyncio.create_subprocess_exec(
-                *argv, cwd=workdir or sandbox.fs, env=full_env, stdin=pipe,
+                *_with_mounts(sandbox, argv), cwd=workdir or sandbox.fs, env=full_env, stdin=pipe,
                 stdout=pipe, stderr=pipe, start_new_session=True)
         except OSError as exc:
             raise GRPCError(Status.FAILED_PRECONDITION, f"cannot start {argv[0]!r}: {exc}") from None
@@ -327,7 +363,8 @@ class ModalStandin:
                     struct.pack("HHHH", pty.winsz_rows, pty.winsz_cols, 0, 0))
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", _ON_TERMINAL, *argv, cwd=workdir or sandbox.fs,
+                *_with_mounts(sandbox, [sys.executable, "-c", _ON_TERMINAL, *argv]),
+                cwd=workdir or sandbox.fs,
                 env=full_env, stdin=slave, stdout=slave, stderr=slave)
         except OSError as exc:
             os.close(master)
@@ -363,6 +400,101 @@ class ModalStandin:
     def _metadata(sandbox: Sandbox) -> api_pb2.SandboxHandleMetadata:
         return api_pb2.SandboxHandleMetadata(app_id=sandbox.app_id, result=sandbox.result)
 
+    # -- volumes ---------------------------------------------------------------------------
+
+    def volume_by_name(self, name: str) -> StandinVolume | None:
+        return next((v for v in self.volumes.values() if v.name == name), None)
+
+    def _volume(self, volume_id: str) -> StandinVolume:
+        volume = self.volumes.get(volume_id)
+        if volume is None:
+            raise GRPCError(Status.NOT_FOUND, f"Volume {volume_id} not found")
+        return volume
+
+    def _mounts_of(self, definition: api_pb2.Sandbox) -> list[tuple[Path, str, bool]]:
+        """A create's `volume_mounts`, checked as Modal checks them (the volume exists, the
+        path is absolute and not /)."""
+        mounts = []
+        for mount in definition.volume_mounts:
+            volume = self._volume(mount.volume_id)
+            path = os.path.normpath(mount.mount_path)
+            if not mount.mount_path.startswith("/") or path == "/":
+                raise GRPCError(Status.INVALID_ARGUMENT,
+                                f"mount path {mount.mount_path!r} must be absolute, not /")
+            if os.path.lexists(path) and not os.path.isdir(path):
+                raise GRPCError(Status.FAILED_PRECONDITION,
+                                f"stand-in: {path} exists on this host and is not a folder")
+            if mount.sub_path:
+                raise GRPCError(Status.UNIMPLEMENTED, "stand-in: sub_path mounts")
+            mounts.append((volume.folder, path, mount.read_only))
+        if mounts and os.geteuid() != 0:
+            raise GRPCError(Status.FAILED_PRECONDITION,
+                            "stand-in: mounting a volume needs root (a bind mount)")
+        return mounts
+
+    def _hold_mount_points(self, mounts: list[tuple[Path, str, bool]]) -> None:
+        """Make each missing mount point (and its missing parents) on this host; counted, so
+        the last sandbox using one removes it."""
+        for _, path, _ in mounts:
+            made = []
+            at = Path(path)
+            while not at.exists():
+                made.append(at)
+                at = at.parent
+            for folder in reversed(made):
+                folder.mkdir()
+                self._mount_points[folder] = 0
+            for folder in [Path(path), *Path(path).parents]:
+                if folder in self._mount_points:
+                    self._mount_points[folder] += 1
+
+    def _release_mount_points(self, mounts: list[tuple[Path, str, bool]]) -> None:
+        for _, path, _ in mounts:
+            for folder in [Path(path), *Path(path).parents]:
+                if folder not in self._mount_points:
+                    continue
+                self._mount_points[folder] -= 1
+                if self._mount_points[folder] <= 0:
+                    del self._mount_points[folder]
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()  # only while empty: nothing of anyone's is lost
+
+    async def _start_blocks(self) -> None:
+        """The blocks' HTTP server: PUT /put/<sha256 hex> stores a block (its body must have
+        that digest), GET /get/<token> reads a byte range of a volume's file."""
+        from aiohttp import web
+
+        blocks = self.root / "blocks"
+        blocks.mkdir(parents=True, exist_ok=True)
+
+        async def put(request: web.Request) -> web.Response:
+            digest = request.match_info["digest"]
+            body = await request.read()
+            if hashlib.sha256(body).hexdigest() != digest:
+                return web.Response(status=400, text="block digest mismatch")
+            (blocks / digest).write_bytes(body)
+            return web.Response(body=f"put-{digest}".encode())
+
+        async def get(request: web.Request) -> web.Response:
+            read = self.block_reads.get(request.match_info["token"])
+            if read is None:
+                return web.Response(status=404, text="no such block")
+            path, start, length = read
+            with path.open("rb") as f:
+                f.seek(start)
+                data = f.read(length)
+            return web.Response(body=data)
+
+        app = web.Application(client_max_size=BLOCK_SIZE + 1024)
+        app.router.add_put("/put/{digest}", put)
+        app.router.add_get("/get/{token}", get)
+        self._blocks_runner = web.AppRunner(app)
+        await self._blocks_runner.setup()
+        await web.TCPSite(self._blocks_runner, "127.0.0.1", self.blocks_port).start()
+
+    def _block(self, digest: bytes) -> Path:
+        return self.root / "blocks" / digest.hex()
+
     # -- images ----------------------------------------------------------------------------
 
     def add_image(self, files: dict[str, str] | None = None) -> str:
@@ -376,6 +508,43 @@ class ModalStandin:
                 (folder / name).write_text(text)
         self.images[image_id] = folder
         return image_id
+
+
+@dataclass
+class StandinVolume:
+    """A volume: its files are the folder `folder`."""
+
+    id: str
+    name: str
+    version: int
+    folder: Path
+    created_at: float
+
+
+def _in_volume(volume: StandinVolume, path: str) -> Path:
+    """A path of the volume (relative or absolute: / is its root) as a path of its folder;
+    INVALID_ARGUMENT for one that leaves it."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"invalid path {path!r}")
+    return volume.folder.joinpath(*parts)
+
+
+# run as `unshare --mount --propagation private sh -c _MOUNT sbx-mount SRC DST RO ... -- ARGV`:
+# each volume bind-mounted in the command's own mount namespace (read-only when RO is "ro")
+_MOUNT = ('while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 126; '
+          'if [ "$3" = ro ]; then mount -o remount,bind,ro "$2" || exit 126; fi; shift 3; done; '
+          'shift; cd "$(pwd)"; exec "$@"')  # cd: a working folder under a mount is the volume's
+
+
+def _with_mounts(sandbox: Sandbox, argv: list[str]) -> list[str]:
+    """`argv`, run where the sandbox's volumes are mounted (as is, without mounts)."""
+    if not sandbox.mounts:
+        return argv
+    spec = [x for folder, path, ro in sandbox.mounts for x in (str(folder), path,
+                                                                "ro" if ro else "rw")]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT, "sbx-mount",
+            *spec, "--", *argv]
 
 
 def with_unimplemented(cls: type) -> type:
@@ -541,6 +710,15 @@ class ControlPlane(_Service, ModalClientBase):
 
         await self._unary(stream, "DictUpdate", answer)
 
+    async def DictGet(self, stream: Stream) -> None:
+        def answer(request: api_pb2.DictGetRequest) -> api_pb2.DictGetResponse:
+            entries = self._dict(request.dict_id)
+            if request.key not in entries:
+                return api_pb2.DictGetResponse(found=False)
+            return api_pb2.DictGetResponse(found=True, value=entries[request.key])
+
+        await self._unary(stream, "DictGet", answer)
+
     async def DictPop(self, stream: Stream) -> None:
         def answer(request: api_pb2.DictPopRequest) -> api_pb2.DictPopResponse:
             entries = self._dict(request.dict_id)
@@ -558,6 +736,141 @@ class ControlPlane(_Service, ModalClientBase):
         for key, value in list(self._dict(request.dict_id).items()):
             await stream.send_message(api_pb2.DictEntry(key=key if request.keys else b"",
                                                         value=value if request.values else b""))
+
+    # -- volumes (V2: files in blocks, as the SDK moves them) -------------------------------
+
+    async def VolumeGetOrCreate(self, stream: Stream) -> None:
+        def answer(request: api_pb2.VolumeGetOrCreateRequest) -> api_pb2.VolumeGetOrCreateResponse:
+            name = request.deployment_name
+            volume = self.standin.volume_by_name(name)
+            how = request.object_creation_type
+            if volume is not None and how == api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS:
+                raise GRPCError(Status.ALREADY_EXISTS, f"Volume {name!r} already exists")
+            if volume is None:
+                if how not in (api_pb2.OBJECT_CREATION_TYPE_CREATE_IF_MISSING,
+                               api_pb2.OBJECT_CREATION_TYPE_CREATE_FAIL_IF_EXISTS):
+                    raise GRPCError(Status.NOT_FOUND, f"Volume {name!r} not found")
+                volume_id = f"vo-{uuid.uuid4().hex[:20]}"
+                version = request.version or api_pb2.VOLUME_FS_VERSION_V1  # Modal's default
+                volume = StandinVolume(volume_id, name, version,
+                                       self.standin.root / "volumes" / volume_id, time.time())
+                volume.folder.mkdir(parents=True)
+                self.standin.volumes[volume_id] = volume
+            elif request.version and request.version != volume.version:
+                raise GRPCError(Status.INVALID_ARGUMENT,
+                                f"Volume {name!r} has another VolumeFS version")
+            return api_pb2.VolumeGetOrCreateResponse(
+                volume_id=volume.id, version=volume.version, metadata=api_pb2.VolumeMetadata(
+                    version=volume.version, name=volume.name,
+                    creation_info=api_pb2.CreationInfo(created_at=volume.created_at)))
+
+        await self._unary(stream, "VolumeGetOrCreate", answer)
+
+    async def VolumeDelete(self, stream: Stream) -> None:
+        def answer(request: api_pb2.VolumeDeleteRequest) -> empty_pb2.Empty:
+            volume = self.standin._volume(request.volume_id)
+            del self.standin.volumes[volume.id]
+            shutil.rmtree(volume.folder)
+            return empty_pb2.Empty()
+
+        await self._unary(stream, "VolumeDelete", answer)
+
+    def _v2(self, volume_id: str) -> StandinVolume:
+        volume = self.standin._volume(volume_id)
+        if volume.version != api_pb2.VOLUME_FS_VERSION_V2:
+            raise GRPCError(Status.INVALID_ARGUMENT, f"Volume {volume.name!r} is not a V2 volume")
+        return volume
+
+    async def VolumeListFiles2(self, stream: Stream) -> None:
+        """Server streaming: the entry of a file, or what is in a folder (all the way down
+        with `recursive`), paths relative to the volume's root, as Modal lists them."""
+        request = await stream.recv_message()
+        self.standin.calls.append(Call(self.service, "VolumeListFiles2", request))
+        self._authenticate(stream)
+        volume = self._v2(request.volume_id)
+        top = _in_volume(volume, request.path)
+        if not os.path.lexists(top):
+            raise GRPCError(Status.NOT_FOUND, f"No such file or directory: {request.path}")
+        found = [top] if not top.is_dir() or top.is_symlink() else sorted(
+            top.rglob("*") if request.recursive else top.iterdir())
+        entries = []
+        for path in found:
+            info = path.lstat()
+            kind = (api_pb2.FileEntry.SYMLINK if path.is_symlink() else
+                    api_pb2.FileEntry.DIRECTORY if path.is_dir() else api_pb2.FileEntry.FILE)
+            entries.append(api_pb2.FileEntry(
+                path=path.relative_to(volume.folder).as_posix(), type=kind,
+                mtime=int(info.st_mtime), size=info.st_size if kind == api_pb2.FileEntry.FILE
+                else 0))
+        for at in range(0, len(entries), LIST_BATCH):
+            await stream.send_message(
+                api_pb2.VolumeListFiles2Response(entries=entries[at:at + LIST_BATCH]))
+
+    async def VolumeGetFile2(self, stream: Stream) -> None:
+        def answer(request: api_pb2.VolumeGetFile2Request) -> api_pb2.VolumeGetFile2Response:
+            volume = self._v2(request.volume_id)
+            path = _in_volume(volume, request.path)
+            if not path.is_file():
+                raise GRPCError(Status.NOT_FOUND, f"No such file: {request.path}")
+            size = path.stat().st_size
+            start = min(request.start, size)
+            length = size - start if not request.len else min(request.len, size - start)
+            urls, at = [], start
+            while at < start + length:
+                end = min(start + length, (at // BLOCK_SIZE + 1) * BLOCK_SIZE)
+                token = secrets.token_hex(16)
+                self.standin.block_reads[token] = (path, at, end - at)
+                urls.append(f"{self.standin.blocks_url}/get/{token}")
+                at = end
+            return api_pb2.VolumeGetFile2Response(get_urls=urls, size=size, start=start,
+                                                  len=length)
+
+        await self._unary(stream, "VolumeGetFile2", answer)
+
+    async def VolumePutFiles2(self, stream: Stream) -> None:
+        """Files from blocks: the blocks the stand-in lacks are answered with a put_url each;
+        once it holds them all, the files are written (parents made)."""
+        def answer(request: api_pb2.VolumePutFiles2Request) -> api_pb2.VolumePutFiles2Response:
+            volume = self._v2(request.volume_id)
+            missing = [api_pb2.VolumePutFiles2Response.MissingBlock(
+                file_index=i, block_index=j,
+                put_url=f"{self.standin.blocks_url}/put/{block.contents_sha256.hex()}")
+                for i, file in enumerate(request.files) for j, block in enumerate(file.blocks)
+                if not self.standin._block(block.contents_sha256).exists()]
+            if missing:
+                return api_pb2.VolumePutFiles2Response(missing_blocks=missing)
+            targets = [_in_volume(volume, file.path) for file in request.files]
+            for file, target in zip(request.files, targets, strict=True):
+                if target.is_dir():
+                    raise GRPCError(Status.INVALID_ARGUMENT, f"{file.path} is a directory")
+                if request.disallow_overwrite_existing_files and target.exists():
+                    raise GRPCError(Status.ALREADY_EXISTS, f"{file.path} already exists")
+            for file, target in zip(request.files, targets, strict=True):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("wb") as out:
+                    for block in file.blocks:
+                        out.write(self.standin._block(block.contents_sha256).read_bytes())
+                    out.truncate(file.size)
+                target.chmod(file.mode & 0o7777 or 0o644)
+            return api_pb2.VolumePutFiles2Response()
+
+        await self._unary(stream, "VolumePutFiles2", answer)
+
+    async def VolumeRemoveFile2(self, stream: Stream) -> None:
+        def answer(request: api_pb2.VolumeRemoveFile2Request) -> empty_pb2.Empty:
+            volume = self._v2(request.volume_id)
+            path = _in_volume(volume, request.path)
+            if path == volume.folder or not os.path.lexists(path):
+                raise GRPCError(Status.NOT_FOUND, f"No such file or directory: {request.path}")
+            if path.is_dir() and not path.is_symlink():
+                if not request.recursive and any(path.iterdir()):
+                    raise GRPCError(Status.INVALID_ARGUMENT, f"{request.path} is not empty")
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            return empty_pb2.Empty()
+
+        await self._unary(stream, "VolumeRemoveFile2", answer)
 
     # -- sandboxes (V2, and V1 for GPU sandboxes) ------------------------------------------
 
