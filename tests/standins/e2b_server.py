@@ -18,6 +18,16 @@ Kept honest:
 - sandboxes expire on their own, as on E2B: a background task removes a running sandbox
   past its end time. Time is the wall clock plus `clock_offset` (`advance()` moves it).
 
+Volumes (E2B's `/volumes` REST API and the volume content API `/volumecontent/{id}/path|dir|file`,
+bearer-token authenticated with the token `/volumes` hands out): a volume's files are a folder
+of the stand-in's temp folder. A sandbox created with `volumeMounts` has each volume's folder
+**bind-mounted on this host** at the mount's path (`mount --bind`; the test process is root),
+the mount point made if missing; so its commands and envd's filesystem service see the
+volume's files at that path, as a sandbox on E2B does. The mounts are undone (and the mount
+points this stand-in made removed) when the sandbox ends or the stand-in stops. Two sandboxes
+mounting one path at once are refused (400, a problem): they would share this host's one
+mount. E2B mounts cannot be read-only, and neither are these.
+
 Tests steer it directly (same process): `rate_limit()` makes the next requests answer 429,
 `create_delay` holds creates open so concurrency can be measured (`max_creates_in_flight`).
 """
@@ -36,6 +46,7 @@ import signal
 import stat as stat_module
 import string
 import struct
+import subprocess
 import sys
 import tempfile
 import termios
@@ -56,6 +67,7 @@ from e2b.api.client.models import (
     Error,
     ListedSandbox,
     NewSandboxV2,
+    NewVolume,
     Sandbox,
     SandboxDetail,
     SandboxMetric,
@@ -64,12 +76,17 @@ from e2b.api.client.models import (
     SandboxState,
     SandboxTimeoutRequest,
     SnapshotInfo,
+    VolumeAndToken,
 )
+from e2b.api.client.models import Volume as VolumeModel
 from e2b.api.client.types import UNSET, Unset
 from e2b.envd.filesystem import filesystem_pb as fs_pb
 from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
 from e2b.envd.process import process_pb as pb
 from e2b.envd.process.process_connect import ProcessASGIApplication
+from e2b.volume.client.models import PatchVolumecontentVolumeIDPathBody as PatchPathBody
+from e2b.volume.client.models import VolumeEntryStat
+from e2b.volume.client.models.volume_entry_stat_type import VolumeEntryStatType
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
@@ -129,6 +146,8 @@ class StandInSandbox:
     processes: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
     ptys: dict[int, int] = field(default_factory=dict)  # a pty process's pid -> master fd
     metrics: list[SandboxMetric] = field(default_factory=list)
+    # volume mounts on this host: (mount path, made by the stand-in); undone at removal
+    mounts: list[tuple[Path, bool]] = field(default_factory=list)
 
     def path(self, raw: str) -> Path:
         """A path given to envd: a path of this host; a relative one under the sandbox."""
@@ -151,6 +170,24 @@ class Snapshot:
         return f"{slug}/{self.name}:default" if self.name else f"{self.template_id}:default"
 
 
+@dataclass
+class StandInVolume:
+    volume_id: str
+    team: str
+    name: str
+    token: str
+    files: Path
+
+
+VOLUME_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")  # the stand-in's rule (E2B states none)
+VOLUME_CONTENT = re.compile(r"/volumecontent/(?P<vid>[^/]+)/(?P<what>path|dir|file)")
+VOLUME_CONTENT_PARAMS = {("GET", "path"): {"path"}, ("DELETE", "path"): {"path"},
+                         ("PATCH", "path"): {"path"},
+                         ("GET", "dir"): {"path", "depth"},
+                         ("POST", "dir"): {"path", "uid", "gid", "mode", "force"},
+                         ("GET", "file"): {"path"},
+                         ("PUT", "file"): {"path", "uid", "gid", "mode", "force"}}
+
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     (method, re.compile(pattern), name) for method, pattern, name in [
         ("POST", r"/v2/sandboxes", "create"),
@@ -164,6 +201,10 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", r"/sandboxes/(?P<sid>[^/]+)/snapshots", "snapshot"),
         ("GET", r"/snapshots", "list_snapshots"),
         ("DELETE", r"/templates/(?P<tid>[^/]+)", "delete_template"),
+        ("POST", r"/volumes", "create_volume"),
+        ("GET", r"/volumes", "list_volumes"),
+        ("GET", r"/volumes/(?P<vid>[^/]+)", "get_volume"),
+        ("DELETE", r"/volumes/(?P<vid>[^/]+)", "delete_volume"),
     ]
 ]
 QUERY_PARAMS = {
@@ -192,6 +233,7 @@ class E2BStandIn:
         self.max_creates_in_flight = 0
         self.sandboxes: dict[str, StandInSandbox] = {}
         self.snapshots: dict[str, Snapshot] = {}
+        self.volumes: dict[str, StandInVolume] = {}
         self.idempotent: dict[tuple[str, str], str] = {}
         self.problems: list[str] = []  # what it did not know: the fixture fails the test
         self.calls: list[tuple[str, str, int]] = []  # (method, route or path, status)
@@ -250,6 +292,7 @@ class E2BStandIn:
             self._thread.join(10)
         for sandbox in list(self.sandboxes.values()):
             _kill_processes(sandbox)
+            _unmount(sandbox)
         shutil.rmtree(self._workdir, ignore_errors=True)
 
     # -- ASGI ----------------------------------------------------------------------------
@@ -269,6 +312,9 @@ class E2BStandIn:
             return
         if scope["path"] == "/files":
             await self._envd_call(scope, receive, send, headers, self._files)
+            return
+        if scope["path"].startswith("/volumecontent/"):
+            await self._volume_content(scope, receive, send, headers)
             return
         body = b""
         while True:
@@ -394,6 +440,7 @@ class E2BStandIn:
 
     def _remove(self, sandbox: StandInSandbox) -> None:
         _kill_processes(sandbox)
+        _unmount(sandbox)
         self.sandboxes.pop(sandbox.sandbox_id, None)
         shutil.rmtree(sandbox.root, ignore_errors=True)
 
@@ -443,6 +490,7 @@ class E2BStandIn:
         metadata = {} if isinstance(body.metadata, Unset) else dict(body.metadata or {})
         if not all(isinstance(v, str) for v in metadata.values()):
             raise Reply(400, "metadata values must be strings")
+        mounts = self._volume_mounts(team, body)
         sid = _random_id("i")
         root = self._workdir / sid
         if files is not None:
@@ -462,6 +510,13 @@ class E2BStandIn:
             else body.allow_internet_access,
             network=network, timeouts=[timeout])
         sandbox.metrics.append(self._sample(sandbox, now))
+        try:
+            for path, volume in mounts:
+                sandbox.mounts.append((path, _mount(volume.files, path)))
+        except OSError as exc:
+            _unmount(sandbox)
+            shutil.rmtree(root, ignore_errors=True)
+            raise Reply(500, f"stand-in could not mount a volume: {exc}") from None
         self.sandboxes[sid] = sandbox
         if key:
             self.idempotent[(team, key)] = sid
@@ -597,6 +652,181 @@ class E2BStandIn:
         del self.snapshots[snap.template_id]
         shutil.rmtree(snap.files, ignore_errors=True)
         return 204, None, {}
+
+    # -- volumes: the REST API, and mounts at create ---------------------------------------
+
+    def _volume(self, team: str, vid: str) -> StandInVolume:
+        volume = self.volumes.get(vid)
+        if volume is None or volume.team != team:
+            raise Reply(404, f"volume \"{vid}\" doesn't exist or you don't have access to it")
+        return volume
+
+    def _volume_mounts(self, team: str, body: NewSandboxV2) -> list[tuple[Path, StandInVolume]]:
+        """A create's `volumeMounts`: each a team's volume by name, at an absolute path no
+        other live sandbox mounts (this host has one mount per path)."""
+        if isinstance(body.volume_mounts, Unset) or not body.volume_mounts:
+            return []
+        found = []
+        for mount in body.volume_mounts:
+            if mount.additional_properties:
+                self._problem(f"SandboxVolumeMount: unknown fields {mount.additional_keys}")
+                raise Reply(400, f"unknown fields {mount.additional_keys}")
+            volume = next((v for v in self.volumes.values()
+                           if v.team == team and v.name == mount.name), None)
+            if volume is None:
+                raise Reply(400, f"volume '{mount.name}' not found")
+            path = Path(mount.path)
+            if not path.is_absolute() or ".." in path.parts or path == Path("/"):
+                raise Reply(400, f"invalid mount path '{mount.path}'")
+            if any(p == path for s in self.sandboxes.values() for p, _ in s.mounts):
+                self._problem(f"two sandboxes mount {path} at once (one host mount per path)")
+                raise Reply(400, f"stand-in: {path} is mounted by another sandbox")
+            found.append((path, volume))
+        return found
+
+    def _volume_and_token(self, volume: StandInVolume) -> dict[str, Any]:
+        return VolumeAndToken(volume_id=volume.volume_id, name=volume.name,
+                              token=volume.token).to_dict()
+
+    async def _create_volume(self, team: str, request: Request):
+        body = self._parse(NewVolume, request.json())
+        if not VOLUME_NAME.fullmatch(body.name):
+            raise Reply(400, f"invalid volume name '{body.name}'")
+        if any(v.team == team and v.name == body.name for v in self.volumes.values()):
+            raise Reply(409, f"volume with name '{body.name}' already exists")
+        vid = _random_id("v", 20)
+        files = self._workdir / f"volume-{vid}"
+        files.mkdir()
+        volume = StandInVolume(vid, team, body.name, secrets.token_urlsafe(16), files)
+        self.volumes[vid] = volume
+        return 201, self._volume_and_token(volume), {}
+
+    async def _list_volumes(self, team: str, request: Request):
+        found = sorted((v for v in self.volumes.values() if v.team == team),
+                       key=lambda v: v.volume_id)
+        return 200, [VolumeModel(volume_id=v.volume_id, name=v.name).to_dict()
+                     for v in found], {}
+
+    async def _get_volume(self, team: str, request: Request, vid: str):
+        return 200, self._volume_and_token(self._volume(team, vid)), {}
+
+    async def _delete_volume(self, team: str, request: Request, vid: str):
+        volume = self._volume(team, vid)
+        del self.volumes[vid]
+        shutil.rmtree(volume.files, ignore_errors=True)
+        return 204, None, {}
+
+    # -- the volume content API ----------------------------------------------------------
+
+    async def _volume_content(self, scope, receive, send, headers: dict[str, str]) -> None:
+        """`/volumecontent/{id}/path|dir|file`, authenticated by the volume's bearer token.
+        Paths are the volume's own (/ its root); a body is read whole (tests move little)."""
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        method = scope["method"]
+        query = parse_qsl(scope.get("query_string", b"").decode(), keep_blank_values=True)
+        match = VOLUME_CONTENT.fullmatch(scope["path"])
+        status, payload, kind = 200, b"", b"application/json"
+        try:
+            if match is None or (method, match["what"]) not in VOLUME_CONTENT_PARAMS:
+                self._problem(f"unknown endpoint {method} {scope['path']}")
+                raise Reply(501, f"stand-in: unknown endpoint {method} {scope['path']}")
+            route = f"volumecontent_{method.lower()}_{match['what']}"
+            unknown = {k for k, _ in query} - VOLUME_CONTENT_PARAMS[(method, match["what"])]
+            if unknown:
+                self._problem(f"{route}: unknown query parameters {sorted(unknown)}")
+                raise Reply(400, f"unknown query parameters {sorted(unknown)}")
+            volume = self.volumes.get(match["vid"])
+            if volume is None:
+                raise Reply(404, f"volume \"{match['vid']}\" not found")
+            if headers.get("authorization") != f"Bearer {volume.token}":
+                raise Reply(401, "invalid volume token")
+            params = dict(query)
+            if "path" not in params:
+                raise Reply(400, "path is required")
+            status, payload, kind = self._content(volume, method, match["what"], params, body)
+        except Reply as reply:
+            status, kind = reply.status, b"application/json"
+            payload = json.dumps(Error(code=reply.status, message=reply.message).to_dict()
+                                 ).encode()
+        self.calls.append((method, scope["path"], status))
+        out = [(b"content-type", kind)] if payload or status != 204 else []
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": payload})
+
+    def _content(self, volume: StandInVolume, method: str, what: str, params: dict[str, str],
+                 body: bytes) -> tuple[int, bytes, bytes]:
+        rel = os.path.normpath("/" + params["path"]).lstrip("/")
+        if ".." in Path(rel).parts:
+            raise Reply(400, f"invalid path '{params['path']}'")
+        host = volume.files / rel if rel else volume.files
+        shown = "/" + rel
+
+        def entry(path: Path) -> bytes:
+            return json.dumps(_volume_entry(volume, path)).encode()
+
+        if method in ("GET", "DELETE", "PATCH") and not os.path.lexists(host):
+            raise Reply(404, f"path '{shown}' does not exist")
+        if (method, what) == ("GET", "path"):
+            return 200, entry(host), b"application/json"
+        if (method, what) == ("PATCH", "path"):  # uid and gid kept: tests run as root
+            try:
+                patch = self._parse(PatchPathBody, json.loads(body or b"null"))
+            except json.JSONDecodeError:
+                raise Reply(400, "body is not JSON") from None
+            if not isinstance(patch.mode, Unset):
+                host.chmod(patch.mode & 0o7777)
+            return 200, entry(host), b"application/json"
+        if (method, what) == ("DELETE", "path"):
+            if not rel:
+                raise Reply(400, "cannot remove the volume's root")
+            if host.is_dir() and not host.is_symlink():
+                shutil.rmtree(host)
+            else:
+                host.unlink()
+            return 204, b"", b""
+        if (method, what) == ("GET", "dir"):
+            if not host.is_dir():
+                raise Reply(400, f"path '{shown}' is not a directory")
+            depth = int(params.get("depth") or 1)
+            entries = []
+            for folder, dirs, files in os.walk(host):
+                level = len(Path(folder).relative_to(host).parts) + 1
+                for name in sorted(dirs + files):
+                    entries.append(_volume_entry(volume, Path(folder) / name))
+                if level >= depth:
+                    dirs.clear()
+            return 200, json.dumps(entries).encode(), b"application/json"
+        force = params.get("force") in ("true", "True", "1")
+        mode = int(params["mode"]) if params.get("mode") else None
+        if not host.parent.is_dir():
+            if not force:
+                raise Reply(404, f"parent of '{shown}' does not exist")
+            host.parent.mkdir(parents=True)
+        if (method, what) == ("POST", "dir"):
+            if os.path.lexists(host) and not host.is_dir():
+                raise Reply(400, f"path '{shown}' exists and is not a directory")
+            host.mkdir(exist_ok=True)
+            if mode is not None:
+                host.chmod(mode & 0o7777)
+            return 201, entry(host), b"application/json"
+        if (method, what) == ("GET", "file"):
+            if not host.is_file():
+                raise Reply(400, f"path '{shown}' is not a file")
+            return 200, host.read_bytes(), b"application/octet-stream"
+        # PUT file
+        if host.is_dir() or (os.path.lexists(host) and not force):
+            raise Reply(400, f"path '{shown}' exists (force overwrites a file)")
+        if host.is_symlink():
+            host.unlink()
+        host.write_bytes(body)
+        if mode is not None:
+            host.chmod(mode & 0o7777)
+        return 201, entry(host), b"application/json"
 
     # -- envd ----------------------------------------------------------------------------
 
@@ -1017,3 +1247,49 @@ def _signal_processes(sandbox: StandInSandbox, number: int) -> None:
 def _kill_processes(sandbox: StandInSandbox) -> None:
     _signal_processes(sandbox, signal.SIGKILL)
     _signal_processes(sandbox, signal.SIGCONT)
+
+
+def _volume_entry(volume: StandInVolume, path: Path) -> dict[str, Any]:
+    """A volume's file as the content API's VolumeEntryStat (its path the volume's own)."""
+    st = os.lstat(path)
+    kind = (VolumeEntryStatType.SYMLINK if stat_module.S_ISLNK(st.st_mode) else
+            VolumeEntryStatType.DIRECTORY if stat_module.S_ISDIR(st.st_mode) else
+            VolumeEntryStatType.FILE if stat_module.S_ISREG(st.st_mode) else
+            VolumeEntryStatType.UNKNOWN)
+    rel = path.relative_to(volume.files)
+    fields: dict[str, Any] = {}
+    if kind == VolumeEntryStatType.SYMLINK:
+        fields["target"] = os.readlink(path)
+
+    def when(seconds: float) -> datetime:
+        return datetime.fromtimestamp(seconds, UTC)
+
+    return VolumeEntryStat(
+        name=path.name if rel.parts else "/", type_=kind, path="/" + rel.as_posix() if rel.parts else "/",
+        size=st.st_size, mode=stat_module.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid,
+        atime=when(st.st_atime), mtime=when(st.st_mtime), ctime=when(st.st_ctime),
+        **fields).to_dict()
+
+
+def _mount(files: Path, path: Path) -> bool:
+    """A volume's folder bind-mounted at `path` on this host; whether the mount point was made."""
+    made = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "--bind", str(files), str(path)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        if made:
+            path.rmdir()
+        raise OSError(done.stderr.strip() or "mount --bind failed")
+    return made
+
+
+def _unmount(sandbox: StandInSandbox) -> None:
+    """Undo a sandbox's mounts (lazily, should a process of it still hold one)."""
+    for path, made in reversed(sandbox.mounts):
+        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+        if made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    sandbox.mounts.clear()
