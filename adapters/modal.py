@@ -14,6 +14,11 @@ What Modal cannot do, sbx does not claim: it cannot extend a sandbox's timeout (
 `timeout` is the hard deadline and sbx's reaper enforces the soft one) or pause. Its images
 carry no labels, so snapshot images are recorded with theirs in a Modal Dict. See
 docs/modal.md.
+
+Volumes (docs/volumes.md) are Modal's own (V2) volumes, named `sbx-<volume id>`, their labels
+recorded in another Modal Dict (Modal volumes carry none either); files reach them without a
+sandbox through the SDK's volume file API (batch_upload, listdir, read_file), and a sandbox
+mounts them through `Sandbox.create(volumes=...)`, read-only through the mount's options.
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ import contextlib
 import ipaddress
 import math
 import os
+import posixpath
 import re
+import shutil
+import tarfile
+import tempfile
 import time
 import uuid
 import warnings
@@ -36,6 +45,7 @@ from urllib.parse import parse_qsl, urlencode, urlparse
 from sandboxer.adapters.base import (
     EXEC_MARK,
     KILL_MARKED,
+    LABEL_VOLUME,
     Adapter,
     AdapterError,
     Artifact,
@@ -49,6 +59,8 @@ from sandboxer.adapters.base import (
     Endpoint,
     ExecResult,
     Health,
+    InvalidRequest,
+    NoSuchPath,
     PtyChannel,
     Stdin,
     one_line,
@@ -72,6 +84,10 @@ PROBE_TIMEOUT = 10.0  # seconds to open a TCP connection to Modal
 TUNNELS_TIMEOUT_S = 50  # how long Modal may take to report a new sandbox's tunnels
 MAX_TIMEOUT_S = 24 * 3600  # Modal's longest sandbox timeout
 CHECKPOINT_REGISTRY = "sandboxer-checkpoints"  # a Modal Dict: snapshot image id -> labels
+VOLUME_REGISTRY = "sandboxer-volumes"  # a Modal Dict: volume name -> labels (sbx's volumes)
+VOLUME_PREFIX = "sbx-"  # a volume's Modal name: this and sbx's volume id
+VOLUME_HELPER = "volume:"  # open_volume's helper: this and the volume's ref (no object made)
+VOLUME_ROOT = "/volume"  # where the core addresses a helper's volume (core/lifecycle/volumes.py)
 INSTALL_HINT = "pip install 'sandboxer[modal]'"
 TOKEN_HINT = "create one with `modal token new` or in your Modal workspace settings"
 EXEC_BACKSTOP_S = 2  # Modal's own exec timeout: this much after sbx's, should sbx's kill fail
@@ -214,8 +230,9 @@ class ModalAdapter(Adapter):
     # files: the base's defaults (tar, find, stat, rm, mkdir, mv through exec with stdin);
     # pty: exec with pty=True, sized in the sandbox (PTY_START, PTY_RESIZE)
     # ports: Modal's tunnels, opened at create for the profile's ports (encrypted_ports)
+    # volumes: Modal's own (V2) volumes, their files through its volume API (no sandbox)
     capabilities = frozenset({Capability.EXEC, Capability.SNAPSHOT, Capability.FILES,
-                              Capability.PTY, Capability.PORTS})
+                              Capability.PTY, Capability.PORTS, Capability.VOLUMES})
 
     def __init__(self) -> None:
         # clients by (server, token): in memory for this process only
@@ -369,6 +386,12 @@ class ModalAdapter(Adapter):
                 "the modal backend cannot keep a sandbox longer than 24h (Modal's longest "
                 "timeout): lower ttl.max")
         tokens = TokenVariables.from_options(request.options)
+        for mount in request.mounts:
+            if split_ref(mount.ref)[1] != tokens:
+                raise InvalidRequest(
+                    f"the modal backend mounts a volume only into a sandbox made with the "
+                    f"token that made the volume ({split_ref(mount.ref)[1].describe()}); this "
+                    f"profile uses {tokens.describe()}")
         tokens.read()  # unset: exit 5 before anything is written
         self._creating_with = tokens  # ensure_available checks Modal accepts it
 
@@ -417,6 +440,8 @@ class ModalAdapter(Adapter):
             if domains:
                 network["outbound_domain_allowlist"] = domains
         memory_mib = math.ceil(limits.memory_bytes / MiB) if limits.memory_bytes else None
+        volumes = {mount.path: modal.Volume.from_name(split_ref(mount.ref)[0], client=client)
+                   .with_mount_options(read_only=mount.read_only) for mount in request.mounts}
         try:
             app = await self._app(client, request.options.get("app", DEFAULT_APP))
             sandbox = await modal.Sandbox.create.aio(
@@ -434,6 +459,7 @@ class ModalAdapter(Adapter):
                 env=dict(request.env) or None,
                 client=client,
                 encrypted_ports=list(request.ports),  # a TLS tunnel for each (https)
+                **({"volumes": volumes} if volumes else {}),
                 **network,
             )
         except Exception as exc:
@@ -738,6 +764,216 @@ class ModalAdapter(Adapter):
                     found.setdefault(image_id, Artifact(join_ref(image_id, tokens), image_labels))
         return list(found.values())
 
+    # -- volumes (Capability.VOLUMES, docs/volumes.md) ---------------------------------------
+
+    @staticmethod
+    def _volume_tokens() -> TokenVariables:
+        """A volume has no profile: the token ensure_available checked (the default pair, or
+        the first MODAL_TOKEN_ID_<NAME> pair that is set)."""
+        pairs = TokenVariables.all_set()
+        return pairs[0] if pairs else TokenVariables()
+
+    @staticmethod
+    def _volume_registry(client: modal_sdk.Client) -> Any:
+        """The Modal Dict recording sbx's volumes with their labels: Modal volumes carry no
+        labels, and only a volume recorded here is ever deleted."""
+        return _sdk().Dict.from_name(VOLUME_REGISTRY, create_if_missing=True, client=client)
+
+    @staticmethod
+    async def _modal_volume(name: str, client: modal_sdk.Client) -> Any:
+        """The hydrated Modal volume of that name, or None when Modal has none."""
+        from modal.exception import NotFoundError
+
+        volume = _sdk().Volume.from_name(name, client=client)
+        try:
+            await volume.hydrate.aio()
+        except NotFoundError:
+            return None
+        return volume
+
+    async def create_volume(self, volume_id: str, labels: Mapping[str, str]) -> str:
+        """A Modal V2 volume named `sbx-<volume id>` (never one that exists already), then
+        its entry in the volume registry; a volume that cannot be recorded is deleted."""
+        modal = _sdk()
+        tokens = self._volume_tokens()
+        client = await self._client(tokens)
+        name = VOLUME_PREFIX + volume_id
+        try:
+            await modal.Volume.objects.create.aio(name, version=2, client=client)
+        except Exception as exc:
+            raise self._translate(exc, tokens, f"create volume {name}") from exc
+        try:
+            await self._volume_registry(client).put.aio(name, dict(labels))
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await modal.Volume.objects.delete.aio(name, allow_missing=True, client=client)
+            if not isinstance(exc, Exception):
+                raise
+            raise self._translate(exc, tokens, f"record volume {name}") from exc
+        return join_ref(name, tokens)
+
+    async def remove_volume(self, ref: str) -> None:
+        """Delete the Modal volume, then its registry entry. A volume the registry does not
+        record as sbx's is left alone (AdapterError); already gone is success."""
+        name, tokens = split_ref(ref)
+        client = await self._client(tokens)
+        try:
+            registry = self._volume_registry(client)
+            labels = await registry.get.aio(name)
+            if not (isinstance(labels, dict) and LABEL_VOLUME in labels):
+                if await self._modal_volume(name, client) is None:
+                    return
+                raise AdapterError(f"Modal volume {name} is not one of sbx's (the "
+                                   f"{VOLUME_REGISTRY} Dict does not record it): left alone")
+            await _sdk().Volume.objects.delete.aio(name, allow_missing=True, client=client)
+            await registry.pop.aio(name, None)
+        except Exception as exc:
+            raise self._translate(exc, tokens, f"delete volume {name}") from exc
+
+    async def volume_size(self, ref: str) -> int | None:
+        """The sizes of the volume's files, as Modal lists them (None: the volume is gone)."""
+        from modal.types import FileEntryType
+
+        name, tokens = split_ref(ref)
+        client = await self._client(tokens)
+        try:
+            volume = await self._modal_volume(name, client)
+            if volume is None:
+                return None
+            entries = await volume.listdir.aio("/", recursive=True)
+        except Exception as exc:
+            raise self._translate(exc, tokens, f"list volume {name}") from exc
+        return sum(e.size for e in entries if e.type == FileEntryType.FILE)
+
+    async def list_volumes(self, labels: Mapping[str, str]) -> list[str]:
+        """Volumes recorded with all of `labels`, under every token pair set."""
+        pairs = TokenVariables.all_set()
+        if not pairs:
+            TokenVariables().read()  # exit 5 naming both variables
+        want = dict(labels).items()
+        found: list[str] = []
+        for tokens in pairs:
+            client = await self._client(tokens)
+            try:
+                entries = [e async for e in self._volume_registry(client).items.aio()]
+            except Exception as exc:
+                raise self._translate(exc, tokens, "list volumes") from exc
+            for name, volume_labels in entries:
+                ref = join_ref(name, tokens)
+                if isinstance(volume_labels, dict) and want <= volume_labels.items() \
+                        and ref not in found:
+                    found.append(ref)
+        return found
+
+    async def open_volume(self, ref: str, labels: Mapping[str, str]) -> str:
+        """No object is made: Modal's volume API reaches the files (put_archive and
+        get_archive of the helper ref go to it)."""
+        name, tokens = split_ref(ref)
+        client = await self._client(tokens)
+        try:
+            volume = await self._modal_volume(name, client)
+        except Exception as exc:
+            raise self._translate(exc, tokens, f"look up volume {name}") from exc
+        if volume is None:
+            raise BackendObjectGone(f"Modal no longer has volume {name}")
+        return VOLUME_HELPER + ref
+
+    async def close_volume(self, helper: str) -> None:
+        """Nothing to remove (open_volume made nothing)."""
+
+    async def put_archive(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> None:
+        if not ref.startswith(VOLUME_HELPER):
+            return await super().put_archive(ref, path, tar)
+        await self._put_volume_tree(ref[len(VOLUME_HELPER):], _volume_path(path), tar)
+
+    async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        if not ref.startswith(VOLUME_HELPER):
+            async for chunk in super().get_archive(ref, path):
+                yield chunk
+            return
+        async for chunk in self._get_volume_tree(ref[len(VOLUME_HELPER):], path):
+            yield chunk
+
+    async def _put_volume_tree(self, ref: str, into: str, tar: AsyncIterator[bytes]) -> None:
+        """The tar stream unpacked here (a temp folder: files and folders only, refused
+        whole otherwise), then its files uploaded under `into` in one batch (Modal's
+        VolumePutFiles2, overwriting). Modal's volume API uploads files: a folder with
+        nothing in it is not kept."""
+        name, tokens = split_ref(ref)
+        client = await self._client(tokens)
+        with tempfile.TemporaryDirectory(prefix="sbx-modal-volume-") as scratch:
+            archive = os.path.join(scratch, "tree.tar")
+            with open(archive, "wb") as out:  # noqa: ASYNC230 (a local temp file)
+                async for chunk in tar:
+                    out.write(chunk)
+            files = await asyncio.to_thread(_unpack_files, archive,
+                                            os.path.join(scratch, "tree"))
+            try:
+                volume = await self._modal_volume(name, client)
+                if volume is None:
+                    raise BackendObjectGone(f"Modal no longer has volume {name}")
+                if files:
+                    async with volume.batch_upload.aio(force=True) as batch:
+                        for local, inside, mode in files:
+                            batch.put_file(local, posixpath.join(into, inside), mode)
+            except Exception as exc:
+                raise self._translate(exc, tokens, f"write to volume {name}") from exc
+
+    async def _get_volume_tree(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """`path` (under VOLUME_ROOT) as a tar stream whose one top entry is its base name,
+        packed here from Modal's listing and file reads (a file at a time). Symlinks made in
+        a sandbox are left out (Modal's listing does not say where they point)."""
+        from modal.exception import NotFoundError
+        from modal.types import FileEntryType
+
+        name, tokens = split_ref(ref)
+        client = await self._client(tokens)
+        inside = _volume_path(path)
+        top = posixpath.normpath(path)
+        try:
+            volume = await self._modal_volume(name, client)
+            if volume is None:
+                raise BackendObjectGone(f"Modal no longer has volume {name}")
+            entries = await volume.listdir.aio(inside, recursive=True)
+        except NotFoundError as exc:
+            raise NoSuchPath(f"{inside} does not exist in the volume") from exc
+        except Exception as exc:
+            raise self._translate(exc, tokens, f"list volume {name}") from exc
+        parent = posixpath.dirname(top)
+        is_file = (inside != "/" and len(entries) == 1
+                   and entries[0].path.strip("/") == inside.strip("/")
+                   and entries[0].type != FileEntryType.DIRECTORY)
+        if not is_file:
+            header = tarfile.TarInfo(posixpath.basename(top))
+            header.type, header.mode, header.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            yield header.tobuf(format=tarfile.PAX_FORMAT)
+        for entry in sorted(entries, key=lambda e: e.path):
+            if entry.type not in (FileEntryType.FILE, FileEntryType.DIRECTORY):
+                continue
+            header = tarfile.TarInfo(posixpath.relpath(
+                posixpath.join(VOLUME_ROOT, entry.path.lstrip("/")), parent))
+            header.mtime = entry.mtime
+            if entry.type == FileEntryType.DIRECTORY:
+                header.type, header.mode = tarfile.DIRTYPE, 0o755
+                yield header.tobuf(format=tarfile.PAX_FORMAT)
+                continue
+            header.size, header.mode = entry.size, 0o644
+            yield header.tobuf(format=tarfile.PAX_FORMAT)
+            sent = 0
+            try:
+                async for chunk in volume.read_file.aio(entry.path):
+                    chunk = chunk[:entry.size - sent]  # it grew since it was listed
+                    sent += len(chunk)
+                    if chunk:
+                        yield chunk
+            except Exception as exc:
+                raise self._translate(exc, tokens, f"read {entry.path} of volume {name}") from exc
+            if sent < entry.size:  # it shrank since it was listed: the header holds
+                yield b"\0" * (entry.size - sent)
+            if entry.size % tarfile.BLOCKSIZE:
+                yield b"\0" * (tarfile.BLOCKSIZE - entry.size % tarfile.BLOCKSIZE)
+        yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
         self._apps.clear()
@@ -747,6 +983,46 @@ class ModalAdapter(Adapter):
                 await client.close.aio()
             except Exception:
                 pass
+
+
+def _volume_path(path: str) -> str:
+    """A helper's path (under VOLUME_ROOT, as the core gives it) as the volume's own."""
+    path = posixpath.normpath(path)
+    if path == VOLUME_ROOT:
+        return "/"
+    if not path.startswith(VOLUME_ROOT + "/"):
+        raise InvalidRequest(f"{path} is not in the volume ({VOLUME_ROOT})")
+    return path[len(VOLUME_ROOT):]
+
+
+def _unpack_files(archive: str, into: str) -> list[tuple[str, str, int]]:
+    """The tar's regular files written under `into`: (local path, path in the tree, mode)
+    for each. Folders are made; any other entry (a link, a device) or a name leaving the
+    tree refuses the whole archive, before anything is uploaded."""
+    files: dict[str, tuple[str, str, int]] = {}
+    os.makedirs(into)
+    with tarfile.open(archive, mode="r|") as tar:
+        for member in tar:
+            inside = posixpath.normpath(member.name.lstrip("/"))
+            if inside in (".", "") or inside.startswith("../") or inside == "..":
+                if member.isdir():
+                    continue
+                raise InvalidRequest(f"the archive's entry {member.name!r} leaves its folder")
+            local = os.path.join(into, *inside.split("/"))
+            if member.isdir():
+                os.makedirs(local, exist_ok=True)
+            elif member.isfile():
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                source = tar.extractfile(member)
+                assert source is not None  # a regular file has data
+                with source, open(local, "wb") as out:
+                    shutil.copyfileobj(source, out)
+                files[inside] = (local, inside, member.mode & 0o7777 or 0o644)
+            else:
+                raise InvalidRequest(
+                    f"the modal backend keeps files and folders in a volume, not "
+                    f"{member.name!r} (a link or special file: Modal's volume API has none)")
+    return list(files.values())
 
 
 class _ModalPty(PtyChannel):

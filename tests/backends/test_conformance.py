@@ -225,6 +225,9 @@ def modal_standin(tmp_path_factory):
 
 
 class TestModalConformance(AdapterConformance):
+    # Modal's volume API uploads files (batch_upload): no links (docs/volumes.md)
+    volume_links = False
+
     @pytest.fixture
     def adapter(self, modal_standin, sbx_home, monkeypatch, tmp_path):
         from sandboxer.adapters.modal import ModalAdapter

@@ -366,7 +366,7 @@ def test_doctor_reports_modal_and_no_token_value(sbx, standin):
     doctor = sbx("doctor", "--json")
     modal = next(b for b in doctor.json()["backends"] if b["name"] == "modal")
     assert (modal["loaded"], modal["reachable"], modal["credentials"]) == (True, True, True)
-    assert modal["capabilities"] == ["exec", "files", "ports", "pty", "snapshot"]
+    assert modal["capabilities"] == ["exec", "files", "ports", "pty", "snapshot", "volumes"]
     no_token_anywhere(sbx.home, doctor.out, doctor.err)
 
 
