@@ -9,6 +9,11 @@ E2B keeps its own clock: each sandbox gets E2B's timeout set to its deadline plu
 (`DEADLINE_GRACE`), so the cloud ends it even if sbx never runs again, and sbx never loses it
 before its deadline. The SDK is imported lazily, so `sbx ls` and `sbx reap` never load it
 unless an E2B sandbox or key is there to deal with.
+
+Volumes (docs/volumes.md) are E2B volumes, through the SDK's `AsyncVolume`: named
+`sbx_<install>_<volume id>` (E2B volumes carry no labels: the name holds sbx's), made and
+listed with the default key, mounted by name through `volume_mounts` (read-write only: E2B
+cannot mount one read-only), and reached without a sandbox through E2B's volume content API.
 """
 
 from __future__ import annotations
@@ -24,19 +29,22 @@ import random
 import re
 import shlex
 import tarfile
+import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from sandboxer.adapters.archives import BoundedTar, TooLarge, member_path
 from sandboxer.adapters.base import (
     EXEC_MARK,
     KILL_MARKED,
     LABEL_CHECKPOINT,
     LABEL_HARD_DEADLINE,
     LABEL_INSTALL,
+    LABEL_VOLUME,
     Adapter,
     AdapterError,
     Artifact,
@@ -86,6 +94,13 @@ STDIN_CHUNK = 1024 * 1024  # per send_stdin call
 TREE_DEPTH = 10_000  # envd lists to a depth: a tree's whole depth
 _DOMAIN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]([a-z0-9-]*[a-z0-9])?")
 _SNAPSHOT_NAME = re.compile(r"sbx_(?P<install>[a-z0-9-]+)_(?P<checkpoint>[a-z0-9-]+)")
+_VOLUME_NAME = re.compile(r"sbx_(?P<install>[a-z0-9-]+)_(?P<volume>vol-[a-z0-9]+)")
+# open_volume's helper: no object of E2B's, the volume itself reached through its content API
+# at the contract's /volume (docs/volumes.md)
+VOLUME_HELPER = "e2b-volume:"
+VOLUME_ROOT = "/volume"
+VOLUME_TREE_MAX_MEMBERS = 100_000
+VOLUME_SPOOL_BYTES = 8 * 1024 * 1024  # a tree put into a volume: in memory up to this, then disk
 
 
 def _sdk() -> Any:
@@ -187,7 +202,7 @@ class E2BAdapter(Adapter):
     # pty: envd's process service with a pty, through the SDK (see open_pty)
     capabilities = frozenset({Capability.EXEC, Capability.PAUSE, Capability.SNAPSHOT,
                               Capability.SET_DEADLINE, Capability.METRICS, Capability.FILES,
-                              Capability.PTY, Capability.PORTS})
+                              Capability.PTY, Capability.PORTS, Capability.VOLUMES})
 
     def __init__(self) -> None:
         self.metrics_every_s = METRICS_EVERY_S
@@ -356,6 +371,11 @@ class E2BAdapter(Adapter):
                 "E2B keeps a sandbox alive for at most 24 hours (1 hour on the Hobby plan), so "
                 "it cannot hold this sandbox until its hard deadline (plus 1m of grace): set "
                 "ttl.max to 23h59m or less")
+        for mount in request.mounts:
+            if mount.read_only:
+                raise InvalidRequest(
+                    f"the e2b backend cannot mount a volume read-only (E2B's volume mounts are "
+                    f"read-write): mount it at {mount.path} without :ro (read_only: false)")
         variable = self._key_variable(request.options)
         self._opts(variable)  # the key must be set: exit 5 naming it, before anything is written
         self._creating_with = variable
@@ -379,6 +399,7 @@ class E2BAdapter(Adapter):
         # then moves E2B's timeout with set_deadline.
         until = getattr(request, "deadline", None) or request.hard_deadline
         limit = request.options.get("max_concurrent", DEFAULT_MAX_CONCURRENT)
+        mounts = await self._mounts(request, variable)
         async with self._slot(variable, limit).hold():
             sandbox = await self._call(
                 f"create a sandbox from template {template!r}", variable,
@@ -388,6 +409,7 @@ class E2BAdapter(Adapter):
                     metadata={**request.labels, **_ports_label(request.ports)},
                     envs=dict(request.env),
                     idempotency_key=request.sandbox_id, **self._network(request),
+                    **({"volume_mounts": mounts} if mounts else {}),
                     **self._opts(variable)))
         ref = join_ref(sandbox.sandbox_id, variable)
         info = await self._info(sandbox.sandbox_id, variable)
@@ -692,43 +714,194 @@ class E2BAdapter(Adapter):
 
     async def get_archive(self, ref: str, path: str) -> AsyncIterator[bytes]:
         """The tree packed here from envd's listing and /files downloads (streamed, a file at
-        a time): E2B's command output is text, so tar cannot come out through a command."""
+        a time): E2B's command output is text, so tar cannot come out through a command.
+        On open_volume's helper: from the volume content API's listing and downloads."""
+        if ref.startswith(VOLUME_HELPER):
+            async for chunk in self._volume_get_archive(ref, path):
+                yield chunk
+            return
         top = posixpath.normpath(path)
         entries = await self._files(ref, "read", path, lambda f: _tree_entries(f, top))
         sandbox, _ = await self._running(ref)
-        parent = posixpath.dirname(top)
-        for info in entries:
-            header = tarfile.TarInfo(posixpath.relpath(info.path, parent))
-            header.mode, header.mtime = info.mode, int(info.mtime.timestamp())
-            if info.type == "dir":
-                header.type = tarfile.DIRTYPE
-            elif info.type == "symlink":
-                header.type, header.linkname = tarfile.SYMTYPE, info.target or ""
-            elif info.type == "file":
-                header.size = info.size
-            else:
-                continue
-            yield header.tobuf(format=tarfile.PAX_FORMAT)
-            if info.type != "file":
-                continue
-            sent = 0
-            if info.size:
-                try:
-                    stream = await sandbox.files.read(info.path, format="stream")
-                except Exception as exc:
-                    raise AdapterError(f"E2B could not read {info.path}: "
-                                       f"{one_line(exc)}") from exc
-                async with stream:
-                    async for chunk in stream:
-                        chunk = chunk[:info.size - sent]  # it grew since it was listed
-                        sent += len(chunk)
-                        if chunk:
-                            yield chunk
-            if sent < info.size:  # it shrank since it was listed: the header holds
-                yield b"\0" * (info.size - sent)
-            if info.size % tarfile.BLOCKSIZE:
-                yield b"\0" * (tarfile.BLOCKSIZE - info.size % tarfile.BLOCKSIZE)
-        yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+        async def read(file: str) -> Any:
+            return await sandbox.files.read(file, format="stream")
+
+        async for chunk in _pack(entries, posixpath.dirname(top), read):
+            yield chunk
+
+    async def put_archive(self, ref: str, path: str, tar: AsyncIterator[bytes]) -> None:
+        """A sandbox: the base's tar through a command's stdin. open_volume's helper: each
+        folder and file through the volume content API."""
+        if ref.startswith(VOLUME_HELPER):
+            await self._volume_put_archive(ref, path, tar)
+            return
+        await super().put_archive(ref, path, tar)
+
+    # -- volumes: E2B volumes through the SDK's AsyncVolume (docs/volumes.md) ---------------
+
+    @staticmethod
+    def _volume_variable() -> str:
+        """The key a volume is made with (a volume has no profile): the first one set."""
+        variables = key_variables()
+        if not variables:
+            raise BackendUnavailable(f"no E2B API key: set {DEFAULT_KEY} ({KEY_HINT})")
+        return variables[0]
+
+    async def _volume_info(self, ref: str) -> Any | None:
+        """The SDK's VolumeAndToken (name, token), or None when E2B no longer has it."""
+        e2b = _sdk()
+        volume_id, variable = split_ref(ref)
+        try:
+            return await self._call(f"read volume {volume_id}", variable, lambda: (
+                e2b.AsyncVolume.get_info(volume_id, **self._opts(variable))))
+        except AdapterError as exc:
+            if self._not_found(exc):
+                return None
+            raise
+
+    async def create_volume(self, volume_id: str, labels: Mapping[str, str]) -> str:
+        """An E2B volume named after the installation and the volume (`sbx_<install>_<id>`),
+        so list_volumes finds it by those labels; other labels stay in sbx's row."""
+        e2b = _sdk()
+        name = f"sbx_{labels.get(LABEL_INSTALL)}_{volume_id}"
+        if not _VOLUME_NAME.fullmatch(name):
+            raise InvalidRequest(f"the e2b backend cannot name volume {volume_id!r} of "
+                                 f"installation {labels.get(LABEL_INSTALL)!r}")
+        variable = self._volume_variable()
+        volume = await self._call(f"create volume {name}", variable, lambda: (
+            e2b.AsyncVolume.create(name, **self._opts(variable))))
+        return join_ref(volume.volume_id, variable)
+
+    async def remove_volume(self, ref: str) -> None:
+        """Delete the E2B volume, only if its name says sbx made it; gone already: success."""
+        e2b = _sdk()
+        volume_id, variable = split_ref(ref)
+        info = await self._volume_info(ref)
+        if info is None:
+            return
+        if _VOLUME_NAME.fullmatch(info.name) is None:
+            raise AdapterError(f"E2B volume {volume_id} ({info.name!r}) was not made by sbx: "
+                               "left as it is")
+        await self._call(f"delete volume {volume_id}", variable, lambda: (
+            e2b.AsyncVolume.destroy(volume_id, **self._opts(variable))))  # False: gone
+
+    async def list_volumes(self, labels: Mapping[str, str]) -> list[str]:
+        """sbx's volumes (by name) carrying `labels`, under every key variable that is set."""
+        variables = key_variables()
+        if not variables:
+            raise BackendUnavailable(f"no E2B API key: set {DEFAULT_KEY} ({KEY_HINT})")
+        e2b = _sdk()
+        found: dict[str, str] = {}
+        for variable in variables:
+            for info in await self._call("list volumes", variable, lambda v=variable: (
+                    e2b.AsyncVolume.list(**self._opts(v)))):
+                parsed = _volume_labels(info.name)
+                if parsed and all(parsed.get(k) == v for k, v in labels.items()):
+                    found.setdefault(info.volume_id, join_ref(info.volume_id, variable))
+        return list(found.values())
+
+    async def volume_size(self, ref: str) -> int | None:
+        """The bytes of its files, from the content API's listing (None: it is gone)."""
+        try:
+            entries = await self._in_volume(ref, "list", "/", lambda v, o: v.list(
+                "/", depth=TREE_DEPTH, **o))
+        except (NoSuchPath, BackendObjectGone):
+            return None
+        return sum(e.size for e in entries if str(getattr(e.type, "value", e.type)) == "file")
+
+    async def open_volume(self, ref: str, labels: Mapping[str, str]) -> str:
+        """Nothing is made: the helper names the volume, whose files put_archive and
+        get_archive reach through E2B's volume content API (no sandbox)."""
+        if await self._volume_info(ref) is None:
+            raise BackendObjectGone(f"E2B no longer has volume {split_ref(ref)[0]}")
+        return VOLUME_HELPER + ref
+
+    async def close_volume(self, helper: str) -> None:
+        """Nothing to remove (open_volume made nothing)."""
+
+    async def _mounts(self, request: CreateRequest, variable: str) -> dict[str, str]:
+        """The request's mounts as the SDK's `volume_mounts` (path -> volume name): each a
+        volume of the key the sandbox is made with (E2B mounts a team's own volumes)."""
+        mounts: dict[str, str] = {}
+        for mount in request.mounts:
+            volume_id, kept_with = split_ref(mount.ref)
+            if kept_with != variable:
+                raise InvalidRequest(
+                    f"E2B volume {volume_id} is kept with the key in {kept_with}, the sandbox "
+                    f"would be made with {variable}: a sandbox mounts its own team's volumes")
+            info = await self._volume_info(mount.ref)
+            if info is None:
+                raise InvalidRequest(f"E2B no longer has volume {volume_id} (to mount at "
+                                     f"{mount.path})")
+            mounts[mount.path] = info.name
+        return mounts
+
+    async def _in_volume(self, ref: str, what: str, path: str,
+                         call: Callable[[Any, dict[str, Any]], Awaitable[T]]) -> T:
+        """One call of the volume content API on the volume `ref` (a helper's or a volume's
+        reference): `call(volume, options)`. A missing path is NoSuchPath."""
+        e2b = _sdk()
+        volume_id, variable = split_ref(ref.removeprefix(VOLUME_HELPER))
+        try:
+            volume = await self._call(f"open volume {volume_id}", variable, lambda: (
+                e2b.AsyncVolume.connect(volume_id, **self._opts(variable))))
+        except AdapterError as exc:
+            if self._not_found(exc):
+                raise BackendObjectGone(f"E2B no longer has volume {volume_id}") from exc
+            raise
+        try:
+            return await call(volume, _content_options())
+        except e2b.NotFoundException as exc:
+            raise NoSuchPath(f"{path} does not exist in the volume") from exc
+        except AdapterError:
+            raise
+        except Exception as exc:
+            raise AdapterError(f"E2B could not {what} {path} in volume {volume_id}: "
+                               f"{one_line(exc)}") from exc
+
+    async def _volume_get_archive(self, helper: str, path: str) -> AsyncIterator[bytes]:
+        top = _volume_path(path)
+
+        async def tree(volume: Any, options: dict[str, Any]) -> tuple[Any, list[FileInfo]]:
+            first = _volume_file_info(await volume.get_info(top, **options))
+            if first.type != "dir":
+                return volume, [first]
+            below = [_volume_file_info(e)
+                     for e in await volume.list(top, depth=TREE_DEPTH, **options)]
+            return volume, [first, *sorted(below, key=lambda info: info.path)]
+
+        volume, entries = await self._in_volume(helper, "read", top, tree)
+        options = _content_options()
+
+        async def read(file: str) -> Any:
+            return await volume.read_file(file, format="stream", **options)
+
+        async for chunk in _pack(entries, posixpath.dirname(top), read):
+            yield chunk
+
+    async def _volume_put_archive(self, helper: str, path: str, tar: AsyncIterator[bytes]) -> None:
+        """The tar stream is held first (memory, then a temp file) and checked whole: only
+        folders and regular files, since E2B's volume content API makes no links; a tree with
+        anything else is refused (exit 2) before anything is written."""
+        target = _volume_path(path)
+        with tempfile.SpooledTemporaryFile(VOLUME_SPOOL_BYTES) as spool:
+            async for chunk in tar:
+                spool.write(chunk)
+            for _ in _volume_members(spool, data=False):  # the check: raises on what cannot go
+                pass
+
+            async def write(volume: Any, options: dict[str, Any]) -> None:
+                await _volume_dir(volume, target, None, options)
+                for member, data in _volume_members(spool):
+                    dest = posixpath.join(target, member_path(member))
+                    if member.isdir():
+                        await _volume_dir(volume, dest, member.mode & 0o7777, options)
+                    else:
+                        await volume.write_file(dest, data, mode=member.mode & 0o7777,
+                                                force=True, **options)
+
+            await self._in_volume(helper, "write", target, write)
 
     @staticmethod
     async def _kill_command(sandbox: Any, pid: int) -> bool:
@@ -877,6 +1050,129 @@ async def _tree_entries(files: Any, top: str) -> list[FileInfo]:
         return [first]
     below = [_file_info(e) for e in await files.list(top, depth=TREE_DEPTH)]
     return [first, *sorted(below, key=lambda info: info.path)]
+
+
+async def _pack(entries: Sequence[FileInfo], parent: str,
+                read: Callable[[str], Awaitable[Any]]) -> AsyncIterator[bytes]:
+    """`entries` (parents first) as a tar stream, names relative to `parent`; each file's
+    bytes from `read(path)` (an async stream), held to the size it was listed with."""
+    for info in entries:
+        header = tarfile.TarInfo(posixpath.relpath(info.path, parent))
+        header.mode, header.mtime = info.mode, int(info.mtime.timestamp())
+        if info.type == "dir":
+            header.type = tarfile.DIRTYPE
+        elif info.type == "symlink":
+            header.type, header.linkname = tarfile.SYMTYPE, info.target or ""
+        elif info.type == "file":
+            header.size = info.size
+        else:
+            continue
+        yield header.tobuf(format=tarfile.PAX_FORMAT)
+        if info.type != "file":
+            continue
+        sent = 0
+        if info.size:
+            try:
+                stream = await read(info.path)
+            except Exception as exc:
+                raise AdapterError(f"E2B could not read {info.path}: {one_line(exc)}") from exc
+            async with contextlib.AsyncExitStack() as stack:
+                if hasattr(stream, "__aenter__"):
+                    await stack.enter_async_context(stream)
+                elif hasattr(stream, "aclose"):
+                    stack.push_async_callback(stream.aclose)
+                async for chunk in stream:
+                    chunk = chunk[:info.size - sent]  # it grew since it was listed
+                    sent += len(chunk)
+                    if chunk:
+                        yield chunk
+        if sent < info.size:  # it shrank since it was listed: the header holds
+            yield b"\0" * (info.size - sent)
+        if info.size % tarfile.BLOCKSIZE:
+            yield b"\0" * (tarfile.BLOCKSIZE - info.size % tarfile.BLOCKSIZE)
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+
+def _content_options() -> dict[str, Any]:
+    """Where the volume content API is: `E2B_VOLUME_API_URL` if set (the SDK reads it),
+    else beside the API when `E2B_API_URL` moves that, else the SDK's own choice."""
+    if os.environ.get("E2B_VOLUME_API_URL") or not os.environ.get("E2B_API_URL"):
+        return {}
+    return {"api_url": os.environ["E2B_API_URL"]}
+
+
+def _volume_path(path: str) -> str:
+    """The contract's helper path (under /volume) as the volume's own (/ its root)."""
+    path = posixpath.normpath(path)
+    if path != VOLUME_ROOT and not path.startswith(VOLUME_ROOT + "/"):
+        raise InvalidRequest(f"{path}: a volume's files are under {VOLUME_ROOT}")
+    return path[len(VOLUME_ROOT):] or "/"
+
+
+def _volume_labels(name: str) -> dict[str, str] | None:
+    """The labels an sbx volume's name carries (`sbx_<install>_<volume id>`)."""
+    match = _VOLUME_NAME.fullmatch(name)
+    if not match:
+        return None
+    return {LABEL_INSTALL: match["install"], LABEL_VOLUME: match["volume"]}
+
+
+def _volume_file_info(entry: Any) -> FileInfo:
+    """The SDK's VolumeEntryStat as the contract's FileInfo."""
+    kind = {"file": "file", "directory": "dir", "symlink": "symlink"}.get(
+        str(getattr(entry.type, "value", entry.type)), "other")
+    path = entry.path
+    return FileInfo(path=path, name=posixpath.basename(path) or "/", type=kind,
+                    size=entry.size, mode=entry.mode & 0o7777,
+                    mtime=entry.mtime.astimezone(UTC),
+                    target=entry.target if kind == "symlink" else None)
+
+
+def _volume_members(spool: Any, *, data: bool = True) -> Iterator[tuple[tarfile.TarInfo, Any]]:
+    """The held tar's members, each with its data (a file object, valid until the next
+    member; None for a folder), after rewinding it; anything but folders and regular files
+    is refused (InvalidRequest)."""
+    spool.seek(0)
+    reader = BoundedTar(spool, max_members=VOLUME_TREE_MAX_MEMBERS)
+    try:
+        for member in reader:
+            if not (member.isdir() or member.isreg()):
+                kind = "link" if member.issym() or member.islnk() else "special file"
+                raise InvalidRequest(
+                    f"{member.name}: a {kind} cannot be put into an E2B volume (its volume "
+                    "API makes only folders and files); nothing was written. Put it through "
+                    "a sandbox that mounts the volume")
+            if not (member.isreg() and data):
+                reader.accept(member)
+                if member_path(member):  # not the folder itself (".")
+                    yield member, None
+                continue
+            with tempfile.SpooledTemporaryFile(VOLUME_SPOOL_BYTES) as held:
+                reader.copy(member, held)
+                held.seek(0)
+                yield member, held
+    except TooLarge as exc:
+        raise InvalidRequest(f"the tree is too large for a volume: {exc}") from None
+    except tarfile.TarError as exc:
+        raise InvalidRequest(f"not a tar stream: {one_line(exc)}") from None
+    finally:
+        reader.close()
+
+
+async def _volume_dir(volume: Any, path: str, mode: int | None,
+                      options: dict[str, Any]) -> None:
+    """The folder `path` in the volume, with parents; one already there is kept (its mode
+    set when one is given)."""
+    if path == "/":
+        return
+    try:
+        await volume.make_dir(path, mode=mode, force=True, **options)
+    except Exception:
+        info = _volume_file_info(await volume.get_info(path, **options))
+        if info.type != "dir":
+            raise InvalidRequest(f"{path} exists in the volume and is not a folder") from None
+        if mode is not None and info.mode != mode:
+            await volume.update_metadata(path, mode=mode, **options)
 
 
 def _file_info(entry: Any) -> FileInfo:

@@ -190,6 +190,10 @@ def e2b_standin():
 
 
 class TestE2BConformance(AdapterConformance):
+    # E2B's volume mounts are read-write only, and its volume content API makes no links
+    volume_read_only = False
+    volume_links = False
+
     @pytest.fixture
     def adapter(self, e2b_standin, sbx_home, monkeypatch):
         from sandboxer.adapters.e2b import E2BAdapter

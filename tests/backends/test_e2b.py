@@ -292,7 +292,7 @@ def test_doctor_reports_e2b_health(e2b, standin):
     (report,) = [b for b in good.json()["backends"] if b["name"] == "e2b"]
     assert (report["reachable"], report["credentials"]) == (True, True)
     assert report["capabilities"] == ["exec", "files", "metrics", "pause", "ports", "pty",
-                                      "set-deadline", "snapshot"]
+                                      "set-deadline", "snapshot", "volumes"]
     bad = e2b("doctor", "--json", env={"E2B_API_KEY": "wrong-key"})
     (report,) = [b for b in bad.json()["backends"] if b["name"] == "e2b"]
     assert (report["reachable"], report["credentials"]) == (True, False)

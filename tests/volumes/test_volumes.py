@@ -210,7 +210,7 @@ def test_a_checkpoint_names_its_volumes_and_a_restore_mounts_them_again(sbx, tmp
     (("volume", "create", "vol-1"), 2, "names may not start with 'vol-'"),
     (("volume", "create", "ok", "--ttl", "-5m"), 2, "--ttl"),
     (("volume", "create", "ok", "--backend", "stub"), 2, "the stub backend keeps no volumes"),
-    (("volume", "create", "ok", "--backend", "e2b"), 2, "the e2b backend keeps no volumes"),
+    (("volume", "create", "ok", "--backend", "e2b"), 5, "no E2B API key: set E2B_API_KEY"),
     (("volume", "create", "ok", "--backend", "nope"), 2, "unknown backend 'nope'"),
     (("create", "--volume", "absent:/d"), 3, "no volume 'absent'"),
     (("create", "--volume", "absent:relative"), 2, "'relative' is not a mount path"),
