@@ -152,7 +152,7 @@ async def create(mgr: Manager, name: str, *, backend: str | None = None,
     adapter = mgr.adapter(backend)
     if not adapter.supports(Capability.VOLUMES):
         raise BadInput(f"the {backend} backend keeps no volumes (docs/volumes.md says which "
-                       "do): use docker, compose or ssh")
+                       "do): use docker, compose, ssh, e2b or modal")
     with mgr.db.read() as conn:
         if _owned(conn, owner, name) is not None:
             raise Conflict(f"volume {name!r} already exists")
