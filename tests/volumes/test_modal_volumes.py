@@ -26,6 +26,10 @@ from sandboxer.adapters.modal import ModalAdapter
 TOKEN_ID = f"ak-sbxvol{secrets.token_hex(6)}"
 TOKEN_SECRET = f"as-sbxvol{secrets.token_hex(12)}"
 REGISTRY = "sandboxer-volumes"
+# the volume RPCs the SDK was seen to send for sbx's volume operations (docs/modal.md)
+VOLUME_RPCS = {"VolumeGetOrCreate", "VolumeDelete", "VolumeListFiles2", "VolumeGetFile2",
+               "VolumePutFiles2", "DictGetOrCreate", "DictUpdate", "DictGet", "DictPop",
+               "DictContents"}
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +43,15 @@ def standin(tmp_path_factory) -> ModalStandin:
 @pytest.fixture
 def modal(standin, monkeypatch, tmp_path) -> dict:
     """The SDK (in the `sbx` this test starts) pointed at the stand-in, and a profile whose
-    sandboxes it runs; afterwards, no RPC the stand-in lacks was called."""
-    seen = len(standin.unimplemented)
+    sandboxes it runs; afterwards, no RPC the stand-in lacks was called, and no volume or
+    Dict RPC beyond those docs/modal.md lists."""
+    seen, calls = len(standin.unimplemented), len(standin.calls)
     modal_sdk_env(monkeypatch, standin.url, TOKEN_ID, TOKEN_SECRET, tmp_path / "modal.toml")
     profile = write_profile(tmp_path, "mdl", f"extends: modal\nimage: {standin.add_image()}\n")
     yield {"profile": str(profile)}
     assert standin.unimplemented[seen:] == [], "the SDK called RPCs the stand-in lacks"
+    assert {c.method for c in standin.calls[calls:]
+            if c.method.startswith(("Volume", "Dict"))} <= VOLUME_RPCS
 
 
 def volume_ok(sbx, *args: str) -> dict:
