@@ -46,7 +46,7 @@ class SignedFileUrls:
                 and b"signature=" in scope.get("query_string", b""):
             import json
 
-            from sandboxer_tui.e2b_api.wire import unimplemented
+            from sandboxer_tui.e2b_api.app import unimplemented  # (its wire.py's)
 
             body = json.dumps({"code": 501, "message": unimplemented(
                 "signed file URLs (download_url, upload_url; use files.read and files.write)"
