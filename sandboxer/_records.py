@@ -64,8 +64,13 @@ class _ViewRecord:
         self._view = view if type(view) is dict else dict(view)
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as the CLI's `--json` prints it."""
+        """The record as the CLI's `--json` prints it (`sbx show`, `sbx checkpoints`,
+        `sbx volume show`; a sandbox's without its resolved profile)."""
         return dict(self._view)
+
+    @property
+    def id(self) -> str:
+        return self._view["id"]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, self._kind) and other._view["id"] == self._view["id"]
@@ -80,14 +85,6 @@ class SandboxRecord(_ViewRecord):
     (the earlier of the deadline and the idle deadline) and is None once off the clock."""
 
     __slots__ = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """The record as `sbx show --json` prints it (without the resolved profile)."""
-        return dict(self._view)
-
-    @property
-    def id(self) -> str:
-        return self._view["id"]
 
     @property
     def name(self) -> str | None:
@@ -207,14 +204,6 @@ class CheckpointRecord(_ViewRecord):
 
     __slots__ = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        """The record as `sbx checkpoints --json` prints it."""
-        return dict(self._view)
-
-    @property
-    def id(self) -> str:
-        return self._view["id"]
-
     @property
     def name(self) -> str | None:
         return self._view["name"]
@@ -279,14 +268,6 @@ class VolumeRecord(_ViewRecord):
     `size_bytes` is the backend's figure when last asked (None: it cannot tell)."""
 
     __slots__ = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """The record as `sbx volume show --json` prints it."""
-        return dict(self._view)
-
-    @property
-    def id(self) -> str:
-        return self._view["id"]
 
     @property
     def name(self) -> str:
