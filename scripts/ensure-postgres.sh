@@ -31,5 +31,8 @@ if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1; then
     if ! as_postgres psql -p "$PORT" -tAc "SELECT 1 FROM pg_roles WHERE rolname = 'sbx_test'" | grep -q 1; then
         as_postgres psql -p "$PORT" -q -c "CREATE ROLE sbx_test LOGIN CREATEDB PASSWORD 'sbx_test'"
     fi
+    # DROP DATABASE ... WITH (FORCE) ends the sessions on the test's database; an autovacuum
+    # worker there belongs to no role, and only pg_signal_backend may end it.
+    as_postgres psql -p "$PORT" -q -c "GRANT pg_signal_backend TO sbx_test" 2>/dev/null
 fi
 echo "PostgreSQL answers on 127.0.0.1:$PORT"

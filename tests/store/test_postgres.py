@@ -40,8 +40,25 @@ def pg_url() -> Iterator[str]:
     with _admin() as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield f"postgresql+psycopg://{PG}/{name}"
+    _drop(name)
+
+
+def _drop(name: str) -> None:
+    """Drop a test's database. FORCE ends the sessions left on it; an autovacuum worker there
+    may be ended only by pg_signal_backend (scripts/ensure-postgres.sh grants it), so without
+    that grant wait for the worker to finish instead."""
+    import psycopg
+
+    deadline = time.monotonic() + 60
     with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        while True:
+            try:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            except psycopg.errors.InsufficientPrivilege:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
 
 class Host(SbxRunner):
