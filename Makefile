@@ -12,14 +12,17 @@ STAMP := $(VENV)/.installed
 run: setup
 	$(BIN)/sbx
 
-# The suite runs in one process: on two pytest-xdist workers it took about 26 minutes, but
-# one worker's `sbx reap` removes the untagged checkpoint image another worker's test planted
-# for its own reap to find (reap removes them whatever installation labelled them), so
-# tests/checkpoints/test_checkpoint_images.py failed there.
+# The suite on two workers, a test file each at a time (--dist loadfile: a file's module
+# fixtures and its sandboxes stay on one worker): most tests wait on the engine, so two
+# workers on this project's 2-core machines take about 26 minutes where one took about 49.
+# A test isolates itself (its own SBX_HOME, labels, names), so files may run side by side;
+# the few marked `alone` assert on what any installation's reap may remove (an untagged
+# checkpoint image), so they run afterwards with nothing beside them.
 test: setup test-setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadfile -m "not alone"
+	$(BIN)/python -m pytest -q -m alone
 
 setup: venv bytecode docker image
 

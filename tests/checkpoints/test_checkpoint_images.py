@@ -255,6 +255,7 @@ def test_a_compose_checkpoint_whose_images_are_gone_is_lost(sbx, docker_api, mad
 # -- images nobody holds --------------------------------------------------------------------
 
 
+@pytest.mark.alone  # another run's reap would remove the image this one plants
 def test_reap_removes_untagged_checkpoint_images_and_nothing_else(sbx, docker_api, made):
     box = sbx.create()
     name = f"sbx-test-loose-{RUN_ID}-{uuid.uuid4().hex[:6]}"
