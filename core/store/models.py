@@ -45,6 +45,9 @@ class Sandbox(SQLModel, table=True):
     # a create was served, "warm" (a member claimed) or "cold"; None while a member waits
     pool: str | None = Field(default=None, max_length=128)
     launch: str | None = Field(default=None, max_length=8)
+    # set by a trigger on every insert and update (migration 0016): what a watcher reads
+    # changes since (sandboxer.core.follow.watch); never written by the code
+    change_seq: int = Field(default=0, sa_type=BigInteger, index=True)
 
 
 class Checkpoint(SQLModel, table=True):
