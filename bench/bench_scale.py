@@ -1,0 +1,604 @@
+"""Costs against the size of the fleet (issue 36): what `sbx reap` with nothing to do, the
+library's `list()`, `sbx ls --json` and `GET /v1/sandboxes` cost at 100, 1,000 and 10,000 live
+sandboxes, side by side in one run, and a reap of N due sandboxes against `docker rm -f`.
+
+    .venv/bin/python bench/bench_scale.py [--rounds N] [--sizes 100,1000,10000]
+                                          [--reap-counts 10,50,100] [--reap-rounds N] [--json FILE]
+
+The live sandboxes are rows in a fresh SBX_HOME's database (SQLite, and PostgreSQL on
+127.0.0.1:5432 as `make test` starts it, in a database this run makes and drops): one sandbox
+made through the library, then its row copied with new ids, names and created_at in bulk SQL.
+Their backend is a BENCH FIXTURE, `scale` (the module written to the run's temp folder and
+registered through the `sandboxer.adapters` entry-point group by a `scalebench-0.dist-info`
+there, on PYTHONPATH for every sbx process): its `list()` answers one running object per seeded
+row, with the labels the docker adapter puts, from a file in SBX_HOME. It isolates sbx's own
+cost from the backend's: no engine holds 10,000 containers here. The fixture's own list()
+cost is printed beside the figures (information).
+
+1. `sbx reap` with nothing to do (fresh process), with `sbx server` running and with
+   SBX_NO_SERVER=1, on SQLite and on PostgreSQL. Target: the median at the largest size within
+   1.2x of the median at the smallest.
+2. The library's `Sandboxer.list()` in this process. Target: <= 60 ms at 10,000.
+3. `sbx ls --json` with `sbx server`. Target: <= 100 ms at 10,000.
+4. `GET /v1/sandboxes?limit=all` from a real `sbx serve` on 127.0.0.1 (when the service
+   refuses `limit=all`, the full listing walked in pages of 1,000, and the row says so).
+   Information.
+5. A reap of N due sandboxes (`sbx reap`, fresh process, SBX_CLOCK_OFFSET past their ttl) against
+   `docker rm -f` of N equivalent containers, N = 10, 50, 100, on the real Docker engine
+   (bench_reap.py's pieces), with the fixed and per-sandbox parts of both (least squares over
+   N). Target: ratio of medians <= 1.2 for each N.
+
+Each row is the median of --rounds rounds (default 10; sizes and modes interleaved within a
+round), with the fitted cost per row (least squares slope over the sizes). Every round checks
+its answer: the listing has N rows, the reap says nothing (and the database still holds N
+running rows at the end), the due reap destroys exactly N. Every container carries
+`sbx-bench=<runid>` and only this run's are removed, by id; the PostgreSQL database is this
+run's own and dropped. Exit 0 whatever the figures. Run from an export of a commit (`git
+archive`, no git work tree), SBX_BENCH_COMMIT names that commit for the results' meta block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import common
+from bench_service import Context as ServiceContext
+from common import median, ms, print_table, secs
+
+TARGET_REAP_GROWTH = 1.2
+TARGET_LIST_S = 0.060
+TARGET_LS_S = 0.100
+TARGET_REAP_RATIO = 1.2
+PG = os.environ.get("SBX_TEST_PG", "sbx_test:sbx_test@127.0.0.1:5432")
+TIMEOUT_S = 600
+
+# The bench fixture's module, written to the run's temp folder (see the module docstring).
+FIXTURE = '''"""BENCH FIXTURE of bench/bench_scale.py, not a backend: list() answers one running object
+per sandbox the benchmark seeded, from $SBX_HOME/scalebench-objects.json, so sbx's own cost is
+measured at 10,000 sandboxes without an engine holding 10,000 containers."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+
+from sandboxer.adapters.base import LABEL_ID, Adapter, BackendObject, Health, state_folder
+
+FILE = "scalebench-objects.json"
+
+
+class ScaleAdapter(Adapter):
+    name = "scale"
+    description = "bench fixture of bench/bench_scale.py: list() from a file it wrote"
+    test_double = True
+
+    def _path(self):
+        return state_folder() / FILE
+
+    def _load(self) -> dict:
+        try:
+            return json.loads(self._path().read_text())
+        except FileNotFoundError:
+            return {"groups": []}
+
+    def _save(self, data: dict) -> None:
+        tmp = self._path().with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self._path())
+
+    def _objects(self):
+        for group in self._load()["groups"]:
+            created = datetime.fromisoformat(group["created_at"])
+            common = group["labels"]
+            for ref, sid in group["refs"].items():
+                yield BackendObject(ref, {**common, LABEL_ID: sid}, "running", True, created)
+
+    async def create(self, request) -> BackendObject:
+        data = self._load()
+        labels = {k: v for k, v in request.labels.items() if k != LABEL_ID}
+        ref = f"scale-{request.sandbox_id}"
+        now = datetime.now(UTC)
+        data["groups"].append({"labels": labels, "created_at": now.isoformat(),
+                               "refs": {ref: request.sandbox_id}})
+        self._save(data)
+        return BackendObject(ref, dict(request.labels), "running", True, now)
+
+    async def destroy(self, ref: str, *, services: bool = True) -> None:
+        data = self._load()
+        for group in data["groups"]:
+            group["refs"].pop(ref, None)
+        self._save(data)
+
+    async def get(self, ref: str):
+        return next((o for o in self._objects() if o.ref == ref), None)
+
+    async def list(self, labels) -> list:
+        want = dict(labels).items()
+        return [o for o in self._objects() if want <= o.labels.items()]
+
+    async def health(self) -> Health:
+        return Health(True, True, "bench fixture (bench/bench_scale.py)")
+'''
+
+
+class Context(ServiceContext):
+    """The run: its temp folder holds the fixture; every sbx process finds it (PYTHONPATH)."""
+
+    def __init__(self) -> None:
+        super().__init__("sbx-bench-scale-")
+        self.timeout = TIMEOUT_S
+        self.fixture = self.tmp / "fixture"
+        dist = self.fixture / "scalebench-0.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: scalebench\nVersion: 0\n")
+        (dist / "entry_points.txt").write_text(
+            "[sandboxer.adapters]\nscale = bench_scale_adapter:ScaleAdapter\n")
+        (self.fixture / "bench_scale_adapter.py").write_text(FIXTURE)
+        sys.path.insert(0, str(self.fixture))  # this process's library finds it too
+        self.servers: list[dict[str, str]] = []
+        self.pg_databases: list[str] = []
+
+    def sbx_env(self, home: Path, **extra: str) -> dict[str, str]:
+        env = super().sbx_env(home, **extra)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(self.fixture), *filter(None, [os.environ.get("PYTHONPATH")])])
+        return env
+
+    def start_server(self, env: dict[str, str]) -> None:
+        self.run_sbx(env, "server", "start")
+        self.servers.append(env)
+
+    def stop_servers(self) -> None:
+        for env in self.servers:
+            self.run_sbx(env, "server", "stop", check=False)
+        self.servers.clear()
+
+    def cleanup(self) -> None:
+        self.stop_servers()
+        super().cleanup()
+        for name in self.pg_databases:
+            try:
+                drop_pg(name)
+            except Exception as exc:  # say so; never leave it unsaid
+                self.notes.append(f"cleanup: could not drop PostgreSQL database {name}: {exc}")
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+
+def _admin():
+    import psycopg
+
+    return psycopg.connect(f"postgresql://{PG}/postgres", autocommit=True, connect_timeout=10)
+
+
+def make_pg(ctx: Context, tag: str) -> str | None:
+    """A database of this run's own; its URL, or None (with a note) when no server answers."""
+    name = f"sbx_bench_{ctx.run_id}_{tag}"
+    try:
+        with _admin() as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except Exception as exc:
+        ctx.notes.append(f"PostgreSQL at {PG.split('@')[-1]} not usable, its rows skipped: "
+                         f"{str(exc).splitlines()[0]}")
+        return None
+    ctx.pg_databases.append(name)
+    return f"postgresql+psycopg://{PG}/{name}"
+
+
+def drop_pg(name: str) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + 60
+    with _admin() as conn:
+        while True:
+            try:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            except psycopg.errors.InsufficientPrivilege:  # an autovacuum worker: wait it out
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+# -- seeding ------------------------------------------------------------------------------------
+
+
+def seed(ctx: Context, home: Path, url: str, count: int) -> float:
+    """`count` live sandboxes on the fixture backend in `home` (database `url`): one made by the
+    library, its row copied with new ids and names; deadlines a day away; the fixture's file
+    lists one object per row. Returns the seconds it took."""
+    import sqlalchemy as sa
+
+    import sandboxer
+    from sandboxer.adapters.base import LABEL_HARD_DEADLINE, LABEL_ID
+    from sandboxer.core.rules.clock import from_iso, to_iso
+    from sandboxer.core.rules.ids import new_sandbox_id
+    from sandboxer.core.rules.profiles import Profile
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+
+    started = time.perf_counter()
+    with ctx.in_process(home):
+        with sandboxer.Sandboxer(home=home, database_url=url, actor="sbx-bench") as sbx:
+            first = sbx.create(Profile(name="bench-scale", backend="scale"), labels=ctx.labels,
+                               name=f"scale-{uuid.uuid4().hex[:8]}")
+    objects_file = home / "scalebench-objects.json"
+    objects = json.loads(objects_file.read_text())
+    group = objects["groups"][0]
+    db = Database(url)
+    table = Sandbox.__table__
+    try:
+        with db.read() as conn:
+            row = dict(conn.execute(sa.select(table).where(table.c.id == first.id))
+                       .mappings().one())
+        created = from_iso(row["created_at"])
+        far = to_iso(created + timedelta(days=1))
+        t0 = created - timedelta(milliseconds=count)
+        rows = []
+        for i in range(count - 1):
+            sid = new_sandbox_id()
+            rows.append({**row, "id": sid, "name": f"scale-{i}-{sid[-6:]}",
+                         "backend_ref": f"scale-{sid}", "deadline": far, "hard_deadline": far,
+                         "created_at": to_iso(t0 + timedelta(milliseconds=i))})
+            group["refs"][f"scale-{sid}"] = sid
+        with db.write() as conn:
+            conn.execute(sa.update(table).where(table.c.id == first.id)
+                         .values(deadline=far, hard_deadline=far))
+            for i in range(0, len(rows), 2000):
+                conn.execute(sa.insert(table), rows[i:i + 2000])
+    finally:
+        db.dispose()
+    group["labels"][LABEL_HARD_DEADLINE] = far
+    group["labels"].pop(LABEL_ID, None)
+    objects_file.write_text(json.dumps(objects))
+    return time.perf_counter() - started
+
+
+def running_rows(url: str) -> dict[str, int]:
+    import sqlalchemy as sa
+
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+
+    db = Database(url)
+    table = Sandbox.__table__
+    try:
+        with db.read() as conn:
+            return dict(conn.execute(sa.select(table.c.state, sa.func.count())
+                                     .group_by(table.c.state)).all())
+    finally:
+        db.dispose()
+
+
+def fixture_list_s(ctx: Context, home: Path, count: int, rounds: int) -> float:
+    """The fixture's own list() at this size (information: part of every reap's figure)."""
+    import asyncio
+
+    from bench_scale_adapter import ScaleAdapter
+
+    from sandboxer.adapters.base import LABEL_INSTALL
+
+    install = (home / "install-id").read_text().strip()
+    times = []
+    with ctx.in_process(home):
+        adapter = ScaleAdapter()
+        for _ in range(rounds):
+            started = time.perf_counter()
+            got = asyncio.run(adapter.list({LABEL_INSTALL: install}))
+            times.append(time.perf_counter() - started)
+    if len(got) != count:
+        raise RuntimeError(f"the fixture listed {len(got)} objects, expected {count}")
+    return median(times)
+
+
+# -- fits -----------------------------------------------------------------------------------------
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares (intercept, slope) of ys over xs."""
+    n = len(xs)
+    if n < 2:
+        return (ys[0] if ys else float("nan"), float("nan"))
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - slope * mx, slope
+
+
+def us_per_row(slope_s: float) -> str:
+    return "-" if slope_s != slope_s else f"{slope_s * 1e6:.1f} us/row"
+
+
+# -- 1-4: the fleet-sized measurements ------------------------------------------------------------
+
+
+def bench_fleet(ctx: Context, sizes: list[int], rounds: int) -> dict[str, Any]:
+    import httpx
+
+    import sandboxer
+
+    stores: dict[str, str | None] = {"sqlite": "sqlite", "postgresql": None}
+    homes: dict[tuple[str, int], tuple[Path, str]] = {}
+    seeded: dict[str, float] = {}
+    for store in ("sqlite", "postgresql"):
+        for size in sizes:
+            home = ctx.home(f"{store}-{size}")
+            url = f"sqlite:///{home / 'sbx.db'}" if store == "sqlite" else make_pg(ctx, str(size))
+            if url is None:
+                stores["postgresql"] = None
+                break
+            stores[store] = store
+            seeded[f"{store} {size}"] = seed(ctx, home, url, size)
+            homes[store, size] = (home, url)
+    active = [s for s in stores if stores[s]]
+    print(f"   seeded {', '.join(f'{k}: {v:.1f} s' for k, v in seeded.items())}", flush=True)
+
+    envs: dict[tuple[str, int, str], dict[str, str]] = {}
+    for (store, size), (home, url) in homes.items():
+        base = {"SBX_DATABASE_URL": url}
+        envs[store, size, "server"] = ctx.sbx_env(home, **base)
+        envs[store, size, "no server"] = ctx.sbx_env(home, SBX_NO_SERVER="1", **base)
+        ctx.start_server(envs[store, size, "server"])
+    services: dict[int, tuple[str, str]] = {}
+    for size in sizes:
+        services[size] = ctx.serve(homes["sqlite", size][0], "read")
+    clients = {size: sandboxer.Sandboxer(home=homes["sqlite", size][0],
+                                         database_url=homes["sqlite", size][1],
+                                         actor="sbx-bench") for size in sizes}
+    http = {size: httpx.Client(base_url=services[size][0], timeout=120,
+                               headers={"Authorization": f"Bearer {services[size][1]}"})
+            for size in sizes}
+    get_form = "limit=all"
+
+    def get_all(size: int) -> int:
+        nonlocal get_form
+        if get_form == "limit=all":
+            response = http[size].get("/v1/sandboxes", params={"limit": "all"})
+            if response.status_code == 200:
+                body = response.json()
+                return len(body["items"] if isinstance(body, dict) else body)
+            if response.status_code not in (400, 422):
+                response.raise_for_status()
+            get_form = "pages of 1000 (limit=all refused)"
+        count, cursor = 0, None
+        while True:
+            params = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
+            response = http[size].get("/v1/sandboxes", params=params)
+            response.raise_for_status()
+            body = response.json()
+            count += len(body["items"])
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return count
+
+    def check(what: str, got: int, size: int) -> None:
+        if got != size:
+            raise RuntimeError(f"{what} listed {got} sandboxes, expected {size}")
+
+    def reap(env: dict[str, str], what: str) -> float:
+        ctx.settle(env)
+        elapsed, proc = ctx.run_sbx(env, "reap")
+        said = (proc.stdout + proc.stderr).strip()
+        if said:
+            raise RuntimeError(f"{what}: sbx reap with nothing to do said: {said[:300]}")
+        return elapsed
+
+    def sees_fixture(env: dict[str, str], home: Path, what: str) -> None:
+        """A reaper that never loaded the fixture would be silent too: hide one object, and
+        `sbx reap --dry-run` in this very setting must plan that sandbox lost, and only it."""
+        objects_file = home / "scalebench-objects.json"
+        original = objects_file.read_text()
+        objects = json.loads(original)
+        ref, sid = objects["groups"][-1]["refs"].popitem()
+        objects_file.write_text(json.dumps(objects))
+        try:
+            ctx.settle(env)
+            _, proc = ctx.run_sbx(env, "reap", "--dry-run", "--json")
+        finally:
+            objects_file.write_text(original)
+        planned = json.loads(proc.stdout).get("planned", [])
+        if [(p["id"], p["action"]) for p in planned] != [(sid, "lose")]:
+            raise RuntimeError(f"{what}: with {ref} hidden, sbx reap --dry-run planned "
+                               f"{planned[:3]}, not that one sandbox lost: the reaper does "
+                               "not see the bench fixture")
+
+    times: dict[str, dict[int, list[float]]] = {}
+
+    def timed(key: str, size: int, seconds: float) -> None:
+        times.setdefault(key, {}).setdefault(size, []).append(seconds)
+
+    try:
+        for size in sizes:  # warm-up and first check of every path, not counted
+            for store in active:
+                for mode in ("server", "no server"):
+                    sees_fixture(envs[store, size, mode], homes[store, size][0],
+                                 f"{store} {size} {mode}")
+                    reap(envs[store, size, mode], f"{store} {size} {mode}")
+            check("Sandboxer.list()", len(clients[size].list()), size)
+            _, proc = ctx.run_sbx(envs["sqlite", size, "server"], "ls", "--json")
+            check("sbx ls --json", len(json.loads(proc.stdout)), size)
+            check("GET /v1/sandboxes", get_all(size), size)
+        for r in range(rounds):
+            for size in sizes:
+                for store in active:
+                    for mode in ("server", "no server"):
+                        timed(f"reap {store} {mode}", size,
+                              reap(envs[store, size, mode], f"{store} {size} {mode}"))
+                started = time.perf_counter()
+                got = len(clients[size].list())
+                timed("list", size, time.perf_counter() - started)
+                check("Sandboxer.list()", got, size)
+                env = envs["sqlite", size, "server"]
+                ctx.settle(env)
+                elapsed, proc = ctx.run_sbx(env, "ls", "--json")
+                timed("ls", size, elapsed)
+                check("sbx ls --json", len(json.loads(proc.stdout)), size)
+                started = time.perf_counter()
+                got = get_all(size)
+                timed("get", size, time.perf_counter() - started)
+                check("GET /v1/sandboxes", got, size)
+            print(f"   round {r + 1}/{rounds} done", flush=True)
+    finally:
+        for client in clients.values():
+            client.close()
+        for h in http.values():
+            h.close()
+        ctx.stop_servers()
+    for (store, size), (_, url) in homes.items():
+        states = running_rows(url)
+        if states != {"running": size}:
+            raise RuntimeError(f"{store} {size}: after the idle reaps the database holds "
+                               f"{states}")
+    fixture = {size: fixture_list_s(ctx, homes["sqlite", size][0], size, rounds)
+               for size in sizes}
+
+    names = {f"reap {s} {m}": f"sbx reap, nothing to do, {m}, {s}"
+             for s in active for m in ("server", "no server")}
+    names.update({"list": "library Sandboxer.list()",
+                  "ls": "sbx ls --json, with sbx server",
+                  "get": f"GET /v1/sandboxes, {get_form}"})
+    medians = {key: {size: median(v) for size, v in per.items()} for key, per in times.items()}
+    slopes = {key: fit([float(s) for s in sizes], [m[s] for s in sizes])[1]
+              for key, m in medians.items()}
+    rows = [[names[key], *[ms(medians[key][s]) for s in sizes], us_per_row(slopes[key])]
+            for key in names]
+    rows.append(["(bench fixture's own list(), in every reap)", *[ms(fixture[s]) for s in sizes],
+                 us_per_row(fit([float(s) for s in sizes], [fixture[s] for s in sizes])[1])])
+    print_table(["measure (median)", *[f"{s:,}" for s in sizes], "growth"], rows,
+                title=f"1-4. With 100s to 10,000s of live sandboxes ({rounds} rounds, medians)")
+    return {"sizes": sizes, "rounds": rounds, "stores": active, "get_form": get_form,
+            "names": names, "times_s": times, "median_s": medians, "slope_s_per_row": slopes,
+            "fixture_list_s": fixture, "seed_s": seeded}
+
+
+# -- 5. a reap of N due sandboxes against docker rm -f ---------------------------------------------
+
+
+def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
+    import bench_reap
+
+    samples: dict[int, dict[str, list[float]]] = {n: {"sbx": [], "docker": []} for n in counts}
+    for r in range(rounds):
+        for n in counts:
+            home = ctx.home(f"due-{n}-{r}")
+            ids, made_s = bench_reap.make_sandboxes(ctx, home, n, "1m")
+            refs = set(ctx.containers)
+            reap_s, proc = ctx.run_sbx(ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m",
+                                                   SBX_NO_SERVER="1"), "reap", "--json")
+            report = json.loads(proc.stdout)
+            left = ctx.still_present(refs)
+            if sorted(report["destroyed"]) != sorted(ids) or report["failed"] or left:
+                raise RuntimeError(f"sbx reap destroyed {len(report['destroyed'])} of {n}; "
+                                   f"failed {report['failed'][:3]}; {len(left)} left")
+            if bench_reap.states(home) != {"destroyed": n}:
+                raise RuntimeError(f"after sbx reap the database holds {bench_reap.states(home)}")
+            ctx.containers -= refs
+            cids, _ = bench_reap.docker_containers(ctx, n)
+            rm_s, _ = ctx.run(["docker", "rm", "-f", *cids])
+            if ctx.still_present(set(cids)):
+                raise RuntimeError("docker rm -f left containers")
+            ctx.containers -= set(cids)
+            samples[n]["sbx"].append(reap_s)
+            samples[n]["docker"].append(rm_s)
+            print(f"   round {r + 1}/{rounds}, N={n}: sbx reap {reap_s:.2f} s, docker rm -f "
+                  f"{rm_s:.2f} s (made in {made_s:.1f} s)", flush=True)
+    med = {n: {k: median(v) for k, v in s.items()} for n, s in samples.items()}
+    fits = {k: fit([float(n) for n in counts], [med[n][k] for n in counts])
+            for k in ("sbx", "docker")}
+    rows = [[f"N = {n}", secs(med[n]["sbx"]), secs(med[n]["docker"]),
+             f"{med[n]['sbx'] / med[n]['docker']:.2f}"] for n in counts]
+    rows += [[f"fit: fixed + per sandbox ({k})", f"{fits[k][0]:.3f} s + {ms(fits[k][1])}", "", ""]
+             for k in ("sbx", "docker")]
+    print_table(["N due", "sbx reap", "docker rm -f", "ratio"], rows,
+                title=f"5. A reap of N due sandboxes against docker rm -f ({rounds} round(s), "
+                      "medians; SBX_NO_SERVER=1)")
+    return {"counts": counts, "rounds": rounds, "samples_s": samples, "median_s": med,
+            "fit": {k: {"fixed_s": f[0], "per_sandbox_s": f[1]} for k, f in fits.items()}}
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
+def int_list(text: str) -> list[int]:
+    values = sorted({int(v) for v in text.split(",") if v.strip()})
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: positive whole numbers, comma-separated")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of parts 1-4 (default 10)")
+    parser.add_argument("--sizes", type=int_list, default=[100, 1000, 10000],
+                        help="live sandboxes (default 100,1000,10000)")
+    parser.add_argument("--reap-counts", type=int_list, default=[10, 50, 100],
+                        help="due sandboxes of part 5 (default 10,50,100)")
+    parser.add_argument("--reap-rounds", type=int, default=2,
+                        help="rounds of part 5 (default 2; 0 leaves it out)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.reap_rounds < 0:
+        parser.error("--rounds must be at least 1 and --reap-rounds at least 0")
+
+    meta = common.preflight(TIMEOUT_S)
+    if not meta["git_commit"] and os.environ.get("SBX_BENCH_COMMIT"):
+        # run from an export (git archive) of a commit, which is no git work tree
+        meta["git_commit"] = os.environ["SBX_BENCH_COMMIT"]
+        meta["source"] = f"export of {meta['git_commit']} at {common.ROOT}"
+    ctx = Context()
+    meta.update(run_id=ctx.run_id, label=ctx.label, sbx=" ".join(ctx.sbx), rounds=args.rounds,
+                sizes=args.sizes, reap_counts=args.reap_counts, reap_rounds=args.reap_rounds)
+    common.print_banner("scale", ctx, meta)
+    started = time.perf_counter()
+    results: dict[str, Any] = {"meta": meta}
+    try:
+        results["fleet"] = bench_fleet(ctx, args.sizes, args.rounds)
+        if args.reap_rounds:
+            results["due"] = bench_due(ctx, args.reap_counts, args.reap_rounds)
+    finally:
+        ctx.cleanup()
+        common.print_notes(ctx)
+
+    fleet, sizes = results["fleet"], args.sizes
+    small, large = sizes[0], sizes[-1]
+    med = fleet["median_s"]
+    summary = []
+    for store in fleet["stores"]:
+        for mode in ("server", "no server"):
+            m = med[f"reap {store} {mode}"]
+            growth = m[large] / m[small]
+            summary.append((f"sbx reap, nothing to do, {mode}, {store}: {large:,} / {small:,}",
+                            growth, TARGET_REAP_GROWTH, f"{growth:.2f}",
+                            f"<= {TARGET_REAP_GROWTH}"))
+    summary.append((f"library list() at {large:,}", med["list"][large], TARGET_LIST_S,
+                    ms(med["list"][large]), f"<= {ms(TARGET_LIST_S)}"))
+    summary.append((f"sbx ls --json, with sbx server, at {large:,}", med["ls"][large],
+                    TARGET_LS_S, ms(med["ls"][large]), f"<= {ms(TARGET_LS_S)}"))
+    info = [[f"GET /v1/sandboxes ({fleet['get_form']}) at {large:,}", ms(med["get"][large]),
+             us_per_row(fleet["slope_s_per_row"]["get"]), "info"]]
+    if "due" in results:
+        due = results["due"]
+        for n in due["counts"]:
+            ratio = due["median_s"][n]["sbx"] / due["median_s"][n]["docker"]
+            summary.append((f"sbx reap of {n} due / docker rm -f of {n}", ratio,
+                            TARGET_REAP_RATIO, f"{ratio:.2f}", f"<= {TARGET_REAP_RATIO}"))
+        for k, f in due["fit"].items():
+            info.append([f"reap of N due, {k}: fixed + per sandbox",
+                         f"{f['fixed_s']:.3f} s + {ms(f['per_sandbox_s'])}", "", "info"])
+    common.finish(results, summary, info, run_id=ctx.run_id, started=started,
+                  json_path=args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
