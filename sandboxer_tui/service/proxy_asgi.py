@@ -27,6 +27,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandboxer_tui.service.upstream import LEAN_METHODS, Pool, Unanswered, head
+
 TTL_S = 1.0  # a verified key is trusted this long without the database
 KEYED = re.compile(r"^/v1/sandboxes/([^/]+)/ports/([1-9][0-9]{0,4})/")
 LINKED = re.compile(r"^/v1/previews/([^/]+)/")
@@ -177,6 +179,13 @@ class FastProxy:
                     return
 
         has_body = te is not None or length not in (None, b"", b"0")
+        if not has_body and scope["method"] in LEAN_METHODS and (
+                address := _plain(base)) is not None:
+            request = head(scope["method"], tail, address[2], headers)
+            if request is not None:  # upstream.py's client; anything else: httpx's
+                await self.forward_lean(scope, receive, send, proxy, box, port, address,
+                                        request, prefix, via)
+                return
         try:
             upstream = httpx.Request(scope["method"], base + tail, headers=headers,
                                      content=body() if has_body else None,
@@ -240,6 +249,112 @@ class FastProxy:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+    async def forward_lean(self, scope: Scope, receive: Receive, send: Send, proxy: Any,
+                           box: Any, port: int, address: tuple[str, int, str], request: bytes,
+                           prefix: str, via: str) -> None:
+        """`forward` for a request without a body, on upstream.py's client: the same
+        answers (502, 504), headers, activity, metrics and streaming."""
+        from sandboxer_tui.service.proxy import TIMEOUTS, response_headers
+        from sandboxer_tui.service.routes import ports
+
+        pool = proxy.pool
+        try:
+            conn = await pool.request(address[0], address[1], request,
+                                      connect_timeout=TIMEOUTS["connect"],
+                                      read_timeout=TIMEOUTS["read"])
+        except Unanswered as exc:
+            if exc.timeout:
+                why, status = "did not answer in time", 504
+            else:
+                proxy.upstreams.forget(box.id, port)
+                why, status = ("does not answer: nothing listens there, or it closed the "
+                               "connection"), 502
+            await ports._unreachable(box.id, port, status, why)(scope, receive, send)
+            return
+        metrics = scope["app"].state.service.metrics
+        proxy.activity.seen(box.id)
+        labels = (box.id, str(port))
+        self.counter(metrics, "proxy_requests", *labels, via).inc()
+        length = None
+        for name, value in conn.headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                length = value
+            elif lower == b"transfer-encoding":
+                length = b"chunked"  # its chunks say where it ends (RFC 9112 6.3)
+                break
+        out_headers = response_headers(
+            [(n.decode("latin-1"), v.decode("latin-1")) for n, v in conn.headers],
+            prefix=prefix, via_link=via == "link")
+        received, released = 0, False
+
+        def finished() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.counter(metrics, "proxy_bytes", *labels, "in").inc(0)
+                self.counter(metrics, "proxy_bytes", *labels, "out").inc(received)
+                pool.release(conn)
+
+        if length is None or not length.isdigit() or int(length) > 1024**2:
+            async def chunks() -> AsyncIterator[bytes]:  # a stream: Starlette's watch
+                nonlocal received
+                try:
+                    while chunk := await conn.chunk(None):
+                        received += len(chunk)
+                        yield chunk
+                finally:  # (broken off: the caller's connection is closed unfinished)
+                    finished()
+
+            response = ports._Relayed(chunks(), status_code=conn.status, bounded=False)
+            response.raw_headers = out_headers
+            try:
+                await response(scope, receive, send)
+            finally:
+                if not released:  # its caller left before the body began
+                    conn.close()
+                    finished()
+            return
+        left, ended = int(length), False
+        try:
+            await send({"type": "http.response.start", "status": conn.status,
+                        "headers": out_headers})
+            while chunk := await conn.chunk(ports.BOUNDED_STALL_S):
+                received += len(chunk)
+                left -= len(chunk)
+                await send({"type": "http.response.body", "body": chunk,
+                            "more_body": left > 0})  # the last one ends it: one send less
+                ended = left <= 0
+        except (TimeoutError, Unanswered):  # stalled (BOUNDED_STALL_S) or broken: left
+            conn.close()                    # unfinished, the caller's connection closed
+            return
+        finally:
+            finished()
+        if not ended:  # an empty body
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+_PLAIN: dict[str, tuple[str, int, str] | None] = {}
+
+
+def _plain(base: str) -> tuple[str, int, str] | None:
+    """(host, port, Host header) of an upstream base URL upstream.py's client reaches
+    (`http://HOST:PORT`, no TLS, no IPv6 brackets); None for any other (httpx's)."""
+    found = _PLAIN.get(base, False)
+    if found is not False:
+        return found  # type: ignore[return-value]
+    address = None
+    rest = base.removeprefix("http://")
+    if rest != base and "/" not in rest and "@" not in rest and "[" not in rest:
+        host, colon, number = rest.partition(":")
+        if host and (not colon or number.isdigit() and 0 < int(number) < 65536):
+            address = (host, int(number) if colon else 80, rest)
+    if len(_PLAIN) > 4096:
+        _PLAIN.clear()
+    _PLAIN[base] = address
+    return address
+
+
 def _proxy_of(scope: Scope) -> Any:
     """The app's proxy state (routes/ports.py makes it on first use)."""
     proxy = getattr(scope["app"].state, "proxy", None)
@@ -250,6 +365,14 @@ def _proxy_of(scope: Scope) -> Any:
 
         proxy = ports._proxy(HTTPConnection(scope))
         lean_pool(proxy.upstreams.http())  # on asyncio's streams
+        pool = proxy.pool = Pool()  # upstream.py's client, closed with the proxy
+        closing = proxy.close
+
+        async def close() -> None:
+            pool.close()
+            await closing()
+
+        proxy.close = close
         proxy.lean = True
     return proxy
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 
 from sandboxer_tui.service.proxy import TIMEOUTS, Upstreams
 from sandboxer_tui.service.proxy_asgi import AsyncioBackend, lean_pool
+from sandboxer_tui.service.upstream import Pool, Unanswered, head
 
 
 class _Server(ThreadingHTTPServer):
@@ -107,3 +109,225 @@ def test_nothing_listening_and_no_answer_are_httpx_errors() -> None:
             await upstreams.close()
 
     asyncio.run(run())
+
+
+# -- upstream.py's lean client (a request without a body), against raw servers on 127.0.0.1
+
+
+class _Raw:
+    """A TCP server on 127.0.0.1 that answers each connection as `script` says: it is given
+    the connection and the request's head (read up to its blank line) and writes what it
+    likes. Heads are kept in `heads`, connections counted in `connections`."""
+
+    def __init__(self, script) -> None:
+        self.script, self.heads, self.connections = script, [], 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            buffered = b""
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    buffered += got
+                asked, _, buffered = buffered.partition(b"\r\n\r\n")
+                self.heads.append(asked + b"\r\n\r\n")
+                if self.script(conn, asked) == "close":
+                    return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def raw() -> Iterator[Callable[..., _Raw]]:
+    made: list[_Raw] = []
+
+    def make(script) -> _Raw:
+        made.append(_Raw(script))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+async def _ask(pool: Pool, port: int, path: str = "/", *, read: float | None = None,
+               headers: list[tuple[str, str]] = ()) -> tuple[int, list, bytes]:
+    """One GET through `pool`: (status, headers, body)."""
+    request = head("GET", path, f"127.0.0.1:{port}", list(headers))
+    conn = await pool.request("127.0.0.1", port, request, connect_timeout=5,
+                              read_timeout=read)
+    status, got, body = conn.status, conn.headers, b""
+    try:
+        while chunk := await conn.chunk(5):
+            body += chunk
+    finally:
+        pool.release(conn)
+    return status, got, body
+
+
+def test_the_lean_client_reads_answers_by_length_by_chunks_and_to_the_close(raw) -> None:
+    def script(conn: socket.socket, asked: bytes) -> str | None:
+        path = asked.split(b" ")[1]
+        if path == b"/length":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello")
+        elif path == b"/chunks":  # in pieces, as a stream comes
+            conn.sendall(b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab")
+            time.sleep(0.05)
+            conn.sendall(b"c\r\n")
+            time.sleep(0.05)
+            conn.sendall(b"2\r\nde\r\n0\r\n\r\n")
+        elif path == b"/early":  # an informational answer before the real one
+            conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n"
+                         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        elif path == b"/both":  # framed two ways: its chunks win (RFC 9112 6.3)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: "
+                         b"chunked\r\n\r\n4\r\nxxxx\r\n0\r\n\r\n")
+        else:  # no length: the body ends where the connection does
+            conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+            return "close"
+        return None
+
+    server = raw(script)
+
+    async def run() -> list[tuple[int, list, bytes]]:
+        pool = Pool()
+        try:
+            return [await _ask(pool, server.port, path)
+                    for path in ("/length", "/chunks", "/early", "/both", "/close")]
+        finally:
+            pool.close()
+
+    got = asyncio.run(run())
+    assert got[0] == (200, [(b"Content-Length", b"5"), (b"X-A", b"1")], b"hello")
+    assert (got[1][0], got[1][2]) == (201, b"abcde")
+    assert (got[2][0], got[2][2]) == (200, b"ok")
+    assert (got[3][0], got[3][2]) == (200, b"xxxx")
+    assert (got[4][0], got[4][2]) == (200, b"until the end")
+    assert server.connections == 1  # kept alive for all four, closed by the server after
+
+
+def test_the_lean_client_sends_the_headers_httpx_sends(raw) -> None:
+    """The same request's head, through httpx's transport and through the lean client."""
+    def script(conn: socket.socket, asked: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+    server = raw(script)
+    headers = [("accept", "*/*"), ("X-Custom", "yes, a value"), ("cookie", "a=1"),
+               ("x-forwarded-for", "127.0.0.1"), ("x-forwarded-proto", "http")]
+
+    async def run() -> None:
+        upstreams = Upstreams()
+        http = upstreams.http()
+        lean_pool(http)
+        pool = Pool()
+        try:
+            answer = await http.handle_async_request(httpx.Request(
+                "GET", f"http://127.0.0.1:{server.port}/a/b%2Fc?x=1&y=%20", headers=headers,
+                extensions={"timeout": TIMEOUTS}))
+            await answer.aread()
+            await answer.aclose()
+            assert (await _ask(pool, server.port, "/a/b%2Fc?x=1&y=%20",
+                               headers=headers))[0] == 204
+        finally:
+            pool.close()
+            await upstreams.close()
+
+    asyncio.run(run())
+    assert len(server.heads) == 2 and server.heads[0] == server.heads[1], server.heads
+
+
+def test_the_lean_client_leaves_what_it_cannot_send_to_httpx() -> None:
+    assert head("GET", "/ok?a=b", "h:1", []) is not None
+    for target in ("/a b", "/caf\u00e9", "/a\r\nX: y", "relative"):
+        assert head("GET", target, "h:1", []) is None, target
+
+
+def test_the_lean_client_says_why_there_is_no_answer(raw) -> None:
+    """Nothing listening, a connection closed before the answer or in its body: 502
+    (Unanswered, no timeout); no answer in time: 504 (a timeout)."""
+    def script(conn: socket.socket, asked: bytes) -> str | None:
+        path = asked.split(b" ")[1]
+        if path == b"/short":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+            return "close"
+        if path == b"/half":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Le")
+            return "close"
+        if path == b"/garbage":
+            conn.sendall(b"SSH-2.0-OpenSSH\r\n\r\n")
+            return "close"
+        if path == b"/slow":
+            time.sleep(3)
+        return "close"
+
+    server = raw(script)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        nobody = free.getsockname()[1]
+
+    async def run() -> None:
+        pool = Pool()
+        try:
+            with pytest.raises(Unanswered) as gone:
+                await _ask(pool, nobody)
+            assert (gone.value.timeout, gone.value.forget) == (False, True)
+            for path in ("/half", "/garbage", "/nothing"):
+                with pytest.raises(Unanswered) as broken:
+                    await _ask(pool, server.port, path)
+                assert not broken.value.timeout, path
+            with pytest.raises(Unanswered) as cut:  # the headers came, then the body broke
+                await _ask(pool, server.port, "/short")
+            assert "middle" in str(cut.value)
+            started = time.monotonic()
+            with pytest.raises(Unanswered) as slow:
+                await _ask(pool, server.port, "/slow", read=0.3)
+            assert slow.value.timeout and time.monotonic() - started < 2.5
+            assert pool.count == 0  # none of them is kept for another request
+        finally:
+            pool.close()
+
+    asyncio.run(run())
+
+
+def test_a_kept_connection_the_server_closed_is_asked_again_on_a_new_one(raw) -> None:
+    """A server that keeps a connection alive, then closes it as the next request comes:
+    that request is sent once more on a new connection (it has no body; GET)."""
+    asked_on: list[int] = []
+
+    def script(conn: socket.socket, asked: bytes) -> str | None:
+        asked_on.append(conn.fileno())
+        if asked.split(b" ")[1] == b"/drop":
+            return "close"  # read, never answered: as a server closing an idle connection
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        return None
+
+    server = raw(script)
+
+    async def run() -> tuple[int, list, bytes]:
+        pool = Pool()
+        try:
+            assert (await _ask(pool, server.port, "/first"))[2] == b"ok"
+            assert pool.count == 1
+            return await _ask(pool, server.port, "/drop")
+        finally:
+            pool.close()
+
+    with pytest.raises(Unanswered):  # a new connection's request unanswered is not retried
+        asyncio.run(run())
+    # the kept connection was asked once, then a new one once (not more)
+    assert server.connections == 2 and len(server.heads) == 3
