@@ -429,7 +429,7 @@ def bench_fleet(ctx: Context, sizes: list[int], rounds: int) -> dict[str, Any]:
             check("sbx ls --json", len(json.loads(proc.stdout)), size)
             check("GET /v1/sandboxes", get_all(size), size)
         for r in range(rounds):
-            for size in sizes:
+            for size in (sizes if r % 2 == 0 else sizes[::-1]):  # no size always goes first
                 for store in active:
                     for mode in ("server", "no server"):
                         timed(f"reap {store} {mode}", size,
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
                     ms(med["list"][large]), f"<= {ms(TARGET_LIST_S)}"))
     summary.append((f"sbx ls --json, with sbx server, at {large:,}", med["ls"][large],
                     TARGET_LS_S, ms(med["ls"][large]), f"<= {ms(TARGET_LS_S)}"))
-    info = [[f"GET /v1/sandboxes ({fleet['get_form']}) at {large:,}", ms(med["get"][large]),
+    info = [[f"GET /v1/sandboxes, {fleet['get_form']}, at {large:,}", ms(med["get"][large]),
              us_per_row(fleet["slope_s_per_row"]["get"]), "info"]]
     if "due" in results:
         due = results["due"]
