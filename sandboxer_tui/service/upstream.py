@@ -187,7 +187,8 @@ class Connection(asyncio.Protocol):
                 self.buffered -= len(piece)
                 if self.paused and self.buffered < HIGH_WATER // 4:
                     self.paused = False
-                    self.transport.resume_reading()
+                    if not self.closed and not self.transport.is_closing():
+                        self.transport.resume_reading()
                 return piece
             if self.error is not None:
                 raise self.error

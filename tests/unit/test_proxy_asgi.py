@@ -165,6 +165,16 @@ def raw() -> Iterator[Callable[..., _Raw]]:
         server.close()
 
 
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run_on(request: pytest.FixtureRequest) -> Callable:
+    """asyncio's own loop, and uvloop's, which `sbx serve` runs on."""
+    if request.param == "uvloop":
+        import uvloop
+
+        return uvloop.run
+    return asyncio.run
+
+
 async def _ask(pool: Pool, port: int, path: str = "/", *, read: float | None = None,
                headers: list[tuple[str, str]] = ()) -> tuple[int, list, bytes]:
     """One GET through `pool`: (status, headers, body)."""
@@ -180,7 +190,7 @@ async def _ask(pool: Pool, port: int, path: str = "/", *, read: float | None = N
     return status, got, body
 
 
-def test_the_lean_client_reads_answers_by_length_by_chunks_and_to_the_close(raw) -> None:
+def test_the_lean_client_reads_answers_by_length_by_chunks_and_to_the_close(raw, run_on) -> None:
     def script(conn: socket.socket, asked: bytes) -> str | None:
         path = asked.split(b" ")[1]
         if path == b"/length":
@@ -212,7 +222,7 @@ def test_the_lean_client_reads_answers_by_length_by_chunks_and_to_the_close(raw)
         finally:
             pool.close()
 
-    got = asyncio.run(run())
+    got = run_on(run())
     assert got[0] == (200, [(b"Content-Length", b"5"), (b"X-A", b"1")], b"hello")
     assert (got[1][0], got[1][2]) == (201, b"abcde")
     assert (got[2][0], got[2][2]) == (200, b"ok")
@@ -221,7 +231,7 @@ def test_the_lean_client_reads_answers_by_length_by_chunks_and_to_the_close(raw)
     assert server.connections == 1  # kept alive for all four, closed by the server after
 
 
-def test_the_lean_client_sends_the_headers_httpx_sends(raw) -> None:
+def test_the_lean_client_sends_the_headers_httpx_sends(raw, run_on) -> None:
     """The same request's head, through httpx's transport and through the lean client."""
     def script(conn: socket.socket, asked: bytes) -> None:
         conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
@@ -247,7 +257,7 @@ def test_the_lean_client_sends_the_headers_httpx_sends(raw) -> None:
             pool.close()
             await upstreams.close()
 
-    asyncio.run(run())
+    run_on(run())
     assert len(server.heads) == 2 and server.heads[0] == server.heads[1], server.heads
 
 
@@ -257,7 +267,7 @@ def test_the_lean_client_leaves_what_it_cannot_send_to_httpx() -> None:
         assert head("GET", target, "h:1", []) is None, target
 
 
-def test_the_lean_client_says_why_there_is_no_answer(raw) -> None:
+def test_the_lean_client_says_why_there_is_no_answer(raw, run_on) -> None:
     """Nothing listening, a connection closed before the answer or in its body: 502
     (Unanswered, no timeout); no answer in time: 504 (a timeout)."""
     def script(conn: socket.socket, asked: bytes) -> str | None:
@@ -301,10 +311,10 @@ def test_the_lean_client_says_why_there_is_no_answer(raw) -> None:
         finally:
             pool.close()
 
-    asyncio.run(run())
+    run_on(run())
 
 
-def test_a_kept_connection_the_server_closed_is_asked_again_on_a_new_one(raw) -> None:
+def test_a_kept_connection_the_server_closed_is_asked_again_on_a_new_one(raw, run_on) -> None:
     """A server that keeps a connection alive, then closes it as the next request comes:
     that request is sent once more on a new connection (it has no body; GET)."""
     asked_on: list[int] = []
@@ -328,6 +338,48 @@ def test_a_kept_connection_the_server_closed_is_asked_again_on_a_new_one(raw) ->
             pool.close()
 
     with pytest.raises(Unanswered):  # a new connection's request unanswered is not retried
-        asyncio.run(run())
+        run_on(run())
     # the kept connection was asked once, then a new one once (not more)
     assert server.connections == 2 and len(server.heads) == 3
+
+
+def test_a_large_answer_is_read_in_step_with_its_reader(raw, run_on) -> None:
+    """An answer larger than the client buffers (HIGH_WATER): reading from the port stops
+    while it waits to be read and goes on after, to the whole body, by length and to the
+    close."""
+    big = bytes(range(256)) * 8192  # 2 MiB
+
+    def script(conn: socket.socket, asked: bytes) -> str | None:
+        if asked.split(b" ")[1] == b"/length":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big) + big)
+            return None
+        conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + big)
+        return "close"
+
+    server = raw(script)
+
+    async def read(pool: Pool, path: str) -> tuple[bytes, int]:
+        conn = await pool.request("127.0.0.1", server.port,
+                                  head("GET", path, "h", []), connect_timeout=5,
+                                  read_timeout=5)
+        await asyncio.sleep(0.3)  # the reader is slow: the client stops short of it all
+        most = conn.buffered
+        body = b""
+        try:
+            while chunk := await conn.chunk(5):
+                body += chunk
+        finally:
+            pool.release(conn)
+        return body, most
+
+    async def run() -> None:
+        pool = Pool()
+        try:
+            for path in ("/length", "/close"):
+                body, most = await read(pool, path)
+                assert body == big, path
+                assert most < len(big) // 2, (path, most)
+        finally:
+            pool.close()
+
+    run_on(run())
