@@ -29,9 +29,10 @@ cost is printed beside the figures (information).
    N). Target: ratio of medians <= 1.2 for each N.
 
 Each row is the median of --rounds rounds (default 10; sizes and modes interleaved within a
-round), with the fitted cost per row (least squares slope over the sizes). Every round checks
+round, the sizes' order alternating), with the fitted cost per row (least squares slope over the sizes). Every round checks
 its answer: the listing has N rows, the reap says nothing (and the database still holds N
-running rows at the end), the due reap destroys exactly N. Every container carries
+running rows at the end, and each `sbx server` served its reaps), the due reap destroys
+exactly N. Every container carries
 `sbx-bench=<runid>` and only this run's are removed, by id; the PostgreSQL database is this
 run's own and dropped. Exit 0 whatever the figures. Run from an export of a commit (`git
 archive`, no git work tree), SBX_BENCH_COMMIT names that commit for the results' meta block.
@@ -448,6 +449,13 @@ def bench_fleet(ctx: Context, sizes: list[int], rounds: int) -> dict[str, Any]:
                 timed("get", size, time.perf_counter() - started)
                 check("GET /v1/sandboxes", got, size)
             print(f"   round {r + 1}/{rounds} done", flush=True)
+        for (store, size, mode), env in envs.items():  # the server really took them
+            if mode == "server" and store in active:
+                _, proc = ctx.run_sbx(env, "server", "status", "--json")
+                served = json.loads(proc.stdout).get("served", 0)
+                if served < rounds:
+                    raise RuntimeError(f"{store} {size}: sbx server served {served} commands, "
+                                       f"fewer than the {rounds} timed reaps")
     finally:
         for client in clients.values():
             client.close()
