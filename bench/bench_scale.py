@@ -29,13 +29,13 @@ cost is printed beside the figures (information).
    N). Target: ratio of medians <= 1.2 for each N.
 
 Each row is the median of --rounds rounds (default 10; sizes and modes interleaved within a
-round, the sizes' order alternating), with the fitted cost per row (least squares slope over the sizes). Every round checks
-its answer: the listing has N rows, the reap says nothing (and the database still holds N
-running rows at the end, and each `sbx server` served its reaps), the due reap destroys
-exactly N. Every container carries
-`sbx-bench=<runid>` and only this run's are removed, by id; the PostgreSQL database is this
-run's own and dropped. Exit 0 whatever the figures. Run from an export of a commit (`git
-archive`, no git work tree), SBX_BENCH_COMMIT names that commit for the results' meta block.
+round, the sizes' order alternating), with the fitted cost per row (least squares slope over
+the sizes). Every round checks its answer: the listing has N rows, the reap says nothing (and
+at the end the database still holds N running rows and each `sbx server` served its reaps),
+the due reap destroys exactly N. Every container carries `sbx-bench=<runid>` and only this
+run's are removed, by id; the PostgreSQL database is this run's own and dropped. Exit 0
+whatever the figures. Run from an export of a commit (`git archive`, no git work tree),
+SBX_BENCH_COMMIT names that commit for the results' meta block.
 """
 
 from __future__ import annotations
