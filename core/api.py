@@ -365,7 +365,7 @@ def list_page(
     limit: int | None,
     cursor: str | None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_view
+    from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_views
     from sandboxer.core.store import inventory, tenancy
 
     after, size = inventory.parse_page(cursor, limit)
@@ -379,8 +379,21 @@ def list_page(
     more = len(rows) > size
     rows = rows[:size]
     now = mgr.now_iso()
-    return ([sandbox_view(r, now) for r in rows],
+    return (sandbox_views(rows, now),
             inventory.page_cursor(rows[-1]) if more else None)
+
+
+def list_rows(mgr: Manager, **filters: Any) -> list[dict[str, Any]]:
+    """The rows of a listing through the Manager's database, only the columns a view reads
+    (inventory.list_sandboxes' filters; not the stored profiles, issue 36)."""
+    from sandboxer.core.rules.views import VIEW_COLUMNS
+    from sandboxer.core.store import inventory
+
+    placeholder = "?" if mgr.db.engine.dialect.paramstyle == "qmark" else "%s"
+    with mgr.db.read() as conn:
+        return inventory.list_sandboxes(conn.connection.driver_connection,
+                                        placeholder=placeholder, columns=VIEW_COLUMNS,
+                                        **filters)
 
 
 async def create_idempotent(

@@ -650,15 +650,13 @@ class LocalTransport:
 
         def views(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             from sandboxer.core.rules.clock import clock_from_env, to_iso
-            from sandboxer.core.rules.views import sandbox_view
+            from sandboxer.core.rules.views import sandbox_views
 
-            now = to_iso(clock_from_env().now())
-            return [sandbox_view(r, now) for r in rows]
+            return sandbox_views(rows, to_iso(clock_from_env().now()))
 
         rows = await self._call(fast, needs_manager=False)
         if rows is None:
-            filters.pop("owner")  # the Manager narrows to the tenant itself
-            rows = await self._call(lambda mgr: mgr.list(**filters))
+            rows = await self._call(lambda mgr: api.list_rows(mgr, **filters))
         return views(rows)
 
 

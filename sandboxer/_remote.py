@@ -46,7 +46,6 @@ KINDS: dict[str, type[SbxError]] = {c.kind: c for c in (
     OperationFailed, BadInput, NotFound, Conflict, QuotaExceeded, Unavailable, Unauthorized)}
 CODES: dict[int, type[SbxError]] = {int(c.exit_code): c for c in (
     OperationFailed, BadInput, NotFound, Conflict, Unavailable)}
-PAGE = 1000
 SSE = "text/event-stream"
 FOLLOW_RETRIES = 5  # a followed stream that drops reconnects this many times in a row
 DOWNLOAD_CHUNK = 1024 * 1024  # a download's body is handed on in pieces of at most this
@@ -932,15 +931,13 @@ class RemoteTransport:
     async def list(self, *, state: str | None, backend: str | None,
                    labels: Mapping[str, str] | None,
                    include_destroyed: bool) -> list[dict[str, Any]]:
-        views: list[dict[str, Any]] = []
-        cursor = None
-        while True:
-            page, cursor = await self.list_page(
-                state=state, backend=backend, labels=labels,
-                include_destroyed=include_destroyed, limit=PAGE, cursor=cursor)
-            views += page
-            if cursor is None:
-                return views
+        """Every sandbox in one answer: `limit=all`, which the service streams
+        (docs/service.md), rather than a request per page."""
+        page = await self._json("GET", "/v1/sandboxes", params={
+            "state": state, "backend": backend,
+            "label": [f"{k}={v}" for k, v in (labels or {}).items()] or None,
+            "include_destroyed": include_destroyed or None, "limit": "all"})
+        return page["items"]
 
 
 class RemoteWatch:

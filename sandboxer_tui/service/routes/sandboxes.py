@@ -3,10 +3,13 @@ watchers, show, destroy, extend, and the state changes (touch, pause, resume).""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import json
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import Field
 
 from sandboxer.core.rules.errors import BadInput
 from sandboxer.core.rules.profiles import refuse_host_files
@@ -45,18 +48,47 @@ async def create(who: Write, metrics: Metrics, body: s.CreateSandbox,
     return JSONResponse(box.to_dict(), status_code=201)
 
 
-@router.get("/v1/sandboxes", summary="List sandboxes, a page at a time",
+# `limit=all`: every sandbox in one answer, streamed a chunk of records at a time (docs/service.md)
+ALL = "all"
+STREAM_CHUNK = 1000
+
+
+@router.get("/v1/sandboxes", summary="List sandboxes, a page at a time (or all, streamed)",
             response_model=s.SandboxPage, responses=ERRORS)
 async def list_sandboxes(who: Read, state: str | None = None, backend: str | None = None,
                          label: Annotated[list[str], Query(
                              description="K=V; repeat for several (all must match)")] = [],  # noqa: B006
                          include_destroyed: bool = False,
-                         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                         cursor: str | None = None) -> JSONResponse:
+                         limit: Annotated[Annotated[int, Field(ge=1, le=1000)] | Literal["all"],
+                                          Query(description="a page's size, 1 to 1000; `all`: "
+                                                "every sandbox in one streamed answer, "
+                                                "next_cursor null")] = 100,
+                         cursor: str | None = None) -> Response:
+    if limit == ALL:
+        if cursor is not None:
+            raise BadInput("limit=all lists every sandbox from the first: give no cursor")
+        boxes = await who.client.list(state=state, backend=backend,
+                                      labels=params.labels(label),
+                                      include_destroyed=include_destroyed)
+        return StreamingResponse(_page_chunks([b.to_dict() for b in boxes]),
+                                 media_type="application/json")
     boxes, following = await who.client.list_page(
         state=state, backend=backend, labels=params.labels(label),
         include_destroyed=include_destroyed, limit=limit, cursor=cursor)
     return JSONResponse({"items": [b.to_dict() for b in boxes], "next_cursor": following})
+
+
+def _page_chunks(views: list[dict[str, Any]]) -> Iterator[bytes]:
+    """The page document `{"items": [...], "next_cursor": null}`, encoded and sent a chunk of
+    records at a time: the first bytes leave before the last record is encoded, and no
+    document of the whole listing is held as one string (JSONResponse's encoding)."""
+    encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False,
+                              separators=(",", ":")).encode
+    yield b'{"items":['
+    for start in range(0, len(views), STREAM_CHUNK):
+        chunk = ",".join(map(encode, views[start:start + STREAM_CHUNK]))
+        yield (("," if start else "") + chunk).encode()
+    yield b'],"next_cursor":null}'
 
 
 @router.get("/v1/inventory",

@@ -1,0 +1,208 @@
+"""Listing a large inventory (issue 36): 2,000 seeded sandboxes listed through the library,
+`sbx ls --json` and the service (a page by default, every one with `limit=all`, streamed)
+give every sandbox once, each with the fields reading it alone gives. Timings live in
+bench/, not here."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from support import table_rows
+
+import sandboxer
+
+ROWS = 2000
+LISTED_PAGE = 100  # the service's page when no limit is given (docs/service.md)
+
+
+def _seed(home: Path) -> dict[str, dict]:
+    """ROWS sandbox rows on the stub backend straight into the store, in every shape a view
+    reads: names or none, idle timeouts (some idle deadlines before the deadline, some
+    after), gVisor isolation, paused, destroyed, warm pool members claimed and not, two
+    owners, label sets that repeat. Returns the rows by id."""
+    import sqlalchemy as sa
+
+    from sandboxer.core.rules import settings
+    from sandboxer.core.rules.clock import to_iso
+    from sandboxer.core.rules.ids import new_sandbox_id
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+
+    db = Database(settings.database_url())
+    db.migrate()
+    now = datetime.now(UTC)
+    rows = {}
+    for i in range(ROWS):
+        sid = new_sandbox_id()
+        state = ("destroyed" if i % 11 == 0 else "paused" if i % 5 == 0 else "running")
+        rows[sid] = dict(
+            id=sid, name=f"box-{i}" if i % 3 == 0 else None, profile="stubby",
+            profile_json="{}", backend="stub", backend_ref=f"stub-{sid}",
+            install_id="inst-scale", host="scale-host", state=state,
+            owner="alice" if i % 2 else "bob",
+            labels_json=json.dumps({"team": f"t{i % 7}", "n": str(i % 2)}) if i % 13 else "{}",
+            isolation="gvisor" if i % 17 == 0 else "container",
+            pool="stubby" if i % 19 == 0 else None,
+            launch=("warm" if i % 38 == 0 else None) if i % 19 == 0 else None,
+            # a few share a created_at: the order (and the cursor) falls back on the id
+            created_at=to_iso(now - timedelta(hours=1) + timedelta(microseconds=i // 3)),
+            started_at=to_iso(now - timedelta(minutes=59)),
+            deadline=to_iso(now + timedelta(minutes=30 + i % 60)),
+            hard_deadline=to_iso(now + timedelta(hours=3)),
+            last_activity_at=to_iso(now - timedelta(minutes=i % 50)),
+            idle_timeout_s=(600 + 60 * (i % 80)) if i % 4 else None,
+            ended_at=to_iso(now) if state == "destroyed" else None,
+            error="gone" if state == "destroyed" else None, fence=0)
+    with db.write() as conn:
+        conn.execute(sa.insert(Sandbox.__table__), list(rows.values()))
+    db.dispose()
+    return rows
+
+
+def _listed(row: dict, include_destroyed: bool = False) -> bool:
+    """Whether a listing shows the row: users' sandboxes, not an unclaimed pool member."""
+    return ((include_destroyed or row["state"] != "destroyed")
+            and (row["pool"] is None or row["launch"] is not None))
+
+
+def _in_order(rows: dict[str, dict], **kwargs) -> list[str]:
+    wanted = [r for r in rows.values() if _listed(r, **kwargs)]
+    return [r["id"] for r in sorted(wanted, key=lambda r: (r["created_at"], r["id"]))]
+
+
+def _same(listed: dict, alone: dict) -> None:
+    """A listed view equals the view of the sandbox read alone; ttl_left_s counts down, so
+    the two may be a second or two apart."""
+    a, b = dict(listed), dict(alone)
+    left_a, left_b = a.pop("ttl_left_s"), b.pop("ttl_left_s")
+    assert a == b
+    assert (left_a is None) == (left_b is None)
+    if left_a is not None:
+        assert abs(left_a - left_b) <= 2
+
+
+@pytest.fixture
+def seeded(sbx_home: Path) -> dict[str, dict]:
+    return _seed(sbx_home)
+
+
+def test_the_library_lists_every_sandbox_once_as_reading_it_alone_shows_it(seeded):
+    sbx = sandboxer.Sandboxer(actor="lister")
+    try:
+        boxes = sbx.list()
+        assert [b.id for b in boxes] == _in_order(seeded)
+        for box in boxes:
+            _same(box.to_dict(), sbx.get(box.id).to_dict())
+        gvisor = [b for b in boxes if seeded[b.id]["isolation"] == "gvisor"]
+        assert gvisor and all(b.isolation == "gvisor" for b in gvisor)
+        warm = [b for b in boxes if seeded[b.id]["launch"] == "warm"]
+        assert warm and all(b.to_dict()["launch"] == "warm" for b in warm)
+        # two records with the same labels hold their own: changing what one's to_dict()
+        # gave leaves the other as it was
+        first, second = [b for b in boxes if seeded[b.id]["labels_json"]
+                         == seeded[boxes[0].id]["labels_json"]][:2]
+        first.to_dict()["labels"]["mine"] = "1"
+        assert "mine" not in second.labels and "mine" not in second.to_dict()["labels"]
+
+        everything = sbx.list(include_destroyed=True)
+        assert [b.id for b in everything] == _in_order(seeded, include_destroyed=True)
+        team = sbx.list(labels={"team": "t3"})
+        assert [b.id for b in team] == [
+            i for i in _in_order(seeded) if json.loads(seeded[i]["labels_json"])
+            .get("team") == "t3"]
+    finally:
+        sbx.close()
+
+
+def test_sbx_ls_json_lists_what_the_library_lists(seeded, sbx):
+    result = sbx("ls", "--json")
+    assert result.code == 0, result.err
+    listed = result.json()
+    library = sandboxer.Sandboxer(actor="lister")
+    try:
+        alone = {b.id: b.to_dict() for b in library.list()}
+    finally:
+        library.close()
+    assert [v["id"] for v in listed] == _in_order(seeded)
+    for view in listed:
+        _same(view, alone[view["id"]])
+
+
+def test_the_service_pages_by_default_and_streams_every_sandbox_with_limit_all(seeded, sbx_home):
+    from tests.service.live import LiveService
+
+    live = LiveService(sbx_home).start()
+    try:
+        token = live.key()  # an admin key: every owner's sandboxes
+        with httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {token}"},
+                          timeout=60) as http:
+            first = http.get("/v1/sandboxes").json()
+            assert len(first["items"]) == LISTED_PAGE and first["next_cursor"]
+            paged, cursor = list(first["items"]), first["next_cursor"]
+            while cursor is not None:
+                page = http.get("/v1/sandboxes", params={"cursor": cursor}).json()
+                assert len(page["items"]) <= LISTED_PAGE
+                paged += page["items"]
+                cursor = page["next_cursor"]
+            assert [v["id"] for v in paged] == _in_order(seeded)
+
+            with http.stream("GET", "/v1/sandboxes", params={"limit": "all"}) as answer:
+                assert answer.status_code == 200
+                assert answer.headers["content-type"] == "application/json"
+                assert "content-length" not in answer.headers  # sent as it is encoded
+                streamed = json.loads(answer.read())
+            assert streamed["next_cursor"] is None
+            assert len(streamed["items"]) == len(paged)
+            for one, other in zip(streamed["items"], paged, strict=True):
+                _same(one, other)
+            odd = http.get("/v1/sandboxes", params={"limit": "all", "label": "n=1",
+                                                    "include_destroyed": True}).json()
+            assert [v["id"] for v in odd["items"]] == [
+                i for i in _in_order(seeded, include_destroyed=True)
+                if json.loads(seeded[i]["labels_json"]).get("n") == "1"]
+            # a read key sees its owner's sandboxes only, streamed or paged
+            alice = {"Authorization": f"Bearer {live.key('read', owner='alice')}"}
+            hers = http.get("/v1/sandboxes", params={"limit": "all"}, headers=alice).json()
+            assert [v["id"] for v in hers["items"]] == [
+                i for i in _in_order(seeded) if seeded[i]["owner"] == "alice"]
+            assert {v["owner"] for v in http.get("/v1/sandboxes", headers=alice).json()[
+                "items"]} == {"alice"}
+
+        # the library over the service lists everything too
+        remote = sandboxer.Sandboxer(url=live.url, token=token)
+        try:
+            remote_boxes = remote.list()
+        finally:
+            remote.close()
+        assert [b.id for b in remote_boxes] == [v["id"] for v in paged]
+        for box, view in zip(remote_boxes, streamed["items"], strict=True):
+            _same(box.to_dict(), view)
+    finally:
+        live.stop()
+
+
+@pytest.mark.parametrize("query, status, says", [
+    ({"limit": "all", "cursor": "abc"}, 400, "limit=all lists every sandbox from the first"),
+    ({"limit": "0"}, 422, "limit"),
+    ({"limit": "1001"}, 422, "limit"),
+    ({"limit": "every"}, 422, "limit"),
+])
+def test_a_bad_limit_is_refused_in_one_line_and_changes_nothing(seeded, sbx_home, query, status,
+                                                                says):
+    from tests.service.live import LiveService
+
+    before = table_rows(sbx_home, "sandboxes")
+    live = LiveService(sbx_home).start()
+    try:
+        answer = httpx.get(f"{live.url}/v1/sandboxes", params=query, timeout=60,
+                           headers={"Authorization": f"Bearer {live.key()}"})
+    finally:
+        live.stop()
+    assert answer.status_code == status
+    message = answer.json()["error"]["message"]
+    assert says in message and "\n" not in message and "Traceback" not in message
+    assert table_rows(sbx_home, "sandboxes") == before
