@@ -556,8 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="live sandboxes (default 100,1000,10000)")
     parser.add_argument("--reap-counts", type=int_list, default=[10, 50, 100],
                         help="due sandboxes of part 5 (default 10,50,100)")
-    parser.add_argument("--reap-rounds", type=int, default=2,
-                        help="rounds of part 5 (default 2; 0 leaves it out)")
+    parser.add_argument("--reap-rounds", type=int, default=3,
+                        help="rounds of part 5 (default 3; 0 leaves it out)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.reap_rounds < 0:
@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     summary.append((f"sbx ls --json, with sbx server, at {large:,}", med["ls"][large],
                     TARGET_LS_S, ms(med["ls"][large]), f"<= {ms(TARGET_LS_S)}"))
     info = [[f"GET /v1/sandboxes, {fleet['get_form']}, at {large:,}", ms(med["get"][large]),
-             us_per_row(fleet["slope_s_per_row"]["get"]), "info"]]
+             f"growth {us_per_row(fleet['slope_s_per_row']['get'])}", "info"]]
     if "due" in results:
         due = results["due"]
         for n in due["counts"]:
