@@ -408,7 +408,8 @@ class AsyncSandboxer:
         """The inventory as it changes, by any process: `await watch.read()` for what
         changed since the previous read, or `async for change in watch` (every `every`
         seconds; only reads that found a change, after a first one with everything). A
-        read costs nothing when nobody committed since the last one."""
+        read costs nothing when nobody committed since the last one, and otherwise reads
+        only the sandboxes changed since (docs/design.md, "Watching the inventory")."""
         return AsyncInventoryWatch(self, include_destroyed, every)
 
     async def backends(self, names: Sequence[str] | None = None, *, check: bool = True,

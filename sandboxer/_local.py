@@ -661,14 +661,19 @@ class LocalTransport:
 
 
 class LocalWatch:
-    """A watch of the inventory (sandboxer.core.follow.watch): with the driver alone while the database is a
-    current SQLite file, else through the Manager, which migrates. Reads run on a worker
-    thread of the core loop."""
+    """A watch of the inventory (sandboxer.core.follow.watch): the rows changed since the last
+    look, with the driver alone while the database is current (SQLite or PostgreSQL), else
+    through the Manager, which migrates. Reads run on a worker
+    thread of the core loop. Made acting for a tenant (ActingTransport), it sees that
+    owner's sandboxes only."""
 
     def __init__(self, transport: LocalTransport, include_destroyed: bool) -> None:
+        from sandboxer.core.rules.settings import TENANT
+
         self._transport = transport
         self.include_destroyed = include_destroyed
         self._watcher: Any = None
+        self._owner = TENANT.get()  # watch() runs in the acting caller's context
 
     async def read(self) -> dict[str, Any]:
         from sandboxer.core.rules.views import sandbox_view
@@ -679,7 +684,8 @@ class LocalWatch:
             if self._watcher is None:
                 from sandboxer.core.follow.watch import InventoryWatcher
 
-                self._watcher = InventoryWatcher(self._transport._database_url(), include)
+                self._watcher = InventoryWatcher(self._transport._database_url(), include,
+                                                 owner=self._owner)
             self._watcher.set_include_destroyed(include)
             return await asyncio.to_thread(self._watcher.read)
 

@@ -941,32 +941,43 @@ class RemoteTransport:
 
 
 class RemoteWatch:
-    """A watch over the service: each read is a conditional GET of `/v1/inventory` (the
-    ETag of the previous answer in If-None-Match), answered 304, with nothing read, when
-    nobody committed; otherwise the whole inventory, diffed here by the watch rule of
-    sandboxer.core.follow.watch."""
+    """A watch over the service: each read asks `/v1/inventory/changes` for what changed
+    since the position of its previous answer, so a look sends only the records that
+    changed (docs/service.md, "Watching the inventory"); an answer with `reset` holds every
+    sandbox, and is diffed here by the watch rule of sandboxer.core.follow.watch."""
 
     def __init__(self, transport: RemoteTransport, include_destroyed: bool) -> None:
         self._transport = transport
         self.include_destroyed = include_destroyed
         self._rows: dict[str, dict[str, Any]] = {}
-        self._etag: str | None = None
-        self._shown: bool | None = None  # include_destroyed of the listing of the ETag
+        self._position: str | None = None
+        self._shown: bool | None = None  # include_destroyed of the position
 
     async def read(self) -> dict[str, Any]:
         from sandboxer.core.follow.watch import diff_rows
 
         include = bool(self.include_destroyed)
-        headers = {"If-None-Match": self._etag} if self._etag and include == self._shown \
-            else None
+        since = self._position if include == self._shown else None
         response = await self._transport._send(
-            "GET", "/v1/inventory", params={"include_destroyed": include or None},
-            headers=headers)
-        if response.status_code == 304:
-            return {"added": [], "changed": [], "removed": []}
-        delta, self._rows = diff_rows(self._rows, response.json())
-        self._etag, self._shown = response.headers.get("etag"), include
-        return {"added": delta.added, "changed": delta.changed, "removed": delta.removed}
+            "GET", "/v1/inventory/changes",
+            params={"include_destroyed": include or None, "since": since})
+        answer = response.json()
+        self._position, self._shown = answer["position"], include
+        if answer["reset"]:
+            delta, self._rows = diff_rows(self._rows, answer["changed"])
+            return {"added": delta.added, "changed": delta.changed, "removed": delta.removed}
+        added, changed, removed = [], [], []
+        for row in answer["changed"]:
+            old = self._rows.get(row["id"])
+            self._rows[row["id"]] = row
+            if old is None:
+                added.append(row)
+            elif old != row:
+                changed.append(row)
+        for sandbox_id in answer["removed"]:
+            if self._rows.pop(sandbox_id, None) is not None:
+                removed.append(sandbox_id)
+        return {"added": added, "changed": changed, "removed": removed}
 
     async def close(self) -> None:
         """Nothing is held open between reads."""

@@ -236,7 +236,8 @@ class Sandboxer:
         """The inventory as it changes, by any process: `await watch.read()` for what
         changed since the previous read, or `async for change in watch` (every `every`
         seconds; only reads that found a change, after a first one with everything). A
-        read costs nothing when nobody committed since the last one.
+        read costs nothing when nobody committed since the last one, and otherwise reads
+        only the sandboxes changed since (docs/design.md, "Watching the inventory").
         """
         ...
 

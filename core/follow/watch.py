@@ -2,12 +2,25 @@
 long-running front end (the dashboard) re-reads every second, reached through the library
 (`AsyncSandboxer.watch`, `AsyncSandboxer.recent_metrics`).
 
-On SQLite the watcher reads through a read-only connection of its own (the driver alone, no
-ORM, as `sbx ls` does), and asks `PRAGMA data_version` whether any other connection committed
-since its last read: when none did, nothing is read at all. Only the columns of the public
-sandbox record are compared, so a row counts as changed only when something a reader can see
-changed. When the database is not a current SQLite file (none yet, an older schema,
-PostgreSQL), the caller reads through the Manager (which migrates) and hands the rows in.
+A look reads only the rows changed since the previous look, found through the indexed
+`sandboxes.change_seq` (migration 0016), which a trigger sets on every insert and update.
+Why a change marker and not the event log's position: not every change a reader sees writes
+an event (following logs or an exec moves `last_activity_at` quietly, a pool member's claim
+changes `launch`), and a trigger cannot be forgotten by a writer. docs/design.md, "Watching
+the inventory", says the same.
+
+- SQLite: `PRAGMA data_version` first tells whether any other connection committed since the
+  last look; when none did, nothing is read at all. Writers take turns, so `change_seq` grows
+  in commit order: the next look reads `change_seq > ` the largest seen.
+- PostgreSQL: `change_seq` is the writing transaction's id, handed out before it commits, so
+  the next look reads from the oldest transaction still running when the previous look began
+  (`txid_snapshot_xmin`): a row committed late is read then, and a row read twice is simply
+  not a change the second time.
+
+Both read through a read-only connection of the driver alone (no ORM, as `sbx ls` does).
+Only the columns of the public sandbox record are compared, so a row counts as changed only
+when something a reader can see changed. When the database is not current yet (none, an older
+schema), the caller reads through the Manager (which migrates) and hands the rows in.
 """
 
 from __future__ import annotations
@@ -21,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from sandboxer.core.rules.views import VIEW_COLUMNS
 
 if TYPE_CHECKING:
-    import sqlite3
-
     from sandboxer.core.lifecycle.manager import Manager
+
+DESTROYED = "destroyed"  # State.DESTROYED, without importing the state table's enum here
 
 
 @dataclass
@@ -43,26 +56,32 @@ class InventoryDelta:
 class InventoryWatcher:
     """One reader's view of the inventory: `read()` returns what changed since its previous
     read. Safe to call from any one thread at a time; `close()` waits for a read in progress
-    (closing SQLite's connection under a running statement crashes the process)."""
+    (closing SQLite's connection under a running statement crashes the process). `owner`:
+    that tenant's sandboxes only (core/store/tenancy.py)."""
 
-    def __init__(self, url: str, include_destroyed: bool = False) -> None:
+    def __init__(self, url: str, include_destroyed: bool = False,
+                 owner: str | None = None) -> None:
         self.url = url
         self.include_destroyed = include_destroyed
+        self.owner = owner
         self._rows: dict[str, dict[str, Any]] = {}
-        self._conn: sqlite3.Connection | None = None
+        self._conn: Any = None
+        self._postgres = False
         self._version: int | None = None
+        self._position: int | None = None  # None: the next look reads every row
         self._closed = False
         self._lock = threading.Lock()
+        self.rows_read = 0  # rows the last look read (what a test or a benchmark asks)
 
     def set_include_destroyed(self, include: bool) -> None:
         with self._lock:
             if include != self.include_destroyed:
                 self.include_destroyed = include
-                self._version = None  # read again, whatever data_version says
+                self._position = self._version = None  # read every row again
 
     def read(self) -> InventoryDelta | None:
-        """What changed, read with the driver alone; None when this is not a current SQLite
-        database (then read through the Manager and give the rows to `apply`)."""
+        """What changed, read with the driver alone; None when the database is not current
+        (then read through the Manager and give the rows to `apply`)."""
         from sandboxer.core.store import inventory
 
         with self._lock:
@@ -71,25 +90,104 @@ class InventoryWatcher:
             if self._conn is None:
                 self._conn = inventory.open_sqlite_readonly(self.url, any_thread=True)
                 if self._conn is None:
+                    self._conn = inventory.open_postgres_readonly(self.url)
+                    self._postgres = self._conn is not None
+                if self._conn is None:
                     return None
+            if self._postgres:
+                return self._read_postgres()
             version = self._conn.execute("PRAGMA data_version").fetchone()[0]
             if version == self._version:
+                self.rows_read = 0
                 return InventoryDelta()  # nobody committed: nothing to read
-            rows = inventory.list_sandboxes(self._conn, include_all=self.include_destroyed,
-                                            columns=VIEW_COLUMNS, pool_members=False)
+            full = self._position is None
+            rows = self._select("?", self._position, ">")
             self._version = version
-            return self._diff(rows)
+            seen = max((r.pop("change_seq") for r in rows), default=0)
+            self._position = max(self._position or 0, seen)
+            return self._whole(rows) if full else self._merge(rows)
+
+    def _read_postgres(self) -> InventoryDelta:
+        cursor = self._conn.cursor()
+        try:  # before the rows: what runs now is read again next time
+            cursor.execute("SELECT txid_snapshot_xmin(txid_current_snapshot())")
+            oldest_running = int(cursor.fetchone()[0])
+        finally:
+            cursor.close()
+        full = self._position is None
+        rows = self._select("%s", self._position, ">=")
+        for row in rows:
+            row.pop("change_seq")
+        self._position = oldest_running
+        return self._whole(rows) if full else self._merge(rows)
+
+    def _select(self, mark: str, position: int | None, op: str) -> list[dict[str, Any]]:
+        """The public columns (and pool, launch) of the rows changed since `position` (every
+        row when None), of the tenant's if one is set."""
+        where, params = [], []
+        if position is not None:
+            where.append(f"change_seq {op} {mark}")
+            params.append(position)
+        if self.owner is not None:
+            where.append(f"owner = {mark}")
+            params.append(self.owner)
+        if position is None and not self.include_destroyed:  # a first look: only what shows
+            where.append(f"state <> {mark}")
+            params.append(DESTROYED)
+        sql = f"SELECT {', '.join(VIEW_COLUMNS)}, change_seq FROM sandboxes"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        cursor = self._conn.cursor()
+        try:
+            cursor.execute(sql + " ORDER BY created_at, id", params)
+            names = [d[0] for d in cursor.description]
+            rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+        finally:
+            cursor.close()
+        self.rows_read = len(rows)
+        return rows
+
+    def _whole(self, rows: list[dict[str, Any]]) -> InventoryDelta:
+        """The delta of a look that read every row."""
+        delta, self._rows = diff_rows(self._rows, [r for r in rows if self._shows(r)])
+        return delta
+
+    def _merge(self, rows: list[dict[str, Any]]) -> InventoryDelta:
+        """The delta of these changed rows against what was seen: a row that no longer
+        shows (destroyed while those are hidden, a warm pool member nobody claimed) is
+        removed when it was shown."""
+        delta = InventoryDelta()
+        for row in rows:
+            sid = row["id"]
+            old = self._rows.get(sid)
+            if not self._shows(row):
+                if old is not None:
+                    del self._rows[sid]
+                    delta.removed.append(sid)
+                continue
+            self._rows[sid] = row
+            if old is None:
+                delta.added.append(row)
+            elif old != row:
+                delta.changed.append(row)
+        return delta
+
+    def _shows(self, row: Mapping[str, Any]) -> bool:
+        if row["pool"] is not None and row["launch"] is None:
+            return False  # a warm pool member nobody claimed (sandboxer.core.pools)
+        return self.include_destroyed or row["state"] != DESTROYED
 
     def apply(self, rows: Iterable[Mapping[str, Any]]) -> InventoryDelta:
         """What changed, given every row (read through the Manager)."""
         with self._lock:
             if self._closed:
                 return InventoryDelta()
-            return self._diff([{k: row.get(k) for k in VIEW_COLUMNS} for row in rows])
-
-    def _diff(self, rows: list[dict[str, Any]]) -> InventoryDelta:
-        delta, self._rows = diff_rows(self._rows, rows)
-        return delta
+            self._position = self._version = None  # the fast path, once current, reads all
+            fresh = [{k: row.get(k) for k in VIEW_COLUMNS} for row in rows]
+            if self.owner is not None:
+                fresh = [row for row in fresh if row["owner"] == self.owner]
+            delta, self._rows = diff_rows(self._rows, fresh)
+            return delta
 
     def close(self) -> None:
         with self._lock:

@@ -237,6 +237,17 @@ WatchedSandbox = derived(
         "`ttl_left_s`, which changes by itself as time passes).")
 
 
+
+class InventoryChanges(BaseModel):
+    """`GET /v1/inventory/changes`: what changed since a position (docs/service.md)."""
+
+    position: str = Field(description="give it as `since` for the changes after this answer")
+    reset: bool = Field(description="true: `changed` is every sandbox (no position, or one "
+                                    "this run of the service cannot answer from)")
+    changed: list[WatchedSandbox] = Field(description="added or changed, oldest first")  # type: ignore[valid-type]
+    removed: list[str] = Field(description="the ids of those gone from the view")
+
+
 class Extended(SandboxRecord):
     capped: bool = Field(description="the hard deadline capped the extension")
 

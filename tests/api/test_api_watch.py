@@ -23,7 +23,7 @@ from tests.api.conftest import RUN
 
 async def test_watch_tells_what_another_connection_changed_and_reads_nothing_otherwise(
         client, stub_profile, sbx_home, monkeypatch):
-    from sandboxer.core.store import inventory
+    from sandboxer.core.follow.watch import InventoryWatcher
 
     before = await client.create(stub_profile, name="before")
     watch = client.watch()
@@ -31,8 +31,8 @@ async def test_watch_tells_what_another_connection_changed_and_reads_nothing_oth
     assert [b.id for b in first.added] == [before.id] and list(first.sandboxes) == [before.id]
     assert isinstance(first.sandboxes[before.id], sandboxer.AsyncSandbox)
     reads = []
-    real = inventory.list_sandboxes
-    monkeypatch.setattr(inventory, "list_sandboxes",
+    real = InventoryWatcher._select
+    monkeypatch.setattr(InventoryWatcher, "_select",
                         lambda *a, **k: reads.append(1) or real(*a, **k))
     idle = await watch.read()
     assert not idle and reads == []  # nobody committed: not a row was read

@@ -27,7 +27,7 @@ def reader(live: LiveService):
 
 def test_the_inventory_answers_304_and_reads_nothing_until_someone_commits(
         live, api, reader, stub_named, sbx_home, monkeypatch):
-    from sandboxer.core.store import inventory
+    from sandboxer.core.follow.watch import InventoryWatcher
 
     made = api.post("/v1/sandboxes", json={"profile": stub_named}).json()
     first = reader.get("/v1/inventory")
@@ -36,8 +36,8 @@ def test_the_inventory_answers_304_and_reads_nothing_until_someone_commits(
     assert [b["id"] for b in first.json()] == [made["id"]]
     assert "ttl_left_s" not in first.json()[0]  # only what is stored: it moves by itself
     reads = []
-    real = inventory.list_sandboxes
-    monkeypatch.setattr(inventory, "list_sandboxes",
+    real = InventoryWatcher._select
+    monkeypatch.setattr(InventoryWatcher, "_select",
                         lambda *a, **k: reads.append(1) or real(*a, **k))
     same = reader.get("/v1/inventory", headers={"If-None-Match": etag})
     assert (same.status_code, same.content, same.headers["etag"]) == (304, b"", etag)
@@ -57,22 +57,31 @@ def test_the_inventory_answers_304_and_reads_nothing_until_someone_commits(
     assert httpx.get(f"{live.url}/v1/inventory").status_code == 401
 
 
-async def test_the_librarys_watch_asks_again_with_the_etag_of_its_last_answer(
+async def test_the_librarys_watch_asks_for_the_changes_since_its_last_answer(
         live, stub_named, monkeypatch):
-    from sandboxer_tui.service.routes import sandboxes as inventory_route
+    from sandboxer_tui.service.watching import InventoryVersions
 
-    unchanged = []  # what the service found of each If-None-Match
-    real = inventory_route.matches
-    monkeypatch.setattr(inventory_route, "matches",
-                        lambda *args: unchanged.append(real(*args)) or unchanged[-1])
+    asked = []  # (since, reset, records sent) of each look the service answered
+    real = InventoryVersions.changes
+
+    async def spy(self, include_destroyed, since, tenant=None):
+        answer = await real(self, include_destroyed, since, tenant)
+        asked.append((since is not None, answer["reset"], len(answer["changed"])))
+        return answer
+
+    monkeypatch.setattr(InventoryVersions, "changes", spy)
     async with sandboxer.AsyncSandboxer(url=live.url, token=live.key("read")) as sbx, \
             sbx.watch() as watch:
         assert not await watch.read() and not await watch.read()
         async with sandboxer.AsyncSandboxer(url=live.url, token=live.key("write")) as writer:
             box = await writer.create(stub_named)
-        assert [b.id for b in (await watch.read()).added] == [box.id]
-        assert not await watch.read()
-    assert unchanged == [False, True, False, True]
+            await writer.create(stub_named)
+            assert len((await watch.read()).added) == 2
+            await box.extend("5m")
+            assert [b.id for b in (await watch.read()).changed] == [box.id]
+            assert not await watch.read()
+    assert asked == [(False, True, 0), (True, False, 0), (True, False, 2), (True, False, 1),
+                     (True, False, 0)]
 
 
 def test_backends_as_the_service_reaches_them_and_a_sandboxs_origin(live, api, reader,

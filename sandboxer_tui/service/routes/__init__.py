@@ -10,6 +10,7 @@ from sandboxer_tui.service.routes import (
     evidence,
     files,
     health,
+    inventory,
     keys,
     metrics,
     pools,
@@ -27,4 +28,4 @@ from sandboxer_tui.service.routes import (
 ROUTERS = (ports.router, health.router, metrics.router, sandboxes.router, commands.router,
            files.router, processes.router, evidence.router,
            checkpoints.router, events.router, reaper.router, profiles.router, pools.router,
-           keys.router, terminals.router, volumes.router)
+           keys.router, terminals.router, volumes.router, inventory.router)
