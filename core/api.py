@@ -375,17 +375,15 @@ def list_page(
             conn.connection.driver_connection, include_all=include_destroyed,
             state=state, backend=backend, labels=labels, placeholder=placeholder,
             columns=VIEW_COLUMNS, after=after, limit=size + 1, pool_members=False,
-            owner=tenancy.current())
+            owner=tenancy.current(), as_tuples=True)
     more = len(rows) > size
-    rows = rows[:size]
-    now = mgr.now_iso()
-    return (sandbox_views(rows, now),
-            inventory.page_cursor(rows[-1]) if more else None)
+    views = sandbox_views(rows[:size], mgr.now_iso())
+    return views, inventory.page_cursor(views[-1]) if more else None
 
 
-def list_rows(mgr: Manager, **filters: Any) -> list[dict[str, Any]]:
-    """The rows of a listing through the Manager's database, only the columns a view reads
-    (inventory.list_sandboxes' filters; not the stored profiles, issue 36)."""
+def list_rows(mgr: Manager, **filters: Any) -> list[tuple[Any, ...]]:
+    """The rows of a listing through the Manager's database, as the tuples of the columns a
+    view reads (inventory.list_sandboxes' filters; views.sandbox_views makes the views)."""
     from sandboxer.core.rules.views import VIEW_COLUMNS
     from sandboxer.core.store import inventory
 
@@ -393,7 +391,7 @@ def list_rows(mgr: Manager, **filters: Any) -> list[dict[str, Any]]:
     with mgr.db.read() as conn:
         return inventory.list_sandboxes(conn.connection.driver_connection,
                                         placeholder=placeholder, columns=VIEW_COLUMNS,
-                                        **filters)
+                                        as_tuples=True, **filters)
 
 
 async def create_idempotent(

@@ -646,9 +646,9 @@ class LocalTransport:
             if self._mgr is not None:
                 return None
             return inventory.read_fast(self.database_url or settings.database_url(),
-                                       columns=VIEW_COLUMNS, **filters)
+                                       columns=VIEW_COLUMNS, as_tuples=True, **filters)
 
-        def views(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        def views(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
             from sandboxer.core.rules.clock import clock_from_env, to_iso
             from sandboxer.core.rules.views import sandbox_views
 

@@ -42,12 +42,14 @@ def list_sandboxes(
     limit: int | None = None,
     pool_members: bool = True,
     owner: str | None = None,
-) -> list[dict[str, Any]]:
+    as_tuples: bool = False,
+) -> list[Any]:
     """Sandboxes, oldest first: not destroyed unless `include_all` or a `state` is given.
     `columns` narrows what is fetched (every column by default). `after` (created_at, id)
     and `limit` give one page (see page_cursor). `pool_members=False`: users' sandboxes
     only, without the warm pool members nobody has claimed (sandboxer.core.pools). `owner`: that
-    tenant's only (core/store/tenancy.py)."""
+    tenant's only (core/store/tenancy.py). `as_tuples`: each row as the driver's tuple, in
+    `columns`' order, not a dict (a listing's views are made from them: views.sandbox_views)."""
     where, params = [], []
     if owner is not None:
         where.append(f"owner = {placeholder}")
@@ -81,9 +83,11 @@ def list_sandboxes(
     finally:
         cursor.close()
     if labels:
-        wanted = dict(labels).items()
-        rows = [r for r in rows if wanted <= json.loads(r["labels_json"] or "{}").items()]
-    return rows if limit is None else rows[:limit]
+        wanted, at = dict(labels).items(), names.index("labels_json")
+        rows = [r for r in rows if wanted <= json.loads(r[at] or "{}").items()]
+    if limit is not None:
+        rows = rows[:limit]
+    return rows if as_tuples else [dict(zip(names, r, strict=True)) for r in rows]
 
 
 MAX_PAGE = 1000

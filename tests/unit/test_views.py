@@ -11,7 +11,7 @@ import pytest
 from sandboxer.core.rules.clock import from_iso, to_iso
 from sandboxer.core.rules.states import ON_THE_CLOCK
 from sandboxer.core.rules.ttl import effective_deadline, idle_deadline
-from sandboxer.core.rules.views import sandbox_view, sandbox_views
+from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_view, sandbox_views
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -49,7 +49,7 @@ def test_idle_deadline_and_ttl_left_follow_the_ttl_rules(state, deadline_in, idl
 def test_a_listing_gives_each_view_its_own_labels():
     rows = [_row("running", timedelta(minutes=5), None, timedelta(0)) for _ in range(3)]
     rows.append(_row("running", timedelta(minutes=5), None, timedelta(0), labels="{}"))
-    views = sandbox_views(rows, to_iso(NOW))
+    views = sandbox_views([tuple(r[c] for c in VIEW_COLUMNS) for r in rows], to_iso(NOW))
     views[0]["labels"]["mine"] = "1"
     assert [v["labels"] for v in views] == [{"team": "a", "mine": "1"}, {"team": "a"},
                                             {"team": "a"}, {}]
@@ -60,7 +60,7 @@ def test_a_stored_time_not_in_the_stores_form_is_refused_as_from_iso_refuses_it(
     row = _row("running", timedelta(minutes=5), 60, timedelta(0))
     row["last_activity_at"] = "2026-03-01 12:00:00"
     with pytest.raises(ValueError) as listed:
-        sandbox_views([row], to_iso(NOW))
+        sandbox_views([tuple(row[c] for c in VIEW_COLUMNS)], to_iso(NOW))
     with pytest.raises(ValueError) as alone:
         from_iso(row["last_activity_at"])
     assert str(listed.value) == str(alone.value)
