@@ -18,6 +18,8 @@ import collections
 import time
 from typing import Any
 
+import httptools  # the service's extra (pyproject.toml): uvicorn's parser too
+
 LEAN_METHODS = frozenset({"GET", "DELETE", "OPTIONS"})
 HIGH_WATER = 256 * 1024  # an answer's body buffered unread past this: stop reading it
 IDLE_S = 5.0  # a kept-alive connection unused this long is closed, not reused
@@ -50,8 +52,6 @@ class Connection(asyncio.Protocol):
     """One connection to a port: one request at a time, its answer parsed as it comes."""
 
     def __init__(self, key: tuple[str, int]) -> None:
-        import httptools
-
         self.key = key
         self.transport: Any = None
         self.parser = httptools.HttpResponseParser(self)
@@ -83,8 +83,6 @@ class Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        import httptools
-
         if not self.busy or self.done:  # nothing asked: a server that talks out of turn
             self.closed = True
             self.transport.close()

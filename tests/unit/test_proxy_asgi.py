@@ -383,3 +383,95 @@ def test_a_large_answer_is_read_in_step_with_its_reader(raw, run_on) -> None:
             pool.close()
 
     run_on(run())
+
+
+def test_the_fast_path_answers_through_the_lean_client(raw, run_on, tmp_path, monkeypatch):
+    """FastProxy's request without a body, on the lean client: an answer by length and one
+    by chunks passed on with their headers, counted in the metrics and as activity;
+    nothing listening or a connection closed unanswered is 502 (the port's address looked
+    up again), no answer in time 504, each one line naming no address."""
+    import json
+    from types import SimpleNamespace
+
+    from sandboxer_tui.service import proxy as proxy_module
+    from sandboxer_tui.service.metrics import ServiceMetrics
+    from sandboxer_tui.service.proxy import Proxy
+    from sandboxer_tui.service.proxy_asgi import FastProxy
+
+    def script(conn: socket.socket, asked: bytes) -> str | None:
+        path = asked.split(b" ")[1]
+        if path == b"/length":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n"
+                         b"Location: /next\r\n\r\nhello")
+        elif path == b"/chunks":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+            time.sleep(0.05)
+            conn.sendall(b"2\r\nde\r\n0\r\n\r\n")
+        elif path == b"/slow":
+            time.sleep(2)
+            return "close"
+        else:
+            return "close"  # unanswered
+        return None
+
+    server = raw(script)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        nobody = free.getsockname()[1]
+    monkeypatch.setitem(proxy_module.TIMEOUTS, "read", 0.3)
+    marked: list[str] = []
+
+    async def mark(sandbox_id: str) -> None:
+        marked.append(sandbox_id)
+
+    metrics = ServiceMetrics()
+    app = SimpleNamespace(state=SimpleNamespace(service=SimpleNamespace(metrics=metrics)))
+    box = SimpleNamespace(id="sbx-one")
+
+    async def through(path: str, port: int) -> tuple[int, list, bytes]:
+        proxy = Proxy.made(tmp_path / "links.key", mark)
+        proxy.pool = Pool()
+        proxy.upstreams.urls[(box.id, 8080)] = (f"http://127.0.0.1:{port}", time.monotonic())
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            await asyncio.Event().wait()  # the caller stays
+            return {}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "app": app, "method": "GET", "path": "/", "headers": []}
+        request = head("GET", path, f"127.0.0.1:{port}", [])
+        try:
+            await FastProxy(None).forward_lean(  # type: ignore[arg-type]
+                scope, receive, send, proxy, box, 8080, ("127.0.0.1", port, "h"), request,
+                "/v1/sandboxes/one/ports/8080", "key")
+            await asyncio.sleep(0)  # the activity's mark, made in the background
+        finally:
+            proxy.pool.close()
+        assert sent[0]["type"] == "http.response.start" and not sent[-1].get("more_body")
+        # after a 502 the port's address is looked up again next time (as httpx's path)
+        assert ((box.id, 8080) in proxy.upstreams.urls) is (sent[0]["status"] != 502)
+        return (sent[0]["status"], sent[0]["headers"],
+                b"".join(m.get("body", b"") for m in sent[1:]))
+
+    async def run() -> list[tuple[int, list, bytes]]:
+        return [await through(path, port) for path, port in (
+            ("/length", server.port), ("/chunks", server.port), ("/", nobody),
+            ("/unanswered", server.port), ("/slow", server.port))]
+
+    length, chunks, nothing, unanswered, slow = run_on(run())
+    assert length == (200, [(b"content-length", b"5"), (b"x-a", b"1"),
+                            (b"location", b"/v1/sandboxes/one/ports/8080/next")], b"hello")
+    assert chunks[0] == 200 and chunks[2] == b"abcde"
+    assert b"content-length" not in dict(chunks[1])
+    for status, answer in ((502, nothing), (502, unanswered), (504, slow)):
+        assert answer[0] == status
+        message = json.loads(answer[2])["error"]["message"]
+        assert "port 8080 of sandbox sbx-one" in message and "127.0.0.1" not in message
+    assert marked and set(marked) == {"sbx-one"}
+    assert metrics.registry.get_sample_value("sbx_proxy_requests_total", {
+        "sandbox": "sbx-one", "port": "8080", "via": "key"}) == 2
+    assert metrics.registry.get_sample_value("sbx_proxy_bytes_total", {
+        "sandbox": "sbx-one", "port": "8080", "direction": "out"}) == 10
