@@ -166,19 +166,18 @@ def test_closing_the_reader_waits_for_the_read_in_progress(mgr, profiles, monkey
     """The dashboard closes its reader on one worker thread while a refresh may be reading on
     another; closing the SQLite connection under that read crashed the whole process."""
     from sandboxer.core.rules.profiles import ProfileLoader
-    from sandboxer.core.store import inventory
 
     asyncio.run(mgr.create(ProfileLoader().load("stub"), name="one"))
     reader = InventoryWatcher(mgr.db.url)
     reading, go_on = threading.Event(), threading.Event()
-    list_sandboxes = inventory.list_sandboxes
+    select = InventoryWatcher._select
 
-    def slow_list(conn, include_all, **kwargs):
+    def slow_select(self, *args):
         reading.set()
         go_on.wait(10)
-        return list_sandboxes(conn, include_all=include_all, **kwargs)
+        return select(self, *args)
 
-    monkeypatch.setattr(inventory, "list_sandboxes", slow_list)
+    monkeypatch.setattr(InventoryWatcher, "_select", slow_select)
     results = []
     refresh = threading.Thread(target=lambda: results.append(reader.read()))
     refresh.start()
@@ -198,22 +197,21 @@ def test_closing_the_reader_waits_for_the_read_in_progress(mgr, profiles, monkey
 def test_reader_sees_another_process_change_and_reads_nothing_otherwise(mgr, sbx_home,
                                                                         profiles, monkeypatch):
     from sandboxer.core.rules.profiles import ProfileLoader
-    from sandboxer.core.store import inventory
 
     box = asyncio.run(mgr.create(ProfileLoader().load("stub"), name="one"))
     dash = make_dashboard(mgr, backends=["stub"], sample_metrics=False)
     calls = []
-    list_sandboxes = inventory.list_sandboxes
+    select = InventoryWatcher._select
 
-    def counting(*args, **kwargs):
+    def counting(self, *args):
         calls.append(True)
-        return list_sandboxes(*args, **kwargs)
+        return select(self, *args)
 
     async def scenario():
         try:
             first = await dash.read_inventory()
             assert first.added == [box["id"]] and first.rows[box["id"]].name == "one"
-            monkeypatch.setattr(inventory, "list_sandboxes", counting)
+            monkeypatch.setattr(InventoryWatcher, "_select", counting)
             idle = await dash.read_inventory()
             assert not idle.any_change and calls == []  # nobody wrote: no rows were read
             same_row = idle.rows[box["id"]]
