@@ -14,6 +14,7 @@ import pytest
 from support import table_rows
 
 import sandboxer
+from tests.store.test_postgres import pg_url  # noqa: F401 (the fixture)
 
 ROWS = 2000
 LISTED_PAGE = 100  # the service's page when no limit is given (docs/service.md)
@@ -90,7 +91,19 @@ def seeded(sbx_home: Path) -> dict[str, dict]:
     return _seed(sbx_home)
 
 
-def test_the_library_lists_every_sandbox_once_as_reading_it_alone_shows_it(seeded):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def seeded_store(request: pytest.FixtureRequest, sbx_home: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> dict[str, dict]:
+    """The seeded rows in the test's SQLite file, or in a database of its own on the
+    PostgreSQL server `make test` starts (the driver's rows differ: psycopg's, not sqlite3's)."""
+    if request.param == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+        monkeypatch.setenv("SBX_DATABASE_URL", request.getfixturevalue("pg_url"))
+    return _seed(sbx_home)
+
+
+def test_the_library_lists_every_sandbox_once_as_reading_it_alone_shows_it(seeded_store):
+    seeded = seeded_store
     sbx = sandboxer.Sandboxer(actor="lister")
     try:
         boxes = sbx.list()
