@@ -5,6 +5,13 @@ of the inventory (`sandboxes`) and shows those matching the filter, in the chose
 on raw values (seconds, bytes, percent) through `sandboxer_tui.dashboard.model.sort_key`. It titles
 itself (how many match, the sort, the marks) and tells its screen when the selected sandbox
 changed (`SelectionChanged`).
+
+At 10,000 sandboxes (issue 36) two things of Textual's DataTable cost too much: adding every
+row before the first paint (each cell is measured), and its caches of the row order and the
+line offsets, keyed on every cell update, so each tick of the clock cells rebuilt both for
+every row. So a rebuild adds the first `LOAD_FIRST` rows, paints, and adds the rest
+`LOAD_STEP` at a time after each refresh (anything that changes the table adds them all
+first), and the two caches are keyed on the table's shape (rows added, removed, sorted).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ TTL_STYLES = {"ok": "", "warning": "yellow", "critical": "bold red",
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 SPARK_WIDTH = 5
 NAME_WIDTH, OWNER_WIDTH, PROFILE_WIDTH = 16, 14, 12
+LOAD_FIRST, LOAD_STEP = 200, 500  # rows added before the first paint, then after each refresh
 
 # (key, header, fixed width or None)
 COLUMNS = (("id", "ID", None), ("name", "NAME", None), ("profile", "PROFILE", None),
@@ -118,6 +126,11 @@ class SandboxTable(DataTable):
             super().__init__()
             self.row = row
 
+    # before __init__ runs: DataTable's own __init__ clears the table
+    _shape = 0
+    _order: tuple[tuple[int, int], list] | None = None
+    _offsets: tuple[tuple[int, int], list] | None = None
+
     def __init__(self, warn_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
         self.warn_s = warn_s
@@ -136,6 +149,45 @@ class SandboxTable(DataTable):
         self._shown_text: dict[tuple[str, str], tuple[str, str]] = {}
         self._announced: SandboxRow | None = None
         self._last_title: Text | None = None
+        self._pending: list[str] = []  # ids still to add, in order (LOAD_STEP at a time)
+        # _shape moves when rows are added, removed or sorted, not on a cell update
+
+    # -- Textual's row order and line offsets, cached on the table's shape --------------------
+
+    @property
+    def ordered_rows(self) -> list:
+        key = (self.row_count, self._shape)
+        if self._order is None or self._order[0] != key:
+            self._order = (key, DataTable.ordered_rows.fget(self))  # type: ignore[attr-defined]
+        return self._order[1]
+
+    @property
+    def _y_offsets(self) -> list:
+        key = (self.row_count, self._shape)
+        if self._offsets is None or self._offsets[0] != key:
+            self._offsets = (key, [(row.key, y) for row in self.ordered_rows
+                                   for y in range(row.height)])
+        return self._offsets[1]
+
+    def _reshaped(self, change: Any) -> Any:
+        """Run a change of the table's shape; the caches above are read again after it."""
+        self._shape += 1
+        try:
+            return change()
+        finally:
+            self._shape += 1
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> Any:
+        return self._reshaped(lambda: super(SandboxTable, self).add_row(*cells, **kwargs))
+
+    def remove_row(self, row_key: Any) -> None:
+        self._reshaped(lambda: super(SandboxTable, self).remove_row(row_key))
+
+    def clear(self, columns: bool = False) -> Any:
+        return self._reshaped(lambda: super(SandboxTable, self).clear(columns))
+
+    def sort(self, *columns: Any, **kwargs: Any) -> Any:
+        return self._reshaped(lambda: super(SandboxTable, self).sort(*columns, **kwargs))
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
@@ -188,6 +240,7 @@ class SandboxTable(DataTable):
 
     @property
     def shown_ids(self) -> list[str]:
+        self._load_all()
         return [key.value for key in self.rows_in_order()]
 
     def rows_in_order(self) -> list:
@@ -208,6 +261,7 @@ class SandboxTable(DataTable):
 
     def targets(self) -> list[SandboxRow]:
         """The marked sandboxes still shown, else the one under the cursor."""
+        self._load_all()
         marked = [self.sandboxes[s] for s in self.shown_ids if s in self.marked and s in self.sandboxes]
         if marked:
             return marked
@@ -271,6 +325,7 @@ class SandboxTable(DataTable):
 
     def apply(self, inventory: Inventory) -> None:
         """Bring the table in line with one inventory read, cell by cell."""
+        self._load_all()
         self.now = inventory.now
         self.sandboxes = inventory.rows
         rebuilt = False
@@ -367,6 +422,7 @@ class SandboxTable(DataTable):
     # -- marks, filter, sort ----------------------------------------------------------------
 
     def toggle_mark(self, sandbox_id: str) -> None:
+        self._load_all()
         if sandbox_id in self.marked:
             self.marked.discard(sandbox_id)
         else:
@@ -376,6 +432,7 @@ class SandboxTable(DataTable):
         self._title()
 
     def clear_marks(self) -> None:
+        self._load_all()
         marked, self.marked = self.marked, set()
         for sid in marked:
             if sid in self.sandboxes and self.is_shown(sid):
@@ -401,6 +458,7 @@ class SandboxTable(DataTable):
         return sort_key(self.sandboxes[cell.sandbox_id], self.sort_column, self.now, latest)
 
     def resort(self) -> None:
+        self._load_all()
         if not self.row_count or self.now is None:
             return
         selected = self.selected_id
@@ -414,15 +472,41 @@ class SandboxTable(DataTable):
         selected = self.selected_id
         self.clear()
         self._shown_text.clear()
+        self._pending = []
         wanted = [r for r in self.sandboxes.values() if matches(r, self.filter_text)]
         if self.now is not None:
             wanted.sort(key=lambda r: sort_key(r, self.sort_column, self.now,
                                                self.metrics.latest(r.id) if self.metrics
                                                else None), reverse=self.sort_reverse)
-        for row in wanted:
+        for row in wanted[:LOAD_FIRST]:
             self._add(row)
+        self._pending = [r.id for r in wanted[LOAD_FIRST:]]
         if selected and selected in {r.id for r in wanted}:
+            if not self.is_shown(selected):
+                self._load_all()
             self.move_cursor(row=self.get_row_index(selected), animate=False)
+        if self._pending:
+            self.call_after_refresh(self._load_more)
+
+    def _load_more(self) -> None:
+        """The next LOAD_STEP rows of a rebuild, after a refresh (the screen stays live)."""
+        step, self._pending = self._pending[:LOAD_STEP], self._pending[LOAD_STEP:]
+        for sid in step:
+            row = self.sandboxes.get(sid)
+            if row is not None and not self.is_shown(sid):
+                self._add(row)
+        if self._pending:
+            self.call_after_refresh(self._load_more)
+        self._title()
+
+    def _load_all(self) -> None:
+        """Every row still to add, now: the table is about to change or be read whole."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            for sid in pending:
+                row = self.sandboxes.get(sid)
+                if row is not None and not self.is_shown(sid):
+                    self._add(row)
 
     def counts(self) -> Mapping[str, int]:
         counts: dict[str, int] = {}
