@@ -41,7 +41,7 @@ class InventoryVersions:
         self._boot = secrets.token_hex(6)  # an ETag of an earlier run never matches
         self._watches: dict[bool, AsyncInventoryWatch] = {}
         self._generation: dict[bool, int] = {}
-        self._items: dict[bool, list[dict[str, Any]]] = {}
+        self._items: dict[bool, tuple[int, list[dict[str, Any]]]] = {}  # (generation, records)
         self._lock = asyncio.Lock()
         self._closed = False
         self._tenant_items: dict[tuple[bool, str], list[dict[str, Any]]] = {}
@@ -72,6 +72,19 @@ class InventoryVersions:
         return self.etag(include_destroyed, self._tenant_generation[key], tenant), own
 
     async def _everyone(self, include_destroyed: bool) -> tuple[str, list[dict[str, Any]]]:
+        """(the ETag, every record of the view, oldest first), made from the log, and only
+        when a watcher asks for the whole view after a change."""
+        generation = await self._look(include_destroyed)
+        made = self._items.get(include_destroyed)
+        if made is None or made[0] != generation:
+            records = [r for _, r, _ in self._log.get(include_destroyed, {}).values()
+                       if r is not None]
+            records.sort(key=lambda r: (r["created_at"], r["id"]))
+            self._items[include_destroyed] = made = (generation, records)
+        return self.etag(include_destroyed, generation), made[1]
+
+    async def _look(self, include_destroyed: bool) -> int:
+        """Read the view's watch (the rows changed since its last look); its generation."""
         async with self._lock:
             if self._closed:
                 from sandboxer.core.rules.errors import Unavailable
@@ -82,14 +95,11 @@ class InventoryVersions:
                 watch = self._client.watch(include_destroyed=include_destroyed)
                 self._watches[include_destroyed] = watch
             change = await watch.read()
-            if change or include_destroyed not in self._items:
+            if change or include_destroyed not in self._generation:
                 generation = self._generation.get(include_destroyed, 0) + 1
                 self._generation[include_destroyed] = generation
-                boxes = sorted(change.sandboxes.values(), key=lambda b: (b.created_at, b.id))
-                self._items[include_destroyed] = [b.to_dict() for b in boxes]
                 self._record(include_destroyed, generation, change)
-            return (self.etag(include_destroyed, self._generation[include_destroyed]),
-                    self._items[include_destroyed])
+            return self._generation[include_destroyed]
 
     def _record(self, view: bool, generation: int, change: Any) -> None:
         """Note what this look found in the view's log, each id moved to its end."""
@@ -129,11 +139,13 @@ class InventoryVersions:
                 raise BadInput(f"bad since {since[:64]!r}: give the position of the previous "
                                "answer, or none for everything")
             after = int(number) if boot == self._boot else None
-        _, items = await self._everyone(include_destroyed)
+        await self._look(include_destroyed)
         view = include_destroyed
         position = self.position(view)
         if after is None or after < self._floor.get(view, 0) \
                 or after > self._generation[view]:
+            _, items = await self._everyone(include_destroyed)
+            position = self.position(view)  # that read may have found a change too
             own = items if tenant is None else [i for i in items if i["owner"] == tenant]
             return {"position": position, "reset": True, "changed": own, "removed": []}
         changed: list[dict[str, Any]] = []
