@@ -79,7 +79,7 @@ def list_sandboxes(
     try:
         cursor.execute(sql, params)
         names = [d[0] for d in cursor.description]
-        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+        rows: list[Any] = cursor.fetchall()
     finally:
         cursor.close()
     if labels:
