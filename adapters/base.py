@@ -373,6 +373,14 @@ class Adapter(abc.ABC):
         made on one instance is never judged by an adapter that reaches another."""
         return None
 
+    async def change_marker(self, labels: Mapping[str, str], since: float) -> str | None:
+        """A marker that stays the same while nothing carrying `labels` changes on the backend
+        after `since` (a Unix time), and changes when something may have. The reaper notes it
+        after a full look that found nothing to do, and while it is unchanged (and so is the
+        database) skips the full look until its next full reconcile is due. None, the
+        default: the backend cannot tell, so every cycle looks in full."""
+        return None
+
     async def touch(self, ref: str) -> None:  # noqa: B027 (optional hook)
         """Activity sbx recorded (`sbx touch`): a backend with an idle clock of its own resets
         it, so it never ends a sandbox sbx still counts as in use."""

@@ -814,6 +814,11 @@ class ComposeAdapter(_Adapter):
         await self.docker._call(lambda api: _sweep(api, ref))
         shutil.rmtree(folder, ignore_errors=True)
 
+    async def change_marker(self, labels: Mapping[str, str], since: float) -> str | None:
+        """The engine's (DockerAdapter.change_marker): a project's containers carry the
+        installation's labels too."""
+        return await self.docker.change_marker(labels, since)
+
     async def _objects(self, labels: Sequence[str]) -> tuple[list[dict], list[dict], list[dict]]:
         filters = {"label": list(labels)}
 

@@ -118,6 +118,8 @@ READ_ONLY_TMPFS = {"/tmp": "rw,nosuid,nodev,noexec,mode=1777"}
 # How long a successful ping stands for the next operation's own (ensure_available): an
 # engine that stops answering is still met before anything is written, give or take this.
 PING_FRESH_S = 1.0
+# the engine keeps its last 256 events; more since a reaper's last full look may have lost some
+ENGINE_EVENTS_TRUSTED = 200
 # A container of ours that stops with the engine comes back when the engine starts again;
 # one stopped on purpose (`docker stop`, sbx's own remove) stays stopped.
 RESTART_POLICY = {"Name": "unless-stopped"}
@@ -889,6 +891,29 @@ class DockerAdapter(Adapter):
         if self._engine_id is None:
             self._engine_id = (await self._call(lambda api: api.info())).get("ID") or ""
         return self._engine_id or None
+
+    async def change_marker(self, labels: Mapping[str, str], since: float) -> str | None:
+        """The engine's ID while its event log holds nothing about containers carrying
+        `labels` since `since`; a fresh value when it does, or when that log may have lost
+        some (the engine keeps its last 256 events: more than ENGINE_EVENTS_TRUSTED since
+        `since` is not trusted). None for an engine reached over the network, whose clock may
+        not be this host's. An engine restart empties its log: the reaper's periodic full
+        reconcile (SBX_RECONCILE_EVERY) is what notices sandboxes stopped by one."""
+        if not self.base_url.startswith("unix://"):
+            return None
+        wanted = dict(labels).items()
+        until = f"{time.time():.9f}"  # the API's seconds.nanoseconds
+
+        def ask(api: docker.APIClient) -> tuple[str, int, bool]:
+            found = list(api.events(since=f"{since:.9f}", until=until, decode=True))
+            ours = any(wanted <= (((e.get("Actor") or {}).get("Attributes")) or {}).items()
+                       for e in found)
+            return api.info().get("ID") or "", len(found), ours
+
+        engine, seen, ours = await self._call(ask)
+        if ours or seen > ENGINE_EVENTS_TRUSTED:
+            return f"changed:{uuid.uuid4().hex}"
+        return f"engine:{engine}"
 
     async def ensure_isolation(self, isolation: str) -> None:
         """`gvisor` needs the engine's `runsc` runtime (`docker info` Runtimes), asked each

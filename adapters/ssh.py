@@ -1196,6 +1196,13 @@ class SSHAdapter(Adapter):
         want = dict(labels).items()
         return [lease.object() for lease in self.leases.all() if want <= dict(lease.labels).items()]
 
+    async def change_marker(self, labels: Mapping[str, str], since: float) -> str | None:
+        """What list() answers comes from this installation's lease file alone: a digest of
+        the leases carrying `labels` changes exactly when that answer would."""
+        objects = await self.list(labels)
+        seen = sorted((o.ref, o.status, sorted(o.labels.items())) for o in objects)
+        return "leases:" + hashlib.sha256(repr(seen).encode()).hexdigest()
+
     def _lease(self, ref: str, user: str | None) -> Lease:
         if user is not None:
             raise CapabilityNotSupported(

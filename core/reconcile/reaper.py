@@ -11,11 +11,15 @@ read.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import time
 import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.adapters import registry
@@ -52,6 +56,41 @@ from sandboxer.core.rules.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
 if TYPE_CHECKING:
     from sandboxer.core.lifecycle.manager import Manager
+
+# States in which a sandbox stays as it is until time or someone moves it (a full look that
+# finds only these, with nothing to do, may be noted as settled)
+STEADY = frozenset({State.RUNNING, State.PAUSED, State.WARM, State.LOST})
+
+
+class MarkFile:
+    """Where a reaper notes its last full look that found nothing to do (a small JSON file in
+    the installation's folder: each installation reconciles its own objects). Written
+    whole, by rename; anything unreadable counts as no note."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            mark = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return mark if isinstance(mark, dict) else None
+
+    def save(self, mark: dict[str, Any]) -> None:
+        part = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        try:
+            part.write_text(json.dumps(mark))
+            os.replace(part, self.path)
+        except OSError:
+            part.unlink(missing_ok=True)  # no note: the next cycle looks in full
+
+    def clear(self) -> None:
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+
 
 def _young(obj: BackendObject, now: datetime, grace: timedelta) -> bool:
     return obj.created_at is not None and now - obj.created_at < grace
@@ -260,6 +299,10 @@ class Reaper:
         read_restarts: Callable[[list[str]], dict[str, str]] | None = None,
         read_pools: PoolSource | None = None,
         read_due_volumes: Callable[[str], int] | None = None,
+        read_due: Callable[[str], list[dict[str, Any]]] | None = None,
+        read_fingerprint: Callable[[], Any] | None = None,
+        marks: MarkFile | None = None,
+        reconcile_every: timedelta = timedelta(0),
     ) -> None:
         self.install_id = install_id
         self.clock = clock
@@ -277,6 +320,13 @@ class Reaper:
         self.read_pools = read_pools  # None: pools are not kept by this reaper
         # how many volumes are past their TTL at a time (None: volumes are not reaped here)
         self.read_due_volumes = read_due_volumes
+        # a cycle with nothing changed since the last full look (see _plan_unchanged): the
+        # rows due by a time, the database's change fingerprint, where that look is noted
+        self.read_due = read_due
+        self.read_fingerprint = read_fingerprint
+        self.marks = marks
+        self.reconcile_every = reconcile_every
+        self.looked_in_full = True  # whether the last plan() looked at everything
         self.pool_profiles: dict[str, Any] = {}  # the profiles FILL makes members from
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
@@ -294,6 +344,22 @@ class Reaper:
         now = self.clock.now()
         if not self.dry_run:
             self.make_room()  # a full disk stops even reads: this cycle may be what frees it
+        started, fingerprint = time.time(), None
+        if self.marks is not None and self.read_fingerprint is not None:
+            try:
+                fingerprint = self.read_fingerprint()
+            except Exception:
+                fingerprint = None  # the full look below says what is wrong
+        if fingerprint is not None and self.reap and not self.orphans:
+            unchanged = await self._plan_unchanged(report, now, fingerprint)
+            if unchanged is not None:
+                self.looked_in_full = False
+                return unchanged
+        self.looked_in_full = True
+        if self.marks is not None:
+            self.marks.clear()  # noted again below only when this look settles everything
+        settled = fingerprint is not None
+        listed: list[str] = []
         try:
             rows, rows_by_ids = self.read_rows()
         except DiskFull:
@@ -313,6 +379,7 @@ class Reaper:
                 if backend not in in_use and registry.load_class(backend).test_double:
                     continue
                 objects = await self._list(backend)
+                listed.append(backend)
             except Exception as exc:
                 if backend in in_use:  # its sandboxes cannot be checked: say so, go on
                     unreachable.add(backend)
@@ -341,6 +408,11 @@ class Reaper:
             judged = [r for r in mine if r["id"] not in unreachable_rows]
             stray = [o.labels[LABEL_ID] for o in objects
                      if o.labels.get(LABEL_ID) and o.labels[LABEL_ID] not in live_ids]
+            found = {o.labels.get(LABEL_ID) for o in objects}
+            if stray or None in found or any(
+                    r["id"] not in found for r in judged
+                    if r["backend"] == backend and r["state"] != State.LOST):
+                settled = False  # an object being made, one left to the grace, one gone
             restarted = [o.labels[LABEL_ID] for o in objects
                          if o.restarted_at and o.labels.get(LABEL_ID) in live_ids]
             reconcile += plan_reconcile(backend, judged, objects, now, self.grace,
@@ -358,7 +430,67 @@ class Reaper:
         pools = self._plan_pools(mine, now, dead, unreachable, unreachable_rows, report) \
             if self.reap else []
         # orphan sweeps last: a sandbox the database still knows is handled as a sandbox
-        return merge(reconcile, [*reap, *pools, *orphans])
+        actions = merge(reconcile, [*reap, *pools, *orphans])
+        if (settled and not actions and not report.failed and not report.skipped
+                and not self.dry_run and self.reap
+                and all(r["state"] in STEADY and not leased(r, to_iso(now), ())
+                        for r in mine)):
+            await self._note_unchanged(listed, now, started, fingerprint)
+        return actions
+
+    async def _note_unchanged(self, listed: list[str], now: datetime, started: float,
+                              fingerprint: Any) -> None:
+        """After a full look that found nothing to do and nothing in progress: note the
+        database's fingerprint and each listed backend's change marker, so the next cycles
+        can tell that nothing changed. A backend that cannot tell, or one that changed while
+        it was looked at, leaves nothing noted."""
+        markers = {}
+        labels = {LABEL_INSTALL: self.install_id}
+        for backend in listed:
+            try:
+                marker = await self._adapter(backend).change_marker(labels, started)
+            except Exception:
+                return
+            if marker is None or marker.startswith("changed:"):
+                return
+            markers[backend] = marker
+        assert self.marks is not None
+        self.marks.save({"install": self.install_id, "at": to_iso(now), "since": started,
+                         "fingerprint": fingerprint, "markers": markers})
+
+    async def _plan_unchanged(self, report: Report, now: datetime,
+                              fingerprint: Any) -> list[Action] | None:
+        """The plan of a cycle between full looks, or None when a full look is needed: when
+        none is noted, the noted one is older than `reconcile_every`, or the database or a
+        backend changed since. Nothing changed, so reconcile would find nothing: only time
+        can have made something due, and that is read through the deadline's index."""
+        assert self.marks is not None and self.read_due is not None
+        mark = self.marks.load()
+        if (not mark or mark.get("install") != self.install_id
+                or mark.get("fingerprint") != fingerprint):
+            return None
+        try:
+            at = from_iso(mark["at"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not at <= now < at + self.reconcile_every:
+            return None
+        labels = {LABEL_INSTALL: self.install_id}
+        for backend, marker in (mark.get("markers") or {}).items():
+            try:
+                if await self._adapter(backend).change_marker(labels, mark["since"]) != marker:
+                    return None
+            except Exception:
+                return None  # the full look says what is wrong
+        rows = self.read_due(to_iso(now + self.warn_before))
+        mine = [r for r in rows if r["install_id"] == self.install_id]
+        if any(r["state"] not in STEADY for r in mine):
+            return None
+        dead = dead_holders(mine, to_iso(now), self.install_id)
+        due = plan_reap([*mine, *await self._fleet_rows(rows, set(), now)], now,
+                        self.warn_before, dead)
+        pools = self._plan_pools(mine, now, dead, set(), set(), report)
+        return merge(await self._plan_checkpoints(set(), now), [*due, *pools])
 
     def _plan_pools(self, mine: list[dict[str, Any]], now: datetime, dead: Collection[str],
                     unreachable: set[str], unreachable_rows: set[str],
@@ -713,6 +845,31 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
         finally:
             fast[0].close()
 
+    def read_due(soon: str) -> list[dict[str, Any]]:
+        fast = inventory.open_readonly(url)
+        if fast is None:
+            raise Unavailable("the database is not current")  # not reached: no fingerprint
+        try:
+            return inventory.due_sandboxes(fast[0], soon, fast[1])
+        finally:
+            fast[0].close()
+
+    def read_fingerprint() -> list[int] | None:
+        fast = inventory.open_readonly(url)
+        if fast is None:
+            return None  # not current yet: the Manager's path migrates, and looks in full
+        try:
+            return inventory.change_fingerprint(fast[0])
+        finally:
+            fast[0].close()
+
+    options.setdefault("read_due", read_due)
+    options.setdefault("read_fingerprint", read_fingerprint)
+    import hashlib
+
+    scope = hashlib.sha256(url.encode()).hexdigest()[:12]  # one note per database reaped
+    options.setdefault("marks", MarkFile(settings.sbx_home() / f"reconcile-mark-{scope}.json"))
+    options.setdefault("reconcile_every", settings.reconcile_every())
     options.setdefault("read_due_volumes", read_due_volumes)
     options.setdefault("read_restarts", read_restarts)
     options.setdefault("read_pools", read_pools)

@@ -169,6 +169,12 @@ def reconcile_grace():
     return _duration_env("SBX_RECONCILE_GRACE", "60s")
 
 
+def reconcile_every():
+    """How often a reap cycle looks at everything (`SBX_RECONCILE_EVERY`); in between, a
+    cycle that finds nothing changed since the last full look reads only what is due."""
+    return _duration_env("SBX_RECONCILE_EVERY", "1m")
+
+
 def metrics_every():
     """At most one stored metric sample per sandbox per this long (`SBX_METRICS_EVERY`)."""
     return _duration_env("SBX_METRICS_EVERY", "5s")

@@ -257,3 +257,42 @@ def count_sandboxes(dbapi_conn: Any, owner: str | None = None,
         return [{"state": s, "backend": b, "count": n} for s, b, n in cursor.fetchall()]
     finally:
         cursor.close()
+
+
+# -- what a reap cycle with nothing changed reads (core/reconcile/reaper.py) ----------------
+
+
+def due_sandboxes(dbapi_conn: Any, soon: str, placeholder: str = "?") -> list[dict[str, Any]]:
+    """Every installation's rows a reap may act on by `soon` (now plus the expiry warning's
+    lead): a deadline or an idle deadline by then, a state other than running, paused or warm,
+    or a warm pool's member. A superset: the reaper's pure planning decides. Found through the
+    deadline's and the state's indexes, plus the rows with an idle limit."""
+    if placeholder == "?":
+        idle = (f"julianday(last_activity_at) + idle_timeout_s / 86400.0 "
+                f"<= julianday({placeholder}) + 1.0 / 86400")
+    else:
+        idle = (f"CAST(last_activity_at AS timestamptz) + idle_timeout_s * interval '1 second' "
+                f"<= CAST({placeholder} AS timestamptz) + interval '1 second'")
+    settled = ", ".join(f"'{s.value}'" for s in (State.RUNNING, State.PAUSED, State.WARM))
+    sql = (f"SELECT * FROM sandboxes WHERE state <> '{State.DESTROYED.value}' AND ("
+           f"deadline <= {placeholder} OR state NOT IN ({settled}) OR pool IS NOT NULL "
+           f"OR (idle_timeout_s IS NOT NULL AND {idle}))")
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(sql, [soon, soon])
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    finally:
+        cursor.close()
+
+
+def change_fingerprint(dbapi_conn: Any) -> list[int]:
+    """Changes whenever any sandbox row is written, added or removed: the rows' count and
+    their `change_seq` (set by a trigger on every write, migration 0016), summed and at most."""
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute("SELECT count(*), coalesce(sum(change_seq), 0), "
+                       "coalesce(max(change_seq), 0) FROM sandboxes")
+        return [int(v) for v in cursor.fetchone()]
+    finally:
+        cursor.close()
