@@ -10,8 +10,8 @@ At 10,000 sandboxes (issue 36) two things of Textual's DataTable cost too much: 
 row before the first paint (each cell is measured), and its caches of the row order and the
 line offsets, keyed on every cell update, so each tick of the clock cells rebuilt both for
 every row. So a rebuild adds the first `LOAD_FIRST` rows, paints, and adds the rest
-`LOAD_STEP` at a time after each refresh (anything that changes the table adds them all
-first), and the two caches are keyed on the table's shape (rows added, removed, sorted).
+`LOAD_STEP` at a time, `LOAD_PAUSE_S` apart (anything that changes the table adds them
+all first), and the two caches are keyed on the table's shape (rows added, removed, sorted).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ TTL_STYLES = {"ok": "", "warning": "yellow", "critical": "bold red",
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 SPARK_WIDTH = 5
 NAME_WIDTH, OWNER_WIDTH, PROFILE_WIDTH = 16, 14, 12
-LOAD_FIRST, LOAD_STEP = 200, 500  # rows added before the first paint, then after each refresh
+LOAD_FIRST, LOAD_STEP = 200, 500  # rows added before the first paint, then a step at a time
+LOAD_PAUSE_S = 0.02  # between two steps: the screen is drawn and keys are read meanwhile
 
 # (key, header, fixed width or None)
 COLUMNS = (("id", "ID", None), ("name", "NAME", None), ("profile", "PROFILE", None),
@@ -260,11 +261,13 @@ class SandboxTable(DataTable):
         return self.sandboxes.get(sid) if sid else None
 
     def targets(self) -> list[SandboxRow]:
-        """The marked sandboxes still shown, else the one under the cursor."""
-        self._load_all()
-        marked = [self.sandboxes[s] for s in self.shown_ids if s in self.marked and s in self.sandboxes]
-        if marked:
-            return marked
+        """The marked sandboxes still shown, else the one under the cursor (asked for each
+        key binding the footer shows: rows still to add are added only when some are marked)."""
+        if self.marked:
+            marked = [self.sandboxes[s] for s in self.shown_ids
+                      if s in self.marked and s in self.sandboxes]
+            if marked:
+                return marked
         row = self.selected_row()
         return [row] if row else []
 
@@ -486,17 +489,17 @@ class SandboxTable(DataTable):
                 self._load_all()
             self.move_cursor(row=self.get_row_index(selected), animate=False)
         if self._pending:
-            self.call_after_refresh(self._load_more)
+            self.set_timer(LOAD_PAUSE_S, self._load_more)
 
     def _load_more(self) -> None:
-        """The next LOAD_STEP rows of a rebuild, after a refresh (the screen stays live)."""
+        """The next LOAD_STEP rows of a rebuild (the screen stays live between steps)."""
         step, self._pending = self._pending[:LOAD_STEP], self._pending[LOAD_STEP:]
         for sid in step:
             row = self.sandboxes.get(sid)
             if row is not None and not self.is_shown(sid):
                 self._add(row)
         if self._pending:
-            self.call_after_refresh(self._load_more)
+            self.set_timer(LOAD_PAUSE_S, self._load_more)
         self._title()
 
     def _load_all(self) -> None:
