@@ -96,10 +96,10 @@ def _view_maker(now_iso: str | None) -> Callable[[Sequence[Any]], dict[str, Any]
             if known is None:
                 known = seen_labels[labels_json] = json.loads(labels_json)
             labels = dict(known)
-        idle = None
+        idle = idle_at = None
         if idle_timeout_s:
-            idle = (_naive(last_activity_at) + timedelta(seconds=idle_timeout_s)
-                    ).isoformat(timespec="microseconds") + "Z"
+            idle_at = _naive(last_activity_at) + timedelta(seconds=idle_timeout_s)
+            idle = idle_at.isoformat(timespec="microseconds") + "Z"
         view = {
             "id": sandbox_id,
             "name": name,
@@ -130,8 +130,8 @@ def _view_maker(now_iso: str | None) -> Callable[[Sequence[Any]], dict[str, Any]
         if now is not None:
             left = None
             if state in on_clock:
-                ends = idle if idle is not None and idle < deadline else deadline
-                left = max(0, int((_naive(ends) - now).total_seconds()))
+                ends = idle_at if idle is not None and idle < deadline else _naive(deadline)
+                left = max(0, int((ends - now).total_seconds()))
             view["ttl_left_s"] = left
         return view
 
