@@ -183,7 +183,7 @@ def test_quotas_bound_a_tenant_and_refusals_change_nothing(live, sbx_home, stub_
 
     # one command at a time: a second while the first runs is refused
     running = threading.Thread(target=lambda: carol.post(
-        f"/v1/sandboxes/{first['id']}/exec", json={"argv": ["sleep", "3"]}))
+        f"/v1/sandboxes/{first['id']}/exec", json={"argv": ["sleep", "10"]}))  # long enough for a busy machine
     running.start()
     deadline, refused = time.monotonic() + 30, None
     while refused is None and running.is_alive():
