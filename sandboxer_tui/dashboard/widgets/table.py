@@ -11,7 +11,8 @@ row before the first paint (each cell is measured), and its caches of the row or
 line offsets, keyed on every cell update, so each tick of the clock cells rebuilt both for
 every row. So a rebuild adds the first `LOAD_FIRST` rows, paints, and adds the rest
 `LOAD_STEP` at a time, `LOAD_PAUSE_S` apart (anything that changes the table adds them
-all first), and the two caches are keyed on the table's shape (rows added, removed, sorted).
+all first), and those two caches, and the column list it makes again for each row added, are
+keyed on the table's shape (rows or columns added, removed, sorted).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class SandboxTable(DataTable):
     _shape = 0
     _order: tuple[tuple[int, int], list] | None = None
     _offsets: tuple[tuple[int, int], list] | None = None
+    _columns: tuple[tuple[int, int], list] | None = None
 
     def __init__(self, warn_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
@@ -169,6 +171,20 @@ class SandboxTable(DataTable):
             self._offsets = (key, [(row.key, y) for row in self.ordered_rows
                                    for y in range(row.height)])
         return self._offsets[1]
+
+    @property
+    def ordered_columns(self) -> list:
+        """Textual makes this list again at each call (several per row added)."""
+        key = (len(self.columns), self._shape)
+        if self._columns is None or self._columns[0] != key:
+            self._columns = (key, DataTable.ordered_columns.fget(self))  # type: ignore[attr-defined]
+        return self._columns[1]
+
+    def add_column(self, *args: Any, **kwargs: Any) -> Any:
+        return self._reshaped(lambda: super(SandboxTable, self).add_column(*args, **kwargs))
+
+    def remove_column(self, column_key: Any) -> None:
+        self._reshaped(lambda: super(SandboxTable, self).remove_column(column_key))
 
     def _reshaped(self, change: Any) -> Any:
         """Run a change of the table's shape; the caches above are read again after it."""
