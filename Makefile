@@ -90,7 +90,7 @@ lint: venv
 
 # Each benchmark writes its results to bench/results/NAME.json (committed), and the README's
 # performance table is made from them (scripts/perf_table.py; a test checks they agree).
-BENCHES ?= lifecycle oneshot api service mcp e2b_api files proxy terminal pool reap checkpoints delivery metrics tui fleet gvisor
+BENCHES ?= lifecycle oneshot api service mcp e2b_api files proxy terminal pool reap checkpoints delivery metrics tui fleet gvisor scale
 bench: setup test-setup
 	mkdir -p bench/results
 	for b in $(BENCHES); do $(BIN)/python bench/bench_$$b.py --json bench/results/$$b.json || exit 1; done

@@ -126,6 +126,14 @@ class ScaleAdapter(Adapter):
         want = dict(labels).items()
         return [o for o in self._objects() if want <= o.labels.items()]
 
+    async def change_marker(self, labels, since):
+        """list() answers from the objects file alone: its size and time change with it."""
+        try:
+            stat = self._path().stat()
+        except FileNotFoundError:
+            return "no file"
+        return f"{stat.st_mtime_ns}:{stat.st_size}"
+
     async def health(self) -> Health:
         return Health(True, True, "bench fixture (bench/bench_scale.py)")
 '''
