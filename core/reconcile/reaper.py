@@ -490,7 +490,7 @@ class Reaper:
         due = plan_reap([*mine, *await self._fleet_rows(rows, set(), now)], now,
                         self.warn_before, dead)
         pools = self._plan_pools(mine, now, dead, set(), set(), report)
-        return merge(await self._plan_checkpoints(set(), now), [*due, *pools])
+        return merge(await self._plan_checkpoints(set(), now, rows_only=True), [*due, *pools])
 
     def _plan_pools(self, mine: list[dict[str, Any]], now: datetime, dead: Collection[str],
                     unreachable: set[str], unreachable_rows: set[str],
@@ -541,11 +541,14 @@ class Reaper:
                        and (not r.get("backend_instance") or r["backend_instance"] == here)]
         return usable
 
-    async def _plan_checkpoints(self, unreachable: set[str], now: datetime) -> list[Action]:
+    async def _plan_checkpoints(self, unreachable: set[str], now: datetime, *,
+                                rows_only: bool = False) -> list[Action]:
         """One CHECKPOINTS action per backend with work: an expired or interrupted checkpoint,
         an artifact of ours that no row claims or that nobody holds, or a ready checkpoint
         whose artifact is gone. Nothing to do costs one listing (and a look for the artifacts
-        of ready rows the listing does not show)."""
+        of ready rows the listing does not show). `rows_only`: between full looks, when no
+        artifact of ours changed (the backends' change markers), the rows alone say what
+        time made due."""
         rows = self.read_checkpoints()
         now_iso, grace_iso = to_iso(now), to_iso(now - self.grace)
         actions = []
@@ -561,7 +564,7 @@ class Reaper:
             mine = [r for r in rows if r["backend"] == backend]
             due = any((self.reap and r["expires_at"] and r["expires_at"] <= now_iso) or
                       (r["state"] == "pending" and r["created_at"] <= grace_iso) for r in mine)
-            if not due:
+            if not due and not rows_only:
                 try:
                     artifacts = await self._adapter(backend).list_artifacts(
                         {LABEL_INSTALL: self.install_id})

@@ -286,13 +286,19 @@ def due_sandboxes(dbapi_conn: Any, soon: str, placeholder: str = "?") -> list[di
         cursor.close()
 
 
-def change_fingerprint(dbapi_conn: Any) -> list[int]:
-    """Changes whenever any sandbox row is written, added or removed: the rows' count and
-    their `change_seq` (set by a trigger on every write, migration 0016), summed and at most."""
+def change_fingerprint(dbapi_conn: Any) -> list[Any]:
+    """Changes whenever any sandbox row is written, added or removed (the rows' count and
+    their `change_seq`, set by a trigger on every write, migration 0016, summed and at most),
+    or a checkpoint is added, removed, completed or given another expiry."""
     cursor = dbapi_conn.cursor()
     try:
         cursor.execute("SELECT count(*), coalesce(sum(change_seq), 0), "
                        "coalesce(max(change_seq), 0) FROM sandboxes")
-        return [int(v) for v in cursor.fetchone()]
+        sandboxes = [int(v) for v in cursor.fetchone()]
+        cursor.execute("SELECT count(*), coalesce(sum(length(state)), 0), "
+                       "coalesce(max(created_at), ''), coalesce(max(expires_at), '') "
+                       "FROM checkpoints")
+        count, states, made, expires = cursor.fetchone()
+        return [*sandboxes, int(count), int(states), str(made), str(expires)]
     finally:
         cursor.close()

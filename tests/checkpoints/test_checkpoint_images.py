@@ -68,6 +68,7 @@ def restore_import(runner, ckpt_id: str) -> dict:
 # -- two installations, one image -----------------------------------------------------------
 
 
+@pytest.mark.alone  # its last reap must be the one that finds the image unheld
 def test_two_installations_each_let_go_of_their_own_tag_only(sbx, docker_api, made, tmp_path):
     """The issue's case: an archive imported on the engine it came from. Removing it in one
     installation left the other's `ready` checkpoint without its image."""
