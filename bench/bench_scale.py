@@ -23,7 +23,8 @@ cost is printed beside the figures (information).
 4. `GET /v1/sandboxes?limit=all` from a real `sbx serve` on 127.0.0.1 (when the service
    refuses `limit=all`, the full listing walked in pages of 1,000, and the row says so).
    Information.
-5. A reap of N due sandboxes (`sbx reap`, fresh process, SBX_CLOCK_OFFSET past their ttl) against
+5. A reap of N due sandboxes (`sbx reap`, fresh process with SBX_NO_SERVER=1, and handed to a
+   running `sbx server`, SBX_CLOCK_OFFSET past their ttl) against
    `docker rm -f` of N equivalent containers, N = 10, 50, 100, on the real Docker engine
    (bench_reap.py's pieces), with the fixed and per-sandbox parts of both (least squares over
    N). Target: ratio of medians <= 1.2 for each N.
@@ -58,6 +59,7 @@ TARGET_REAP_GROWTH = 1.2
 TARGET_LIST_S = 0.060
 TARGET_LS_S = 0.100
 TARGET_REAP_RATIO = 1.2
+DUE_ARMS = ("sbx", "sbx server", "docker")  # part 5: fresh sbx reap, with sbx server, docker
 PG = os.environ.get("SBX_TEST_PG", "sbx_test:sbx_test@127.0.0.1:5432")
 TIMEOUT_S = 600
 
@@ -508,41 +510,51 @@ def bench_fleet(ctx: Context, sizes: list[int], rounds: int) -> dict[str, Any]:
 def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
     import bench_reap
 
-    samples: dict[int, dict[str, list[float]]] = {n: {"sbx": [], "docker": []} for n in counts}
+    samples: dict[int, dict[str, list[float]]] = {
+        n: {arm: [] for arm in DUE_ARMS} for n in counts}
     for r in range(rounds):
         for n in counts:
-            home = ctx.home(f"due-{n}-{r}")
-            ids, made_s = bench_reap.make_sandboxes(ctx, home, n, "1m")
-            refs = set(ctx.containers)
-            reap_s, proc = ctx.run_sbx(ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m",
-                                                   SBX_NO_SERVER="1"), "reap", "--json")
-            report = json.loads(proc.stdout)
-            left = ctx.still_present(refs)
-            if sorted(report["destroyed"]) != sorted(ids) or report["failed"] or left:
-                raise RuntimeError(f"sbx reap destroyed {len(report['destroyed'])} of {n}; "
-                                   f"failed {report['failed'][:3]}; {len(left)} left")
-            if bench_reap.states(home) != {"destroyed": n}:
-                raise RuntimeError(f"after sbx reap the database holds {bench_reap.states(home)}")
-            ctx.containers -= refs
+            for arm in ("sbx", "sbx server"):
+                home = ctx.home(f"due-{n}-{r}-{arm.replace(' ', '-')}")
+                ids, made_s = bench_reap.make_sandboxes(ctx, home, n, "1m")
+                refs = set(ctx.containers)
+                if arm == "sbx server":
+                    ctx.start_server(ctx.sbx_env(home))
+                    env = ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m")
+                else:
+                    env = ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m", SBX_NO_SERVER="1")
+                reap_s, proc = ctx.run_sbx(env, "reap", "--json")
+                ctx.stop_servers()
+                report = json.loads(proc.stdout)
+                left = ctx.still_present(refs)
+                if sorted(report["destroyed"]) != sorted(ids) or report["failed"] or left:
+                    raise RuntimeError(f"sbx reap destroyed {len(report['destroyed'])} of {n}; "
+                                       f"failed {report['failed'][:3]}; {len(left)} left")
+                if bench_reap.states(home) != {"destroyed": n}:
+                    raise RuntimeError(f"after sbx reap the database holds "
+                                       f"{bench_reap.states(home)}")
+                ctx.containers -= refs
+                samples[n][arm].append(reap_s)
             cids, _ = bench_reap.docker_containers(ctx, n)
             rm_s, _ = ctx.run(["docker", "rm", "-f", *cids])
             if ctx.still_present(set(cids)):
                 raise RuntimeError("docker rm -f left containers")
             ctx.containers -= set(cids)
-            samples[n]["sbx"].append(reap_s)
             samples[n]["docker"].append(rm_s)
-            print(f"   round {r + 1}/{rounds}, N={n}: sbx reap {reap_s:.2f} s, docker rm -f "
-                  f"{rm_s:.2f} s (made in {made_s:.1f} s)", flush=True)
+            print(f"   round {r + 1}/{rounds}, N={n}: sbx reap {samples[n]['sbx'][-1]:.2f} s, "
+                  f"with sbx server {samples[n]['sbx server'][-1]:.2f} s, docker rm -f "
+                  f"{rm_s:.2f} s", flush=True)
     med = {n: {k: median(v) for k, v in s.items()} for n, s in samples.items()}
-    fits = {k: fit([float(n) for n in counts], [med[n][k] for n in counts])
-            for k in ("sbx", "docker")}
-    rows = [[f"N = {n}", secs(med[n]["sbx"]), secs(med[n]["docker"]),
-             f"{med[n]['sbx'] / med[n]['docker']:.2f}"] for n in counts]
-    rows += [[f"fit: fixed + per sandbox ({k})", f"{fits[k][0]:.3f} s + {ms(fits[k][1])}", "", ""]
-             for k in ("sbx", "docker")]
-    print_table(["N due", "sbx reap", "docker rm -f", "ratio"], rows,
+    fits = {k: fit([float(n) for n in counts], [med[n][k] for n in counts]) for k in DUE_ARMS}
+    rows = [[f"N = {n}", secs(med[n]["sbx"]), secs(med[n]["sbx server"]),
+             secs(med[n]["docker"]), f"{med[n]['sbx'] / med[n]['docker']:.2f}",
+             f"{med[n]['sbx server'] / med[n]['docker']:.2f}"] for n in counts]
+    rows += [[f"fit: fixed + per sandbox ({k})", f"{fits[k][0]:.3f} s + {ms(fits[k][1])}", "",
+              "", "", ""] for k in DUE_ARMS]
+    print_table(["N due", "sbx reap (no server)", "with sbx server", "docker rm -f", "ratio",
+                 "ratio, server"], rows,
                 title=f"5. A reap of N due sandboxes against docker rm -f ({rounds} round(s), "
-                      "medians; SBX_NO_SERVER=1)")
+                      "medians; fresh `sbx reap` with SBX_NO_SERVER=1, and with `sbx server`)")
     return {"counts": counts, "rounds": rounds, "samples_s": samples, "median_s": med,
             "fit": {k: {"fixed_s": f[0], "per_sandbox_s": f[1]} for k, f in fits.items()}}
 
@@ -610,9 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     if "due" in results:
         due = results["due"]
         for n in due["counts"]:
-            ratio = due["median_s"][n]["sbx"] / due["median_s"][n]["docker"]
-            summary.append((f"sbx reap of {n} due / docker rm -f of {n}", ratio,
-                            TARGET_REAP_RATIO, f"{ratio:.2f}", f"<= {TARGET_REAP_RATIO}"))
+            for arm, how in (("sbx", ""), ("sbx server", ", with sbx server")):
+                ratio = due["median_s"][n][arm] / due["median_s"][n]["docker"]
+                summary.append((f"sbx reap of {n} due{how} / docker rm -f of {n}", ratio,
+                                TARGET_REAP_RATIO, f"{ratio:.2f}", f"<= {TARGET_REAP_RATIO}"))
         for k, f in due["fit"].items():
             info.append([f"reap of N due, {k}: fixed + per sandbox",
                          f"{f['fixed_s']:.3f} s + {ms(f['per_sandbox_s'])}", "", "info"])
