@@ -326,7 +326,6 @@ class Reaper:
         self.read_fingerprint = read_fingerprint
         self.marks = marks
         self.reconcile_every = reconcile_every
-        self.looked_in_full = True  # whether the last plan() looked at everything
         self.pool_profiles: dict[str, Any] = {}  # the profiles FILL makes members from
         self.adapters: dict[str, Adapter] = {}
         self._manager: Manager | None = None
@@ -353,9 +352,7 @@ class Reaper:
         if fingerprint is not None and self.reap and not self.orphans:
             unchanged = await self._plan_unchanged(report, now, fingerprint)
             if unchanged is not None:
-                self.looked_in_full = False
                 return unchanged
-        self.looked_in_full = True
         if self.marks is not None:
             self.marks.clear()  # noted again below only when this look settles everything
         settled = fingerprint is not None
@@ -794,16 +791,25 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
         mgr = reaper.manager()
         return mgr.list(), mgr.rows_by_ids
 
-    def read_checkpoints() -> list[dict[str, Any]]:
+    def fast_or(read: Callable[[Any, str], Any], otherwise: Callable[[], Any]) -> Any:
+        """`read(connection, placeholder)` on a read-only driver connection, closed after;
+        `otherwise()` when the database is not current (the Manager's path, which migrates)."""
         fast = inventory.open_readonly(url)
         if fast is None:
+            return otherwise()
+        conn, placeholder = fast
+        try:
+            return read(conn, placeholder)
+        finally:
+            conn.close()
+
+    def read_checkpoints() -> list[dict[str, Any]]:
+        def through_manager() -> list[dict[str, Any]]:
             from sandboxer.core.lifecycle.checkpoints import Checkpoints
 
             return Checkpoints(reaper.manager()).list()
-        try:
-            return inventory.list_checkpoints(fast[0])
-        finally:
-            fast[0].close()
+
+        return fast_or(lambda conn, _: inventory.list_checkpoints(conn), through_manager)
 
     def make_room() -> bool:
         from sandboxer.core.rules.reserve import make_room
@@ -811,13 +817,8 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
         return make_room(url)
 
     def read_restarts(ids: list[str]) -> dict[str, str]:
-        fast = inventory.open_readonly(url)
-        if fast is None:
-            return reaper.manager().restarts_seen(ids)
-        try:
-            return inventory.restarts_seen(fast[0], ids, fast[1])
-        finally:
-            fast[0].close()
+        return fast_or(lambda conn, mark: inventory.restarts_seen(conn, ids, mark),
+                       lambda: reaper.manager().restarts_seen(ids))
 
     options.setdefault("read_checkpoints", read_checkpoints)
     options.setdefault("make_room", make_room)
@@ -827,44 +828,28 @@ def default_reaper(*, database_url: str | None = None, manager: Manager | None =
         names = set(pools.candidate_files(pools.profile_folders()))
         if not names:  # no file mentions a pool: nothing to load (a pool with members is gone)
             return {}, {}
-        fast = inventory.open_readonly(url)
-        if fast is None:
-            sizes = pools.sizes_of(reaper.manager())
-        else:
-            try:
-                sizes = pools.read_sizes(fast[0])
-            finally:
-                fast[0].close()
+        sizes = fast_or(lambda conn, _: pools.read_sizes(conn),
+                        lambda: pools.sizes_of(reaper.manager()))
         return pools.read_specs(names, sizes, member_pools)
 
     def read_due_volumes(now: str) -> int:
-        fast = inventory.open_readonly(url)
-        if fast is None:
+        def through_manager() -> int:
             from sandboxer.core.lifecycle import volumes
 
             return volumes.count_due(reaper.manager(), now)
-        try:
-            return inventory.due_volumes(fast[0], now, reaper.install_id, fast[1])
-        finally:
-            fast[0].close()
+
+        return fast_or(lambda conn, mark: inventory.due_volumes(conn, now, reaper.install_id,
+                                                                 mark), through_manager)
+
+    def not_current() -> Any:
+        raise Unavailable("the database is not current")  # not reached: no fingerprint
 
     def read_due(soon: str) -> list[dict[str, Any]]:
-        fast = inventory.open_readonly(url)
-        if fast is None:
-            raise Unavailable("the database is not current")  # not reached: no fingerprint
-        try:
-            return inventory.due_sandboxes(fast[0], soon, fast[1])
-        finally:
-            fast[0].close()
+        return fast_or(lambda conn, mark: inventory.due_sandboxes(conn, soon, mark), not_current)
 
-    def read_fingerprint() -> list[int] | None:
-        fast = inventory.open_readonly(url)
-        if fast is None:
-            return None  # not current yet: the Manager's path migrates, and looks in full
-        try:
-            return inventory.change_fingerprint(fast[0])
-        finally:
-            fast[0].close()
+    def read_fingerprint() -> list[Any] | None:
+        # None when not current yet: the Manager's path migrates, and looks in full
+        return fast_or(lambda conn, _: inventory.change_fingerprint(conn), lambda: None)
 
     options.setdefault("read_due", read_due)
     options.setdefault("read_fingerprint", read_fingerprint)
