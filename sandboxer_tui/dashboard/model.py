@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -142,13 +142,15 @@ class SandboxDetail:
 
 @dataclass
 class Inventory:
-    """One read of the inventory: every row, and which changed since the previous read."""
+    """One read of the inventory: every row, which changed since the previous read, and how
+    many are in each state (kept up to date from the changes, not counted again)."""
 
     rows: dict[str, SandboxRow]
     added: list[str]
     changed: list[str]
     removed: list[str]
     now: datetime
+    counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def any_change(self) -> bool:
@@ -465,6 +467,10 @@ class Dashboard:
         self._include_destroyed = include_destroyed
         self._watch: AsyncInventoryWatch | None = None
         self._rows: dict[str, SandboxRow] = {}
+        # kept from each read's changes, so nothing per second walks every row (issue 36)
+        self._states: Counter[str] = Counter()
+        self._backends: Counter[str] = Counter()
+        self._running: Counter[str] = Counter()  # running sandboxes per backend
         self._capabilities: dict[str, frozenset[str]] = {}
         self._registered: list[BackendStatus] | None = None
         self._profile_backends: set[str] | None = None
@@ -514,14 +520,35 @@ class Dashboard:
             self._watch = self.sbx.watch(include_destroyed=self._include_destroyed)
         change = await self._watch.read()
         for box in (*change.added, *change.changed):
-            self._rows[box.id] = SandboxRow.from_record(box)
+            row = SandboxRow.from_record(box)
+            self._count(self._rows.get(box.id), -1)
+            self._count(row, 1)
+            self._rows[box.id] = row
         for sandbox_id in change.removed:
-            self._rows.pop(sandbox_id, None)
+            self._count(self._rows.pop(sandbox_id, None), -1)
             self._details.pop(sandbox_id, None)
         if change.removed:
             self.metrics.forget(self._rows)
         return Inventory(dict(self._rows), [b.id for b in change.added],
-                         [b.id for b in change.changed], list(change.removed), self.now())
+                         [b.id for b in change.changed], list(change.removed), self.now(),
+                         {state: n for state, n in self._states.items() if n})
+
+    def _count(self, row: SandboxRow | None, by: int) -> None:
+        if row is not None:
+            self._states[row.state] += by
+            self._backends[row.backend] += by
+            if row.state == State.RUNNING:
+                self._running[row.backend] += by
+
+    def backends_in_use(self) -> set[str]:
+        """The backends of the sandboxes in the inventory."""
+        return {backend for backend, n in self._backends.items() if n}
+
+    def metrics_to_follow(self) -> bool:
+        """Whether a running sandbox is on a backend known to report metrics: following
+        them lists the running sandboxes every few seconds, worth it only then."""
+        return any(n and "metrics" in self.known_capabilities(backend)
+                   for backend, n in self._running.items())
 
     async def detail(self, row: SandboxRow) -> SandboxDetail:
         if row.id not in self._details:

@@ -82,6 +82,8 @@ class MainScreen(ActionsMixin, Screen):
         self._ticks = 0
         self._selected: str | None = None
         self._history: dict[str, list[Any]] = {}
+        self._metrics_follow: Any = None  # the worker following live samples, while wanted
+        self._metrics_failed = False
         self.health_every, self.health_retry = 10.0, 2.0
 
     # -- layout -----------------------------------------------------------------------------
@@ -159,7 +161,8 @@ class MainScreen(ActionsMixin, Screen):
             table.loading = False
             self.watch_health()
             self._start_metrics()
-        self.health.set_counts(table.counts())
+        self._follow_metrics_if_wanted()
+        self.health.set_counts(event.inventory.counts)
 
     def tick(self) -> None:
         """The clock moved: countdowns, ages, new metric samples, the detail shown."""
@@ -195,7 +198,7 @@ class MainScreen(ActionsMixin, Screen):
         coming back shows within seconds), in 10 s otherwise."""
         statuses = []
         try:
-            in_use = {r.backend for r in self.table.sandboxes.values()}
+            in_use = self.dashboard.backends_in_use()
             await self.dashboard.load_capabilities(in_use)
             self.post_message(CapabilitiesKnown())
             names = await self.dashboard.watched_backends(in_use)
@@ -213,20 +216,42 @@ class MainScreen(ActionsMixin, Screen):
     @on(CapabilitiesKnown)
     def _capabilities_known(self) -> None:
         self.refresh_bindings()  # what applies depends on what the backends can do
+        self._follow_metrics_if_wanted()
 
     @on(HealthChecked)
     def _health_checked(self, event: HealthChecked) -> None:
         self.health.set_health(event.statuses)
         self.refresh_bindings()
+        self._follow_metrics_if_wanted()
 
     @work(exit_on_error=False, group="metrics")
     async def _start_metrics(self) -> None:
-        """The stored samples first, then (when sampling) every running sandbox's live ones
-        into the buffer, which the clock's tick draws, until the app ends."""
+        """The stored samples, once."""
         await self.dashboard.seed_metrics()
         self.post_message(MetricsArrived(self.dashboard.metrics.take_changed()))
-        if self.dashboard.sample_metrics:
+
+    def _follow_metrics_if_wanted(self) -> None:
+        """Follow the live samples (when sampling) while a running sandbox is on a backend
+        that reports them; the library's follow looks for running sandboxes every 2 s, a
+        read of every row that 10,000 sandboxes that report none would pay for nothing."""
+        wanted = (self.dashboard.sample_metrics and not self._metrics_failed
+                  and self.dashboard.metrics_to_follow())
+        following = self._metrics_follow is not None and not self._metrics_follow.is_finished
+        if wanted and not following:
+            self._metrics_follow = self._follow_metrics()
+        elif following and not wanted:
+            self._metrics_follow.cancel()
+            self._metrics_follow = None
+
+    @work(exit_on_error=False, group="metrics-follow")
+    async def _follow_metrics(self) -> None:
+        """Every running sandbox's live samples into the buffer, which the clock's tick
+        draws, until cancelled or the app ends."""
+        try:
             await self.dashboard.follow_metrics()
+        except Exception:
+            self._metrics_failed = True  # reported once (the worker's error), not retried
+            raise
 
     @on(MetricsArrived)
     def _metrics_arrived(self, event: MetricsArrived) -> None:

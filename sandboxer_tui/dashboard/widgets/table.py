@@ -17,7 +17,7 @@ keyed on the table's shape (rows or columns added, removed, sorted).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -363,19 +363,20 @@ class SandboxTable(DataTable):
         self._announce_selection()
 
     def _apply_changes(self, inventory: Inventory) -> None:
-        shown = set(self.shown_ids)
+        """Only the rows that changed are looked at."""
         order_changed = False
         for sid in inventory.removed:
             self.marked.discard(sid)
-            if sid in shown:
+            if self.is_shown(sid):
                 self._remove(sid)
         for sid in inventory.added + inventory.changed:
             row = self.sandboxes[sid]
             wanted = matches(row, self.filter_text)
-            if sid in shown and wanted:
+            shown = self.is_shown(sid)
+            if shown and wanted:
                 self._update(row)
                 order_changed |= self.sort_column not in ("created", "cpu", "mem")
-            elif sid in shown:
+            elif shown:
                 self._remove(sid)
             elif wanted:
                 self._add(row)
@@ -391,10 +392,9 @@ class SandboxTable(DataTable):
         return [row.key.value for row in self.ordered_rows[top: top + height + 1]]
 
     def tick(self, now: datetime) -> None:
-        """The clock moved: ages and countdowns of the rows on screen."""
+        """The clock moved: ages and countdowns of the rows on screen. No row moves: every
+        countdown falls alike, so the order by TTL (by deadline) stays as it is."""
         self.now = now
-        if self.sort_column == "ttl":
-            self.resort()
         self._refresh_clock_cells()
 
     def _refresh_clock_cells(self) -> None:
@@ -527,8 +527,3 @@ class SandboxTable(DataTable):
                 if row is not None and not self.is_shown(sid):
                     self._add(row)
 
-    def counts(self) -> Mapping[str, int]:
-        counts: dict[str, int] = {}
-        for row in self.sandboxes.values():
-            counts[row.state] = counts.get(row.state, 0) + 1
-        return counts
