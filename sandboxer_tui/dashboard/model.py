@@ -566,6 +566,10 @@ class Dashboard:
         """What is known so far (the screen asks often; nothing is read here)."""
         return self._capabilities.get(backend, frozenset())
 
+    def capabilities_known(self) -> set[str]:
+        """The backends whose capabilities were read."""
+        return set(self._capabilities)
+
     async def load_capabilities(self, backends: Iterable[str]) -> None:
         missing = sorted(set(backends) - self._capabilities.keys())
         if missing:

@@ -71,3 +71,105 @@ def test_a_large_inventory_shows_first_then_whole_and_a_change_touches_one_row(
             assert [key.value for key in table.rows_in_order()] == ids
 
     asyncio.run(scenario())
+
+
+TICK_COUNT = 3_000  # rows in the table; the screen shows a few dozen
+
+
+def test_a_tick_redraws_the_countdowns_on_screen_only_and_the_rest_when_scrolled_to(
+        dashboard, mgr, sbx_home, clock, monkeypatch):
+    """Each second the countdowns move; only the rows on screen have their cells made and
+    updated (issue 36: a walk of every row each tick cost a core's tenth at 10,000). A row
+    scrolled into view shows the countdown of now, before the next tick."""
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer_tui.dashboard.widgets import table as table_module
+
+    asyncio.run(mgr.create(ProfileLoader().load("stub"), name="first", ttl=timedelta(hours=1)))
+    copies(sbx_home / "sbx.db", TICK_COUNT - 1)  # the same deadline: every countdown moves
+
+    async def scenario():
+        async with opened(dashboard) as (app, pilot):
+            table = app.main.table
+            await wait_for(pilot, lambda: table.row_count == TICK_COUNT, within=60,
+                           what="every row added")
+            await pilot.pause()
+            on_screen = len(table.visible_ids())
+            assert 10 < on_screen < 50  # the test's terminal: a few dozen rows
+            made, updated = [], []
+            ttl_cell = table_module.ttl_cell
+            monkeypatch.setattr(table_module, "ttl_cell",
+                                lambda row, *a: made.append(row.id) or ttl_cell(row, *a))
+            update_cell = table.update_cell
+            monkeypatch.setattr(table, "update_cell", lambda row, column, *a, **k: (
+                updated.append((row, column)), update_cell(row, column, *a, **k)))
+            top = table.visible_ids()[0]
+            before = table.cell_text(top, "ttl")
+            for _ in range(3):
+                clock.advance(timedelta(seconds=1))
+                app.main.tick()
+            assert table.cell_text(top, "ttl") != before  # it ticks on screen
+            assert set(made) == set(table.visible_ids()) and len(made) == 3 * on_screen
+            assert {c for _, c in updated} <= {"ttl", "age"}
+            assert len([r for r, c in updated if c == "ttl"]) == 3 * on_screen
+            last = table.rows_in_order()[-1].value
+            stale = table.cell_text(last, "ttl")
+            table.scroll_end(animate=False)
+            await wait_for(pilot, lambda: last in table.visible_ids(), within=10,
+                           what="the last row on screen")
+            assert table.cell_text(last, "ttl") == table.cell_text(
+                table.visible_ids()[0], "ttl") != stale  # today's countdown, not the old one
+
+    asyncio.run(scenario())
+
+
+def test_metrics_are_followed_only_while_a_running_sandbox_can_report_them(
+        sbx_home, profiles, clock, monkeypatch):
+    """Following live metrics lists the running sandboxes every 2 s; with none running on a
+    backend that reports metrics the dashboard does not follow them (that listing was most
+    of its idle CPU at 10,000 sandboxes of a backend without metrics), and it starts as soon
+    as one runs."""
+    from sandboxer.adapters.stub import StubAdapter
+    from sandboxer.core.lifecycle.manager import Manager
+    from sandboxer.core.rules.profiles import ProfileLoader
+    from sandboxer.core.store.db import Database
+    from tests.tui.helpers import FullStub, make_dashboard
+
+    listed = []  # the running sandboxes listed: what following the metrics does
+
+    def manager(adapter, db: str):
+        mgr = Manager(Database(f"sqlite:///{sbx_home / db}"), clock, actor="alice",
+                      adapters={"stub": adapter})
+        list_rows = mgr.list
+        monkeypatch.setattr(mgr, "list", lambda *a, **k: (
+            listed.append(1) if k.get("state") == "running" else None, list_rows(*a, **k))[1])
+        return mgr
+
+    async def looked_a_while(app, pilot) -> None:
+        await wait_for(pilot, lambda: "exec" in app.dashboard.known_capabilities("stub"),
+                       within=10, what="the stub's capabilities")
+        for _ in range(3):
+            app.main.poll()
+            await pilot.pause(0.2)
+
+    async def without_metrics():  # running, on a backend that reports no metrics
+        mgr = manager(StubAdapter(), "plain.db")
+        await mgr.create(ProfileLoader().load("stub"), name="no-metrics")
+        async with opened(make_dashboard(mgr, backends=["stub"], sample_metrics=True)) \
+                as (app, pilot):
+            await looked_a_while(app, pilot)
+            assert listed == []
+
+    async def paused_then_resumed():  # on one that does: not running, then running
+        mgr = manager(FullStub(clock), "full.db")
+        box = await mgr.create(ProfileLoader().load("stub"), name="with-metrics")
+        await mgr.pause(box["id"])
+        dashboard = make_dashboard(mgr, backends=["stub"], sample_metrics=True)
+        async with opened(dashboard) as (app, pilot):
+            await looked_a_while(app, pilot)
+            assert listed == []
+            await (await dashboard.sbx.get(box["id"])).resume()
+            await wait_for(pilot, lambda: listed, within=10, what="the metrics followed")
+
+    asyncio.run(without_metrics())
+    asyncio.run(paused_then_resumed())
+    FullStub.reset()

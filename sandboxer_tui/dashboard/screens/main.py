@@ -161,6 +161,8 @@ class MainScreen(ActionsMixin, Screen):
             table.loading = False
             self.watch_health()
             self._start_metrics()
+        elif self.dashboard.backends_in_use() - self.dashboard.capabilities_known():
+            self._load_capabilities()  # a backend newly in use: what can it do?
         self._follow_metrics_if_wanted()
         self.health.set_counts(event.inventory.counts)
 
@@ -212,6 +214,11 @@ class MainScreen(ActionsMixin, Screen):
                            self.watch_health)
         if statuses:
             self.post_message(HealthChecked(statuses))
+
+    @work(exit_on_error=False, group="capabilities", exclusive=True)
+    async def _load_capabilities(self) -> None:
+        await self.dashboard.load_capabilities(self.dashboard.backends_in_use())
+        self.post_message(CapabilitiesKnown())
 
     @on(CapabilitiesKnown)
     def _capabilities_known(self) -> None:
