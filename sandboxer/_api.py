@@ -26,6 +26,7 @@ from sandboxer._records import (
     ReapReport,
     SandboxRecord,
     VolumeRecord,
+    building_many,
 )
 
 if TYPE_CHECKING:
@@ -566,10 +567,11 @@ class AsyncSandboxer:
                    include_destroyed: bool = False) -> list[AsyncSandbox]:
         """Sandboxes, oldest first; destroyed ones only with `include_destroyed` (or a
         `state`). `labels`: only those carrying all of them."""
-        views = await self._transport.list(
-            state=None if state is None else str(state), backend=backend,
-            labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
-        return [AsyncSandbox(self, v) for v in views]
+        with building_many():
+            views = await self._transport.list(
+                state=None if state is None else str(state), backend=backend,
+                labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
+            return [AsyncSandbox(self, v) for v in views]
 
 
 class _Creating:

@@ -26,6 +26,7 @@ from sandboxer.core.rules.errors import as_error
 
 if TYPE_CHECKING:
     from sandboxer._transport import Transport, Watch
+    from sandboxer.core.follow.watch import InventoryMirror
     from sandboxer.core.lifecycle.manager import Manager
     from sandboxer.core.rules.profiles import Profile
 
@@ -90,6 +91,8 @@ class LocalTransport:
         self._core: CoreLoop | None = None
         self._lock = threading.Lock()
         self._closed = False
+        # list()'s mirrors, by (owner, destroyed ones shown)
+        self._mirrors: dict[tuple[str | None, bool], InventoryMirror] = {}
 
     # -- running on the core loop -----------------------------------------------------------
 
@@ -225,6 +228,7 @@ class LocalTransport:
         _flush_telemetry()
         if self._closed:
             return
+        self._close_mirrors()
         if self._core is not None and self._mgr is not None:
             mgr = self._mgr
             with contextlib.suppress(Exception):
@@ -240,12 +244,18 @@ class LocalTransport:
         _flush_telemetry()
         if self._closed:
             return
+        self._close_mirrors()
         if self._core is not None and self._mgr is not None:
             with contextlib.suppress(Exception):
                 self._core.submit(self._mgr.close()).result()
         self._closed = True
         if self._core is not None:
             self._core.stop()
+
+    def _close_mirrors(self) -> None:
+        for mirror in self._mirrors.values():
+            mirror.close()
+        self._mirrors.clear()
 
     # -- sandboxes --------------------------------------------------------------------------
 
@@ -631,33 +641,40 @@ class LocalTransport:
     async def list(self, *, state: str | None, backend: str | None,
                    labels: Mapping[str, str] | None,
                    include_destroyed: bool) -> list[dict[str, Any]]:
-        """Read with the driver alone when the schema is current (no ORM: `sbx ls` stays
-        fast from a fresh process), else through the Manager, which migrates."""
+        """From this transport's InventoryMirror (core/follow/watch.py) while the database
+        is current: only the rows changed since its last look are read, with the driver
+        alone (no ORM: `sbx ls` stays fast from a fresh process). Else through the Manager,
+        which migrates."""
+        from sandboxer.core.rules.clock import clock_from_env, to_iso
+        from sandboxer.core.rules.states import State
         from sandboxer.core.store import tenancy
+        from sandboxer.core.store.inventory import parse_state
+
+        owner = tenancy.current()
+        state = None if state is None else parse_state(state).value
+        shows_destroyed = include_destroyed or state == State.DESTROYED.value
 
         filters = dict(include_all=include_destroyed, state=state, backend=backend,
-                       labels=labels, pool_members=False, owner=tenancy.current())
+                       labels=labels, pool_members=False, owner=owner)
 
-        def fast() -> list[dict[str, Any]] | None:
-            from sandboxer.core.rules import settings
-            from sandboxer.core.rules.views import VIEW_COLUMNS
-            from sandboxer.core.store import inventory
+        def mirrored() -> list[dict[str, Any]] | None:
+            from sandboxer.core.follow.watch import InventoryMirror
 
-            if self._mgr is not None:
-                return None
-            return inventory.read_fast(self.database_url or settings.database_url(),
-                                       columns=VIEW_COLUMNS, as_tuples=True, **filters)
+            key = (owner, shows_destroyed)
+            mirror = self._mirrors.get(key)
+            if mirror is None:
+                mirror = self._mirrors[key] = InventoryMirror(
+                    self._database_url(), shows_destroyed, owner)
+            return mirror.views(to_iso(clock_from_env().now()), state=state, backend=backend,
+                                labels=labels)
 
-        def views(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-            from sandboxer.core.rules.clock import clock_from_env, to_iso
-            from sandboxer.core.rules.views import sandbox_views
+        views = await self._call(mirrored, needs_manager=False)
+        if views is not None:
+            return views
+        from sandboxer.core.rules.views import sandbox_views
 
-            return sandbox_views(rows, to_iso(clock_from_env().now()))
-
-        rows = await self._call(fast, needs_manager=False)
-        if rows is None:
-            rows = await self._call(lambda mgr: api.list_rows(mgr, **filters))
-        return views(rows)
+        rows = await self._call(lambda mgr: api.list_rows(mgr, **filters))
+        return sandbox_views(rows, to_iso(clock_from_env().now()))
 
 
 class LocalWatch:

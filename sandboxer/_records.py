@@ -5,7 +5,10 @@ records; `to_dict()` gives that shape back."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping
+import contextlib
+import gc
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -25,6 +28,33 @@ def _time(text: str | None) -> datetime | None:
     if text is None:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+_pauses = 0  # listings building records now, in any thread (building_many)
+_pauses_lock = threading.Lock()
+_resume_collector = False
+
+
+@contextlib.contextmanager
+def building_many() -> Iterator[None]:
+    """The cyclic garbage collector paused while a listing builds its records. Tens of
+    thousands of new dicts and handles, none in a cycle, would otherwise set off collections
+    that walk the whole heap, the caller's too: at 10,000 sandboxes they were 40 % of
+    `list()`'s time (issue 36). The collector is on again when the last listing in any thread
+    is done, unless it was off before the first began."""
+    global _pauses, _resume_collector
+    with _pauses_lock:
+        if _pauses == 0:
+            _resume_collector = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _pauses_lock:
+            _pauses -= 1
+            if _pauses == 0 and _resume_collector:
+                gc.enable()
 
 
 E = TypeVar("E")
@@ -85,6 +115,11 @@ class SandboxRecord(_ViewRecord):
     (the earlier of the deadline and the idle deadline) and is None once off the clock."""
 
     __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        view = dict(self._view)
+        view["labels"] = dict(view["labels"])  # a change to the copy leaves the record as it is
+        return view
 
     @property
     def name(self) -> str | None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from sandboxer._api import AsyncCheckpoint, AsyncSandbox, AsyncSandboxer
 from sandboxer._files import AsyncFiles
 from sandboxer._processes import AsyncProcess, AsyncProcesses, ProcessRecord
-from sandboxer._records import CheckpointRecord, InventoryChange, SandboxRecord
+from sandboxer._records import CheckpointRecord, InventoryChange, SandboxRecord, building_many
 from sandboxer._terminals import AsyncTerminal
 
 if TYPE_CHECKING:
@@ -40,7 +40,8 @@ def _wrap(value: Any) -> Any:
     if isinstance(value, AsyncSandboxer):
         return Sandboxer._of(value)
     if isinstance(value, list):
-        return [_wrap(v) for v in value]
+        with building_many():  # a listing's twins, as many as its records
+            return [_wrap(v) for v in value]
     if isinstance(value, InventoryChange):
         return InventoryChange(MappingProxyType({k: _wrap(v) for k, v in value.sandboxes.items()}),
                                tuple(_wrap(list(value.added))), tuple(_wrap(list(value.changed))),

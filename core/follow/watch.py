@@ -103,7 +103,7 @@ class InventoryWatcher:
             full = self._position is None
             rows = self._select("?", self._position, ">")
             self._version = version
-            seen = max((r.pop("change_seq") for r in rows), default=0)
+            seen = max(self._drop_positions(rows), default=0)
             self._position = max(self._position or 0, seen)
             return self._whole(rows) if full else self._merge(rows)
 
@@ -116,8 +116,7 @@ class InventoryWatcher:
             cursor.close()
         full = self._position is None
         rows = self._select("%s", self._position, ">=")
-        for row in rows:
-            row.pop("change_seq")
+        self._drop_positions(rows)
         self._position = oldest_running
         return self._whole(rows) if full else self._merge(rows)
 
@@ -140,12 +139,21 @@ class InventoryWatcher:
         cursor = self._conn.cursor()
         try:
             cursor.execute(sql + " ORDER BY created_at, id", params)
-            names = [d[0] for d in cursor.description]
-            rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+            rows = self._rows_of([d[0] for d in cursor.description], cursor.fetchall())
         finally:
             cursor.close()
         self.rows_read = len(rows)
         return rows
+
+    @staticmethod
+    def _rows_of(names: list[str], fetched: list[tuple[Any, ...]]) -> list[Any]:
+        """The rows as this reader keeps them: a dict each (VIEW_COLUMNS and change_seq)."""
+        return [dict(zip(names, r, strict=True)) for r in fetched]
+
+    @staticmethod
+    def _drop_positions(rows: list[Any]) -> list[int]:
+        """Each row's change_seq, taken out of it."""
+        return [r.pop("change_seq") for r in rows]
 
     def _whole(self, rows: list[dict[str, Any]]) -> InventoryDelta:
         """The delta of a look that read every row."""
@@ -195,6 +203,71 @@ class InventoryWatcher:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+class InventoryMirror(InventoryWatcher):
+    """A listing kept between reads, for a long-lived client's `list()` (issue 36): each
+    `views()` is a look of the watcher's, which reads only the rows changed since the
+    previous look (nothing at all on SQLite when nobody committed); views are made of those
+    rows alone, straight from the driver's tuples, and every view is given as of now
+    (`ttl_left_s` is the only field that moves by itself). The same records, in the same
+    order, as inventory.list_sandboxes' query gives (tests/api/test_list_scale.py)."""
+
+    def __init__(self, url: str, include_destroyed: bool, owner: str | None) -> None:
+        super().__init__(url, include_destroyed, owner)
+        self._views: dict[str, dict[str, Any]] = {}
+        self._ordered: list[dict[str, Any]] | None = []  # None: sort again
+
+    def views(self, now_iso: str, *, state: str | None = None, backend: str | None = None,
+              labels: Mapping[str, str] | None = None) -> list[dict[str, Any]] | None:
+        """The listing, oldest first, narrowed as inventory.list_sandboxes narrows it; None
+        when the database is not current (then the Manager's way)."""
+        from sandboxer.core.rules.views import with_ttl_left
+
+        if self.read() is None:
+            return None
+        with self._lock:
+            if self._ordered is None:
+                self._ordered = sorted(self._views.values(),
+                                       key=lambda view: (view["created_at"], view["id"]))
+            kept = self._ordered
+        if state is not None:
+            kept = [v for v in kept if v["state"] == state]
+        if backend is not None:
+            kept = [v for v in kept if v["backend"] == backend]
+        if labels:
+            wanted = dict(labels).items()
+            kept = [v for v in kept if wanted <= v["labels"].items()]
+        return with_ttl_left(kept, now_iso)  # copies: what is kept is never handed out
+
+    @staticmethod
+    def _rows_of(names: list[str], fetched: list[tuple[Any, ...]]) -> list[Any]:
+        return fetched  # VIEW_COLUMNS' values, then change_seq
+
+    @staticmethod
+    def _drop_positions(rows: list[Any]) -> list[int]:
+        return [r[-1] for r in rows]
+
+    def _whole(self, rows: list[Any]) -> InventoryDelta:
+        self._views = {}
+        return self._merge(rows)
+
+    def _merge(self, rows: list[Any]) -> InventoryDelta:
+        from sandboxer.core.rules.views import sandbox_views
+
+        pool, launch, state = (VIEW_COLUMNS.index(c) for c in ("pool", "launch", "state"))
+        shown = []
+        for row in rows:
+            if (row[pool] is not None and row[launch] is None) or (
+                    not self.include_destroyed and row[state] == DESTROYED):
+                self._views.pop(row[0], None)  # as InventoryWatcher._shows hides it
+            else:
+                shown.append(row[:-1])
+        for view in sandbox_views(shown):  # without a now: with_ttl_left adds ttl_left_s
+            self._views[view["id"]] = view
+        if rows:
+            self._ordered = None
+        return InventoryDelta()
 
 
 def diff_rows(previous: Mapping[str, Mapping[str, Any]], rows: Iterable[dict[str, Any]],

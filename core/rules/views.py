@@ -138,6 +138,27 @@ def _view_maker(now_iso: str | None) -> Callable[[Sequence[Any]], dict[str, Any]
     return make
 
 
+def with_ttl_left(views: Iterable[Mapping[str, Any]], now_iso: str) -> list[dict[str, Any]]:
+    """Views as `sandbox_view` makes them with `now_iso`: a copy of each (its labels too),
+    with `ttl_left_s` last, counting down to the earlier of its deadline and idle deadline
+    while on the clock. What a listing kept between reads gives (core/follow/watch.py
+    InventoryMirror)."""
+    now = _naive(now_iso)
+    on_clock = ON_THE_CLOCK
+    made = []
+    for view in views:
+        copy = dict(view)
+        copy["labels"] = dict(view["labels"])
+        left = None
+        if view["state"] in on_clock:
+            idle, deadline = view["idle_deadline"], view["deadline"]
+            ends = _naive(idle if idle is not None and idle < deadline else deadline)
+            left = max(0, int((ends - now).total_seconds()))
+        copy["ttl_left_s"] = left
+        made.append(copy)
+    return made
+
+
 def _naive(text: str) -> datetime:
     """A stored time (clock.to_iso's form) as a naive datetime in UTC: what from_iso reads,
     without the time zone each aware datetime costs."""

@@ -131,6 +131,74 @@ def test_the_library_lists_every_sandbox_once_as_reading_it_alone_shows_it(seede
         sbx.close()
 
 
+def test_listing_again_reads_only_what_changed_and_shows_every_change(seeded_store,
+                                                                      monkeypatch):
+    """A client keeps its listing between calls (core/follow/watch.py InventoryMirror): the
+    next list() reads only the rows changed since, from another connection too, and gives
+    what a fresh client reading every row gives."""
+    import sqlalchemy as sa
+
+    from sandboxer.core.follow.watch import InventoryWatcher
+    from sandboxer.core.rules import settings
+    from sandboxer.core.rules.clock import to_iso
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+
+    seeded = seeded_store
+    reads: list[int] = []  # rows each look read from the database
+    real = InventoryWatcher._select
+    monkeypatch.setattr(InventoryWatcher, "_select",
+                        lambda self, *a: (rows := real(self, *a), reads.append(len(rows)))[0])
+    sbx = sandboxer.Sandboxer(actor="lister")
+    try:
+        first = sbx.list()
+        assert [b.id for b in first] == _in_order(seeded)
+        assert reads == [sum(r["state"] != "destroyed" for r in seeded.values())]
+        first[0].to_dict()["labels"]["mine"] = "1"  # what a caller does to its copy stays there
+        again = sbx.list()
+        for mine, before in zip(again, first, strict=True):
+            _same(mine.to_dict(), before.to_dict())
+        assert "mine" not in again[0].labels
+        assert sum(reads[1:]) == 0  # nobody wrote: not a row read again
+
+        shown = _in_order(seeded)
+        renamed, destroyed = shown[5], shown[6]
+        unclaimed = next(i for i, r in seeded.items() if not _listed(r)
+                         and r["state"] != "destroyed")
+        early = dict(seeded[renamed], id="sbx-00000000000000000000000000", name="early",
+                     created_at=to_iso(datetime.now(UTC) - timedelta(days=1)))
+        table = Sandbox.__table__
+        db = Database(settings.database_url())  # another connection: another writer
+        try:
+            with db.write() as conn:
+                conn.execute(sa.update(table).where(table.c.id == renamed)
+                             .values(name="renamed", labels_json='{"new": "1"}'))
+                conn.execute(sa.update(table).where(table.c.id == destroyed)
+                             .values(state="destroyed"))
+                conn.execute(sa.update(table).where(table.c.id == unclaimed)
+                             .values(launch="warm"))
+                conn.execute(sa.insert(table), [early])
+        finally:
+            db.dispose()
+        reads.clear()
+        changed = sbx.list()
+        assert reads == [4]  # the four rows changed, of 2,000
+        fresh = sandboxer.Sandboxer(actor="lister")
+        try:
+            everything = fresh.list()
+        finally:
+            fresh.close()
+        assert [b.id for b in changed] == [b.id for b in everything]
+        assert changed[0].id == early["id"] and destroyed not in {b.id for b in changed}
+        assert unclaimed in {b.id for b in changed}
+        for mine, theirs in zip(changed, everything, strict=True):
+            _same(mine.to_dict(), theirs.to_dict())
+        assert next(b for b in changed if b.id == renamed).labels == {"new": "1"}
+        assert [b.id for b in sbx.list(labels={"new": "1"})] == [renamed]
+    finally:
+        sbx.close()
+
+
 def test_sbx_ls_json_lists_what_the_library_lists(seeded, sbx):
     result = sbx("ls", "--json")
     assert result.code == 0, result.err
