@@ -12,7 +12,9 @@ line offsets, keyed on every cell update, so each tick of the clock cells rebuil
 every row. So a rebuild adds the first `LOAD_FIRST` rows, paints, and adds the rest
 `LOAD_STEP` at a time, `LOAD_PAUSE_S` apart (anything that changes the table adds them
 all first), and those two caches, and the column list it makes again for each row added, are
-keyed on the table's shape (rows or columns added, removed, sorted).
+keyed on the table's shape (rows or columns added, removed, sorted). Each second only the
+rows on screen have their clock cells made, and a cell drawn is drawn again only when its
+value changed (Textual draws every visible cell again after any update).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
+from textual.cache import LRUCache
 from textual.message import Message
 from textual.widgets import DataTable
 
@@ -133,6 +138,7 @@ class SandboxTable(DataTable):
     _order: tuple[tuple[int, int], list] | None = None
     _offsets: tuple[tuple[int, int], list] | None = None
     _columns: tuple[tuple[int, int], list] | None = None
+    _drawn: LRUCache | None = None
 
     def __init__(self, warn_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
@@ -179,6 +185,29 @@ class SandboxTable(DataTable):
         if self._columns is None or self._columns[0] != key:
             self._columns = (key, DataTable.ordered_columns.fget(self))  # type: ignore[attr-defined]
         return self._columns[1]
+
+    def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
+                     cursor: bool = False, hover: bool = False) -> list[list[Segment]]:
+        """Textual renders every cell on screen again after any cell update (its caches are
+        keyed on a count of updates), so each tick redrew every visible cell to move one
+        column. Here a cell drawn is kept while its value is the same object (a change of
+        a cell puts a new one) and nothing else it is drawn with changed."""
+        row_key = self._row_locations.get_key(row_index) if row_index >= 0 else None
+        if row_key is None or column_index < 0:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor,
+                                        hover)
+        value = self._data[row_key].get(self._column_locations.get_key(column_index))
+        key = (row_key, row_index, column_index, base_style, width, cursor, hover,
+               self.show_cursor, self._show_hover_cursor, self._pseudo_class_state,
+               self.cell_padding, self.app.theme)
+        if self._drawn is None:
+            self._drawn = LRUCache(4000)
+        drawn = self._drawn.get(key)
+        if drawn is not None and drawn[0] is value:
+            return drawn[1]
+        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        self._drawn[key] = (value, lines)
+        return lines
 
     def add_column(self, *args: Any, **kwargs: Any) -> Any:
         return self._reshaped(lambda: super(SandboxTable, self).add_column(*args, **kwargs))
