@@ -120,6 +120,7 @@ class StubAdapter(Adapter):
     fail_next: ClassVar[dict[str, BaseException]] = {}
     calls: ClassVar[list[tuple[str, str]]] = []
     instance: ClassVar[str | None] = None  # a test may pretend to reach another engine
+    made_on: ClassVar[dict[str, str | None]] = {}  # the engine each object is on
 
     @classmethod
     def reset(cls) -> None:
@@ -129,6 +130,7 @@ class StubAdapter(Adapter):
         cls.fail_next.clear()
         cls.calls.clear()
         cls.instance = None
+        cls.made_on.clear()
 
     @classmethod
     def lose(cls, ref: str) -> None:
@@ -147,6 +149,7 @@ class StubAdapter(Adapter):
         obj = BackendObject(ref=ref, labels=dict(request.labels), status="running",
                             running=True, created_at=datetime.now(UTC))
         self.objects[ref] = obj
+        self.made_on[ref] = self.instance
         self.filesystems[ref] = MemoryFS()
         self.requests[ref] = request
         return obj
@@ -171,8 +174,8 @@ class StubAdapter(Adapter):
         return Health(True, True, "in-process test double")
 
     def _fs(self, ref: str) -> MemoryFS:
-        if ref not in self.objects:
-            raise AdapterError(f"stub: no sandbox {ref}")
+        if ref not in self.objects or self.made_on.get(ref, self.instance) != self.instance:
+            raise AdapterError(f"stub: no sandbox {ref}")  # another engine knows none
         return self.filesystems.setdefault(ref, MemoryFS())
 
     async def exec(self, ref: str, argv: Sequence[str], timeout_s: float | None = None,

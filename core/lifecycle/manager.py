@@ -144,6 +144,34 @@ class WarmSource(Protocol):
         """The backend made a member: set it up and make it warm."""
 
 
+
+async def _on_its_engine(adapter: Adapter, row: Mapping[str, Any]) -> None:
+    """Unavailable (exit 5) when `adapter` reaches another engine or account than the one the
+    sandbox lives on (a different DOCKER_HOST, say)."""
+    if row.get("backend_instance"):
+        _same_engine(row, await adapter.instance_id())
+
+
+def _same_engine(row: Mapping[str, Any], here: str | None) -> None:
+    if here != row["backend_instance"]:
+        raise Unavailable(
+            f"sandbox {row['id']} lives on another {row['backend']} engine "
+            f"({row['backend_instance'][:20]}) than the one this process reaches "
+            f"({(here or 'unknown')[:20]}): check DOCKER_HOST")
+
+
+async def _refused_elsewhere(adapter: Adapter, row: Mapping[str, Any]) -> None:
+    """After a command failed: Unavailable when this process reaches another engine than the
+    sandbox's (see Manager._adapter_for_a_command). When that cannot be asked either, the
+    command's own error stands."""
+    if not row.get("backend_instance"):
+        return
+    try:
+        here = await adapter.instance_id()
+    except Exception:
+        return
+    _same_engine(row, here)
+
 class Manager:
     """One per process (or per test). Holds the database, the clock and loaded adapters."""
 
@@ -203,13 +231,18 @@ class Manager:
         account than the one the sandbox lives on (a different DOCKER_HOST, say)."""
         adapter = self.adapter(row["backend"])
         await adapter.ensure_available()
-        if row.get("backend_instance"):
-            here = await adapter.instance_id()
-            if here != row["backend_instance"]:
-                raise Unavailable(
-                    f"sandbox {row['id']} lives on another {row['backend']} engine "
-                    f"({row['backend_instance'][:20]}) than the one this process reaches "
-                    f"({(here or 'unknown')[:20]}): check DOCKER_HOST")
+        await _on_its_engine(adapter, row)
+        return adapter
+
+    async def _adapter_for_a_command(self, row: Mapping[str, Any]) -> Adapter:
+        """The adapter of a sandbox, for a command, whose engine's identity is asked only if
+        the command fails (`_refused_elsewhere`), not before: asking first (`docker info`)
+        was a tenth of `sbx exec`'s time. A backend's refs are its own (a container id, a
+        sandbox id), so another engine knows no such object: a command that ran found the
+        sandbox where it lives, and one that failed on another engine gets adapter_for's
+        refusal (exit 5), never "gone"."""
+        adapter = self.adapter(row["backend"])
+        await adapter.ensure_available()
         return adapter
 
     async def close(self) -> None:
@@ -992,12 +1025,16 @@ class Manager:
                                           also=_as_user(user))
         feed = _Digesting(stdin)
         with self._exec_slot(row["owner"]):
-            adapter = await self.adapter_for(row)
-            running = asyncio.ensure_future(adapter.exec(
-                row["backend_ref"], list(argv), timeout.total_seconds() if timeout else None,
-                env=_exec_env(env), **exec_options(cwd, user, feed.stdin)))
-            feed.settle()  # while the command runs
-            result = await running
+            adapter = await self._adapter_for_a_command(row)
+            try:
+                running = asyncio.ensure_future(adapter.exec(
+                    row["backend_ref"], list(argv), timeout.total_seconds() if timeout else None,
+                    env=_exec_env(env), **exec_options(cwd, user, feed.stdin)))
+                feed.settle()  # while the command runs
+                result = await running
+            except Exception:
+                await _refused_elsewhere(adapter, row)
+                raise
         self._record_exec(row["id"], recorded, result, _digest(result.stdout),
                           _digest(result.stderr), options=feed.recorded(options))
         return result
@@ -1015,24 +1052,27 @@ class Manager:
                                           also=_as_user(user))
         feed = _Digesting(stdin)
         with self._exec_slot(row["owner"]):
-            adapter = await self.adapter_for(row)
+            adapter = await self._adapter_for_a_command(row)
             digests = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
             sizes = {"stdout": 0, "stderr": 0}
-            async for item in adapter.exec_stream(row["backend_ref"], list(argv),
-                                                  timeout.total_seconds() if timeout else None,
-                                                  env=_exec_env(env),
-                                                  **exec_options(cwd, user, feed.stdin)):
-                if isinstance(item, ExecResult):
-                    self._record_exec(row["id"], recorded, item, *(
-                        {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
-                        for s in ("stdout", "stderr")), options=feed.recorded(options))
-                    yield "exit", {"exit_code": item.exit_code, "duration": item.duration_s,
-                                   "timed_out": item.timed_out}
-                    return
-                stream, data = item
-                digests[stream].update(data)
-                sizes[stream] += len(data)
-                yield stream, data
+            try:
+                async for item in adapter.exec_stream(
+                        row["backend_ref"], list(argv), timeout.total_seconds() if timeout else None,
+                        env=_exec_env(env), **exec_options(cwd, user, feed.stdin)):
+                    if isinstance(item, ExecResult):
+                        self._record_exec(row["id"], recorded, item, *(
+                            {"sha256": digests[s].hexdigest(), "bytes": sizes[s]}
+                            for s in ("stdout", "stderr")), options=feed.recorded(options))
+                        yield "exit", {"exit_code": item.exit_code, "duration": item.duration_s,
+                                       "timed_out": item.timed_out}
+                        return
+                    stream, data = item
+                    digests[stream].update(data)
+                    sizes[stream] += len(data)
+                    yield stream, data
+            except Exception:
+                await _refused_elsewhere(adapter, row)
+                raise
 
     def _record_exec(self, sandbox_id: str, recorded: Sequence[str], result: ExecResult,
                      stdout: Mapping[str, Any], stderr: Mapping[str, Any], *,

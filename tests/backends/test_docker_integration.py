@@ -292,6 +292,36 @@ def test_engine_unreachable_exits_5_and_writes_nothing(sbx, docker_api):
         assert containers_of(docker_api, install) == []
 
 
+def test_an_exec_on_another_engine_is_refused_not_judged_gone(sbx):
+    """The engine's identity is asked when a command fails (docs/reliability.md, 5): a
+    container that this engine does not know, of a sandbox recorded on another
+    engine, is exit 5 naming DOCKER_HOST, and the sandbox stays running with no exec recorded.
+    A command that ran found the container where the sandbox lives: it is kept."""
+    import sqlite3
+
+    box = sbx.create()
+    db = sqlite3.connect(sbx.home / "sbx.db")
+    try:
+        with db:
+            db.execute("UPDATE sandboxes SET backend_instance = 'ANOTHER:ENGINE' WHERE id = ?",
+                       (box["id"],))
+        ran = sbx("exec", box["id"], "--", "true")  # its container is here (an engine id renewed)
+        assert ran.code == 0, ran.err
+        with db:
+            db.execute("UPDATE sandboxes SET backend_ref = ? WHERE id = ?",
+                       ("f" * 64, box["id"]))  # another engine's container
+    finally:
+        db.close()
+    execs = [e for e in events_of(sbx, box["id"]) if e["type"] == "sandbox.exec"]
+    refused = sbx("exec", box["id"], "--", "true")
+    assert refused.code == 5, (refused.out, refused.err)
+    lines = refused.err.strip().splitlines()
+    assert len(lines) == 1 and "another docker engine" in lines[0] and "DOCKER_HOST" in lines[0]
+    assert show(sbx, box["id"])["state"] == "running"
+    assert [e for e in events_of(sbx, box["id"]) if e["type"] == "sandbox.exec"] == execs
+    assert len(execs) == 1
+
+
 # -- limits really hold ---------------------------------------------------------------------
 
 
