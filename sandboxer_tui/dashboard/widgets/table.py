@@ -27,7 +27,9 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.cache import LRUCache
+from textual.geometry import Region
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import DataTable
 
 from sandboxer import MetricSample, State
@@ -139,6 +141,8 @@ class SandboxTable(DataTable):
     _offsets: tuple[tuple[int, int], list] | None = None
     _columns: tuple[tuple[int, int], list] | None = None
     _drawn: LRUCache | None = None
+    _lines: LRUCache | None = None
+    _widths: tuple[int, ...] = ()
 
     def __init__(self, warn_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
@@ -186,17 +190,51 @@ class SandboxTable(DataTable):
             self._columns = (key, DataTable.ordered_columns.fget(self))  # type: ignore[attr-defined]
         return self._columns[1]
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._widths = tuple(c.get_render_width(self) for c in self.ordered_columns)
+        return super().render_lines(crop)
+
+    def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
+        """A line drawn is kept while the cells of its row are the same objects and nothing
+        else it is drawn with changed (Textual draws every line on screen again after any
+        cell update, to move one column of the rows on screen each second)."""
+        try:
+            row_key, line = self._get_offsets(y)
+            values = tuple(c.label for c in self.ordered_columns) \
+                if row_key == self._header_row_key else tuple(self._data[row_key].values())
+        except (LookupError, IndexError):
+            return super()._render_line(y, x1, x2, base_style)
+        key = (y, row_key, line, x1, x2, self.size.width, base_style, self.cursor_coordinate,
+               self.hover_coordinate, self.cursor_type, self.show_cursor,
+               self._show_hover_cursor, self._pseudo_class_state, self.app.theme,
+               self._widths)
+        if self._lines is None:
+            self._lines = LRUCache(1000)
+        drawn = self._lines.get(key)
+        if drawn is not None and len(drawn[0]) == len(values) and all(
+                a is b for a, b in zip(drawn[0], values, strict=True)):
+            return drawn[1]
+        strip = super()._render_line(y, x1, x2, base_style)
+        self._lines[key] = (values, strip)
+        return strip
+
     def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
                      cursor: bool = False, hover: bool = False) -> list[list[Segment]]:
         """Textual renders every cell on screen again after any cell update (its caches are
         keyed on a count of updates), so each tick redrew every visible cell to move one
         column. Here a cell drawn is kept while its value is the same object (a change of
         a cell puts a new one) and nothing else it is drawn with changed."""
-        row_key = self._row_locations.get_key(row_index) if row_index >= 0 else None
-        if row_key is None or column_index < 0:
+        if column_index < 0:  # row labels: none here
             return super()._render_cell(row_index, column_index, base_style, width, cursor,
                                         hover)
-        value = self._data[row_key].get(self._column_locations.get_key(column_index))
+        if row_index < 0:  # the header: its cells are the column labels
+            row_key, value = self._header_row_key, self.ordered_columns[column_index].label
+        else:
+            row_key = self._row_locations.get_key(row_index)
+            if row_key is None:
+                return super()._render_cell(row_index, column_index, base_style, width,
+                                            cursor, hover)
+            value = self._data[row_key].get(self._column_locations.get_key(column_index))
         key = (row_key, row_index, column_index, base_style, width, cursor, hover,
                self.show_cursor, self._show_hover_cursor, self._pseudo_class_state,
                self.cell_padding, self.app.theme)
@@ -372,9 +410,12 @@ class SandboxTable(DataTable):
     # -- feeding ----------------------------------------------------------------------------
 
     def apply(self, inventory: Inventory) -> None:
-        """Bring the table in line with one inventory read, cell by cell."""
+        """Bring the table in line with one inventory read, cell by cell. The clock is the
+        tick's (once a second): a change is drawn on the time the rows on screen show, and
+        does not draw every countdown on screen a second time each second."""
         self._load_all()
-        self.now = inventory.now
+        if self.now is None:
+            self.now = inventory.now
         self.sandboxes = inventory.rows
         rebuilt = False
         if inventory.added or inventory.removed or not self.loaded:
@@ -386,8 +427,9 @@ class SandboxTable(DataTable):
                 rebuilt = True
         if not rebuilt:
             self._apply_changes(inventory)
+        if not self.loaded:
+            self.tick(inventory.now)
         self.loaded = True
-        self.tick(inventory.now)
         self._title()
         self._announce_selection()
 
