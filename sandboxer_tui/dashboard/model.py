@@ -519,26 +519,27 @@ class Dashboard:
         if self._watch is None:
             self._watch = self.sbx.watch(include_destroyed=self._include_destroyed)
         change = await self._watch.read()
-        for box in (*change.added, *change.changed):
-            row = SandboxRow.from_record(box)
-            self._count(self._rows.get(box.id), -1)
-            self._count(row, 1)
-            self._rows[box.id] = row
+        rows = [SandboxRow.from_record(box) for box in (*change.added, *change.changed)]
+        before = [self._rows[row.id] for row in rows if row.id in self._rows]
+        for row in rows:
+            self._rows[row.id] = row
         for sandbox_id in change.removed:
-            self._count(self._rows.pop(sandbox_id, None), -1)
+            if sandbox_id in self._rows:
+                before.append(self._rows.pop(sandbox_id))
             self._details.pop(sandbox_id, None)
+        self._count(rows, Counter.update)
+        self._count(before, Counter.subtract)
         if change.removed:
             self.metrics.forget(self._rows)
         return Inventory(dict(self._rows), [b.id for b in change.added],
                          [b.id for b in change.changed], list(change.removed), self.now(),
                          {state: n for state, n in self._states.items() if n})
 
-    def _count(self, row: SandboxRow | None, by: int) -> None:
-        if row is not None:
-            self._states[row.state] += by
-            self._backends[row.backend] += by
-            if row.state == State.RUNNING:
-                self._running[row.backend] += by
+    def _count(self, rows: list[SandboxRow], how: Any) -> None:
+        """Add (`Counter.update`) or take away (`Counter.subtract`) rows from the counts."""
+        how(self._states, Counter(row.state for row in rows))
+        how(self._backends, Counter(row.backend for row in rows))
+        how(self._running, Counter(row.backend for row in rows if row.state == State.RUNNING))
 
     def backends_in_use(self) -> set[str]:
         """The backends of the sandboxes in the inventory."""
