@@ -26,7 +26,6 @@ from typing import Any
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.cache import LRUCache
 from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
@@ -56,6 +55,7 @@ SPARK_WIDTH = 5
 NAME_WIDTH, OWNER_WIDTH, PROFILE_WIDTH = 16, 14, 12
 LOAD_FIRST, LOAD_STEP = 200, 500  # rows added before the first paint, then a step at a time
 LOAD_PAUSE_S = 0.02  # between two steps: the screen is drawn and keys are read meanwhile
+DRAWN_LINES = 1000  # lines kept drawn (a few screens); then they are forgotten at once
 
 # (key, header, fixed width or None)
 COLUMNS = (("id", "ID", None), ("name", "NAME", None), ("profile", "PROFILE", None),
@@ -140,8 +140,8 @@ class SandboxTable(DataTable):
     _order: tuple[tuple[int, int], list] | None = None
     _offsets: tuple[tuple[int, int], list] | None = None
     _columns: tuple[tuple[int, int], list] | None = None
-    _drawn: LRUCache | None = None
-    _lines: LRUCache | None = None
+    _drawn: dict | None = None  # cells drawn: key -> (value, lines)
+    _lines: dict | None = None  # lines drawn: key -> (the row's values, strip)
     _widths: tuple[int, ...] = ()
 
     def __init__(self, warn_s: float = 300.0, **kwargs: Any) -> None:
@@ -208,8 +208,8 @@ class SandboxTable(DataTable):
                self.hover_coordinate, self.cursor_type, self.show_cursor,
                self._show_hover_cursor, self._pseudo_class_state, self.app.theme,
                self._widths)
-        if self._lines is None:
-            self._lines = LRUCache(1000)
+        if self._lines is None or len(self._lines) > DRAWN_LINES:
+            self._lines = {}  # (a dict: Textual's LRUCache keeps the first value of a key)
         drawn = self._lines.get(key)
         if drawn is not None and len(drawn[0]) == len(values) and all(
                 a is b for a, b in zip(drawn[0], values, strict=True)):
@@ -238,8 +238,8 @@ class SandboxTable(DataTable):
         key = (row_key, row_index, column_index, base_style, width, cursor, hover,
                self.show_cursor, self._show_hover_cursor, self._pseudo_class_state,
                self.cell_padding, self.app.theme)
-        if self._drawn is None:
-            self._drawn = LRUCache(4000)
+        if self._drawn is None or len(self._drawn) > DRAWN_LINES * len(COLUMNS):
+            self._drawn = {}
         drawn = self._drawn.get(key)
         if drawn is not None and drawn[0] is value:
             return drawn[1]
