@@ -122,6 +122,46 @@ def test_a_tick_redraws_the_countdowns_on_screen_only_and_the_rest_when_scrolled
     asyncio.run(scenario())
 
 
+def test_a_change_off_screen_draws_no_line_on_screen_again(
+        dashboard, mgr, sbx_home, clock, monkeypatch):
+    """A change of a row off screen makes the table draw again, but the lines on screen are
+    the ones already drawn (Textual would draw each again); a tick draws each line once."""
+    from textual.widgets import DataTable
+
+    from sandboxer.core.rules.profiles import ProfileLoader
+
+    asyncio.run(mgr.create(ProfileLoader().load("stub"), name="first", ttl=timedelta(hours=1)))
+    copies(sbx_home / "sbx.db", TICK_COUNT - 1)
+
+    async def scenario():
+        async with opened(dashboard) as (app, pilot):
+            table = app.main.table
+            await wait_for(pilot, lambda: table.row_count == TICK_COUNT, within=60,
+                           what="every row added")
+            drawn = []
+            draw = DataTable._render_line
+            monkeypatch.setattr(DataTable, "_render_line", lambda self, y, *a: (
+                drawn.append(y) if self is table else None, draw(self, y, *a))[1])
+            clock.advance(timedelta(seconds=1))
+            app.main.tick()
+            await pilot.pause()
+            await pilot.pause()
+            on_screen = len(drawn)
+            assert len(set(drawn)) == on_screen > 10  # the header is the same: not drawn
+            last = table.rows_in_order()[-1].value
+            before = table.cell_text(last, "ttl")
+            for _ in range(2):
+                drawn.clear()
+                await (await dashboard.sbx.get(last)).extend("20m")
+                await wait_for(pilot, lambda b=before: table.cell_text(last, "ttl") != b,
+                               within=10, what="the change applied")
+                before = table.cell_text(last, "ttl")
+                await pilot.pause()
+                assert last not in table.visible_ids() and drawn == []
+
+    asyncio.run(scenario())
+
+
 def test_metrics_are_followed_only_while_a_running_sandbox_can_report_them(
         sbx_home, profiles, clock, monkeypatch):
     """Following live metrics lists the running sandboxes every 2 s; with none running on a
