@@ -120,6 +120,11 @@ READ_ONLY_TMPFS = {"/tmp": "rw,nosuid,nodev,noexec,mode=1777"}
 PING_FRESH_S = 1.0
 # the engine keeps its last 256 events; more since a reaper's last full look may have lost some
 ENGINE_EVENTS_TRUSTED = 200
+# What an engine's event says happened to a container without changing what a reconcile
+# compares: a command run in it (exec_create, exec_start, exec_die) or files copied in or out
+# (extract-to-dir, archive-path). A cycle between full looks stays one after these
+# (change_marker).
+QUIET_ACTIONS = ("exec_", "extract-to-dir", "archive-path")
 # A container of ours that stops with the engine comes back when the engine starts again;
 # one stopped on purpose (`docker stop`, sbx's own remove) stays stopped.
 RESTART_POLICY = {"Name": "unless-stopped"}
@@ -759,6 +764,13 @@ def _go_time(text: str | None) -> datetime:
     return datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]:0<6}{offset}").astimezone(UTC)
 
 
+
+def _leaves_it_as_it_was(event: Mapping[str, Any]) -> bool:
+    """An engine event of QUIET_ACTIONS ("exec_start: sh -c ..." names its command after
+    the action)."""
+    return (event.get("Type") == "container"
+            and str(event.get("Action") or "").startswith(QUIET_ACTIONS))
+
 class DockerAdapter(Adapter):
     name = "docker"
     description = "containers on a Docker engine (local socket or DOCKER_HOST)"
@@ -907,7 +919,7 @@ class DockerAdapter(Adapter):
         def ask(api: docker.APIClient) -> tuple[str, int, bool]:
             found = list(api.events(since=f"{since:.9f}", until=until, decode=True))
             ours = any(wanted <= (((e.get("Actor") or {}).get("Attributes")) or {}).items()
-                       for e in found)
+                       and not _leaves_it_as_it_was(e) for e in found)
             return api.info().get("ID") or "", len(found), ours
 
         engine, seen, ours = await self._call(ask)

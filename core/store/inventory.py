@@ -287,13 +287,14 @@ def due_sandboxes(dbapi_conn: Any, soon: str, placeholder: str = "?") -> list[di
 
 
 def change_fingerprint(dbapi_conn: Any) -> list[Any]:
-    """Changes whenever any sandbox row is written, added or removed (the rows' count and
-    their `change_seq`, set by a trigger on every write, migration 0016, summed and at most),
-    or a checkpoint is added, removed, completed or given another expiry."""
+    """Changes whenever a sandbox row is added or removed or any column of it but the
+    activity ones is written (the rows' count and their `reconcile_seq`, set by a trigger,
+    migration 0017, summed and at most: an exec's mark of activity leaves it), or a
+    checkpoint is added, removed, completed or given another expiry."""
     cursor = dbapi_conn.cursor()
     try:
-        cursor.execute("SELECT count(*), coalesce(sum(change_seq), 0), "
-                       "coalesce(max(change_seq), 0) FROM sandboxes")
+        cursor.execute("SELECT count(*), coalesce(sum(reconcile_seq), 0), "
+                       "coalesce(max(reconcile_seq), 0) FROM sandboxes")
         sandboxes = [int(v) for v in cursor.fetchone()]
         cursor.execute("SELECT count(*), coalesce(sum(length(state)), 0), "
                        "coalesce(max(created_at), ''), coalesce(max(expires_at), '') "

@@ -48,6 +48,9 @@ class Sandbox(SQLModel, table=True):
     # set by a trigger on every insert and update (migration 0016): what a watcher reads
     # changes since (sandboxer.core.follow.watch); never written by the code
     change_seq: int = Field(default=0, sa_type=BigInteger, index=True)
+    # set by a trigger on every insert and on every update of a column other than the
+    # activity ones (migration 0017): what the reaper's fingerprint between full looks reads
+    reconcile_seq: int = Field(default=0, sa_type=BigInteger, index=True)
 
 
 class Checkpoint(SQLModel, table=True):

@@ -54,13 +54,21 @@ def actions(report: dict) -> list[tuple[str, str]]:
 
 
 def test_between_full_looks_a_change_on_the_engine_or_in_the_database_is_seen(
-        sbx, docker_api):
+        sbx, docker_api, tmp_path):
     a, b = sbx.create(), sbx.create()
     assert did_nothing(reap(sbx))
     noted = note_of(sbx.home)
     assert noted is not None and "docker" in noted["markers"], noted
     assert did_nothing(reap(sbx))
     assert note_of(sbx.home) == noted, "a cycle with nothing changed keeps the note"
+    # commands and files in a sandbox change nothing a reconcile compares (migration 0017,
+    # docker's QUIET_ACTIONS): the next cycle is still one between full looks
+    assert sbx("exec", a["id"], "--", "true").code == 0
+    (tmp_path / "x").write_text("x")
+    assert sbx("cp", str(tmp_path / "x"), f"{a['id']}:/tmp/x").code == 0
+    assert sbx("files", "cat", a["id"], "/tmp/x").out == "x"
+    assert did_nothing(reap(sbx))
+    assert note_of(sbx.home) == noted, "an exec or a file made the next cycle a full look"
 
     # 1. a container stopped behind sbx's back
     docker_api.stop(a["backend_ref"], timeout=0)
