@@ -6,6 +6,7 @@ installation id); everything a test creates on the engine carries the per-run la
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -134,7 +135,8 @@ def containers_of(docker_api, install: str) -> list[dict]:
 
 def remove_test_containers(home: Path) -> None:
     """Remove, by id, the containers this test's installation made (and only those), then
-    its bridge network (`network: full`), if it made one."""
+    its bridge network (`network: full`), if it made one, and the checkpoint images it made
+    (they carry its `sbx.install` label; left behind, every later full look lists them)."""
     install = install_id_of(home)
     if install is None:
         return
@@ -148,6 +150,9 @@ def remove_test_containers(home: Path) -> None:
             api.remove_container(info["Id"], force=True, v=True)
         for network in api.networks(filters={"label": [f"sbx.install={install}"]}):
             api.remove_network(network["Id"])
+        for image in api.images(filters={"label": [f"sbx.install={install}"]}):
+            with contextlib.suppress(docker.errors.APIError):  # gone, or used by another's
+                api.remove_image(image["Id"], force=True)
         api.close()
     except docker.errors.DockerException:
         pass
