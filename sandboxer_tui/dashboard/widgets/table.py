@@ -410,12 +410,11 @@ class SandboxTable(DataTable):
     # -- feeding ----------------------------------------------------------------------------
 
     def apply(self, inventory: Inventory) -> None:
-        """Bring the table in line with one inventory read, cell by cell. The clock is the
-        tick's (once a second): a change is drawn on the time the rows on screen show, and
-        does not draw every countdown on screen a second time each second."""
+        """Bring the table in line with one inventory read, cell by cell, on the read's clock
+        (a sandbox made since the last tick shows its age and countdown from now, and the
+        rows on screen move to the same second)."""
         self._load_all()
-        if self.now is None:
-            self.now = inventory.now
+        self.now = inventory.now
         self.sandboxes = inventory.rows
         rebuilt = False
         if inventory.added or inventory.removed or not self.loaded:
@@ -427,9 +426,8 @@ class SandboxTable(DataTable):
                 rebuilt = True
         if not rebuilt:
             self._apply_changes(inventory)
-        if not self.loaded:
-            self.tick(inventory.now)
         self.loaded = True
+        self.tick(inventory.now)
         self._title()
         self._announce_selection()
 
