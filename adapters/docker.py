@@ -920,7 +920,8 @@ class DockerAdapter(Adapter):
             found = list(api.events(since=f"{since:.9f}", until=until, decode=True))
             ours = any(wanted <= (((e.get("Actor") or {}).get("Attributes")) or {}).items()
                        and not _leaves_it_as_it_was(e) for e in found)
-            return api.info().get("ID") or "", len(found), ours
+            engine = self._engine_id or api.info().get("ID") or ""  # asked once a process
+            return engine, len(found), ours
 
         engine, seen, ours = await self._call(ask)
         if ours or seen > ENGINE_EVENTS_TRUSTED:

@@ -92,6 +92,15 @@ class MarkFile:
             pass
 
 
+class _NotAsked(Exception):
+    """A backend listed but its instance not asked (plan's looks run at once): the cycle
+    fails with `error`, as it did when each backend was looked at alone."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _young(obj: BackendObject, now: datetime, grace: timedelta) -> bool:
     return obj.created_at is not None and now - obj.created_at < grace
 
@@ -371,19 +380,38 @@ class Reaper:
         orphans: list[Action] = []
         unreachable: set[str] = set()
         unreachable_rows: set[str] = set()
-        for backend in registry.names():
+        async def look(backend: str) -> tuple[list[BackendObject], str | None] | None:
+            if backend not in in_use and registry.load_class(backend).test_double:
+                return None
+            asking = asyncio.ensure_future(self._adapter(backend).instance_id())
             try:
-                if backend not in in_use and registry.load_class(backend).test_double:
-                    continue
                 objects = await self._list(backend)
-                listed.append(backend)
+            except BaseException:
+                asking.cancel()
+                raise
+            try:
+                return objects, await asking
             except Exception as exc:
+                raise _NotAsked(exc) from exc
+
+        names = registry.names()  # every backend looked at at once, then judged in order
+        looks = await asyncio.gather(*(look(b) for b in names), return_exceptions=True)
+        for backend, looked in zip(names, looks, strict=True):
+            if isinstance(looked, _NotAsked):
+                raise looked.error  # as when asked alone: the cycle fails
+            if isinstance(looked, BaseException) and not isinstance(looked, Exception):
+                raise looked
+            if isinstance(looked, Exception):
                 if backend in in_use:  # its sandboxes cannot be checked: say so, go on
                     unreachable.add(backend)
-                    report.failed.append({"id": f"backend:{backend}", "code": classify(exc)[0],
-                                          "error": one_line(exc)})
+                    report.failed.append({"id": f"backend:{backend}",
+                                          "code": classify(looked)[0],
+                                          "error": one_line(looked)})
                 continue  # a backend we have nothing on may well be unavailable
-            here = await self._adapter(backend).instance_id()
+            if looked is None:
+                continue
+            listed.append(backend)
+            objects, here = looked
             elsewhere = [r for r in mine if r["backend"] == backend and r.get("backend_instance")
                          and r["backend_instance"] != here]
             if elsewhere:  # never judge another engine's sandboxes by this one's listing
@@ -441,15 +469,16 @@ class Reaper:
         database's fingerprint and each listed backend's change marker, so the next cycles
         can tell that nothing changed. A backend that cannot tell, or one that changed while
         it was looked at, leaves nothing noted."""
-        markers = {}
         labels = {LABEL_INSTALL: self.install_id}
-        for backend in listed:
-            try:
-                marker = await self._adapter(backend).change_marker(labels, started)
-            except Exception:
-                return
-            if marker is None or marker.startswith("changed:"):
-                return
+        answers = await asyncio.gather(
+            *(self._adapter(b).change_marker(labels, started) for b in listed),
+            return_exceptions=True)
+        markers = {}
+        for backend, marker in zip(listed, answers, strict=True):
+            if isinstance(marker, BaseException) and not isinstance(marker, Exception):
+                raise marker
+            if not isinstance(marker, str) or marker.startswith("changed:"):
+                return  # an error, a backend that cannot tell, or one that changed
             markers[backend] = marker
         assert self.marks is not None
         self.marks.save({"install": self.install_id, "at": to_iso(now), "since": started,
@@ -473,12 +502,18 @@ class Reaper:
         if not at <= now < at + self.reconcile_every:
             return None
         labels = {LABEL_INSTALL: self.install_id}
-        for backend, marker in (mark.get("markers") or {}).items():
-            try:
-                if await self._adapter(backend).change_marker(labels, mark["since"]) != marker:
-                    return None
-            except Exception:
-                return None  # the full look says what is wrong
+        noted = dict(mark.get("markers") or {})
+        try:
+            answers = await asyncio.gather(
+                *(self._adapter(b).change_marker(labels, mark["since"]) for b in noted),
+                return_exceptions=True)
+        except Exception:
+            return None  # the full look says what is wrong
+        for marker, answer in zip(noted.values(), answers, strict=True):
+            if isinstance(answer, BaseException) and not isinstance(answer, Exception):
+                raise answer
+            if answer != marker:  # changed, or an error: the full look says what is wrong
+                return None
         rows = self.read_due(to_iso(now + self.warn_before))
         mine = [r for r in rows if r["install_id"] == self.install_id]
         if any(r["state"] not in STEADY for r in mine):
@@ -548,39 +583,43 @@ class Reaper:
         time made due."""
         rows = self.read_checkpoints()
         now_iso, grace_iso = to_iso(now), to_iso(now - self.grace)
-        actions = []
-        for backend in registry.names():
+
+        async def has_work(backend: str) -> bool:
             if backend in unreachable:
-                continue
+                return False
             try:
                 cls = registry.load_class(backend)
             except Exception:
-                continue  # an adapter that cannot load is reported by plan() and doctor
+                return False  # an adapter that cannot load is reported by plan() and doctor
             if cls.test_double or Capability.SNAPSHOT not in cls.capabilities:
-                continue
+                return False
             mine = [r for r in rows if r["backend"] == backend]
             due = any((self.reap and r["expires_at"] and r["expires_at"] <= now_iso) or
                       (r["state"] == "pending" and r["created_at"] <= grace_iso) for r in mine)
-            if not due and not rows_only:
-                try:
-                    artifacts = await self._adapter(backend).list_artifacts(
-                        {LABEL_INSTALL: self.install_id})
-                except Exception:
-                    continue
-                known = {r["id"] for r in mine}
-                due = any(not a.held or a.labels.get(LABEL_CHECKPOINT) not in known
-                          for a in artifacts)
-                held = {a.ref for a in artifacts if a.held}
-                unlisted = [r["backend_ref"] for r in mine if r["state"] == "ready"
-                            and r.get("backend_ref") and r["backend_ref"] not in held]
-                if not due and unlisted:
-                    try:
-                        due = bool(await self._adapter(backend).missing_artifacts(unlisted))
-                    except Exception:
-                        continue
-            if due:
-                actions.append(Action(CHECKPOINTS, backend, None, ref=f"checkpoints:{backend}"))
-        return actions
+            if due or rows_only:
+                return due
+            try:
+                found = await self._adapter(backend).list_artifacts(
+                    {LABEL_INSTALL: self.install_id})
+            except Exception:
+                return False
+            known = {r["id"] for r in mine}
+            if any(not a.held or a.labels.get(LABEL_CHECKPOINT) not in known for a in found):
+                return True
+            held = {a.ref for a in found if a.held}
+            unlisted = [r["backend_ref"] for r in mine if r["state"] == "ready"
+                        and r.get("backend_ref") and r["backend_ref"] not in held]
+            if not unlisted:
+                return False
+            try:
+                return bool(await self._adapter(backend).missing_artifacts(unlisted))
+            except Exception:
+                return False
+
+        names = registry.names()  # every backend's artifacts listed at once
+        work = await asyncio.gather(*(has_work(b) for b in names))
+        return [Action(CHECKPOINTS, backend, None, ref=f"checkpoints:{backend}")
+                for backend, due in zip(names, work, strict=True) if due]
 
     def manager(self) -> Manager:
         if self._manager is None:
