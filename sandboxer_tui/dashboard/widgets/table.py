@@ -13,8 +13,8 @@ every row. So a rebuild adds the first `LOAD_FIRST` rows, paints, and adds the r
 `LOAD_STEP` at a time, `LOAD_PAUSE_S` apart (anything that changes the table adds them
 all first), and those two caches, and the column list it makes again for each row added, are
 keyed on the table's shape (rows or columns added, removed, sorted). Each second only the
-rows on screen have their clock cells made, and a cell drawn is drawn again only when its
-value changed (Textual draws every visible cell again after any update).
+rows on screen have their clock cells made, and a cell or line drawn is drawn again only
+when its value changed (Textual draws every visible line and cell again after any update).
 """
 
 from __future__ import annotations
