@@ -23,8 +23,11 @@ EVENTS = Event.__table__
 MASK = "***"
 # Built once: every write appends through these (a statement built per call costs about as
 # much as SQLite's work on it).
-_HEAD = sa.select(EVENTS.c.id, EVENTS.c.hash).order_by(EVENTS.c.id.desc()).limit(1)
-_APPEND = EVENTS.insert()
+# Text, not Core statements: a process compiles a Core statement the first time it runs it,
+# and a one-shot command (`sbx exec`) appends one event (core/store/refs.py `by_id`).
+_HEAD = sa.text("SELECT id, hash FROM events ORDER BY id DESC LIMIT 1")
+_APPEND = sa.text(f"INSERT INTO events ({', '.join(c.name for c in EVENTS.columns)}) VALUES "
+                  f"({', '.join(':' + c.name for c in EVENTS.columns)})")
 MAX_EVENT_ID = INTEGER_MAX  # the id column's range (an INTEGER on PostgreSQL)
 
 

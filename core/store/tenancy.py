@@ -9,6 +9,7 @@ Per-tenant quotas (the `tenants` table, set by an admin) bound what an owner may
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -55,12 +56,20 @@ def owner_for(asked: str | None) -> str | None:
 
 
 def quotas(conn: sa.Connection, owner: str) -> Mapping[str, Any] | None:
+    return conn.execute(_quotas_statement(), {"owner": owner}).mappings().first()
+
+
+@functools.cache
+def _quotas_statement() -> sa.TextClause:
+    """Text, built once: every exec reads it, and a process compiles a Core statement the
+    first time it runs it (core/store/refs.py `by_id`)."""
     import sqlalchemy as sa
 
     from sandboxer.core.store.models import Tenant
+    from sandboxer.core.store.refs import columns_of
 
     table = Tenant.__table__
-    return conn.execute(sa.select(table).where(table.c.owner == owner)).mappings().first()
+    return sa.text(f"SELECT {columns_of(table)} FROM {table.name} WHERE owner = :owner")
 
 
 def check_ttl(limits: Mapping[str, Any] | None, owner: str, ttl: timedelta) -> None:
