@@ -91,8 +91,8 @@ class LocalTransport:
         self._core: CoreLoop | None = None
         self._lock = threading.Lock()
         self._closed = False
-        # list()'s mirrors, by (owner, destroyed ones shown)
-        self._mirrors: dict[tuple[str | None, bool], InventoryMirror] = {}
+        # list()'s mirrors, by (owner, destroyed ones shown); None: listed once, none yet
+        self._mirrors: dict[tuple[str | None, bool], InventoryMirror | None] = {}
 
     # -- running on the core loop -----------------------------------------------------------
 
@@ -254,7 +254,8 @@ class LocalTransport:
 
     def _close_mirrors(self) -> None:
         for mirror in self._mirrors.values():
-            mirror.close()
+            if mirror is not None:
+                mirror.close()
         self._mirrors.clear()
 
     # -- sandboxes --------------------------------------------------------------------------
@@ -658,15 +659,26 @@ class LocalTransport:
                        labels=labels, pool_members=False, owner=owner)
 
         def mirrored() -> list[dict[str, Any]] | None:
+            """A first listing reads every row once, as a one-shot `sbx ls` needs (a mirror
+            costs more than it saves there); from the second on, the mirror."""
             from sandboxer.core.follow.watch import InventoryMirror
+            from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_views
+            from sandboxer.core.store import inventory
 
             key = (owner, shows_destroyed)
-            mirror = self._mirrors.get(key)
+            now = to_iso(clock_from_env().now())
+            if key not in self._mirrors:
+                rows = inventory.read_fast(self._database_url(), columns=VIEW_COLUMNS,
+                                           as_tuples=True, **filters)
+                if rows is not None:
+                    self._mirrors[key] = None  # listed once: a mirror next time
+                    return sandbox_views(rows, now)
+                return None
+            mirror = self._mirrors[key]
             if mirror is None:
                 mirror = self._mirrors[key] = InventoryMirror(
                     self._database_url(), shows_destroyed, owner)
-            return mirror.views(to_iso(clock_from_env().now()), state=state, backend=backend,
-                                labels=labels)
+            return mirror.views(now, state=state, backend=backend, labels=labels)
 
         views = await self._call(mirrored, needs_manager=False)
         if views is not None:

@@ -133,9 +133,9 @@ def test_the_library_lists_every_sandbox_once_as_reading_it_alone_shows_it(seede
 
 def test_listing_again_reads_only_what_changed_and_shows_every_change(seeded_store,
                                                                       monkeypatch):
-    """A client keeps its listing between calls (core/follow/watch.py InventoryMirror): the
-    next list() reads only the rows changed since, from another connection too, and gives
-    what a fresh client reading every row gives."""
+    """A client keeps its listing from its second call on (core/follow/watch.py
+    InventoryMirror): the next list() reads only the rows changed since, from another
+    connection too, and gives what a fresh client reading every row gives."""
     import sqlalchemy as sa
 
     from sandboxer.core.follow.watch import InventoryWatcher
@@ -151,10 +151,11 @@ def test_listing_again_reads_only_what_changed_and_shows_every_change(seeded_sto
                         lambda self, *a: (rows := real(self, *a), reads.append(len(rows)))[0])
     sbx = sandboxer.Sandboxer(actor="lister")
     try:
-        first = sbx.list()
-        assert [b.id for b in first] == _in_order(seeded)
+        first = sbx.list()  # read once, as a one-shot `sbx ls` reads
+        assert [b.id for b in first] == _in_order(seeded) and reads == []
+        kept = sbx.list()  # the mirror's first look reads every row shown
         assert reads == [sum(r["state"] != "destroyed" for r in seeded.values())]
-        first[0].to_dict()["labels"]["mine"] = "1"  # what a caller does to its copy stays there
+        kept[0].to_dict()["labels"]["mine"] = "1"  # what a caller does to its copy stays there
         again = sbx.list()
         for mine, before in zip(again, first, strict=True):
             _same(mine.to_dict(), before.to_dict())
