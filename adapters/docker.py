@@ -1276,6 +1276,7 @@ class DockerAdapter(Adapter):
         the engine has it."""
         api = api or self._client()
         give_up = time.monotonic() + EXIT_CODE_WAIT_S
+        pause = 0.0005  # the engine usually has it within a millisecond or two
         while True:
             info = api.exec_inspect(exec_id)
             code = info.get("ExitCode")
@@ -1283,7 +1284,8 @@ class DockerAdapter(Adapter):
                 return int(code)
             if time.monotonic() > give_up:
                 return -1
-            time.sleep(0.005)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
     async def _exit_code(self, exec_id: str) -> int:
         """The exec's exit code. Its stream can end a moment before the engine has it."""
