@@ -83,7 +83,6 @@ def _view_maker(now_iso: str | None) -> Callable[[Sequence[Any]], dict[str, Any]
     (tests/unit/test_views.py)."""
     now = None if now_iso is None else _naive(now_iso)
     seen_labels: dict[str, dict[str, str]] = {}
-    on_clock = ON_THE_CLOCK
 
     def make(record: Sequence[Any]) -> dict[str, Any]:
         (sandbox_id, name, profile, backend, backend_ref, state, owner, task, labels_json,
@@ -96,10 +95,10 @@ def _view_maker(now_iso: str | None) -> Callable[[Sequence[Any]], dict[str, Any]
             if known is None:
                 known = seen_labels[labels_json] = json.loads(labels_json)
             labels = dict(known)
-        idle = idle_at = None
+        idle = None
         if idle_timeout_s:
-            idle_at = _naive(last_activity_at) + timedelta(seconds=idle_timeout_s)
-            idle = idle_at.isoformat(timespec="microseconds") + "Z"
+            idle = (_naive(last_activity_at) + timedelta(seconds=idle_timeout_s)
+                    ).isoformat(timespec="microseconds") + "Z"
         view = {
             "id": sandbox_id,
             "name": name,
@@ -128,11 +127,7 @@ def _view_maker(now_iso: str | None) -> Callable[[Sequence[Any]], dict[str, Any]
             "pool": pool,
         }
         if now is not None:
-            left = None
-            if state in on_clock:
-                ends = idle_at if idle is not None and idle < deadline else _naive(deadline)
-                left = max(0, int((ends - now).total_seconds()))
-            view["ttl_left_s"] = left
+            view["ttl_left_s"] = _ttl_left(state, idle, deadline, now)
         return view
 
     return make
@@ -144,19 +139,24 @@ def with_ttl_left(views: Iterable[Mapping[str, Any]], now_iso: str) -> list[dict
     while on the clock. What a listing kept between reads gives (core/follow/watch.py
     InventoryMirror)."""
     now = _naive(now_iso)
-    on_clock = ON_THE_CLOCK
     made = []
     for view in views:
         copy = dict(view)
         copy["labels"] = dict(view["labels"])
-        left = None
-        if view["state"] in on_clock:
-            idle, deadline = view["idle_deadline"], view["deadline"]
-            ends = _naive(idle if idle is not None and idle < deadline else deadline)
-            left = max(0, int((ends - now).total_seconds()))
-        copy["ttl_left_s"] = left
+        copy["ttl_left_s"] = _ttl_left(view["state"], view["idle_deadline"], view["deadline"],
+                                       now)
         made.append(copy)
     return made
+
+
+def _ttl_left(state: str, idle_deadline: str | None, deadline: str,
+              now: datetime) -> int | None:
+    """Whole seconds to the earlier of the deadline and the idle deadline (stored times,
+    which sort as the times do), None off the clock: a view's `ttl_left_s`."""
+    if state not in ON_THE_CLOCK:
+        return None
+    ends = idle_deadline if idle_deadline is not None and idle_deadline < deadline else deadline
+    return max(0, int((_naive(ends) - now).total_seconds()))
 
 
 def _naive(text: str) -> datetime:
