@@ -920,8 +920,9 @@ class DockerAdapter(Adapter):
             found = list(api.events(since=f"{since:.9f}", until=until, decode=True))
             ours = any(wanted <= (((e.get("Actor") or {}).get("Attributes")) or {}).items()
                        and not _leaves_it_as_it_was(e) for e in found)
-            engine = self._engine_id or api.info().get("ID") or ""  # asked once a process
-            return engine, len(found), ours
+            if self._engine_id is None:  # asked once an adapter
+                self._engine_id = api.info().get("ID") or ""
+            return self._engine_id, len(found), ours
 
         engine, seen, ours = await self._call(ask)
         if ours or seen > ENGINE_EVENTS_TRUSTED:

@@ -244,12 +244,13 @@ class BenchContext:
             os.environ.update(saved)
 
     def docker_run(self) -> tuple[float, str]:
-        """`docker run -d` of one container equivalent to an sbx sandbox (same image, limits and
-        KEEPALIVE command as adapters/docker.py) with the run label. Returns (seconds, id); the
-        id is recorded for cleanup."""
-        from sandboxer.adapters.docker import KEEPALIVE  # ["sh", "-c", "<script>"]
+        """`docker run -d` of one container equivalent to an sbx sandbox (same image, limits,
+        restart policy and KEEPALIVE command as adapters/docker.py) with the run label.
+        Returns (seconds, id); the id is recorded for cleanup."""
+        from sandboxer.adapters.docker import KEEPALIVE, RESTART_POLICY  # KEEPALIVE: sh -c ...
 
-        elapsed, proc = self.run(["docker", "run", "-d", *DOCKER_LIMITS, "--label", self.label,
+        elapsed, proc = self.run(["docker", "run", "-d", *DOCKER_LIMITS,
+                                  "--restart", RESTART_POLICY["Name"], "--label", self.label,
                                   IMAGE, *KEEPALIVE])
         cid = proc.stdout.split()[-1]
         self.containers.add(cid)
