@@ -18,11 +18,26 @@ if TYPE_CHECKING:
 
 async def follow_all(mgr: Manager, on_sample: Callable[[dict[str, Any]], None],
                      stop: asyncio.Event, refresh: timedelta = timedelta(seconds=5)) -> None:
+    """Each refresh reads only the rows changed since the last (core/follow/watch.py), so a
+    fleet where nothing changes costs no more to follow at 10,000 sandboxes than at 10."""
     from sandboxer.core.follow import containermetrics
+    from sandboxer.core.follow.watch import InventoryWatcher
     from sandboxer.core.observe import telemetry
+    from sandboxer.core.store import tenancy
 
     telemetry.start_metrics()
     streams: dict[str, asyncio.Task] = {}
+    running: dict[str, dict[str, Any]] = {}  # the running sandboxes whose backend reports
+    reports: dict[str, bool] = {}  # metrics; and which backends do, asked once each
+    watcher = InventoryWatcher(mgr.db.url, owner=tenancy.current())
+
+    def reports_metrics(backend: str) -> bool:
+        if backend not in reports:
+            try:
+                reports[backend] = mgr.adapter(backend).supports(Capability.METRICS)
+            except Exception:
+                reports[backend] = False  # a backend not installed here: not readable
+        return reports[backend]
 
     async def follow(row: dict[str, Any]) -> None:
         try:
@@ -35,8 +50,16 @@ async def follow_all(mgr: Manager, on_sample: Callable[[dict[str, Any]], None],
 
     try:
         while not stop.is_set():
-            running = {r["id"]: r for r in mgr.list(state=State.RUNNING)
-                       if mgr.adapter(r["backend"]).supports(Capability.METRICS)}
+            delta = watcher.read()
+            if delta is None:  # no current database yet: every row, through the Manager
+                delta = watcher.apply(mgr.list(pool_members=False))
+            for sandbox_id in delta.removed:
+                running.pop(sandbox_id, None)
+            for row in (*delta.added, *delta.changed):
+                if row["state"] == State.RUNNING and reports_metrics(row["backend"]):
+                    running[row["id"]] = row
+                else:
+                    running.pop(row["id"], None)
             for sandbox_id in running.keys() - streams.keys():
                 streams[sandbox_id] = asyncio.create_task(follow(running[sandbox_id]))
             for sandbox_id in [s for s, t in streams.items() if s not in running or t.done()]:
@@ -44,6 +67,7 @@ async def follow_all(mgr: Manager, on_sample: Callable[[dict[str, Any]], None],
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), refresh.total_seconds())
     finally:
+        watcher.close()
         for task in streams.values():
             task.cancel()
         await asyncio.gather(*streams.values(), return_exceptions=True)

@@ -164,25 +164,29 @@ def test_a_change_off_screen_draws_no_line_on_screen_again(
 
 def test_metrics_are_followed_only_while_a_running_sandbox_can_report_them(
         sbx_home, profiles, clock, monkeypatch):
-    """Following live metrics lists the running sandboxes every 2 s; with none running on a
-    backend that reports metrics the dashboard does not follow them (that listing was most
-    of its idle CPU at 10,000 sandboxes of a backend without metrics), and it starts as soon
-    as one runs."""
+    """With none running on a backend that reports metrics the dashboard does not follow
+    live metrics (following them listed every running sandbox every 2 s, most of its idle
+    CPU at 10,000 sandboxes of a backend without metrics), and it starts as soon as one
+    runs."""
     from sandboxer.adapters.stub import StubAdapter
+    from sandboxer.core.follow import sampler
     from sandboxer.core.lifecycle.manager import Manager
     from sandboxer.core.rules.profiles import ProfileLoader
     from sandboxer.core.store.db import Database
     from tests.tui.helpers import FullStub, make_dashboard
 
-    listed = []  # the running sandboxes listed: what following the metrics does
+    listed = []  # each start of following every running sandbox's metrics
+    follow_all = sampler.follow_all
+
+    def following(*args, **kwargs):
+        listed.append(1)
+        return follow_all(*args, **kwargs)
+
+    monkeypatch.setattr(sampler, "follow_all", following)
 
     def manager(adapter, db: str):
-        mgr = Manager(Database(f"sqlite:///{sbx_home / db}"), clock, actor="alice",
-                      adapters={"stub": adapter})
-        list_rows = mgr.list
-        monkeypatch.setattr(mgr, "list", lambda *a, **k: (
-            listed.append(1) if k.get("state") == "running" else None, list_rows(*a, **k))[1])
-        return mgr
+        return Manager(Database(f"sqlite:///{sbx_home / db}"), clock, actor="alice",
+                       adapters={"stub": adapter})
 
     async def looked_a_while(app, pilot) -> None:
         await wait_for(pilot, lambda: "exec" in app.dashboard.known_capabilities("stub"),
