@@ -395,7 +395,16 @@ class Reaper:
                 raise _NotAsked(exc) from exc
 
         names = registry.names()  # every backend looked at at once, then judged in order
-        looks = await asyncio.gather(*(look(b) for b in names), return_exceptions=True)
+        looking = asyncio.gather(*(look(b) for b in names), return_exceptions=True)
+        # the checkpoints' artifacts at the same time (an image listing is dockerd's
+        # slowest call); those of a backend found unreachable are left out below
+        artifacts = asyncio.ensure_future(self._plan_checkpoints(set(), now))
+        try:
+            looks = await looking
+            checkpoint_work = await artifacts
+        except BaseException:
+            artifacts.cancel()
+            raise
         for backend, looked in zip(names, looks, strict=True):
             if isinstance(looked, _NotAsked):
                 raise looked.error  # as when asked alone: the cycle fails
@@ -446,7 +455,7 @@ class Reaper:
                                         restarts_seen=self._restarts_seen(restarted))
             if self.orphans:
                 orphans += plan_orphans(backend, objects, now)
-        reconcile += await self._plan_checkpoints(unreachable, now)
+        reconcile += [a for a in checkpoint_work if a.backend not in unreachable]
         reachable = [r for r in mine
                      if r["backend"] not in unreachable and r["id"] not in unreachable_rows]
         if self.reap:
