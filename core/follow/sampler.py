@@ -27,17 +27,14 @@ async def follow_all(mgr: Manager, on_sample: Callable[[dict[str, Any]], None],
 
     telemetry.start_metrics()
     streams: dict[str, asyncio.Task] = {}
-    running: dict[str, dict[str, Any]] = {}  # the running sandboxes whose backend reports
-    reports: dict[str, bool] = {}  # metrics; and which backends do, asked once each
+    running: dict[str, dict[str, Any]] = {}  # on a backend that reports metrics
     watcher = InventoryWatcher(mgr.db.url, owner=tenancy.current())
 
     def reports_metrics(backend: str) -> bool:
-        if backend not in reports:
-            try:
-                reports[backend] = mgr.adapter(backend).supports(Capability.METRICS)
-            except Exception:
-                reports[backend] = False  # a backend not installed here: not readable
-        return reports[backend]
+        try:
+            return mgr.adapter(backend).supports(Capability.METRICS)
+        except Exception:
+            return False  # a backend not installed here: not readable
 
     async def follow(row: dict[str, Any]) -> None:
         try:

@@ -398,7 +398,7 @@ class Reaper:
         looking = asyncio.gather(*(look(b) for b in names), return_exceptions=True)
         # the checkpoints' artifacts at the same time (an image listing is dockerd's
         # slowest call); those of a backend found unreachable are left out below
-        artifacts = asyncio.ensure_future(self._plan_checkpoints(set(), now))
+        artifacts = asyncio.ensure_future(self._plan_checkpoints(now))
         try:
             looks = await looking
             checkpoint_work = await artifacts
@@ -531,7 +531,7 @@ class Reaper:
         due = plan_reap([*mine, *await self._fleet_rows(rows, set(), now)], now,
                         self.warn_before, dead)
         pools = self._plan_pools(mine, now, dead, set(), set(), report)
-        return merge(await self._plan_checkpoints(set(), now, rows_only=True), [*due, *pools])
+        return merge(await self._plan_checkpoints(now, rows_only=True), [*due, *pools])
 
     def _plan_pools(self, mine: list[dict[str, Any]], now: datetime, dead: Collection[str],
                     unreachable: set[str], unreachable_rows: set[str],
@@ -582,7 +582,7 @@ class Reaper:
                        and (not r.get("backend_instance") or r["backend_instance"] == here)]
         return usable
 
-    async def _plan_checkpoints(self, unreachable: set[str], now: datetime, *,
+    async def _plan_checkpoints(self, now: datetime, *,
                                 rows_only: bool = False) -> list[Action]:
         """One CHECKPOINTS action per backend with work: an expired or interrupted checkpoint,
         an artifact of ours that no row claims or that nobody holds, or a ready checkpoint
@@ -594,8 +594,6 @@ class Reaper:
         now_iso, grace_iso = to_iso(now), to_iso(now - self.grace)
 
         async def has_work(backend: str) -> bool:
-            if backend in unreachable:
-                return False
             try:
                 cls = registry.load_class(backend)
             except Exception:

@@ -175,11 +175,11 @@ def test_metrics_are_followed_only_while_a_running_sandbox_can_report_them(
     from sandboxer.core.store.db import Database
     from tests.tui.helpers import FullStub, make_dashboard
 
-    listed = []  # each start of following every running sandbox's metrics
+    started = []  # each start of following every running sandbox's metrics
     follow_all = sampler.follow_all
 
     def following(*args, **kwargs):
-        listed.append(1)
+        started.append(1)
         return follow_all(*args, **kwargs)
 
     monkeypatch.setattr(sampler, "follow_all", following)
@@ -201,7 +201,7 @@ def test_metrics_are_followed_only_while_a_running_sandbox_can_report_them(
         async with opened(make_dashboard(mgr, backends=["stub"], sample_metrics=True)) \
                 as (app, pilot):
             await looked_a_while(app, pilot)
-            assert listed == []
+            assert started == []
 
     async def paused_then_resumed():  # on one that does: not running, then running
         mgr = manager(FullStub(clock), "full.db")
@@ -210,9 +210,9 @@ def test_metrics_are_followed_only_while_a_running_sandbox_can_report_them(
         dashboard = make_dashboard(mgr, backends=["stub"], sample_metrics=True)
         async with opened(dashboard) as (app, pilot):
             await looked_a_while(app, pilot)
-            assert listed == []
+            assert started == []
             await (await dashboard.sbx.get(box["id"])).resume()
-            await wait_for(pilot, lambda: listed, within=10, what="the metrics followed")
+            await wait_for(pilot, lambda: started, within=10, what="the metrics followed")
 
     asyncio.run(without_metrics())
     asyncio.run(paused_then_resumed())
