@@ -559,6 +559,17 @@ class AsyncSandboxer:
         "error"}]}` (`sbx pool drain`)."""
         return await self._transport.drain_pool(profile)
 
+    async def list_json(self, *, state: str | None = None, backend: str | None = None,
+                        labels: Mapping[str, str] | None = None,
+                        include_destroyed: bool = False) -> bytes:
+        """`list()` as one JSON document, UTF-8: an array of the records' `to_dict()`s, one
+        per line. What a front end prints or sends, without a record made per sandbox: over
+        a listing kept between reads, each sandbox's document is encoded once, when it
+        changed (`sbx ls --json`)."""
+        return await self._transport.list_json(
+            state=None if state is None else str(state), backend=backend,
+            labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
+
     # `list` comes last: a method of that name hides the builtin from the annotations below it
     # (for a type checker), so none is below it.
 

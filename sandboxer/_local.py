@@ -636,57 +636,82 @@ class LocalTransport:
     async def drain_pool(self, profile: str) -> dict[str, Any]:
         return await self._call(lambda mgr: api.drain_pool(mgr, profile))
 
-    # `list` comes last: a method of that name hides the builtin from the annotations below it
-    # (for a type checker), so none is below it.
+    async def list_json(self, *, state: str | None, backend: str | None,
+                        labels: Mapping[str, str] | None, include_destroyed: bool) -> bytes:
+        """`list()` as one JSON document; from a mirror, each row's view as encoded when it
+        was read (InventoryMirror.views_json)."""
+        return await self._listing(True, state, backend, labels, include_destroyed)
 
-    async def list(self, *, state: str | None, backend: str | None,
-                   labels: Mapping[str, str] | None,
-                   include_destroyed: bool) -> list[dict[str, Any]]:
-        """From this transport's InventoryMirror (core/follow/watch.py) while the database
-        is current: only the rows changed since its last look are read, with the driver
-        alone (no ORM: `sbx ls` stays fast from a fresh process). Else through the Manager,
-        which migrates."""
+    async def _listing(self, as_json: bool, state: str | None, backend: str | None,
+                       labels: Mapping[str, str] | None, include_destroyed: bool) -> Any:
+        """The views of `list()`, or with `as_json` their JSON document: from this
+        transport's InventoryMirror (core/follow/watch.py) while the database is current,
+        which reads only the rows changed since its last look, with the driver alone (no
+        ORM: `sbx ls` stays fast from a fresh process); else through the Manager, which
+        migrates."""
         from sandboxer.core.rules.clock import clock_from_env, to_iso
         from sandboxer.core.rules.states import State
+        from sandboxer.core.rules.views import encode_list, sandbox_views
         from sandboxer.core.store import tenancy
         from sandboxer.core.store.inventory import parse_state
 
         owner = tenancy.current()
         state = None if state is None else parse_state(state).value
         shows_destroyed = include_destroyed or state == State.DESTROYED.value
+        narrowing = dict(state=state, backend=backend, labels=labels)
+        filters = dict(include_all=include_destroyed, pool_members=False, owner=owner,
+                       **narrowing)
 
-        filters = dict(include_all=include_destroyed, state=state, backend=backend,
-                       labels=labels, pool_members=False, owner=owner)
+        def made_of(views: list[dict[str, Any]]) -> Any:
+            return encode_list(views) if as_json else views
 
-        def mirrored() -> list[dict[str, Any]] | None:
+        def from_mirror(mirror: InventoryMirror, now: str, last: bool = False) -> Any:
+            if as_json:
+                return mirror.views_json(now, **narrowing)
+            return mirror.views(now, last=last, **narrowing)
+
+        def mirrored() -> Any:
             """A first listing reads every row once, as a one-shot `sbx ls` needs (a mirror
-            costs more than it saves there); from the second on, the mirror."""
-            from sandboxer.core.follow.watch import InventoryMirror
-            from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_views
+            costs more than it saves there), unless this process is a child of the resident
+            server, which kept the listing for it; from the second on, the mirror."""
+            from sandboxer.core.follow.watch import InventoryMirror, handed_down
+            from sandboxer.core.rules.views import VIEW_COLUMNS
             from sandboxer.core.store import inventory
 
             key = (owner, shows_destroyed)
             now = to_iso(clock_from_env().now())
             if key not in self._mirrors:
+                inherited = handed_down(self._database_url(), shows_destroyed, owner)
+                if inherited is not None:
+                    made = from_mirror(inherited, now, last=True)
+                    inherited.close()
+                    if made is not None:
+                        return made
                 rows = inventory.read_fast(self._database_url(), columns=VIEW_COLUMNS,
                                            as_tuples=True, **filters)
                 if rows is not None:
                     self._mirrors[key] = None  # listed once: a mirror next time
-                    return sandbox_views(rows, now)
+                    return made_of(sandbox_views(rows, now))
                 return None
             mirror = self._mirrors[key]
             if mirror is None:
                 mirror = self._mirrors[key] = InventoryMirror(
                     self._database_url(), shows_destroyed, owner)
-            return mirror.views(now, state=state, backend=backend, labels=labels)
+            return from_mirror(mirror, now)
 
-        views = await self._call(mirrored, needs_manager=False)
-        if views is not None:
-            return views
-        from sandboxer.core.rules.views import sandbox_views
-
+        made = await self._call(mirrored, needs_manager=False)
+        if made is not None:
+            return made
         rows = await self._call(lambda mgr: api.list_rows(mgr, **filters))
-        return sandbox_views(rows, to_iso(clock_from_env().now()))
+        return made_of(sandbox_views(rows, to_iso(clock_from_env().now())))
+
+    # `list` comes last: a method of that name hides the builtin from the annotations below it
+    # (for a type checker), so none is below it.
+
+    async def list(self, *, state: str | None, backend: str | None,
+                   labels: Mapping[str, str] | None,
+                   include_destroyed: bool) -> list[dict[str, Any]]:
+        return await self._listing(False, state, backend, labels, include_destroyed)
 
 
 class LocalWatch:

@@ -925,6 +925,13 @@ class RemoteTransport:
     async def drain_pool(self, profile: str) -> dict[str, Any]:
         return await self._json("POST", f"/v1/pools/{_seg(profile)}/drain")
 
+    async def list_json(self, *, state: str | None, backend: str | None,
+                        labels: Mapping[str, str] | None, include_destroyed: bool) -> bytes:
+        from sandboxer.core.rules.views import encode_list
+
+        return encode_list(await self.list(state=state, backend=backend, labels=labels,
+                                          include_destroyed=include_destroyed))
+
     # `list` comes last: a method of that name hides the builtin from the annotations below it
     # (for a type checker), so none is below it.
 

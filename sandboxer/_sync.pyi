@@ -363,6 +363,14 @@ class Sandboxer:
         """
         ...
 
+    def list_json(self, *, state: str | None = None, backend: str | None = None, labels: Mapping[str, str] | None = None, include_destroyed: bool = False) -> bytes:
+        """`list()` as one JSON document, UTF-8: an array of the records' `to_dict()`s, one
+        per line. What a front end prints or sends, without a record made per sandbox: over
+        a listing kept between reads, each sandbox's document is encoded once, when it
+        changed (`sbx ls --json`).
+        """
+        ...
+
     def list(self, *, state: str | None = None, backend: str | None = None, labels: Mapping[str, str] | None = None, include_destroyed: bool = False) -> list[Sandbox]:
         """Sandboxes, oldest first; destroyed ones only with `include_destroyed` (or a
         `state`). `labels`: only those carrying all of them.

@@ -503,6 +503,11 @@ class Transport(Protocol):
         """An MCP tool call without an event of its own: `mcp.call`."""
         ...
 
+    async def list_json(self, *, state: str | None, backend: str | None,
+                        labels: Mapping[str, str] | None, include_destroyed: bool) -> bytes:
+        """`list()`'s views as one JSON document (core/rules/views.py encode_list)."""
+        ...
+
     # `list` comes last: a method of that name hides the builtin from the annotations below it
     # (for a type checker), so none is below it.
 

@@ -29,9 +29,12 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.core.rules.views import VIEW_COLUMNS
+
+_CREATED_AND_ID = itemgetter(VIEW_COLUMNS.index("created_at"), VIEW_COLUMNS.index("id"))
 
 if TYPE_CHECKING:
     from sandboxer.core.lifecycle.manager import Manager
@@ -136,12 +139,18 @@ class InventoryWatcher:
         sql = f"SELECT {', '.join(VIEW_COLUMNS)}, change_seq FROM sandboxes"
         if where:
             sql += " WHERE " + " AND ".join(where)
+        if position is None:
+            sql += " ORDER BY created_at, id"
         cursor = self._conn.cursor()
         try:
-            cursor.execute(sql + " ORDER BY created_at, id", params)
-            rows = self._rows_of([d[0] for d in cursor.description], cursor.fetchall())
+            cursor.execute(sql, params)
+            fetched = cursor.fetchall()
         finally:
             cursor.close()
+        if position is not None:  # the few changed rows, put in order here: ordered by the
+            # database, SQLite walks the created_at index past every row instead of change_seq's
+            fetched.sort(key=_CREATED_AND_ID)
+        rows = self._rows_of([*VIEW_COLUMNS, "change_seq"], fetched)
         self.rows_read = len(rows)
         return rows
 
@@ -211,34 +220,73 @@ class InventoryMirror(InventoryWatcher):
     previous look (nothing at all on SQLite when nobody committed); views are made of those
     rows alone, straight from the driver's tuples, and every view is given as of now
     (`ttl_left_s` is the only field that moves by itself). The same records, in the same
-    order, as inventory.list_sandboxes' query gives (tests/api/test_list_scale.py)."""
+    order, as inventory.list_sandboxes' query gives (tests/api/test_list_scale.py). Each
+    row's view is also kept encoded, for `views_json`."""
 
     def __init__(self, url: str, include_destroyed: bool, owner: str | None) -> None:
         super().__init__(url, include_destroyed, owner)
-        self._views: dict[str, dict[str, Any]] = {}
-        self._ordered: list[dict[str, Any]] | None = []  # None: sort again
+        # by id: (its view, the view's ttl_end_us, its view_fragment; core/rules/views.py)
+        self._entries: dict[str, tuple[dict[str, Any], int | None, bytes]] = {}
+        self._ordered: list[tuple[dict[str, Any], int | None, bytes]] | None = []  # None: sort
+        self._handed_out: list[Any] = []  # see views(last=True)
 
     def views(self, now_iso: str, *, state: str | None = None, backend: str | None = None,
-              labels: Mapping[str, str] | None = None) -> list[dict[str, Any]] | None:
+              labels: Mapping[str, str] | None = None,
+              last: bool = False) -> list[dict[str, Any]] | None:
         """The listing, oldest first, narrowed as inventory.list_sandboxes narrows it; None
-        when the database is not current (then the Manager's way)."""
+        when the database is not current (then the Manager's way). `last`: this mirror is
+        read no more (a listing a forked child inherited, see keep_for_children), so its
+        views are handed out as they are, not copied, and it forgets them."""
         from sandboxer.core.rules.views import with_ttl_left
 
-        if self.read() is None:
+        if not self.refresh():
             return None
         with self._lock:
+            kept = self._ordered or []
+            if last:  # handed out: the next look starts again, and what was handed out stays
+                # referenced, never freed in a forked child (freeing 10,000 views of the parent's
+                # costs the child 20 ms; it exits instead)
+                self._handed_out = kept
+                self._entries, self._ordered, self._position = {}, [], None
+        kept = _narrowed(kept, state, backend, labels)
+        # copies, unless last: what is kept is never handed out
+        return with_ttl_left([entry[0] for entry in kept], now_iso, copy=not last,
+                             ends=[entry[1] for entry in kept])
+
+    def views_json(self, now_iso: str, *, state: str | None = None,
+                   backend: str | None = None,
+                   labels: Mapping[str, str] | None = None) -> bytes | None:
+        """`views()` as one JSON document (views.encode_list's), made of each row's view
+        encoded when it was read: no view is copied or encoded again. None when the database
+        is not current."""
+        from sandboxer.core.rules.views import kept_views_json
+
+        if not self.refresh():
+            return None
+        with self._lock:
+            kept = self._ordered or []
+        return kept_views_json(_narrowed(kept, state, backend, labels), now_iso)
+
+    def refresh(self) -> bool:
+        """Read what changed and put the listing in order; False when the database is not
+        current."""
+        if self.read() is None:
+            return False
+        with self._lock:
             if self._ordered is None:
-                self._ordered = sorted(self._views.values(),
-                                       key=lambda view: (view["created_at"], view["id"]))
-            kept = self._ordered
-        if state is not None:
-            kept = [v for v in kept if v["state"] == state]
-        if backend is not None:
-            kept = [v for v in kept if v["backend"] == backend]
-        if labels:
-            wanted = dict(labels).items()
-            kept = [v for v in kept if wanted <= v["labels"].items()]
-        return with_ttl_left(kept, now_iso)  # copies: what is kept is never handed out
+                self._ordered = sorted(self._entries.values(), key=lambda entry: (
+                    entry[0]["created_at"], entry[0]["id"]))
+        return True
+
+    def release(self) -> None:
+        """Close the connection and keep the rows and the position: what a process does
+        before it forks, so that no child inherits an open connection (SQLite's rule).
+        The next read opens a connection of its own and reads the rows changed since."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._version = None  # PRAGMA data_version counts per connection
 
     @staticmethod
     def _rows_of(names: list[str], fetched: list[tuple[Any, ...]]) -> list[Any]:
@@ -249,25 +297,88 @@ class InventoryMirror(InventoryWatcher):
         return [r[-1] for r in rows]
 
     def _whole(self, rows: list[Any]) -> InventoryDelta:
-        self._views = {}
+        self._entries = {}
         return self._merge(rows)
 
     def _merge(self, rows: list[Any]) -> InventoryDelta:
-        from sandboxer.core.rules.views import sandbox_views
+        from sandboxer.core.rules.views import sandbox_views, ttl_end_us, view_fragment
 
+        if not rows:
+            return InventoryDelta()
         pool, launch, state = (VIEW_COLUMNS.index(c) for c in ("pool", "launch", "state"))
         shown = []
         for row in rows:
             if (row[pool] is not None and row[launch] is None) or (
                     not self.include_destroyed and row[state] == DESTROYED):
-                self._views.pop(row[0], None)  # as InventoryWatcher._shows hides it
+                self._entries.pop(row[0], None)  # as InventoryWatcher._shows hides it
             else:
                 shown.append(row[:-1])
-        for view in sandbox_views(shown):  # without a now: with_ttl_left adds ttl_left_s
-            self._views[view["id"]] = view
-        if rows:
-            self._ordered = None
+        for view in sandbox_views(shown):  # without a now: ttl_left_s is added as of a read
+            self._entries[view["id"]] = (view, ttl_end_us(view), view_fragment(view))
+        self._ordered = None  # a listing under way keeps the list it took
         return InventoryDelta()
+
+
+def _narrowed(kept: list[tuple[dict[str, Any], Any, Any]], state: str | None,
+              backend: str | None, labels: Mapping[str, str] | None) -> list[Any]:
+    """The entries (view first) whose views inventory.list_sandboxes' filters keep."""
+    if state is not None:
+        kept = [e for e in kept if e[0]["state"] == state]
+    if backend is not None:
+        kept = [e for e in kept if e[0]["backend"] == backend]
+    if labels:
+        wanted = dict(labels).items()
+        kept = [e for e in kept if wanted <= e[0]["labels"].items()]
+    return kept
+
+
+# The listings this process keeps for the children it forks (keep_for_children), by (database
+# URL, destroyed ones shown, owner), with the pid of the process that keeps them.
+_KEPT_FOR_CHILDREN: dict[tuple[str, bool, str | None], tuple[int, InventoryMirror]] = {}
+
+
+def keep_for_children(url: str) -> bool:
+    """Bring the listing `sbx ls` shows of `url` (every owner's, destroyed ones hidden) up to
+    date and keep it, its connection closed, for the children this process forks: a child's
+    first listing of that database then reads only the rows changed since (`handed_down`),
+    not every row. What the resident server (sandboxer_tui/resident) does between commands
+    (issue 36). False, keeping nothing, when the database is not current."""
+    import os
+
+    key = (url, False, None)
+    mirror = _KEPT_FOR_CHILDREN[key][1] if key in _KEPT_FOR_CHILDREN else (
+        InventoryMirror(url, False, None))
+    try:
+        current = mirror.refresh()
+    finally:
+        mirror.release()
+    if current:
+        _KEPT_FOR_CHILDREN[key] = (os.getpid(), mirror)
+    else:
+        _KEPT_FOR_CHILDREN.pop(key, None)
+    return current
+
+
+def kept_for_children() -> int:
+    """How many listings this process keeps for its children (keep_for_children)."""
+    import os
+
+    return sum(pid == os.getpid() for pid, _ in _KEPT_FOR_CHILDREN.values())
+
+
+def handed_down(url: str, include_destroyed: bool, owner: str | None) -> InventoryMirror | None:
+    """In a forked child, the listing its parent kept for this database (keep_for_children),
+    taken: read it once, with `views(last=True)`. None anywhere else."""
+    import os
+
+    key = (url, include_destroyed, owner)
+    kept = _KEPT_FOR_CHILDREN.get(key)
+    if kept is None or kept[0] == os.getpid():
+        return None
+    # taken: this process's own from now on, so never handed out again, and kept until the
+    # process ends (the views handed out stay referenced: see InventoryMirror.views)
+    _KEPT_FOR_CHILDREN[key] = (os.getpid(), kept[1])
+    return kept[1]
 
 
 def diff_rows(previous: Mapping[str, Mapping[str, Any]], rows: Iterable[dict[str, Any]],

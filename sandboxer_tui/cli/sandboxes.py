@@ -91,12 +91,13 @@ def ls_command(include_all=False, state=None, backend=None, labels=(), as_json=F
 
     wanted = parse_labels(labels)
     now = now_iso()
+    filters = dict(include_destroyed=include_all, state=state, backend=backend, labels=wanted)
     with client() as sbx:
-        views = [box.to_dict() for box in sbx.list(
-            include_destroyed=include_all, state=state, backend=backend, labels=wanted)]
-    if as_json:
-        emit_json(views)
-    elif views:
+        if as_json:  # the library's document as it is: no record made per sandbox
+            click.echo(sbx.list_json(**filters))
+            return
+        views = [box.to_dict() for box in sbx.list(**filters)]
+    if views:
         click.echo(table(_ls_rows(views, now),
                          ["ID", "NAME", "PROFILE", "BACKEND", "STATE", "OWNER", "HOST", "AGE", "TTL"]))
     else:

@@ -63,6 +63,7 @@ PRELOAD = (
     "sandboxer.core.rules.profiles",
     "sandboxer.core.reconcile.reaper",
     "sandboxer.core.rules.views",
+    "sandboxer.core.follow.watch",
     "sandboxer.core.store.inventory",
     "sandboxer.core.store.events",
     "sqlalchemy.dialects.sqlite.pysqlite",
@@ -249,7 +250,8 @@ class Server:
         self.folder = folder
         self.idle_s = idle_s
         self.selector = selectors.DefaultSelector()
-        self.children: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (conn, pid)
+        # pidfd -> (conn, pid, whether the command was `sbx ls`)
+        self.children: dict[int, tuple[socket.socket, int, bool]] = {}
         self.incoming: set[_Incoming] = set()  # callers whose request is on its way
         self.served = 0
         self.started = time.time()
@@ -413,7 +415,7 @@ class Server:
             if pid is None:
                 conn.close()
         self.served += 1
-        self.children[pidfd] = (conn, pid)
+        self.children[pidfd] = (conn, pid, command_word(request["argv"]) == "ls")
 
     def _close_inherited(self, listener: socket.socket) -> None:
         """A child holds nothing of the server's but its own caller's connection: not the
@@ -423,7 +425,7 @@ class Server:
             os.close(self.lock)
         for incoming in self.incoming:
             incoming.close()
-        for pidfd, (conn, _) in self.children.items():
+        for pidfd, (conn, _, _) in self.children.items():
             conn.close()
             os.close(pidfd)
         self.selector.close()
@@ -451,17 +453,40 @@ class Server:
 
     def _reap(self, pidfd: int) -> None:
         self.selector.unregister(pidfd)
-        conn, pid = self.children.pop(pidfd)
+        conn, pid, listed = self.children.pop(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         _reply(conn, "exit", code if code >= 0 else 128 - code)
         conn.close()
+        if listed and not self.stopping:
+            self._keep_listing()
         self.last_activity = time.monotonic()
 
+    def _keep_listing(self) -> None:
+        """After an `sbx ls`, once its caller has the answer: bring the listing up to date
+        and keep it for the next `sbx ls`'s child, which then reads only the rows changed
+        since, not every row (core/follow/watch.py keep_for_children; docs/design.md, "The
+        resident server"). The connection is closed before the next fork; nothing is kept
+        when the database is not current or cannot be read."""
+        from sandboxer.core.follow.watch import keep_for_children
+        from sandboxer.core.rules.settings import database_url
+
+        try:
+            keep_for_children(database_url())
+        except Exception as exc:  # noqa: BLE001 (the child reads the database itself then)
+            _log(f"could not keep the listing: {exc!r}")
+        if threading.active_count() > 1:  # fork would copy a thread's locks, not the thread
+            _log(f"keeping the listing started a thread, stepping aside: {threading.enumerate()}")
+            self.stopping = True
+        gc.freeze()  # the children's collections leave the kept listing's pages shared
+
     def status(self) -> dict[str, Any]:
+        from sandboxer.core.follow.watch import kept_for_children
+
         return {"pid": os.getpid(), "served": self.served, "commands_running": len(self.children),
-                "since": self.started, "python": sys.executable}
+                "since": self.started, "python": sys.executable,
+                "listings_kept": kept_for_children()}
 
     def _cleanup(self, listener: socket.socket, path: Path) -> None:
         """Stop taking commands; the ones running finish and answer their callers."""

@@ -6,6 +6,7 @@ bench/, not here."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -75,15 +76,15 @@ def _in_order(rows: dict[str, dict], **kwargs) -> list[str]:
     return [r["id"] for r in sorted(wanted, key=lambda r: (r["created_at"], r["id"]))]
 
 
-def _same(listed: dict, alone: dict) -> None:
+def _same(listed: dict, alone: dict, apart_s: float = 0) -> None:
     """A listed view equals the view of the sandbox read alone; ttl_left_s counts down, so
-    the two may be a second or two apart."""
+    the two may be a second or two apart, more when they were read `apart_s` apart."""
     a, b = dict(listed), dict(alone)
     left_a, left_b = a.pop("ttl_left_s"), b.pop("ttl_left_s")
     assert a == b
     assert (left_a is None) == (left_b is None)
     if left_a is not None:
-        assert abs(left_a - left_b) <= 2
+        assert abs(left_a - left_b) <= 2 + apart_s
 
 
 @pytest.fixture
@@ -106,10 +107,11 @@ def test_the_library_lists_every_sandbox_once_as_reading_it_alone_shows_it(seede
     seeded = seeded_store
     sbx = sandboxer.Sandboxer(actor="lister")
     try:
+        listed_at = time.monotonic()
         boxes = sbx.list()
         assert [b.id for b in boxes] == _in_order(seeded)
-        for box in boxes:
-            _same(box.to_dict(), sbx.get(box.id).to_dict())
+        for box in boxes:  # 2,000 reads take seconds on a busy machine
+            _same(box.to_dict(), sbx.get(box.id).to_dict(), time.monotonic() - listed_at)
         gvisor = [b for b in boxes if seeded[b.id]["isolation"] == "gvisor"]
         assert gvisor and all(b.isolation == "gvisor" for b in gvisor)
         warm = [b for b in boxes if seeded[b.id]["launch"] == "warm"]
@@ -200,6 +202,196 @@ def test_listing_again_reads_only_what_changed_and_shows_every_change(seeded_sto
         sbx.close()
 
 
+def _same_listing(document: bytes, boxes: list) -> None:
+    """`list_json()`'s document is the records' to_dict()s, one per line."""
+    assert document == b"[]" if not boxes else (
+        document.startswith(b"[\n") and document.count(b"\n") == len(boxes) + 1)
+    listed = json.loads(document)
+    assert [v["id"] for v in listed] == [b.id for b in boxes]
+    for view, box in zip(listed, boxes, strict=True):
+        _same(view, box.to_dict())
+
+
+def test_list_json_is_the_document_of_what_list_gives(seeded_store):
+    """Read once, then from the mirror, after a change, narrowed, and as a tenant: each time
+    the JSON listing is what list() gives, record for record."""
+    import sqlalchemy as sa
+
+    from sandboxer.core.rules import settings
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+
+    seeded = seeded_store
+    sbx = sandboxer.Sandboxer(actor="lister")
+    try:
+        cold = sbx.list_json()  # a first listing reads every row
+        _same_listing(cold, sbx.list())
+        _same_listing(sbx.list_json(), sbx.list())  # from the mirror
+        renamed = _in_order(seeded)[3]
+        table = Sandbox.__table__
+        db = Database(settings.database_url())
+        try:
+            with db.write() as conn:
+                conn.execute(sa.update(table).where(table.c.id == renamed)
+                             .values(name="renamed", labels_json='{"new": "1"}'))
+        finally:
+            db.dispose()
+        changed = json.loads(sbx.list_json())
+        assert next(v for v in changed if v["id"] == renamed)["labels"] == {"new": "1"}
+        _same_listing(sbx.list_json(), sbx.list())
+        for narrowed in ({"labels": {"team": "t3"}}, {"state": "paused"},
+                         {"include_destroyed": True}, {"backend": "nope"}):
+            _same_listing(sbx.list_json(**narrowed), sbx.list(**narrowed))
+        assert sbx.list_json(backend="nope") == b"[]"
+        alice = sbx.acting_as("alice", tenant=True)
+        hers = json.loads(alice.list_json())
+        assert hers and {v["owner"] for v in hers} == {"alice"}
+        _same_listing(alice.list_json(), alice.list())
+    finally:
+        sbx.close()
+
+
+# A process that keeps the listing, then forks a child that lists from it: what the resident
+# server does between two `sbx ls` (sandboxer_tui/resident/resident.py). In a fresh Python of
+# its own, which has no thread (forking the test's process, which may, would be unsafe).
+KEEP_AND_FORK = r"""
+import json, os, sys, threading
+from sandboxer.core.follow import watch
+from sandboxer.core.rules import settings
+from sandboxer.core.rules.clock import clock_from_env, to_iso
+
+url = settings.database_url()
+assert watch.keep_for_children(url)
+assert threading.active_count() == 1, "keeping the listing started a thread"
+assert watch.handed_down(url, False, None) is None, "handed down in the process that keeps it"
+open_files = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        open_files.append(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:  # the listing's own
+        pass
+sys.stdout.write(json.dumps({"open": open_files}) + "\n")
+sys.stdout.flush()
+sys.stdin.readline()  # the test changes rows meanwhile
+pid = os.fork()
+if pid == 0:
+    try:
+        mirror = watch.handed_down(url, False, None)
+        document = mirror.views_json(to_iso(clock_from_env().now()))
+        again = watch.handed_down(url, False, None)
+        sys.stdout.write(json.dumps({"rows_read": mirror.rows_read, "again": again is None})
+                         + "\n")
+        sys.stdout.buffer.write(document)
+        sys.stdout.flush()
+    finally:
+        os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_lists_from_the_kept_listing_reading_only_what_changed(seeded_store,
+                                                                              sbx_home):
+    import subprocess
+    import sys
+
+    import sqlalchemy as sa
+
+    from sandboxer.core.rules import settings
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+
+    seeded = seeded_store
+    keeper = subprocess.Popen([sys.executable, "-c", KEEP_AND_FORK], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        said = json.loads(keeper.stdout.readline() or b"null")
+        assert said is not None, keeper.stderr.read().decode()[-2000:]
+        assert not [f for f in said["open"] if "sbx.db" in f]  # no connection kept open
+        shown = _in_order(seeded)
+        renamed, destroyed = shown[10], shown[11]
+        table = Sandbox.__table__
+        db = Database(settings.database_url())
+        try:
+            with db.write() as conn:
+                conn.execute(sa.update(table).where(table.c.id == renamed)
+                             .values(name="renamed"))
+                conn.execute(sa.update(table).where(table.c.id == destroyed)
+                             .values(state="destroyed"))
+        finally:
+            db.dispose()
+        out, err = keeper.communicate(b"go\n", timeout=120)
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+    assert keeper.returncode == 0, err.decode()[-2000:]
+    head, _, document = out.partition(b"\n")
+    child = json.loads(head)
+    assert child == {"rows_read": 2, "again": True}  # the two rows changed, of 2,000
+    fresh = sandboxer.Sandboxer(actor="lister")
+    try:
+        _same_listing(document, fresh.list())
+    finally:
+        fresh.close()
+    listed = json.loads(document)
+    assert destroyed not in {v["id"] for v in listed}
+    assert next(v for v in listed if v["id"] == renamed)["name"] == "renamed"
+
+
+def test_sbx_ls_through_the_server_lists_what_the_database_holds_then(seeded, sbx):
+    """The resident server keeps `sbx ls`'s listing between commands; each `sbx ls` through
+    it still lists what the database holds when it runs, a change made in between too."""
+    import os
+    import signal
+
+    import sqlalchemy as sa
+    from support import Launcher
+
+    from sandboxer.core.rules import settings
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+    from tests.reliability.test_reliability import wait_until
+
+    via = Launcher(sbx.home, sbx.cwd)
+    started = via("server", "start", "--json")
+    assert started.code == 0, started.err
+    pid = started.json()["pid"]
+    try:
+        assert started.json()["listings_kept"] == 0
+        first = via("ls", "--json")
+        assert first.code == 0, first.err
+        assert [v["id"] for v in first.json()] == _in_order(seeded)
+        wait_until(lambda: via.status()["listings_kept"] == 1, 60, "the server kept the listing")
+        fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        assert not [f for f in fds if "sbx.db" in f]  # no connection held between commands
+        shown = _in_order(seeded)
+        table = Sandbox.__table__
+        db = Database(settings.database_url())
+        try:
+            with db.write() as conn:
+                conn.execute(sa.update(table).where(table.c.id == shown[0])
+                             .values(state="destroyed"))
+                conn.execute(sa.update(table).where(table.c.id == shown[1])
+                             .values(name="renamed"))
+        finally:
+            db.dispose()
+        served = via.status()["served"]
+        second = via("ls", "--json")
+        assert second.code == 0, second.err
+        assert via.status()["served"] == served + 1  # the server ran it
+        listed = second.json()
+        assert [v["id"] for v in listed] == shown[1:]
+        assert listed[0]["name"] == "renamed"
+        table_view = via("ls")
+        assert table_view.code == 0 and "renamed" in table_view.out
+        assert shown[0] not in table_view.out
+    finally:
+        via("server", "stop")
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_sbx_ls_json_lists_what_the_library_lists(seeded, sbx):
     result = sbx("ls", "--json")
     assert result.code == 0, result.err
@@ -263,6 +455,12 @@ def test_the_service_pages_by_default_and_streams_every_sandbox_with_limit_all(s
         assert [b.id for b in remote_boxes] == [v["id"] for v in paged]
         for box, view in zip(remote_boxes, streamed["items"], strict=True):
             _same(box.to_dict(), view)
+        remote = sandboxer.Sandboxer(url=live.url, token=live.key("read", owner="alice"))
+        try:  # the JSON listing over the service: the tenant's, as list() gives it
+            _same_listing(remote.list_json(), remote.list())
+            assert {v["owner"] for v in json.loads(remote.list_json())} == {"alice"}
+        finally:
+            remote.close()
     finally:
         live.stop()
 
