@@ -186,13 +186,10 @@ def kept_views_json(entries: Iterable[tuple[Any, int | None, bytes]], now_iso: s
     (view, `ttl_end_us`, `view_fragment`): encode_list's document of the views with
     `ttl_left_s`, with no view copied or encoded again."""
     now = _micros(_naive(now_iso))
-    parts: list[bytes] = []
-    add = parts.append
-    for _view, end, fragment in entries:
-        add(fragment)
-        add(b',"ttl_left_s":null},\n' if end is None else
-            b',"ttl_left_s":%d},\n' % _seconds_left(end, now))
-    return b"[\n" + b"".join(parts)[:-2] + b"\n]" if parts else b"[]"
+    null = b',"ttl_left_s":null}'
+    return json_array([
+        fragment + (null if end is None else b',"ttl_left_s":%d}' % _seconds_left(end, now))
+        for _view, end, fragment in entries])
 
 
 def ttl_end_us(view: Mapping[str, Any]) -> int | None:

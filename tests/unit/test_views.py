@@ -4,6 +4,7 @@ datetime per field, it says what the TTL rules (core/rules/ttl.py) say."""
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,7 +12,15 @@ import pytest
 from sandboxer.core.rules.clock import from_iso, to_iso
 from sandboxer.core.rules.states import ON_THE_CLOCK
 from sandboxer.core.rules.ttl import effective_deadline, idle_deadline
-from sandboxer.core.rules.views import VIEW_COLUMNS, sandbox_view, sandbox_views
+from sandboxer.core.rules.views import (
+    VIEW_COLUMNS,
+    encode_list,
+    kept_views_json,
+    sandbox_view,
+    sandbox_views,
+    ttl_end_us,
+    view_fragment,
+)
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -54,6 +63,17 @@ def test_a_listing_gives_each_view_its_own_labels():
     assert [v["labels"] for v in views] == [{"team": "a", "mine": "1"}, {"team": "a"},
                                             {"team": "a"}, {}]
     assert views[1:] == [sandbox_view(r, to_iso(NOW)) for r in rows[1:]]
+
+
+def test_a_kept_listings_document_is_its_views_encoded_as_of_now():
+    """What a listing kept between reads writes (each view encoded once, ttl_left_s added as
+    of the read) is byte for byte what encoding the views made as of then gives."""
+    rows = [tuple(_row(*case)[c] for c in VIEW_COLUMNS) for case in CASES]
+    later = to_iso(NOW + timedelta(seconds=90))
+    kept = [(view, ttl_end_us(view), view_fragment(view)) for view in sandbox_views(rows)]
+    assert kept_views_json(kept, later) == encode_list(sandbox_views(rows, later))
+    assert kept_views_json([], later) == encode_list([]) == b"[]"
+    assert json.loads(kept_views_json(kept, later)) == sandbox_views(rows, later)
 
 
 def test_a_stored_time_not_in_the_stores_form_is_refused_as_from_iso_refuses_it():
