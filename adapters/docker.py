@@ -31,11 +31,11 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 
 def _import_docker_py() -> None:
@@ -503,6 +503,27 @@ class _Workers:
 
 _WORKERS = _Workers()
 
+T = TypeVar("T")
+
+# Questions to an engine being asked right now, by (event loop, engine URL, question): a
+# caller asking the same meanwhile shares the answer (_asked_once). Done ones are not kept.
+_IN_FLIGHT: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
+
+
+async def _asked_once(question: tuple[Any, ...], ask: Callable[[], Awaitable[T]]) -> T:
+    """`ask()`'s answer, shared with whoever asks the same `question` before it comes."""
+    key = (asyncio.get_running_loop(), *question)
+    pending = _IN_FLIGHT.get(key)
+    if pending is None:
+        pending = _IN_FLIGHT[key] = asyncio.ensure_future(ask())
+
+        def done(answer: asyncio.Future[Any]) -> None:
+            _IN_FLIGHT.pop(key, None)
+            if not answer.cancelled():
+                answer.exception()  # seen here: no "never retrieved" when every asker left
+        pending.add_done_callback(done)
+    return await asyncio.shield(pending)
+
 
 class _StartFailed(Exception):
     """The exec could not be created or started (its cause is the engine's error)."""
@@ -804,6 +825,7 @@ class DockerAdapter(Adapter):
         self.base_url = base_url or engine_url()
         self.timeout = timeout
         self._api: docker.APIClient | None = None
+        self._making_client = threading.Lock()  # calls arriving at once make one client
         self._pinged_at: float | None = None  # when the engine last answered a ping
         self._engine_id: str | None = None
         self._has_runsc = False  # the engine listed the runsc runtime (isolation: gvisor)
@@ -814,8 +836,13 @@ class DockerAdapter(Adapter):
 
     def _client(self) -> docker.APIClient:
         """A client speaking the engine's own API version, learnt from one unversioned
-        `/_ping` (what `docker version="auto"` learns from the slower `/version`)."""
-        if self._api is None:
+        `/_ping` (what `docker version="auto"` learns from the slower `/version`). Made once,
+        by the first of the calls that arrive at once (a reaper's ten destroys)."""
+        if self._api is not None:
+            return self._api
+        with self._making_client:
+            if self._api is not None:
+                return self._api
             if self.base_url.startswith("ssh://"):
                 _ssh_transport()
             tls = engine_tls(self.base_url)
@@ -900,9 +927,17 @@ class DockerAdapter(Adapter):
     async def instance_id(self) -> str | None:
         """The engine's own ID (`docker info`, asked once by each adapter), so a DOCKER_HOST
         that reaches another engine cannot mistake this one's containers for gone."""
+        return await self._asked_engine_id() or None
+
+    async def _asked_engine_id(self) -> str:
+        """The engine's ID ("" when it gives none), asked once by this adapter; adapters of
+        one engine asking at the same time (the docker and compose backends, in a reaper's
+        look) share one `docker info`, dockerd's slowest answer after an image listing."""
         if self._engine_id is None:
-            self._engine_id = (await self._call(lambda api: api.info())).get("ID") or ""
-        return self._engine_id or None
+            self._engine_id = await _asked_once(
+                (self.base_url, "info"),
+                lambda: self._call(lambda api: api.info().get("ID") or ""))
+        return self._engine_id
 
     async def change_marker(self, labels: Mapping[str, str], since: float) -> str | None:
         """The engine's ID while its event log holds nothing about containers carrying
@@ -913,18 +948,24 @@ class DockerAdapter(Adapter):
         reconcile (SBX_RECONCILE_EVERY) is what notices sandboxes stopped by one."""
         if not self.base_url.startswith("unix://"):
             return None
-        wanted = dict(labels).items()
-        until = f"{time.time():.9f}"  # the API's seconds.nanoseconds
+        wanted = frozenset(dict(labels).items())
 
-        def ask(api: docker.APIClient) -> tuple[str, int, bool]:
+        def ask(api: docker.APIClient) -> tuple[int, bool]:
+            until = f"{time.time():.9f}"  # the API's seconds.nanoseconds
             found = list(api.events(since=f"{since:.9f}", until=until, decode=True))
             ours = any(wanted <= (((e.get("Actor") or {}).get("Attributes")) or {}).items()
                        and not _leaves_it_as_it_was(e) for e in found)
-            if self._engine_id is None:  # asked once an adapter
-                self._engine_id = api.info().get("ID") or ""
-            return self._engine_id, len(found), ours
+            return len(found), ours
 
-        engine, seen, ours = await self._call(ask)
+        # the events and the ID asked at once; the same question asked meanwhile by another
+        # adapter of this engine (a compose backend's) is asked once
+        events, engine = await asyncio.gather(
+            _asked_once((self.base_url, "events", wanted, since), lambda: self._call(ask)),
+            self._asked_engine_id(), return_exceptions=True)
+        for answer in (events, engine):  # both awaited: a failure of each is seen
+            if isinstance(answer, BaseException):
+                raise answer
+        seen, ours = events
         if ours or seen > ENGINE_EVENTS_TRUSTED:
             return f"changed:{uuid.uuid4().hex}"
         return f"engine:{engine}"

@@ -1,0 +1,74 @@
+"""What the docker backend asks the engine, on the real engine `make test` starts: dockerd's
+time is the reaper's (issue 36), so a question two adapters of one engine ask at once (the
+docker and compose backends, in one reaper cycle) is asked once, and calls arriving at once
+at a fresh adapter make one client (one `/_ping`), not one each."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import docker
+import pytest
+
+from sandboxer.adapters.base import LABEL_INSTALL
+from sandboxer.adapters.compose import ComposeAdapter
+from sandboxer.adapters.docker import DockerAdapter
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How often the engine was asked each question (the real calls, counted)."""
+    counts = {"info": 0, "events": 0, "clients": 0}
+    for name in ("info", "events"):
+        real = getattr(docker.APIClient, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(docker.APIClient, name, counted)
+    real_init = docker.APIClient.__init__
+
+    def made(self, *args, **kwargs):
+        counts["clients"] += 1
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(docker.APIClient, "__init__", made)
+    return counts
+
+
+def test_the_docker_and_compose_backends_ask_one_engine_once(asked: dict[str, int]) -> None:
+    async def both() -> list[str | None]:
+        docker_backend, compose_backend = DockerAdapter(), ComposeAdapter()
+        labels = {LABEL_INSTALL: "inst-engine-calls"}
+        since = time.time()  # a window of milliseconds: no event of ours in it
+        try:
+            return await asyncio.gather(docker_backend.change_marker(labels, since),
+                                        compose_backend.change_marker(labels, since),
+                                        docker_backend.instance_id(),
+                                        compose_backend.instance_id())
+        finally:
+            await docker_backend.close()
+            await compose_backend.close()
+
+    docker_marker, compose_marker, docker_id, compose_id = asyncio.run(both())
+    assert docker_marker == compose_marker == f"engine:{docker_id}"
+    assert docker_id and docker_id == compose_id
+    assert (asked["events"], asked["info"]) == (1, 1)  # each adapter asked; the engine once
+
+
+def test_calls_arriving_at_once_make_one_client(asked: dict[str, int]) -> None:
+    async def ten() -> list[dict]:
+        backend = DockerAdapter()
+        try:
+            return await asyncio.gather(*(backend._call(lambda api: api.version())
+                                          for _ in range(10)))
+        finally:
+            await backend.close()
+
+    answers = asyncio.run(ten())
+    assert len(answers) == 10 and all(a.get("ApiVersion") for a in answers)
+    assert asked["clients"] == 1
