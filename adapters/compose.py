@@ -1050,11 +1050,14 @@ class ComposeAdapter(_Adapter):
                                f"{_short(exc)}") from exc
 
     async def list_artifacts(self, labels: Mapping[str, str]) -> list[Artifact]:
-        filters = {"label": [f"{k}={v}" for k, v in labels.items()] + [LABEL_COMPOSE]}
-        found = await self.docker._call(lambda api: api.images(filters=filters))
+        """The project checkpoints' images carrying `labels`: of the engine's checkpoint
+        images (DockerAdapter.checkpoint_images, one listing for both backends)."""
+        wanted = dict(labels).items()
         grouped: dict[str, Artifact] = {}
-        for image in found:
+        for image in await self.docker.checkpoint_images():
             marks = image.get("Labels") or {}
+            if LABEL_COMPOSE not in marks or not wanted <= marks.items():
+                continue
             checkpoint = marks.get(LABEL_CHECKPOINT)
             prefix = f"{CHECKPOINT_REPOSITORY}:{checkpoint}."
             if not checkpoint or not any(t.startswith(prefix) for t in image.get("RepoTags") or []):

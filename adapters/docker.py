@@ -1680,15 +1680,14 @@ class DockerAdapter(Adapter):
         container uses (held=False), which no installation holds any more."""
         install = labels.get(LABEL_INSTALL)
         wanted = {k: v for k, v in labels.items() if k != LABEL_INSTALL or install is None}
-        filters = {"label": [LABEL_CHECKPOINT, *(f"{k}={v}" for k, v in wanted.items())]}
-
-        def listing(api: docker.APIClient) -> tuple[list[dict], set[str]]:
-            images = api.images(filters=filters)
-            loose = install is not None and any(not _tags(i) for i in images)
-            used = {c.get("ImageID") for c in api.containers(all=True)} if loose else set()
-            return images, used
-
-        images, used = await self._call(listing)
+        if wanted:
+            filters = {"label": [LABEL_CHECKPOINT, *(f"{k}={v}" for k, v in wanted.items())]}
+            images = await self._call(lambda api: api.images(filters=filters))
+        else:
+            images = await self.checkpoint_images()
+        loose = install is not None and any(not _tags(i) for i in images)
+        used = {c.get("ImageID") for c in await self._call(
+            lambda api: api.containers(all=True))} if loose else set()
         found = []
         for info in images:
             marks, size = info.get("Labels") or {}, info.get("Size")
@@ -1713,6 +1712,15 @@ class DockerAdapter(Adapter):
                       and tag == transport_tag(marks[LABEL_CHECKPOINT])):
                     found.append(Artifact(tag, marks, size))  # made before holder tags
         return found
+
+    async def checkpoint_images(self) -> list[dict]:
+        """The engine's checkpoint images (every installation's, the compose backend's too),
+        as `docker images` describes them: one listing, shared by the adapters of this engine
+        asking at once (a reaper's look asks the docker and compose backends together, and an
+        image listing is dockerd's slowest answer)."""
+        filters = {"label": [LABEL_CHECKPOINT]}
+        return await _asked_once((self.base_url, "checkpoint images"),
+                                 lambda: self._call(lambda api: api.images(filters=filters)))
 
     async def export_artifact(self, artifact: str, path: str) -> None:
         """`docker save` of the image, named in the file by its checkpoint's transport tag

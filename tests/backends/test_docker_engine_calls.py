@@ -21,8 +21,8 @@ pytestmark = pytest.mark.docker
 @pytest.fixture
 def asked(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often the engine was asked each question (the real calls, counted)."""
-    counts = {"info": 0, "events": 0, "clients": 0}
-    for name in ("info", "events"):
+    counts = {"info": 0, "events": 0, "images": 0, "clients": 0}
+    for name in ("info", "events", "images"):
         real = getattr(docker.APIClient, name)
 
         def counted(self, *args, _real=real, _name=name, **kwargs):
@@ -49,15 +49,22 @@ def test_the_docker_and_compose_backends_ask_one_engine_once(asked: dict[str, in
             return await asyncio.gather(docker_backend.change_marker(labels, since),
                                         compose_backend.change_marker(labels, since),
                                         docker_backend.instance_id(),
-                                        compose_backend.instance_id())
+                                        compose_backend.instance_id(),
+                                        docker_backend.list_artifacts(labels),
+                                        compose_backend.list_artifacts(labels))
         finally:
             await docker_backend.close()
             await compose_backend.close()
 
-    docker_marker, compose_marker, docker_id, compose_id = asyncio.run(both())
+    (docker_marker, compose_marker, docker_id, compose_id, docker_artifacts,
+     compose_artifacts) = asyncio.run(both())
     assert docker_marker == compose_marker == f"engine:{docker_id}"
     assert docker_id and docker_id == compose_id
-    assert (asked["events"], asked["info"]) == (1, 1)  # each adapter asked; the engine once
+    assert compose_artifacts == []  # an installation with none (the docker backend's list
+    # also holds loose checkpoint images any installation left: other tests' may be there)
+    assert all(not a.held for a in docker_artifacts)
+    # each adapter asked each question; the engine was asked each once
+    assert (asked["events"], asked["info"], asked["images"]) == (1, 1, 1)
 
 
 def test_calls_arriving_at_once_make_one_client(asked: dict[str, int]) -> None:
