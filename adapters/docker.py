@@ -826,6 +826,8 @@ class DockerAdapter(Adapter):
         self.timeout = timeout
         self._api: docker.APIClient | None = None
         self._making_client = threading.Lock()  # calls arriving at once make one client
+        self._client_tries = 0  # attempts to make it that ended, and how the last one failed
+        self._client_failure: BackendUnavailable | None = None
         self._pinged_at: float | None = None  # when the engine last answered a ping
         self._engine_id: str | None = None
         self._has_runsc = False  # the engine listed the runsc runtime (isolation: gvisor)
@@ -837,32 +839,46 @@ class DockerAdapter(Adapter):
     def _client(self) -> docker.APIClient:
         """A client speaking the engine's own API version, learnt from one unversioned
         `/_ping` (what `docker version="auto"` learns from the slower `/version`). Made once,
-        by the first of the calls that arrive at once (a reaper's ten destroys)."""
+        by the first of the calls that arrive at once (a reaper's ten destroys); when that
+        attempt fails, the calls that waited for it fail with it, rather than each trying
+        again in turn (an engine that never answers would hold the tenth for ten timeouts)."""
         if self._api is not None:
             return self._api
+        tries = self._client_tries
         with self._making_client:
             if self._api is not None:
                 return self._api
-            if self.base_url.startswith("ssh://"):
-                _ssh_transport()
-            tls = engine_tls(self.base_url)
+            if self._client_tries != tries and self._client_failure is not None:
+                raise BackendUnavailable(str(self._client_failure))  # one ended meanwhile
+            self._client_failure = None  # set by this attempt when it fails
             try:
-                api = docker.APIClient(base_url=self.base_url, timeout=self.timeout,
-                                       tls=tls or False,
-                                       version=docker.constants.MINIMUM_DOCKER_API_VERSION,
-                                       # ssh://user@host goes through paramiko, which reads
-                                       # ~/.ssh/config and known_hosts. (docker-py's system-ssh
-                                       # mode breaks pipes when exec streams close.)
-                                       use_ssh_client=False,
-                                       max_pool_size=ENGINE_CONNECTIONS)
-                if tls is not None and tls.verify and tls.ca_cert:
-                    _keep_engine_ca(api)
-                response = api._get(api.base_url + "/_ping")
-                response.raise_for_status()
-                api._version = response.headers.get("Api-Version") or api._version
-            except (docker_errors.DockerException, OSError) as exc:  # refused, no socket...
-                raise self._unreachable(exc) from exc
-            self._api, self._pinged_at = api, time.monotonic()
+                return self._make_client()
+            finally:
+                self._client_tries += 1
+
+    def _make_client(self) -> docker.APIClient:
+        """_client's one attempt, under its lock."""
+        if self.base_url.startswith("ssh://"):
+            _ssh_transport()
+        tls = engine_tls(self.base_url)
+        try:
+            api = docker.APIClient(base_url=self.base_url, timeout=self.timeout,
+                                   tls=tls or False,
+                                   version=docker.constants.MINIMUM_DOCKER_API_VERSION,
+                                   # ssh://user@host goes through paramiko, which reads
+                                   # ~/.ssh/config and known_hosts. (docker-py's system-ssh
+                                   # mode breaks pipes when exec streams close.)
+                                   use_ssh_client=False,
+                                   max_pool_size=ENGINE_CONNECTIONS)
+            if tls is not None and tls.verify and tls.ca_cert:
+                _keep_engine_ca(api)
+            response = api._get(api.base_url + "/_ping")
+            response.raise_for_status()
+            api._version = response.headers.get("Api-Version") or api._version
+        except (docker_errors.DockerException, OSError) as exc:  # refused, no socket...
+            self._client_failure = self._unreachable(exc)
+            raise self._client_failure from exc
+        self._api, self._pinged_at = api, time.monotonic()
         return self._api
 
     async def _call(self, fn: Callable[[docker.APIClient], Any]) -> Any:

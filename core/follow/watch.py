@@ -72,8 +72,12 @@ class InventoryWatcher:
         self._postgres = False
         self._version: int | None = None
         self._position: int | None = None  # None: the next look reads every row
+        # SQLite: the file's (device, inode), and the id of the row at `_position`
+        self._file: tuple[int, int] | None = None
+        self._at_position: str | None = None
+        self._read_top: tuple[int, str] | None = None  # the last _select's (change_seq, id)
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered: InventoryMirror reads under it
         self.rows_read = 0  # rows the last look read (what a test or a benchmark asks)
 
     def set_include_destroyed(self, include: bool) -> None:
@@ -92,7 +96,9 @@ class InventoryWatcher:
                 return InventoryDelta()
             if self._conn is None:
                 self._conn = inventory.open_sqlite_readonly(self.url, any_thread=True)
-                if self._conn is None:
+                if self._conn is not None:
+                    self._same_database_or_all_again()
+                else:
                     self._conn = inventory.open_postgres_readonly(self.url)
                     self._postgres = self._conn is not None
                 if self._conn is None:
@@ -105,10 +111,32 @@ class InventoryWatcher:
                 return InventoryDelta()  # nobody committed: nothing to read
             full = self._position is None
             rows = self._select("?", self._position, ">")
+            self._drop_positions(rows)
+            delta = self._whole(rows) if full else self._merge(rows)
+            # moved on only once the rows are taken in: a failed merge reads them again
             self._version = version
-            seen = max(self._drop_positions(rows), default=0)
-            self._position = max(self._position or 0, seen)
-            return self._whole(rows) if full else self._merge(rows)
+            if self._read_top is not None:
+                self._position, self._at_position = self._read_top
+            return delta
+
+    def _same_database_or_all_again(self) -> None:
+        """On a new SQLite connection: when the file is another one (removed and made again)
+        or its changes went back (an older copy restored), the next look reads every row,
+        since the position counts in the other's changes. Told by the file's identity, the
+        latest change, and the row at the position: still the one read there, or a row
+        changed since (it moved on), never another."""
+        import os
+
+        info = os.stat(self.url[len("sqlite:///"):])
+        file = (info.st_dev, info.st_ino)
+        if self._position is not None:
+            latest = self._conn.execute("SELECT max(change_seq) FROM sandboxes").fetchone()[0]
+            there = self._conn.execute("SELECT id FROM sandboxes WHERE change_seq = ?",
+                                       (self._position,)).fetchone()
+            if (file != self._file or latest is None or latest < self._position
+                    or (there is not None and there[0] != self._at_position)):
+                self._position = self._version = None
+        self._file = file
 
     def _read_postgres(self) -> InventoryDelta:
         cursor = self._conn.cursor()
@@ -120,8 +148,9 @@ class InventoryWatcher:
         full = self._position is None
         rows = self._select("%s", self._position, ">=")
         self._drop_positions(rows)
-        self._position = oldest_running
-        return self._whole(rows) if full else self._merge(rows)
+        delta = self._whole(rows) if full else self._merge(rows)
+        self._position = oldest_running  # once the rows are taken in (as on SQLite)
+        return delta
 
     def _select(self, mark: str, position: int | None, op: str) -> list[dict[str, Any]]:
         """The public columns (and pool, launch) of the rows changed since `position` (every
@@ -150,6 +179,8 @@ class InventoryWatcher:
         if position is not None:  # the few changed rows, put in order here: ordered by the
             # database, SQLite walks the created_at index past every row instead of change_seq's
             fetched.sort(key=_CREATED_AND_ID)
+        latest = max(fetched, key=lambda row: row[-1], default=None)  # id first, change_seq last
+        self._read_top = None if latest is None else (latest[-1], latest[0])
         rows = self._rows_of([*VIEW_COLUMNS, "change_seq"], fetched)
         self.rows_read = len(rows)
         return rows
@@ -239,10 +270,10 @@ class InventoryMirror(InventoryWatcher):
         views are handed out as they are, not copied, and it forgets them."""
         from sandboxer.core.rules.views import with_ttl_left
 
-        if not self.refresh():
-            return None
         with self._lock:
-            kept = self._ordered or []
+            kept = self._refreshed()
+            if kept is None:
+                return None
             if last:  # handed out: the next look starts again, and what was handed out stays
                 # referenced, never freed in a forked child (freeing 10,000 views of the parent's
                 # costs the child 20 ms; it exits instead)
@@ -261,22 +292,26 @@ class InventoryMirror(InventoryWatcher):
         is not current."""
         from sandboxer.core.rules.views import kept_views_json
 
-        if not self.refresh():
-            return None
         with self._lock:
-            kept = self._ordered or []
+            kept = self._refreshed()
+        if kept is None:
+            return None
         return kept_views_json(_narrowed(kept, state, backend, labels), now_iso)
 
     def refresh(self) -> bool:
         """Read what changed and put the listing in order; False when the database is not
         current."""
-        if self.read() is None:
-            return False
         with self._lock:
-            if self._ordered is None:
-                self._ordered = sorted(self._entries.values(), key=lambda entry: (
-                    entry[0]["created_at"], entry[0]["id"]))
-        return True
+            return self._refreshed() is not None
+
+    def _refreshed(self) -> list[tuple[dict[str, Any], int | None, bytes]] | None:
+        """refresh(), under the lock (re-entered by read): the entries in order, or None."""
+        if self.read() is None:
+            return None
+        if self._ordered is None:
+            self._ordered = sorted(self._entries.values(), key=lambda entry: (
+                entry[0]["created_at"], entry[0]["id"]))
+        return self._ordered
 
     def release(self) -> None:
         """Close the connection and keep the rows and the position: what a process does
@@ -297,7 +332,7 @@ class InventoryMirror(InventoryWatcher):
         return [r[-1] for r in rows]
 
     def _whole(self, rows: list[Any]) -> InventoryDelta:
-        self._entries = {}
+        self._entries, self._ordered = {}, None
         return self._merge(rows)
 
     def _merge(self, rows: list[Any]) -> InventoryDelta:
@@ -342,20 +377,25 @@ def keep_for_children(url: str) -> bool:
     date and keep it, its connection closed, for the children this process forks: a child's
     first listing of that database then reads only the rows changed since (`handed_down`),
     not every row. What the resident server (sandboxer_tui/resident) does between commands
-    (issue 36). False, keeping nothing, when the database is not current."""
+    (issue 36). False, keeping nothing, when the database is not current, or not SQLite: a
+    PostgreSQL URL may name another database in a caller's environment (libpq reads PGHOST
+    and the like), and connecting would hold up the server."""
     import os
 
     key = (url, False, None)
+    if not url.startswith("sqlite:///"):
+        return False  # see above
     mirror = _KEPT_FOR_CHILDREN[key][1] if key in _KEPT_FOR_CHILDREN else (
         InventoryMirror(url, False, None))
+    current = False
     try:
         current = mirror.refresh()
     finally:
         mirror.release()
-    if current:
-        _KEPT_FOR_CHILDREN[key] = (os.getpid(), mirror)
-    else:
-        _KEPT_FOR_CHILDREN.pop(key, None)
+        if current:
+            _KEPT_FOR_CHILDREN[key] = (os.getpid(), mirror)
+        else:  # not current, or a read that failed: nothing kept that may be wrong
+            _KEPT_FOR_CHILDREN.pop(key, None)
     return current
 
 

@@ -9,10 +9,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
-import orjson
 
 from sandboxer.core.rules.errors import ExitCode, classify, one_line
-from sandboxer.core.rules.views import encode_list
+from sandboxer.core.rules.views import encode, encode_list
 from sandboxer_tui.formatting import printable
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
@@ -21,10 +20,7 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON doc
 def emit_json(data: Any) -> None:
     """One JSON document in UTF-8: a list one record per line, as the library writes a
     listing (core/rules/views.py encode_list), anything else indented by two spaces."""
-    if isinstance(data, list):
-        click.echo(encode_list(data))
-    else:
-        click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    click.echo(encode_list(data) if isinstance(data, list) else encode(data, indent=True))
 
 
 def progress(message: str) -> None:

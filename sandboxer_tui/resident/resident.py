@@ -1,10 +1,13 @@
 """`sbx server`: a resident process that runs each `sbx` command in a forked child.
 
-The server imports the heavy modules once, opens nothing (no database, no engine client, no
-thread), and forks one child per command: the child takes the caller's stdin/stdout/stderr,
-environment, working folder and umask, runs the command exactly as `sbx` would, and exits.
-Each command is still its own process with its own database connection, lease owner and
-engine client, so every guarantee of a one-shot `sbx` holds; only the imports are shared.
+The server imports the heavy modules once, keeps nothing open (no database connection, no
+engine client, no thread), and forks one child per command: the child takes the caller's
+stdin/stdout/stderr, environment, working folder and umask, runs the command exactly as `sbx`
+would, and exits. Each command is still its own process with its own database connection,
+lease owner and engine client, so every guarantee of a one-shot `sbx` holds. Shared are the
+imports and one thing more: `sbx ls`'s listing, which the server brings up to date after each
+`sbx ls` (reading only what changed, on a connection it closes again) and the next `sbx ls`'s
+child reads on from (`_keep_listing`).
 
 The server answers only its own user (SO_PEERCRED), lives in `$SBX_HOME` (0700, checked as
 the core checks it), declines a caller from another Python, and exits when its code changes

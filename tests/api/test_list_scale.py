@@ -289,26 +289,47 @@ os.waitpid(pid, 0)
 """
 
 
-def test_a_forked_child_lists_from_the_kept_listing_reading_only_what_changed(seeded_store,
-                                                                              sbx_home):
+def _keep_then_fork(change) -> tuple[dict, bytes]:
+    """KEEP_AND_FORK in a fresh Python: `change()` runs between the keeping and the fork.
+    (what the child said, the listing it wrote)."""
     import subprocess
     import sys
 
-    import sqlalchemy as sa
-
-    from sandboxer.core.rules import settings
-    from sandboxer.core.store.db import Database
-    from sandboxer.core.store.models import Sandbox
-
-    seeded = seeded_store
     keeper = subprocess.Popen([sys.executable, "-c", KEEP_AND_FORK], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         said = json.loads(keeper.stdout.readline() or b"null")
         assert said is not None, keeper.stderr.read().decode()[-2000:]
         assert not [f for f in said["open"] if "sbx.db" in f]  # no connection kept open
-        shown = _in_order(seeded)
-        renamed, destroyed = shown[10], shown[11]
+        change()
+        out, err = keeper.communicate(b"go\n", timeout=120)
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+    assert keeper.returncode == 0, err.decode()[-2000:]
+    head, _, document = out.partition(b"\n")
+    return json.loads(head), document
+
+
+def _fresh_listing() -> list:
+    fresh = sandboxer.Sandboxer(actor="lister")
+    try:
+        return fresh.list()
+    finally:
+        fresh.close()
+
+
+def test_a_forked_child_lists_from_the_kept_listing_reading_only_what_changed(seeded):
+    import sqlalchemy as sa
+
+    from sandboxer.core.rules import settings
+    from sandboxer.core.store.db import Database
+    from sandboxer.core.store.models import Sandbox
+
+    shown = _in_order(seeded)
+    renamed, destroyed = shown[10], shown[11]
+
+    def change() -> None:
         table = Sandbox.__table__
         db = Database(settings.database_url())
         try:
@@ -319,22 +340,35 @@ def test_a_forked_child_lists_from_the_kept_listing_reading_only_what_changed(se
                              .values(state="destroyed"))
         finally:
             db.dispose()
-        out, err = keeper.communicate(b"go\n", timeout=120)
-    finally:
-        if keeper.poll() is None:
-            keeper.kill()
-    assert keeper.returncode == 0, err.decode()[-2000:]
-    head, _, document = out.partition(b"\n")
-    child = json.loads(head)
+
+    child, document = _keep_then_fork(change)
     assert child == {"rows_read": 2, "again": True}  # the two rows changed, of 2,000
-    fresh = sandboxer.Sandboxer(actor="lister")
-    try:
-        _same_listing(document, fresh.list())
-    finally:
-        fresh.close()
+    _same_listing(document, _fresh_listing())
     listed = json.loads(document)
     assert destroyed not in {v["id"] for v in listed}
     assert next(v for v in listed if v["id"] == renamed)["name"] == "renamed"
+
+
+def test_a_database_made_again_is_listed_whole_not_from_the_kept_listing(seeded, sbx_home):
+    """The kept position counts in the old file's changes: a new file under the same name
+    (removed and made again) is read whole, so no sandbox of the old one shows."""
+    def change() -> None:
+        for name in ("sbx.db", "sbx.db-wal", "sbx.db-shm"):
+            (sbx_home / name).unlink(missing_ok=True)
+        _seed(sbx_home)  # 2,000 others, with change_seq counting from 1 again
+
+    child, document = _keep_then_fork(change)
+    assert child["rows_read"] >= len(_in_order(seeded)) - 200  # read whole (2,000, shown)
+    _same_listing(document, _fresh_listing())
+    assert not {v["id"] for v in json.loads(document)} & set(seeded)
+
+
+def test_only_an_sqlite_listing_is_kept(pg_url):  # noqa: F811 (the fixture)
+    """A PostgreSQL URL may name another database in a caller's environment (libpq's
+    variables): the server keeps no listing of one."""
+    from sandboxer.core.follow.watch import keep_for_children, kept_for_children
+
+    assert keep_for_children(pg_url) is False and kept_for_children() == 0
 
 
 def test_sbx_ls_through_the_server_lists_what_the_database_holds_then(seeded, sbx):

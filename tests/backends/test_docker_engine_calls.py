@@ -79,3 +79,36 @@ def test_calls_arriving_at_once_make_one_client(asked: dict[str, int]) -> None:
     answers = asyncio.run(ten())
     assert len(answers) == 10 and all(a.get("ApiVersion") for a in answers)
     assert asked["clients"] == 1
+
+
+def test_calls_waiting_on_a_client_that_cannot_be_made_fail_with_it(
+        asked: dict[str, int], tmp_path) -> None:
+    """An engine that takes connections and never answers: the first call's attempt times
+    out, and the calls that waited for it meanwhile fail with its words, none trying again in
+    turn (the fifth would otherwise wait five timeouts)."""
+    import socket
+
+    from sandboxer.adapters.base import BackendUnavailable
+
+    path = tmp_path / "mute.sock"
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(path))
+    mute.listen(64)  # connections wait in the backlog, never answered
+
+    async def five() -> list:  # fewer than the loop's threads (6 on 2 cores): all wait at once
+        backend = DockerAdapter(f"unix://{path}", timeout=2)
+        try:
+            return await asyncio.gather(*(backend._call(lambda api: api.version())
+                                          for _ in range(5)), return_exceptions=True)
+        finally:
+            await backend.close()
+
+    started = time.monotonic()
+    try:
+        failures = asyncio.run(five())
+    finally:
+        mute.close()
+    assert all(isinstance(f, BackendUnavailable) for f in failures)
+    assert len({str(f) for f in failures}) == 1 and "mute.sock" in str(failures[0])
+    assert asked["clients"] == 1
+    assert time.monotonic() - started < 8  # one timeout of 2 s, not five one after another

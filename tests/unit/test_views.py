@@ -14,6 +14,7 @@ from sandboxer.core.rules.states import ON_THE_CLOCK
 from sandboxer.core.rules.ttl import effective_deadline, idle_deadline
 from sandboxer.core.rules.views import (
     VIEW_COLUMNS,
+    encode,
     encode_list,
     kept_views_json,
     sandbox_view,
@@ -74,6 +75,15 @@ def test_a_kept_listings_document_is_its_views_encoded_as_of_now():
     assert kept_views_json(kept, later) == encode_list(sandbox_views(rows, later))
     assert kept_views_json([], later) == encode_list([]) == b"[]"
     assert json.loads(kept_views_json(kept, later)) == sandbox_views(rows, later)
+
+
+def test_a_name_that_is_not_utf8_is_written_escaped_as_the_standard_library_writes_it():
+    """A file name that is not UTF-8 reaches JSON as a lone surrogate (surrogateescape), which
+    orjson refuses: the document is still written, escaped, as before orjson."""
+    doc = {"name": b"caf\xff".decode("utf-8", "surrogateescape"), "size": 1}
+    assert encode_list([doc]) == b'[\n{"name":"caf\\udcff","size":1}\n]'
+    assert encode(doc, indent=True).decode() == json.dumps(doc, indent=2)
+    assert json.loads(encode(doc))["name"] == doc["name"]
 
 
 def test_a_stored_time_not_in_the_stores_form_is_refused_as_from_iso_refuses_it():
