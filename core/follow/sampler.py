@@ -65,9 +65,18 @@ async def follow_all(mgr: Manager, on_sample: Callable[[dict[str, Any]], None],
                 await asyncio.wait_for(stop.wait(), refresh.total_seconds())
     finally:
         watcher.close()
-        for task in streams.values():
-            task.cancel()
-        await asyncio.gather(*streams.values(), return_exceptions=True)
+        if _on_a_running_loop():  # not when collected after its loop ended: nothing runs
+            for task in streams.values():
+                task.cancel()
+            await asyncio.gather(*streams.values(), return_exceptions=True)
+
+
+def _on_a_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 async def samples_of_all(mgr: Manager, refresh: timedelta = timedelta(seconds=5),

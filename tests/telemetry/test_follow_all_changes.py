@@ -74,3 +74,26 @@ def test_following_every_sandbox_reads_only_the_rows_that_changed(sbx_home, tmp_
         asyncio.run(main())
     finally:
         FullStub.reset()
+
+
+def test_a_follow_left_running_when_its_loop_ended_closes_quietly(sbx_home, tmp_path,
+                                                                  monkeypatch):
+    """A front end whose loop ends without stopping its follower (a service shutting down):
+    the garbage collector closes the coroutine after the loop, and nothing is raised."""
+    write_stub_profile(tmp_path / "profiles")
+    monkeypatch.setenv("SBX_PROFILE_PATH", str(tmp_path / "profiles"))
+    mgr = make_manager(sbx_home, FrozenClock(datetime(2026, 3, 2, 9, 0, tzinfo=UTC)))
+    loop = asyncio.new_event_loop()
+    try:
+        box = loop.run_until_complete(mgr.create(ProfileLoader().load("stub")))
+        followed: set[str] = set()
+        follower = sampler.follow_all(mgr, lambda view: followed.add(view["sandbox_id"]),
+                                      asyncio.Event(), REFRESH)
+        task = loop.create_task(follower)
+        loop.run_until_complete(until(lambda: box["id"] in followed, "the sandbox followed"))
+        assert not task.done()  # waiting for its next refresh, a stream open
+    finally:
+        loop.close()
+    follower.close()  # what the collector does; raised "Event loop is closed" before
+    mgr.db.dispose()
+    FullStub.reset()
