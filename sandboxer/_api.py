@@ -455,9 +455,7 @@ class AsyncSandboxer:
         the cursor of the next page (None on the last). Pages stay in order while sandboxes
         are created (new ones come last)."""
         views, following = await self._transport.list_page(
-            state=None if state is None else str(state), backend=backend,
-            labels=dict(labels) if labels else None, include_destroyed=include_destroyed,
-            limit=limit, cursor=cursor)
+            **_narrowing(state, backend, labels, include_destroyed), limit=limit, cursor=cursor)
         return [AsyncSandbox(self, v) for v in views], following
 
     async def create_idempotent(self, key: str, profile: str | Profile = "default", *,
@@ -567,8 +565,7 @@ class AsyncSandboxer:
         a listing kept between reads, each sandbox's document is encoded once, when it
         changed (`sbx ls --json`)."""
         return await self._transport.list_json(
-            state=None if state is None else str(state), backend=backend,
-            labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
+            **_narrowing(state, backend, labels, include_destroyed))
 
     # `list` comes last: a method of that name hides the builtin from the annotations below it
     # (for a type checker), so none is below it.
@@ -580,9 +577,15 @@ class AsyncSandboxer:
         `state`). `labels`: only those carrying all of them."""
         with building_many():
             views = await self._transport.list(
-                state=None if state is None else str(state), backend=backend,
-                labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
+                **_narrowing(state, backend, labels, include_destroyed))
             return [AsyncSandbox(self, v) for v in views]
+
+
+def _narrowing(state: str | None, backend: str | None, labels: Mapping[str, str] | None,
+               include_destroyed: bool) -> dict[str, Any]:
+    """A listing's filters as the transport contract takes them."""
+    return dict(state=None if state is None else str(state), backend=backend,
+                labels=dict(labels) if labels else None, include_destroyed=include_destroyed)
 
 
 class _Creating:

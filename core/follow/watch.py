@@ -281,8 +281,7 @@ class InventoryMirror(InventoryWatcher):
                 self._entries, self._ordered, self._position = {}, [], None
         kept = _narrowed(kept, state, backend, labels)
         # copies, unless last: what is kept is never handed out
-        return with_ttl_left([entry[0] for entry in kept], now_iso, copy=not last,
-                             ends=[entry[1] for entry in kept])
+        return with_ttl_left(kept, now_iso, copy=not last)
 
     def views_json(self, now_iso: str, *, state: str | None = None,
                    backend: str | None = None,

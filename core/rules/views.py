@@ -133,19 +133,17 @@ def _view_maker(now_iso: str | None) -> Callable[[Sequence[Any]], dict[str, Any]
     return make
 
 
-def with_ttl_left(views: Iterable[dict[str, Any]], now_iso: str, copy: bool = True,
-                  ends: Iterable[int | None] | None = None) -> list[dict[str, Any]]:
-    """Views as `sandbox_view` makes them with `now_iso`: a copy of each (its labels too),
-    with `ttl_left_s` last, counting down to the earlier of its deadline and idle deadline
-    while on the clock. What a listing kept between reads gives (core/follow/watch.py
-    InventoryMirror). `copy=False`: the views themselves are given `ttl_left_s`, for a
-    caller that keeps them no longer. `ends`: each view's `ttl_end_us`, in order, worked out
-    when its row was read, so that a listing of 10,000 parses no time."""
+def with_ttl_left(entries: Iterable[tuple[dict[str, Any], int | None, Any]], now_iso: str,
+                  copy: bool = True) -> list[dict[str, Any]]:
+    """The views of a listing kept between reads (core/follow/watch.py InventoryMirror), each
+    entry (view, `ttl_end_us`, ...) as read, as `sandbox_view` makes them with `now_iso`: a
+    copy of each (its labels too), with `ttl_left_s` last, counting down to the earlier of
+    its deadline and idle deadline while on the clock; the ends worked out when the rows
+    were read, so that a listing of 10,000 parses no time. `copy=False`: the views
+    themselves are given `ttl_left_s`, for a caller that keeps them no longer."""
     now = _micros(_naive(now_iso))
     made = []
-    given = None if ends is None else iter(ends)
-    for view in views:
-        end = ttl_end_us(view) if given is None else next(given)
+    for view, end, _ in entries:
         if copy:
             view = dict(view)
             view["labels"] = dict(view["labels"])
