@@ -265,18 +265,24 @@ def count_sandboxes(dbapi_conn: Any, owner: str | None = None,
 def due_sandboxes(dbapi_conn: Any, soon: str, placeholder: str = "?") -> list[dict[str, Any]]:
     """Every installation's rows a reap may act on by `soon` (now plus the expiry warning's
     lead): a deadline or an idle deadline by then, a state other than running, paused or warm,
-    or a warm pool's member. A superset: the reaper's pure planning decides. Found through the
-    deadline's and the state's indexes, plus the rows with an idle limit."""
+    or a warm pool's member. A superset: the reaper's pure planning decides. Each part is read
+    through an index (the deadline's, the state's, and migration 0018's partial indexes of the
+    pools' members and of the sandboxes with an idle limit), so the read costs what may be due,
+    not the fleet: written as one condition of ORs, SQLite walked every row."""
     if placeholder == "?":
         idle = (f"julianday(last_activity_at) + idle_timeout_s / 86400.0 "
                 f"<= julianday({placeholder}) + 1.0 / 86400")
     else:
         idle = (f"CAST(last_activity_at AS timestamptz) + idle_timeout_s * interval '1 second' "
                 f"<= CAST({placeholder} AS timestamptz) + interval '1 second'")
-    settled = ", ".join(f"'{s.value}'" for s in (State.RUNNING, State.PAUSED, State.WARM))
-    sql = (f"SELECT * FROM sandboxes WHERE state <> '{State.DESTROYED.value}' AND ("
-           f"deadline <= {placeholder} OR state NOT IN ({settled}) OR pool IS NOT NULL "
-           f"OR (idle_timeout_s IS NOT NULL AND {idle}))")
+    unsettled = ", ".join(f"'{s.value}'" for s in State if s not in (
+        State.RUNNING, State.PAUSED, State.WARM, State.DESTROYED))
+    live = f"state <> '{State.DESTROYED.value}'"
+    sql = " UNION ".join(f"SELECT * FROM sandboxes WHERE {where}" for where in (
+        f"deadline <= {placeholder} AND {live}",
+        f"state IN ({unsettled})",
+        f"pool IS NOT NULL AND {live}",
+        f"idle_timeout_s IS NOT NULL AND {live} AND {idle}"))
     cursor = dbapi_conn.cursor()
     try:
         cursor.execute(sql, [soon, soon])

@@ -3,7 +3,7 @@ they sort as times do on every store and read the same from any client."""
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Index, Text
+from sqlalchemy import BigInteger, Index, Text, text
 from sqlmodel import Field, SQLModel
 
 TIME = 27  # len("2026-11-30T12:00:00.000000Z")
@@ -11,6 +11,16 @@ TIME = 27  # len("2026-11-30T12:00:00.000000Z")
 
 class Sandbox(SQLModel, table=True):
     __tablename__ = "sandboxes"
+    # besides the deadline's and the state's, what a reap cycle between full looks reads
+    # through (core/store/inventory.py: due_sandboxes): a pool's members and the sandboxes
+    # with an idle limit, each index holding only those rows (migration 0018)
+    __table_args__ = (
+        Index("ix_sandboxes_pool", "pool", sqlite_where=text("pool IS NOT NULL"),
+              postgresql_where=text("pool IS NOT NULL")),
+        Index("ix_sandboxes_idle_timeout_s", "idle_timeout_s",
+              sqlite_where=text("idle_timeout_s IS NOT NULL"),
+              postgresql_where=text("idle_timeout_s IS NOT NULL")),
+    )
 
     id: str = Field(primary_key=True, max_length=40)
     name: str | None = Field(default=None, index=True, max_length=128)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SCHEMA_HEAD = "0017"
+SCHEMA_HEAD = "0018"
 SCRIPT_LOCATION = Path(__file__).parent
 
 
