@@ -27,7 +27,8 @@ cost is printed beside the figures (information).
    running `sbx server`, SBX_CLOCK_OFFSET past their ttl) against
    `docker rm -f` of N equivalent containers, N = 10, 50, 100, on the real Docker engine
    (bench_reap.py's pieces), with the fixed and per-sandbox parts of both (least squares over
-   N). Target: ratio of medians <= 1.2 for each N. The three ways take turns going first.
+   N). Target: ratio of medians <= 1.2 for each N. Each round runs the three ways in its
+   own order (all six orders in six rounds).
 
 Each row is the median of --rounds rounds (default 10; sizes and modes interleaved within a
 round, the sizes' order alternating), with the fitted cost per row (least squares slope over
@@ -42,6 +43,7 @@ SBX_BENCH_COMMIT names that commit for the results' meta block.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -60,6 +62,7 @@ TARGET_LIST_S = 0.060
 TARGET_LS_S = 0.100
 TARGET_REAP_RATIO = 1.2
 DUE_ARMS = ("sbx", "sbx server", "docker")  # part 5: fresh sbx reap, with sbx server, docker
+DUE_ORDERS = list(itertools.permutations(DUE_ARMS))
 PG = os.environ.get("SBX_TEST_PG", "sbx_test:sbx_test@127.0.0.1:5432")
 TIMEOUT_S = 600
 
@@ -544,9 +547,9 @@ def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
         n: {arm: [] for arm in DUE_ARMS} for n in counts}
     for r in range(rounds):
         for n in counts:
-            # the arms' order turns each round: an arm that follows another's removals finds
-            # dockerd still busy with them (seen as up to 0.1 s at N = 10)
-            for arm in DUE_ARMS[r % 3:] + DUE_ARMS[:r % 3]:
+            # each round its own order of the three ways, all six orders in six rounds: a way
+            # that follows another's removals finds dockerd still busy with them
+            for arm in DUE_ORDERS[r % len(DUE_ORDERS)]:
                 samples[n][arm].append(due_arm(ctx, arm, n, r))
             print(f"   round {r + 1}/{rounds}, N={n}: sbx reap {samples[n]['sbx'][-1]:.2f} s, "
                   f"with sbx server {samples[n]['sbx server'][-1]:.2f} s, docker rm -f "
@@ -583,8 +586,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="live sandboxes (default 100,1000,10000)")
     parser.add_argument("--reap-counts", type=int_list, default=[10, 50, 100],
                         help="due sandboxes of part 5 (default 10,50,100)")
-    parser.add_argument("--reap-rounds", type=int, default=5,
-                        help="rounds of part 5 (default 5; 0 leaves it out)")
+    parser.add_argument("--reap-rounds", type=int, default=6,
+                        help="rounds of part 5 (default 6, each in its own order of the three "
+                             "ways; 0 leaves it out)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.reap_rounds < 0:

@@ -498,7 +498,8 @@ class Reaper:
         """The plan of a cycle between full looks, or None when a full look is needed: when
         none is noted, the noted one is older than `reconcile_every`, or the database or a
         backend changed since. Nothing changed, so reconcile would find nothing: only time
-        can have made something due, and that is read through the deadline's index."""
+        can have made something due, and that is read through indexes of the live rows
+        (core/store/inventory.py: due_sandboxes)."""
         assert self.marks is not None and self.read_due is not None
         mark = self.marks.load()
         if (not mark or mark.get("install") != self.install_id

@@ -264,28 +264,29 @@ def count_sandboxes(dbapi_conn: Any, owner: str | None = None,
 
 def due_sandboxes(dbapi_conn: Any, soon: str, placeholder: str = "?") -> list[dict[str, Any]]:
     """Every installation's rows a reap may act on by `soon` (now plus the expiry warning's
-    lead): a deadline or an idle deadline by then, a state other than running, paused or warm,
-    or a warm pool's member. A superset: the reaper's pure planning decides. Each part is read
-    through an index (the deadline's, the state's, and migration 0018's partial indexes of the
-    pools' members and of the sandboxes with an idle limit), so the read costs what may be due,
-    not the fleet: written as one condition of ORs, SQLite walked every row."""
+    lead): a live row with a deadline or an idle deadline by then, in a state other than
+    running, paused or warm, or a warm pool's member. A superset: the reaper's pure planning
+    decides. Each part is read through a partial index of the live rows it may read
+    (migration 0018, whose conditions these are, word for word: SQLite uses a partial index
+    only for a query that states its condition), so the read costs what may be due, not the
+    fleet nor its history of destroyed sandboxes."""
     if placeholder == "?":
         idle = (f"julianday(last_activity_at) + idle_timeout_s / 86400.0 "
                 f"<= julianday({placeholder}) + 1.0 / 86400")
     else:
         idle = (f"CAST(last_activity_at AS timestamptz) + idle_timeout_s * interval '1 second' "
                 f"<= CAST({placeholder} AS timestamptz) + interval '1 second'")
-    unsettled = ", ".join(f"'{s.value}'" for s in State if s not in (
-        State.RUNNING, State.PAUSED, State.WARM, State.DESTROYED))
     live = f"state <> '{State.DESTROYED.value}'"
-    sql = " UNION ".join(f"SELECT * FROM sandboxes WHERE {where}" for where in (
+    settled = ", ".join(f"'{s.value}'" for s in (State.RUNNING, State.PAUSED, State.WARM,
+                                                  State.DESTROYED))
+    parts = " UNION ".join(f"SELECT id FROM sandboxes WHERE {where}" for where in (
         f"deadline <= {placeholder} AND {live}",
-        f"state IN ({unsettled})",
+        f"state NOT IN ({settled})",
         f"pool IS NOT NULL AND {live}",
         f"idle_timeout_s IS NOT NULL AND {live} AND {idle}"))
     cursor = dbapi_conn.cursor()
     try:
-        cursor.execute(sql, [soon, soon])
+        cursor.execute(f"SELECT * FROM sandboxes WHERE id IN ({parts})", [soon, soon])
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
     finally:
