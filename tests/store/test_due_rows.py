@@ -9,13 +9,11 @@ import re
 import sqlite3
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 
 from sandboxer.core.store import inventory
 from sandboxer.core.store.db import Database
 from sandboxer.core.store.models import Sandbox
-from tests.store.test_postgres import pg_url  # noqa: F401 (the fixture)
 
 SOON = "2026-12-06T12:00:00.000000Z"  # the reaper's now plus its warning's lead
 PAST = "2026-12-06T11:00:00.000000Z"
@@ -52,19 +50,6 @@ def _row(sid: str, **values) -> dict:
                    owner="o", labels_json="{}", created_at=at, started_at=at, deadline=at,
                    hard_deadline=LATER, last_activity_at=at, fence=0, pool=None,
                    idle_timeout_s=None), **values}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path):
-    if request.param == "postgresql":
-        request.applymarker(pytest.mark.postgres)
-        url = request.getfixturevalue("pg_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'sbx.db'}"
-    db = Database(url)
-    db.migrate()
-    yield db
-    db.dispose()
 
 
 def test_the_rows_read_are_those_that_may_be_due_and_no_other(database):

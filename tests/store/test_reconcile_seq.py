@@ -5,15 +5,11 @@ of activity (docs/reliability.md, 23). On SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 
 from sandboxer.core.store import inventory
-from sandboxer.core.store.db import Database
 from sandboxer.core.store.models import Sandbox
-from tests.store.test_postgres import pg_url  # noqa: F401 (the fixture)
 
 MIGRATION = importlib.import_module("sandboxer.core.store.migrations.versions.0017_reconcile_seq")
 
@@ -23,19 +19,6 @@ def test_every_column_is_tracked_or_named_as_activity():
     columns = {c.name for c in Sandbox.__table__.columns}
     assert set(MIGRATION.TRACKED) | set(MIGRATION.UNTRACKED) == columns
     assert not set(MIGRATION.TRACKED) & set(MIGRATION.UNTRACKED)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path):
-    if request.param == "postgresql":
-        request.applymarker(pytest.mark.postgres)
-        url = request.getfixturevalue("pg_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'sbx.db'}"
-    db = Database(url)
-    db.migrate()
-    yield db
-    db.dispose()
 
 
 def _row(sid: str) -> dict:
