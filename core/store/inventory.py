@@ -262,28 +262,39 @@ def count_sandboxes(dbapi_conn: Any, owner: str | None = None,
 # -- what a reap cycle with nothing changed reads (core/reconcile/reaper.py) ----------------
 
 
+_LIVE = f"state <> '{State.DESTROYED.value}'"
+_SETTLED = ", ".join(f"'{s.value}'" for s in (State.RUNNING, State.PAUSED, State.WARM,
+                                               State.DESTROYED))
+# What a reap cycle between full looks reads, each part through a partial index of the rows
+# it may read: name -> (column, the rows it holds). Migration 0018 made them; the Sandbox
+# table (core/store/models.py) declares them from here; due_sandboxes states each condition
+# word for word, as SQLite needs to use a partial index.
+DUE_INDEXES = {
+    "ix_sandboxes_live_deadline": ("deadline", _LIVE),
+    "ix_sandboxes_unsettled": ("state", f"state NOT IN ({_SETTLED})"),
+    "ix_sandboxes_live_pool": ("pool", f"pool IS NOT NULL AND {_LIVE}"),
+    "ix_sandboxes_live_idle": ("idle_timeout_s", f"idle_timeout_s IS NOT NULL AND {_LIVE}"),
+}
+
+
 def due_sandboxes(dbapi_conn: Any, soon: str, placeholder: str = "?") -> list[dict[str, Any]]:
     """Every installation's rows a reap may act on by `soon` (now plus the expiry warning's
     lead): a live row with a deadline or an idle deadline by then, in a state other than
     running, paused or warm, or a warm pool's member. A superset: the reaper's pure planning
-    decides. Each part is read through a partial index of the live rows it may read
-    (migration 0018, whose conditions these are, word for word: SQLite uses a partial index
-    only for a query that states its condition), so the read costs what may be due, not the
-    fleet nor its history of destroyed sandboxes."""
+    decides. Each part is read through its partial index (DUE_INDEXES), so the read costs
+    what may be due, not the fleet nor its history of destroyed sandboxes."""
     if placeholder == "?":
         idle = (f"julianday(last_activity_at) + idle_timeout_s / 86400.0 "
                 f"<= julianday({placeholder}) + 1.0 / 86400")
     else:
         idle = (f"CAST(last_activity_at AS timestamptz) + idle_timeout_s * interval '1 second' "
                 f"<= CAST({placeholder} AS timestamptz) + interval '1 second'")
-    live = f"state <> '{State.DESTROYED.value}'"
-    settled = ", ".join(f"'{s.value}'" for s in (State.RUNNING, State.PAUSED, State.WARM,
-                                                  State.DESTROYED))
+    rows = {name: held for name, (_, held) in DUE_INDEXES.items()}
     parts = " UNION ".join(f"SELECT id FROM sandboxes WHERE {where}" for where in (
-        f"deadline <= {placeholder} AND {live}",
-        f"state NOT IN ({settled})",
-        f"pool IS NOT NULL AND {live}",
-        f"idle_timeout_s IS NOT NULL AND {live} AND {idle}"))
+        f"deadline <= {placeholder} AND {rows['ix_sandboxes_live_deadline']}",
+        rows["ix_sandboxes_unsettled"],
+        rows["ix_sandboxes_live_pool"],
+        f"{rows['ix_sandboxes_live_idle']} AND {idle}"))
     cursor = dbapi_conn.cursor()
     try:
         cursor.execute(f"SELECT * FROM sandboxes WHERE id IN ({parts})", [soon, soon])

@@ -6,23 +6,17 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Index, Text, text
 from sqlmodel import Field, SQLModel
 
+from sandboxer.core.store.inventory import DUE_INDEXES
+
 TIME = 27  # len("2026-11-30T12:00:00.000000Z")
 
 
 class Sandbox(SQLModel, table=True):
     __tablename__ = "sandboxes"
-    # what a reap cycle between full looks reads (core/store/inventory.py: due_sandboxes),
-    # each part through a partial index of the live rows it may read (migration 0018)
+    # what a reap cycle between full looks reads through (core/store/inventory.py), migration 0018
     __table_args__ = tuple(
         Index(name, column, sqlite_where=text(rows), postgresql_where=text(rows))
-        for name, column, rows in (
-            ("ix_sandboxes_live_deadline", "deadline", "state <> 'destroyed'"),
-            ("ix_sandboxes_unsettled", "state",
-             "state NOT IN ('running', 'paused', 'warm', 'destroyed')"),
-            ("ix_sandboxes_live_pool", "pool", "pool IS NOT NULL AND state <> 'destroyed'"),
-            ("ix_sandboxes_live_idle", "idle_timeout_s",
-             "idle_timeout_s IS NOT NULL AND state <> 'destroyed'"),
-        ))
+        for name, (column, rows) in DUE_INDEXES.items())
 
     id: str = Field(primary_key=True, max_length=40)
     name: str | None = Field(default=None, index=True, max_length=128)
