@@ -23,12 +23,14 @@ cost is printed beside the figures (information).
 4. `GET /v1/sandboxes?limit=all` from a real `sbx serve` on 127.0.0.1 (when the service
    refuses `limit=all`, the full listing walked in pages of 1,000, and the row says so).
    Information.
-5. A reap of N due sandboxes (`sbx reap`, fresh process with SBX_NO_SERVER=1, and handed to a
-   running `sbx server`, SBX_CLOCK_OFFSET past their ttl) against
-   `docker rm -f` of N equivalent containers, N = 10, 50, 100, on the real Docker engine
-   (bench_reap.py's pieces), with the fixed and per-sandbox parts of both (least squares over
-   N). Target: ratio of medians <= 1.2 for each N. Each round runs the three ways in its
-   own order (all six orders in six rounds).
+5. A reap of N due sandboxes, SBX_CLOCK_OFFSET past their ttl, three ways: `sbx reap` in a
+   fresh process with SBX_NO_SERVER=1; `sbx reap` handed to a running `sbx server`; and one
+   cycle of a reaper that stays (bench/staying_reaper.py: one process that has reaped once
+   before, as `sbx reap --every` and the service's timer run it), against `docker rm -f` of N
+   equivalent containers, N = 10, 50, 100, on the real Docker engine (bench_reap.py's
+   pieces), with the fixed and per-sandbox parts of each (least squares over N). Target:
+   ratio of medians <= 1.2 for each N. Each round runs the four ways in an order of
+   DUE_ORDERS (each way in each place, and right after each other way, once in four rounds).
 
 Each row is the median of --rounds rounds (default 10; sizes and modes interleaved within a
 round, the sizes' order alternating), with the fitted cost per row (least squares slope over
@@ -43,7 +45,6 @@ SBX_BENCH_COMMIT names that commit for the results' meta block.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -61,8 +62,13 @@ TARGET_REAP_GROWTH = 1.2
 TARGET_LIST_S = 0.060
 TARGET_LS_S = 0.100
 TARGET_REAP_RATIO = 1.2
-DUE_ARMS = ("sbx", "sbx server", "docker")  # part 5: fresh sbx reap, with sbx server, docker
-DUE_ORDERS = list(itertools.permutations(DUE_ARMS))
+# part 5: fresh sbx reap, with sbx server, a reaper that stays (bench/staying_reaper.py), docker
+DUE_ARMS = ("sbx", "sbx server", "staying", "docker")
+# the order of the ways in each round: a Williams square, each way in each place once and
+# right after each other way once in four rounds (a way that follows another's removals finds
+# dockerd still busy with them)
+DUE_ORDERS = [[DUE_ARMS[i] for i in row]
+              for row in ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))]
 PG = os.environ.get("SBX_TEST_PG", "sbx_test:sbx_test@127.0.0.1:5432")
 TIMEOUT_S = 600
 
@@ -522,6 +528,8 @@ def due_arm(ctx: Context, arm: str, n: int, r: int) -> float:
         ctx.containers -= set(cids)
         return rm_s
     home = ctx.home(f"due-{n}-{r}-{arm.replace(' ', '-')}")
+    if arm == "staying":
+        return staying_arm(ctx, home, n)
     ids, _ = bench_reap.make_sandboxes(ctx, home, n, "1m")
     refs = set(ctx.containers)
     if arm == "sbx server":
@@ -531,7 +539,51 @@ def due_arm(ctx: Context, arm: str, n: int, r: int) -> float:
         env = ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m", SBX_NO_SERVER="1")
     reap_s, proc = ctx.run_sbx(env, "reap", "--json")
     ctx.stop_servers()
-    report = json.loads(proc.stdout)
+    check_due_reap(ctx, home, ids, refs, json.loads(proc.stdout))
+    return reap_s
+
+
+def staying_arm(ctx: Context, home: Path, n: int) -> float:
+    """A reaper that stays (bench/staying_reaper.py) is started and reaps once before the N
+    sandboxes are made; their ttl has passed on its clock (SBX_CLOCK_OFFSET), so its next
+    cycle, the one timed, finds them due."""
+    import subprocess
+
+    import bench_reap
+
+    env = ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m")
+    reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("staying_reaper.py"))],
+                              env=env, cwd=ctx.tmp, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reaper.stdin is not None and reaper.stdout is not None
+        if reaper.stdout.readline().strip() != "ready":
+            raise RuntimeError("the staying reaper did not start")
+        ids, _ = bench_reap.make_sandboxes(ctx, home, n, "1m")
+        refs = set(ctx.containers)
+        reaper.stdin.write("reap\n")
+        reaper.stdin.flush()
+        line = reaper.stdout.readline()
+        if not line:
+            raise RuntimeError("the staying reaper ended before its cycle")
+        cycle = json.loads(line)
+        reaper.stdin.close()
+        if reaper.wait(ctx.timeout):
+            raise RuntimeError(f"the staying reaper exited {reaper.returncode}")
+    finally:
+        if reaper.poll() is None:
+            reaper.kill()
+            reaper.wait()
+    check_due_reap(ctx, home, ids, refs, cycle["report"])
+    return cycle["seconds"]
+
+
+def check_due_reap(ctx: Context, home: Path, ids: list[str], refs: set[str],
+                   report: dict[str, Any]) -> None:
+    """Every due sandbox destroyed, none failed, no container left, every row destroyed."""
+    import bench_reap
+
+    n = len(ids)
     left = ctx.still_present(refs)
     if sorted(report["destroyed"]) != sorted(ids) or report["failed"] or left:
         raise RuntimeError(f"sbx reap destroyed {len(report['destroyed'])} of {n}; "
@@ -539,7 +591,6 @@ def due_arm(ctx: Context, arm: str, n: int, r: int) -> float:
     if bench_reap.states(home) != {"destroyed": n}:
         raise RuntimeError(f"after sbx reap the database holds {bench_reap.states(home)}")
     ctx.containers -= refs
-    return reap_s
 
 
 def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
@@ -547,24 +598,24 @@ def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
         n: {arm: [] for arm in DUE_ARMS} for n in counts}
     for r in range(rounds):
         for n in counts:
-            # each round its own order of the three ways, all six orders in six rounds: a way
-            # that follows another's removals finds dockerd still busy with them
             for arm in DUE_ORDERS[r % len(DUE_ORDERS)]:
                 samples[n][arm].append(due_arm(ctx, arm, n, r))
             print(f"   round {r + 1}/{rounds}, N={n}: sbx reap {samples[n]['sbx'][-1]:.2f} s, "
-                  f"with sbx server {samples[n]['sbx server'][-1]:.2f} s, docker rm -f "
+                  f"with sbx server {samples[n]['sbx server'][-1]:.2f} s, a reaper that stays "
+                  f"{samples[n]['staying'][-1]:.2f} s, docker rm -f "
                   f"{samples[n]['docker'][-1]:.2f} s", flush=True)
     med = {n: {k: median(v) for k, v in s.items()} for n, s in samples.items()}
     fits = {k: fit([float(n) for n in counts], [med[n][k] for n in counts]) for k in DUE_ARMS}
-    rows = [[f"N = {n}", secs(med[n]["sbx"]), secs(med[n]["sbx server"]),
-             secs(med[n]["docker"]), f"{med[n]['sbx'] / med[n]['docker']:.2f}",
-             f"{med[n]['sbx server'] / med[n]['docker']:.2f}"] for n in counts]
-    rows += [[f"fit: fixed + per sandbox ({k})", f"{fits[k][0]:.3f} s + {ms(fits[k][1])}", "",
-              "", "", ""] for k in DUE_ARMS]
-    print_table(["N due", "sbx reap (no server)", "with sbx server", "docker rm -f", "ratio",
-                 "ratio, server"], rows,
+    ways = [arm for arm in DUE_ARMS if arm != "docker"]
+    rows = [[f"N = {n}", *(secs(med[n][k]) for k in DUE_ARMS),
+             *(f"{med[n][k] / med[n]['docker']:.2f}" for k in ways)] for n in counts]
+    rows += [[f"fit: fixed + per sandbox ({k})", f"{fits[k][0]:.3f} s + {ms(fits[k][1])}",
+              *[""] * (len(DUE_ARMS) + len(ways) - 1)] for k in DUE_ARMS]
+    print_table(["N due", "sbx reap (no server)", "with sbx server", "a reaper that stays",
+                 "docker rm -f", "ratio", "ratio, server", "ratio, staying"], rows,
                 title=f"5. A reap of N due sandboxes against docker rm -f ({rounds} round(s), "
-                      "medians; fresh `sbx reap` with SBX_NO_SERVER=1, and with `sbx server`)")
+                      "medians; fresh `sbx reap` with SBX_NO_SERVER=1, with `sbx server`, and "
+                      "one cycle of a reaper that stays, as `sbx reap --every` runs it)")
     return {"counts": counts, "rounds": rounds, "samples_s": samples, "median_s": med,
             "fit": {k: {"fixed_s": f[0], "per_sandbox_s": f[1]} for k, f in fits.items()}}
 
@@ -586,9 +637,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="live sandboxes (default 100,1000,10000)")
     parser.add_argument("--reap-counts", type=int_list, default=[10, 50, 100],
                         help="due sandboxes of part 5 (default 10,50,100)")
-    parser.add_argument("--reap-rounds", type=int, default=6,
-                        help="rounds of part 5 (default 6, each in its own order of the three "
-                             "ways; 0 leaves it out)")
+    parser.add_argument("--reap-rounds", type=int, default=8,
+                        help="rounds of part 5 (default 8, the four ways' orders of DUE_ORDERS "
+                             "twice; 0 leaves it out)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.reap_rounds < 0:
@@ -633,7 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     if "due" in results:
         due = results["due"]
         for n in due["counts"]:
-            for arm, how in (("sbx", ""), ("sbx server", ", with sbx server")):
+            for arm, how in (("sbx", ""), ("sbx server", ", with sbx server"),
+                             ("staying", ", a reaper that stays (sbx reap --every)")):
                 ratio = due["median_s"][n][arm] / due["median_s"][n]["docker"]
                 summary.append((f"sbx reap of {n} due{how} / docker rm -f of {n}", ratio,
                                 TARGET_REAP_RATIO, f"{ratio:.2f}", f"<= {TARGET_REAP_RATIO}"))

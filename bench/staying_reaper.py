@@ -1,0 +1,32 @@
+"""A reaper that stays, for bench_scale.py part 5: one process and one AsyncSandboxer, as
+`sbx reap --every` and the service's timer run the reaper (`run_reaper` calls `reap()` each
+cycle). It reaps once at start, says `ready`, then reaps once for each line read on stdin and
+writes that cycle's seconds and report as one JSON line. SBX_HOME and the rest come from the
+environment the bench gives it.
+
+    python bench/staying_reaper.py    (driven by bench_scale.py; not a benchmark on its own)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import sandboxer
+
+
+async def main() -> None:
+    async with sandboxer.AsyncSandboxer() as sbx:
+        await sbx.reap()  # the cycle before: what a reaper on a timer has already done
+        print("ready", flush=True)
+        while await asyncio.to_thread(sys.stdin.readline):
+            started = time.perf_counter()
+            report = await sbx.reap()
+            print(json.dumps({"seconds": time.perf_counter() - started,
+                              "report": report.to_dict()}), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
