@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from sandboxer.adapters.base import HOME_OVERRIDE
 from sandboxer.core import api
 from sandboxer.core.rules.errors import as_error
+from sandboxer.core.rules.threads import BLOCKING_THREADS, ensure_thread_pool
 
 if TYPE_CHECKING:
     from sandboxer._transport import Transport, Watch
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
     from sandboxer.core.rules.profiles import Profile
 
 T = TypeVar("T")
-# Backend SDKs block a worker thread per call: enough for many operations at once.
-IO_THREADS = 64
 
 
 class CoreLoop:
@@ -43,8 +42,7 @@ class CoreLoop:
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.adopted = loop is not None
         self.loop = loop or asyncio.new_event_loop()
-        self.loop.set_default_executor(
-            concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="sbx-io"))
+        ensure_thread_pool(self.loop, BLOCKING_THREADS)
         if loop is not None:
             self._thread = threading.current_thread()
             return

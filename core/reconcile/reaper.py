@@ -14,9 +14,7 @@ import asyncio
 import json
 import os
 import time
-import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -52,6 +50,7 @@ from sandboxer.core.rules.actions import (  # noqa: F401  (the kinds are the rea
 from sandboxer.core.rules.clock import Clock, from_iso, to_iso
 from sandboxer.core.rules.errors import Conflict, DiskFull, Unavailable, classify, one_line
 from sandboxer.core.rules.states import REAPABLE, State, dead_holders, leased, runs_setup
+from sandboxer.core.rules.threads import ensure_thread_pool
 from sandboxer.core.rules.ttl import EXPIRY_REASONS, expiry_reason, warning_due
 
 if TYPE_CHECKING:
@@ -638,7 +637,8 @@ class Reaper:
                                                 "sbx.reap.mode": "reap" if self.reap
                                                 else "reconcile"})
     async def cycle(self) -> Report:
-        _size_thread_pool(self.concurrency)
+        # as many threads as actions run at once (a client's larger pool is kept)
+        ensure_thread_pool(asyncio.get_running_loop(), self.concurrency)
         report = Report()
         actions = await self.plan(report)
         if self.dry_run:
@@ -790,18 +790,6 @@ async def _runs_a_process(mgr: Manager, sandbox_id: str | None, *,
             return False
 
     return await keeps_busy(mgr, sandbox_id)
-
-
-_sized_loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _size_thread_pool(workers: int) -> None:
-    """Blocking SDK calls run in the loop's default thread pool: give it as many threads as
-    actions run at once, once per loop (asyncio.run shuts it down at the end)."""
-    loop = asyncio.get_running_loop()
-    if loop not in _sized_loops:
-        loop.set_default_executor(ThreadPoolExecutor(workers, thread_name_prefix="sbx-reap"))
-        _sized_loops[loop] = workers
 
 
 def default_reaper(*, database_url: str | None = None, manager: Manager | None = None,
