@@ -26,7 +26,8 @@ cost is printed beside the figures (information).
 5. A reap of N due sandboxes, SBX_CLOCK_OFFSET past their ttl, three ways: `sbx reap` in a
    fresh process with SBX_NO_SERVER=1; `sbx reap` handed to a running `sbx server`; and one
    cycle of a reaper that stays (bench/staying_reaper.py: one process that has reaped once
-   before, as `sbx reap --every` and the service's timer run it), against `docker rm -f` of N
+   before and has its store open, as `sbx reap --every` and the service's timer have after
+   their first cycle; timed inside it, with no process start), against `docker rm -f` of N
    equivalent containers, N = 10, 50, 100, on the real Docker engine (bench_reap.py's
    pieces), with the fixed and per-sandbox parts of each (least squares over N). Target:
    ratio of medians <= 1.2 for each N. Each round runs the four ways in an order of
@@ -546,13 +547,15 @@ def due_arm(ctx: Context, arm: str, n: int, r: int) -> float:
 def staying_arm(ctx: Context, home: Path, n: int) -> float:
     """A reaper that stays (bench/staying_reaper.py) is started and reaps once before the N
     sandboxes are made; their ttl has passed on its clock (SBX_CLOCK_OFFSET), so its next
-    cycle, the one timed, finds them due."""
+    cycle, the one timed, finds them due. Each of its cycles gives up after the run's
+    timeout, so a line is always read (or the process ends)."""
     import subprocess
 
     import bench_reap
 
     env = ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m")
-    reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("staying_reaper.py"))],
+    reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("staying_reaper.py")),
+                               str(ctx.timeout)],
                               env=env, cwd=ctx.tmp, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -639,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="due sandboxes of part 5 (default 10,50,100)")
     parser.add_argument("--reap-rounds", type=int, default=8,
                         help="rounds of part 5 (default 8, the four ways' orders of DUE_ORDERS "
-                             "twice; 0 leaves it out)")
+                             "twice: balanced in multiples of 4; 0 leaves it out)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.reap_rounds < 0:
@@ -685,7 +688,8 @@ def main(argv: list[str] | None = None) -> int:
         due = results["due"]
         for n in due["counts"]:
             for arm, how in (("sbx", ""), ("sbx server", ", with sbx server"),
-                             ("staying", ", a reaper that stays (sbx reap --every)")):
+                             ("staying", ", one cycle of a reaper that stays "
+                                         "(sbx reap --every)")):
                 ratio = due["median_s"][n][arm] / due["median_s"][n]["docker"]
                 summary.append((f"sbx reap of {n} due{how} / docker rm -f of {n}", ratio,
                                 TARGET_REAP_RATIO, f"{ratio:.2f}", f"<= {TARGET_REAP_RATIO}"))

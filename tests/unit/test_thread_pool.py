@@ -45,7 +45,10 @@ def test_a_larger_ask_grows_the_pool_and_the_smaller_ones_threads_end():
         loop = asyncio.get_running_loop()
         ensure_thread_pool(loop, 4)
         first = await run_at_once(4)
+        # held here, as a caller that kept it would: its threads end only if it is shut down
+        replaced = loop._default_executor  # noqa: SLF001
         ensure_thread_pool(loop, AT_ONCE)
+        assert loop._default_executor is not replaced  # noqa: SLF001
         assert len(await run_at_once(AT_ONCE)) == AT_ONCE
         deadline = time.monotonic() + WAIT_S
         while any(thread.is_alive() for thread in first):
@@ -67,7 +70,6 @@ def test_a_small_pool_cannot_run_more_at_once():
     asyncio.run(main())
 
 
-@pytest.mark.asyncio
 async def test_a_client_that_has_reaped_still_runs_many_calls_at_once(sbx_home, monkeypatch):
     monkeypatch.setenv("SBX_ADAPTERS", "stub")  # the cycle looks at the test double alone
     async with sandboxer.AsyncSandboxer() as client:
