@@ -55,6 +55,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import bench_reap
 import common
 from bench_service import Context as ServiceContext
 from common import median, ms, print_table, secs
@@ -519,8 +520,6 @@ def bench_fleet(ctx: Context, sizes: list[int], rounds: int) -> dict[str, Any]:
 
 def due_arm(ctx: Context, arm: str, n: int, r: int) -> float:
     """Seconds to remove N due sandboxes one way (DUE_ARMS), checked: every one gone."""
-    import bench_reap
-
     if arm == "docker":
         cids, _ = bench_reap.docker_containers(ctx, n)
         rm_s, _ = ctx.run(["docker", "rm", "-f", *cids])
@@ -550,8 +549,6 @@ def staying_arm(ctx: Context, home: Path, n: int) -> float:
     cycle, the one timed, finds them due. Each of its cycles gives up after the run's
     timeout, so a line is always read (or the process ends)."""
     import subprocess
-
-    import bench_reap
 
     env = ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m")
     reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("staying_reaper.py")),
@@ -584,8 +581,6 @@ def staying_arm(ctx: Context, home: Path, n: int) -> float:
 def check_due_reap(ctx: Context, home: Path, ids: list[str], refs: set[str],
                    report: dict[str, Any]) -> None:
     """Every due sandbox destroyed, none failed, no container left, every row destroyed."""
-    import bench_reap
-
     n = len(ids)
     left = ctx.still_present(refs)
     if sorted(report["destroyed"]) != sorted(ids) or report["failed"] or left:

@@ -4,8 +4,7 @@ a worker thread per call, and they run on the event loop's default thread pool.
 One rule for every loop the core runs on: the pool made here holds at least what each user of
 the loop asks for, and is never replaced by a smaller one. A library client's loop asks for
 BLOCKING_THREADS; a reap cycle asks for as many as it runs actions at once, which on a
-client's loop changes nothing (the reaper once swapped such a loop's 64 threads for its 16,
-for good, so a service whose timer had reaped ran every later call on 16). A pool set by
+client's loop changes nothing, so a service whose timer reaps keeps its 64. A pool set by
 someone else (the loop's own, a caller's) is replaced by the first ask and left to them,
 not shut down. Asked on the loop's thread, or before the loop runs: a pool shut down here
 must not be one another thread is about to hand a call to."""

@@ -289,12 +289,14 @@ def due_sandboxes(dbapi_conn: Any, soon: str, placeholder: str = "?") -> list[di
     else:
         idle = (f"CAST(last_activity_at AS timestamptz) + idle_timeout_s * interval '1 second' "
                 f"<= CAST({placeholder} AS timestamptz) + interval '1 second'")
-    rows = {name: held for name, (_, held) in DUE_INDEXES.items()}
+    def held(index: str) -> str:  # the rows DUE_INDEXES says that index holds
+        return DUE_INDEXES[index][1]
+
     parts = " UNION ".join(f"SELECT id FROM sandboxes WHERE {where}" for where in (
-        f"deadline <= {placeholder} AND {rows['ix_sandboxes_live_deadline']}",
-        rows["ix_sandboxes_unsettled"],
-        rows["ix_sandboxes_live_pool"],
-        f"{rows['ix_sandboxes_live_idle']} AND {idle}"))
+        f"deadline <= {placeholder} AND {held('ix_sandboxes_live_deadline')}",
+        held("ix_sandboxes_unsettled"),
+        held("ix_sandboxes_live_pool"),
+        f"{held('ix_sandboxes_live_idle')} AND {idle}"))
     cursor = dbapi_conn.cursor()
     try:
         cursor.execute(f"SELECT * FROM sandboxes WHERE id IN ({parts})", [soon, soon])
