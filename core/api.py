@@ -524,9 +524,11 @@ async def resume(mgr: Manager, ref: str) -> dict[str, Any]:
 
 async def reap(*, database_url: str | None, manager: Manager | None, actor: str | None,
                dry_run: bool, orphans: bool, reap: bool = True,
-               timeout: timedelta | None = None) -> dict[str, Any]:
+               timeout: timedelta | None = None,
+               hand_over: Callable[[Manager], bool] | None = None) -> dict[str, Any]:
     """One reconcile-and-reap cycle. It reads with the driver alone when it can, so a cycle
-    with nothing to do loads neither the ORM nor Alembic (no Manager is made for it)."""
+    with nothing to do loads neither the ORM nor Alembic (no Manager is made for it).
+    `hand_over`: offered the Manager the cycle made, when one was (Reaper.close)."""
     import asyncio
 
     from sandboxer.core.reconcile.reaper import default_reaper
@@ -544,7 +546,7 @@ async def reap(*, database_url: str | None, manager: Manager | None, actor: str 
             raise TimedOut(f"timed out after {format_duration(timeout)}; the next "
                            "run completes what this one left") from None
     finally:
-        await reaper.close(keep_manager=manager is not None)
+        await reaper.close(keep_manager=manager is not None, hand_over=hand_over)
     return report.as_json()
 
 

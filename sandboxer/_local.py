@@ -466,7 +466,17 @@ class LocalTransport:
                    timeout: timedelta | None = None) -> dict[str, Any]:
         return await self._call(lambda: api.reap(
             database_url=self.database_url, manager=self._mgr, actor=self.actor,
-            dry_run=dry_run, orphans=orphans, reap=reap, timeout=timeout), needs_manager=False)
+            dry_run=dry_run, orphans=orphans, reap=reap, timeout=timeout,
+            hand_over=self._keep_manager), needs_manager=False)
+
+    def _keep_manager(self, mgr: Manager) -> bool:
+        """The Manager a reap made (it had something to do) becomes this client's, on the
+        core loop: its next cycles, as `run_reaper`'s, act through the same store and
+        adapters rather than opening them again. False when the client has one already."""
+        if self._mgr is not None or self._closed:
+            return False
+        self._mgr = mgr
+        return True
 
     # -- checkpoints ------------------------------------------------------------------------
 

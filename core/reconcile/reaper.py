@@ -758,12 +758,18 @@ class Reaper:
             report.failed.append({"id": label, "code": classify(exc)[0],
                                   "error": one_line(exc)})
 
-    async def close(self, *, keep_manager: bool = False) -> None:
+    async def close(self, *, keep_manager: bool = False,
+                    hand_over: Callable[[Manager], bool] | None = None) -> None:
         """Close what this reaper opened; `keep_manager`: the manager and its adapters are
-        someone else's (a library client's), left open."""
+        someone else's (a library client's), left open. `hand_over(manager)`: offered the
+        manager this reaper made, with its store and its adapters open; True when kept (a
+        client that reaps again then looks with adapters that have asked the engine's
+        identity once), False to have it closed here."""
         if keep_manager:
             return
         if self._manager is not None:
+            if hand_over is not None and hand_over(self._manager):
+                return
             await self._manager.close()
         else:
             for adapter in self.adapters.values():

@@ -281,6 +281,48 @@ async def test_reap_reports_and_destroys_what_is_past_its_deadline(client, stub_
     assert destroyed[-1].reason == sandboxer.Reason.TTL
 
 
+async def test_a_client_that_reaps_again_keeps_what_its_busy_cycle_opened(
+        sbx_home, stub_profile, monkeypatch):
+    """A client that only reaps (an agent platform's loop; run_reaper's) keeps the store and
+    the adapters its first cycle with something to do opened: later cycles act through them
+    rather than open a backend's connection again (a Docker engine's identity is then asked
+    once), and closing the client closes them."""
+    from sandboxer.adapters.stub import StubAdapter
+
+    made: list[StubAdapter] = []
+    closed: list[StubAdapter] = []
+    make, close = StubAdapter.__init__, StubAdapter.close
+
+    def counted_init(self) -> None:
+        make(self)
+        made.append(self)
+
+    async def counted_close(self) -> None:
+        closed.append(self)
+        await close(self)
+
+    monkeypatch.setattr(StubAdapter, "__init__", counted_init)
+    monkeypatch.setattr(StubAdapter, "close", counted_close)
+    monkeypatch.setenv("SBX_ADAPTERS", "stub")
+    async with AsyncSandboxer(home=sbx_home, actor="creator") as creator:
+        first = await creator.create(stub_profile, ttl="5m")
+        monkeypatch.setenv("SBX_CLOCK_OFFSET", "6m")  # the reaper runs 6 minutes later
+        reaper = AsyncSandboxer(home=sbx_home, actor="reaper")
+        try:
+            before = len(made)
+            assert (await reaper.reap()).destroyed == (first.id,)
+            opened = made[before:]
+            assert opened and not set(map(id, opened)) & set(map(id, closed))
+            second = await creator.create(stub_profile, ttl="5m")  # on the creator's clock
+            report = await reaper.reap()
+            assert report.destroyed == (second.id,) and report.failed == ()
+            assert made[before:] == opened, "the second cycle opened an adapter again"
+            assert (await reaper.get(second.id)).state is State.DESTROYED
+        finally:
+            await reaper.close()
+        assert {id(a) for a in opened} <= {id(a) for a in closed}
+
+
 def exec_events(home, sandbox_id) -> list[tuple[str, list[str]]]:
     """The sandbox's exec events as committed in the database file: (actor, argv)."""
     import json
