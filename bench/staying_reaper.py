@@ -5,9 +5,10 @@ writes that cycle's seconds and report as one JSON line. SBX_HOME and the rest c
 environment the bench gives it; each cycle gives up after TIMEOUT_S seconds (the first
 argument), as `sbx reap --timeout` does, so a hung engine ends the process.
 
-Its first cycle, on a home with no database yet, opens the store (the ORM): as `sbx reap
---every` and the service's timer have it open after their first cycle, whose event delivery
-opens it. The cycle timed is one of a reaper in that state.
+Its first cycle, on a home with no database yet, opens the store (the ORM) and the backends'
+adapters, which the client keeps (`reap()` hands them to it): as `sbx reap --every` and the
+service's timer have them open after their first cycle. The cycle timed is one of a reaper in
+that state, whose Docker adapter has asked the engine's identity already.
 
     python bench/staying_reaper.py TIMEOUT_S    (driven by bench_scale.py; not a benchmark
                                                  on its own)
