@@ -224,7 +224,7 @@ class LocalTransport:
 
     async def close(self) -> None:
         _flush_telemetry()
-        if self._closed:
+        if not self._begin_closing():
             return
         self._close_mirrors()
         if self._core is not None and self._mgr is not None:
@@ -234,21 +234,28 @@ class LocalTransport:
                     await mgr.close()
                 else:
                     await asyncio.wrap_future(self._core.submit(mgr.close()))
-        self._closed = True
         if self._core is not None:
             self._core.stop()
 
     def close_blocking(self) -> None:
         _flush_telemetry()
-        if self._closed:
+        if not self._begin_closing():
             return
         self._close_mirrors()
         if self._core is not None and self._mgr is not None:
             with contextlib.suppress(Exception):
                 self._core.submit(self._mgr.close()).result()
-        self._closed = True
         if self._core is not None:
             self._core.stop()
+
+    def _begin_closing(self) -> bool:
+        """Closed from here on (False when it was already): a reap that ends now hands its
+        Manager to no one (_keep_manager), so the one closed below is the client's last."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            return True
 
     def _close_mirrors(self) -> None:
         for mirror in self._mirrors.values():
@@ -470,13 +477,15 @@ class LocalTransport:
             hand_over=self._keep_manager), needs_manager=False)
 
     def _keep_manager(self, mgr: Manager) -> bool:
-        """The Manager a reap made (it had something to do) becomes this client's, on the
-        core loop: its next cycles, as `run_reaper`'s, act through the same store and
-        adapters rather than opening them again. False when the client has one already."""
-        if self._mgr is not None or self._closed:
-            return False
-        self._mgr = mgr
-        return True
+        """The Manager a reap made (it opened the store) becomes this client's, on the core
+        loop: its next cycles, as `run_reaper`'s, act through the same store and adapters
+        rather than opening them again. False when the client has one already or is
+        closing (the reaper then closes it)."""
+        with self._lock:
+            if self._mgr is not None or self._closed:
+                return False
+            self._mgr = mgr
+            return True
 
     # -- checkpoints ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from support import SBX, query, table_rows
@@ -281,12 +282,8 @@ async def test_reap_reports_and_destroys_what_is_past_its_deadline(client, stub_
     assert destroyed[-1].reason == sandboxer.Reason.TTL
 
 
-async def test_a_client_that_reaps_again_keeps_what_its_busy_cycle_opened(
-        sbx_home, stub_profile, monkeypatch):
-    """A client that only reaps (an agent platform's loop; run_reaper's) keeps the store and
-    the adapters its first cycle with something to do opened: later cycles act through them
-    rather than open a backend's connection again (a Docker engine's identity is then asked
-    once), and closing the client closes them."""
+def count_stub_adapters(monkeypatch) -> tuple[list[Any], list[Any]]:
+    """The stub adapters made and closed from now on (each stands for a backend connection)."""
     from sandboxer.adapters.stub import StubAdapter
 
     made: list[StubAdapter] = []
@@ -303,16 +300,28 @@ async def test_a_client_that_reaps_again_keeps_what_its_busy_cycle_opened(
 
     monkeypatch.setattr(StubAdapter, "__init__", counted_init)
     monkeypatch.setattr(StubAdapter, "close", counted_close)
-    monkeypatch.setenv("SBX_ADAPTERS", "stub")
+    monkeypatch.setenv("SBX_ADAPTERS", "stub")  # the cycles look at the test double alone
+    return made, closed
+
+
+async def test_a_client_that_reaps_again_keeps_what_its_busy_cycle_opened(
+        sbx_home, stub_profile, monkeypatch, tmp_path):
+    """A client that only reaps (an agent platform's loop; run_reaper's) keeps the store and
+    the adapters its first cycle with something to do opened: later cycles act through them
+    rather than open a backend's connection again (a Docker engine's identity is then asked
+    once), and closing the client closes them. What it keeps is its own home's store, not
+    the one SBX_HOME names."""
+    made, closed = count_stub_adapters(monkeypatch)
     async with AsyncSandboxer(home=sbx_home, actor="creator") as creator:
         first = await creator.create(stub_profile, ttl="5m")
         monkeypatch.setenv("SBX_CLOCK_OFFSET", "6m")  # the reaper runs 6 minutes later
+        monkeypatch.setenv("SBX_HOME", str(tmp_path / "another-home"))
         reaper = AsyncSandboxer(home=sbx_home, actor="reaper")
         try:
             before = len(made)
             assert (await reaper.reap()).destroyed == (first.id,)
             opened = made[before:]
-            assert opened and not set(map(id, opened)) & set(map(id, closed))
+            assert opened and not {id(a) for a in opened} & {id(a) for a in closed}
             second = await creator.create(stub_profile, ttl="5m")  # on the creator's clock
             report = await reaper.reap()
             assert report.destroyed == (second.id,) and report.failed == ()
@@ -321,6 +330,36 @@ async def test_a_client_that_reaps_again_keeps_what_its_busy_cycle_opened(
         finally:
             await reaper.close()
         assert {id(a) for a in opened} <= {id(a) for a in closed}
+    assert not (tmp_path / "another-home").exists()
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "refused"])
+async def test_a_reaps_manager_is_closed_unless_someone_keeps_it(sbx_home, stub_profile,
+                                                                 monkeypatch, kept):
+    """The Manager a cycle made goes to `hand_over` (a client's) or is closed with its
+    adapters: one a client refuses (it has its own, or is closing) is never left open."""
+    from sandboxer.core import api
+
+    made, closed = count_stub_adapters(monkeypatch)
+    async with AsyncSandboxer(home=sbx_home) as creator:
+        box = await creator.create(stub_profile, ttl="5m")
+    monkeypatch.setenv("SBX_CLOCK_OFFSET", "6m")
+    offered: list[Any] = []
+
+    def hand_over(manager) -> bool:
+        offered.append(manager)
+        return kept
+
+    before = len(made)
+    report = await api.reap(database_url=None, manager=None, actor="reaper", dry_run=False,
+                            orphans=False, hand_over=hand_over)
+    assert report["destroyed"] == [box.id] and len(offered) == 1
+    opened = made[before:]
+    assert opened
+    left_open = [a for a in opened if id(a) not in {id(c) for c in closed}]
+    assert left_open == (opened if kept else [])
+    if kept:
+        await offered[0].close()
 
 
 def exec_events(home, sandbox_id) -> list[tuple[str, list[str]]]:
