@@ -26,10 +26,11 @@ cost is printed beside the figures (information).
 5. A reap of N due sandboxes, SBX_CLOCK_OFFSET past their ttl, three ways: `sbx reap` in a
    fresh process with SBX_NO_SERVER=1; `sbx reap` handed to a running `sbx server`; and one
    cycle of a reaper that stays (bench/staying_reaper.py: one process that has reaped once
-   before and has its store open, as `sbx reap --every` and the service's timer have after
-   their first cycle; timed inside it, with no process start), against `docker rm -f` of N
-   equivalent containers, N = 10, 50, 100, on the real Docker engine (bench_reap.py's
-   pieces), with the fixed and per-sandbox parts of each (least squares over N). Target:
+   before and kept the store and adapters that cycle opened, as `sbx reap --every` and the
+   service's timer have after their first cycle; timed inside it, with no process start),
+   against `docker rm -f` of N equivalent containers, N = 10, 50, 100, on the real Docker
+   engine (bench_reap.py's pieces), with the fixed and per-sandbox parts of each (least
+   squares over N). Target:
    ratio of medians <= 1.2 for each N. Each round runs the four ways in an order of
    DUE_ORDERS (each way in each place, and right after each other way, once in four rounds).
 
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -548,8 +550,6 @@ def staying_arm(ctx: Context, home: Path, n: int) -> float:
     sandboxes are made; their ttl has passed on its clock (SBX_CLOCK_OFFSET), so its next
     cycle, the one timed, finds them due. Each of its cycles gives up after the run's
     timeout, so a line is always read (or the process ends)."""
-    import subprocess
-
     env = ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m")
     reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("staying_reaper.py")),
                                str(ctx.timeout)],
