@@ -30,9 +30,13 @@ cost is printed beside the figures (information).
    service's timer have after their first cycle; timed inside it, with no process start),
    against `docker rm -f` of N equivalent containers, N = 10, 50, 100, on the real Docker
    engine (bench_reap.py's pieces), with the fixed and per-sandbox parts of each (least
-   squares over N). Target:
-   ratio of medians <= 1.2 for each N. Each round runs the four ways in an order of
-   DUE_ORDERS (each way in each place, and right after each other way, once in four rounds).
+   squares over N). Target: ratio of medians <= 1.2 for each N. Beside them, for
+   information, the least a Python reaper can cost (bench/dockerpy_remover.py): docker-py
+   alone removing N equivalent containers from 16 threads, in a fresh process (timed from
+   outside, as `sbx reap`) and in a process that stays (timed inside, as the staying
+   reaper), with no database and no look. Each round runs the six ways in an order of
+   DUE_ORDERS, a Williams square (each way in each place, and right after each other way,
+   once in six rounds).
 
 Each row is the median of --rounds rounds (default 10; sizes and modes interleaved within a
 round, the sizes' order alternating), with the fitted cost per row (least squares slope over
@@ -66,13 +70,25 @@ TARGET_REAP_GROWTH = 1.2
 TARGET_LIST_S = 0.060
 TARGET_LS_S = 0.100
 TARGET_REAP_RATIO = 1.2
-# part 5: fresh sbx reap, with sbx server, a reaper that stays (bench/staying_reaper.py), docker
-DUE_ARMS = ("sbx", "sbx server", "staying", "docker")
-# the order of the ways in each round: a Williams square, each way in each place once and
-# right after each other way once in four rounds (a way that follows another's removals finds
-# dockerd still busy with them)
-DUE_ORDERS = [[DUE_ARMS[i] for i in row]
-              for row in ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))]
+# part 5: fresh sbx reap, with sbx server, a reaper that stays (bench/staying_reaper.py), docker;
+# then, for information, the least a Python reaper can cost (bench/dockerpy_remover.py: docker-py
+# alone, in a fresh process and in one that stays)
+DUE_ARMS = ("sbx", "sbx server", "staying", "docker", "docker-py", "docker-py staying")
+DUE_TITLES = {"sbx": "sbx reap (no server)", "sbx server": "with sbx server",
+              "staying": "a reaper that stays", "docker": "docker rm -f",
+              "docker-py": "docker-py, fresh", "docker-py staying": "docker-py, stays"}
+
+
+def williams(n: int) -> list[list[int]]:
+    """A Williams square for an even n: each way in each place once, and right after each
+    other way once, in n rounds (a way that follows another's removals finds dockerd still
+    busy with them)."""
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    return [[(x + i) % n for x in first] for i in range(n)]
+
+
+# the order of the ways in each round
+DUE_ORDERS = [[DUE_ARMS[i] for i in row] for row in williams(len(DUE_ARMS))]
 PG = os.environ.get("SBX_TEST_PG", "sbx_test:sbx_test@127.0.0.1:5432")
 TIMEOUT_S = 600
 
@@ -520,13 +536,22 @@ def bench_fleet(ctx: Context, sizes: list[int], rounds: int) -> dict[str, Any]:
 # -- 5. a reap of N due sandboxes against docker rm -f ---------------------------------------------
 
 
-def due_arm(ctx: Context, arm: str, n: int, r: int) -> float:
-    """Seconds to remove N due sandboxes one way (DUE_ARMS), checked: every one gone."""
-    if arm == "docker":
+REMOVER = Path(__file__).with_name("dockerpy_remover.py")
+
+
+def due_arm(ctx: Context, arm: str, n: int, r: int, remover: subprocess.Popen) -> float:
+    """Seconds to remove N due sandboxes one way (DUE_ARMS), checked: every one gone.
+    `remover`: the docker-py process that stays (bench/dockerpy_remover.py stay)."""
+    if arm.startswith("docker"):
         cids, _ = bench_reap.docker_containers(ctx, n)
-        rm_s, _ = ctx.run(["docker", "rm", "-f", *cids])
+        if arm == "docker":
+            rm_s, _ = ctx.run(["docker", "rm", "-f", *cids])
+        elif arm == "docker-py":
+            rm_s, _ = ctx.run([sys.executable, str(REMOVER), "once", *cids], cwd=ctx.tmp)
+        else:
+            rm_s = float(ask(remover, " ".join(cids)))
         if ctx.still_present(set(cids)):
-            raise RuntimeError("docker rm -f left containers")
+            raise RuntimeError(f"{arm} left containers")
         ctx.containers -= set(cids)
         return rm_s
     home = ctx.home(f"due-{n}-{r}-{arm.replace(' ', '-')}")
@@ -551,31 +576,51 @@ def staying_arm(ctx: Context, home: Path, n: int) -> float:
     cycle, the one timed, finds them due. Each of its cycles gives up after the run's
     timeout, so a line is always read (or the process ends)."""
     env = ctx.sbx_env(home, SBX_CLOCK_OFFSET="2m")
-    reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("staying_reaper.py")),
-                               str(ctx.timeout)],
-                              env=env, cwd=ctx.tmp, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    reaper = staying_process(ctx, [str(Path(__file__).with_name("staying_reaper.py")),
+                                   str(ctx.timeout)], env)
     try:
-        assert reaper.stdin is not None and reaper.stdout is not None
-        if reaper.stdout.readline().strip() != "ready":
-            raise RuntimeError("the staying reaper did not start")
         ids, _ = bench_reap.make_sandboxes(ctx, home, n, "1m")
         refs = set(ctx.containers)
-        reaper.stdin.write("reap\n")
-        reaper.stdin.flush()
-        line = reaper.stdout.readline()
-        if not line:
-            raise RuntimeError("the staying reaper ended before its cycle")
-        cycle = json.loads(line)
-        reaper.stdin.close()
-        if reaper.wait(ctx.timeout):
-            raise RuntimeError(f"the staying reaper exited {reaper.returncode}")
+        cycle = json.loads(ask(reaper, "reap"))
     finally:
-        if reaper.poll() is None:
-            reaper.kill()
-            reaper.wait()
+        end_staying(ctx, reaper)
     check_due_reap(ctx, home, ids, refs, cycle["report"])
     return cycle["seconds"]
+
+
+def staying_process(ctx: Context, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """A Python process of this bench that stays, once it has said `ready`."""
+    proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ctx.tmp,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        end_staying(ctx, proc)
+        raise RuntimeError(f"{Path(args[0]).name} did not start")
+    return proc
+
+
+def ask(proc: subprocess.Popen, line: str) -> str:
+    """One line to a staying process, its one line back."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    answer = proc.stdout.readline()
+    if not answer:
+        raise RuntimeError(f"a staying process exited {proc.wait()} before answering")
+    return answer
+
+
+def end_staying(ctx: Context, proc: subprocess.Popen) -> None:
+    """Its stdin closed, so it ends; killed if it does not within the run's timeout."""
+    assert proc.stdin is not None
+    proc.stdin.close()
+    try:
+        if proc.wait(ctx.timeout):
+            raise RuntimeError(f"a staying process exited {proc.returncode}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def check_due_reap(ctx: Context, home: Path, ids: list[str], refs: set[str],
@@ -594,14 +639,17 @@ def check_due_reap(ctx: Context, home: Path, ids: list[str], refs: set[str],
 def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
     samples: dict[int, dict[str, list[float]]] = {
         n: {arm: [] for arm in DUE_ARMS} for n in counts}
-    for r in range(rounds):
-        for n in counts:
-            for arm in DUE_ORDERS[r % len(DUE_ORDERS)]:
-                samples[n][arm].append(due_arm(ctx, arm, n, r))
-            print(f"   round {r + 1}/{rounds}, N={n}: sbx reap {samples[n]['sbx'][-1]:.2f} s, "
-                  f"with sbx server {samples[n]['sbx server'][-1]:.2f} s, a reaper that stays "
-                  f"{samples[n]['staying'][-1]:.2f} s, docker rm -f "
-                  f"{samples[n]['docker'][-1]:.2f} s", flush=True)
+    remover = staying_process(ctx, [str(REMOVER), "stay"], ctx.sbx_env(ctx.home("docker-py")))
+    try:
+        for r in range(rounds):
+            for n in counts:
+                for arm in DUE_ORDERS[r % len(DUE_ORDERS)]:
+                    samples[n][arm].append(due_arm(ctx, arm, n, r, remover))
+                print(f"   round {r + 1}/{rounds}, N={n}: " + ", ".join(
+                    f"{DUE_TITLES[arm]} {samples[n][arm][-1]:.2f} s" for arm in DUE_ARMS),
+                    flush=True)
+    finally:
+        end_staying(ctx, remover)
     med = {n: {k: median(v) for k, v in s.items()} for n, s in samples.items()}
     fits = {k: fit([float(n) for n in counts], [med[n][k] for n in counts]) for k in DUE_ARMS}
     ways = [arm for arm in DUE_ARMS if arm != "docker"]
@@ -609,11 +657,12 @@ def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
              *(f"{med[n][k] / med[n]['docker']:.2f}" for k in ways)] for n in counts]
     rows += [[f"fit: fixed + per sandbox ({k})", f"{fits[k][0]:.3f} s + {ms(fits[k][1])}",
               *[""] * (len(DUE_ARMS) + len(ways) - 1)] for k in DUE_ARMS]
-    print_table(["N due", "sbx reap (no server)", "with sbx server", "a reaper that stays",
-                 "docker rm -f", "ratio", "ratio, server", "ratio, staying"], rows,
+    print_table(["N due", *(DUE_TITLES[k] for k in DUE_ARMS),
+                 *(f"ratio, {DUE_TITLES[k]}" for k in ways)], rows,
                 title=f"5. A reap of N due sandboxes against docker rm -f ({rounds} round(s), "
-                      "medians; fresh `sbx reap` with SBX_NO_SERVER=1, with `sbx server`, and "
-                      "one cycle of a reaper that stays, as `sbx reap --every` runs it)")
+                      "medians; fresh `sbx reap` with SBX_NO_SERVER=1, with `sbx server`, "
+                      "one cycle of a reaper that stays, as `sbx reap --every` runs it; and "
+                      "docker-py alone, the least a Python reaper can cost)")
     return {"counts": counts, "rounds": rounds, "samples_s": samples, "median_s": med,
             "fit": {k: {"fixed_s": f[0], "per_sandbox_s": f[1]} for k, f in fits.items()}}
 
@@ -635,9 +684,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="live sandboxes (default 100,1000,10000)")
     parser.add_argument("--reap-counts", type=int_list, default=[10, 50, 100],
                         help="due sandboxes of part 5 (default 10,50,100)")
-    parser.add_argument("--reap-rounds", type=int, default=8,
-                        help="rounds of part 5 (default 8, the four ways' orders of DUE_ORDERS "
-                             "twice: balanced in multiples of 4; 0 leaves it out)")
+    parser.add_argument("--reap-rounds", type=int, default=12,
+                        help="rounds of part 5 (default 12, the six ways' orders of DUE_ORDERS "
+                             "twice: balanced in multiples of 6; 0 leaves it out)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.reap_rounds < 0:
@@ -688,6 +737,17 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = due["median_s"][n][arm] / due["median_s"][n]["docker"]
                 summary.append((f"sbx reap of {n} due{how} / docker rm -f of {n}", ratio,
                                 TARGET_REAP_RATIO, f"{ratio:.2f}", f"<= {TARGET_REAP_RATIO}"))
+        for n in due["counts"]:
+            m = due["median_s"][n]
+            info.append([f"docker-py alone removing {n}, a fresh process / docker rm -f",
+                         f"{m['docker-py'] / m['docker']:.2f}", "the least a one-shot reap",
+                         "info"])
+            info.append([f"docker-py alone removing {n}, a process that stays / docker rm -f",
+                         f"{m['docker-py staying'] / m['docker']:.2f}",
+                         "the least a reaper that stays", "info"])
+            info.append([f"a reaper that stays / docker-py that stays, {n} due",
+                         f"{m['staying'] / m['docker-py staying']:.2f}", "sbx's own part",
+                         "info"])
         for k, f in due["fit"].items():
             info.append([f"reap of N due, {k}: fixed + per sandbox",
                          f"{f['fixed_s']:.3f} s + {ms(f['per_sandbox_s'])}", "", "info"])
