@@ -594,8 +594,8 @@ def staying_process(ctx: Context, args: list[str], env: dict[str, str]) -> subpr
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
-        end_staying(ctx, proc)
-        raise RuntimeError(f"{Path(args[0]).name} did not start")
+        proc.kill()
+        raise RuntimeError(f"{Path(args[0]).name} did not start (exit {proc.wait()})")
     return proc
 
 
