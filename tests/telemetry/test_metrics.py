@@ -229,12 +229,15 @@ def test_cpu_burner_shows_busy_cpu_matching_the_engine(sbx, docker_api, tmp_path
     readings = []  # (sbx's sample, the engine's CPU % of the same instant)
     try:
         # On a busy two-core host the burner's share swings by 20 points and more from one
-        # second to the next (and can dip under half a core), so: up to 4 one-shot readings,
-        # each checked against the engine's reading of the same second, until one is over 50.
-        for _ in range(4):
+        # second to the next, and while the other worker's tests load the host (a load average
+        # of 10 was seen in CI) it stays under half a core for seconds on end. So: one-shot
+        # readings, each checked against the engine's reading of the same second, until one
+        # is over 50 or two minutes have passed.
+        deadline = time.monotonic() + 120
+        while True:
             view = one_sample(sbx, box["id"])
             readings.append((view, engine_cpu_pct(engine.at(parse_time(view["time"])))))
-            if view["cpu_pct"] is not None and view["cpu_pct"] > 50:
+            if (view["cpu_pct"] is not None and view["cpu_pct"] > 50) or time.monotonic() > deadline:
                 break
         same_instant = engine.at(parse_time(view["time"]))
     finally:
@@ -247,9 +250,12 @@ def test_cpu_burner_shows_busy_cpu_matching_the_engine(sbx, docker_api, tmp_path
         assert abs(ours["cpu_pct"] - theirs) <= 10, (ours["cpu_pct"], theirs)
         assert ours["cpu_pct"] <= 100 + 10  # the profile gives one core (cpu: 1)
     assert view["cpu_pct"] > 50, (
-        f"the burner never got half a core: (sbx, engine) CPU % {[(v['cpu_pct'], round(t, 2)) for v, t in readings]}, "
+        f"the burner never got half a core in {len(readings)} readings: (sbx, engine) CPU % "
+        f"{[(v['cpu_pct'], round(t, 2)) for v, t in readings[-12:]]}, "
         f"host load average {os.getloadavg()} on {os.cpu_count()} CPUs")
-    assert engine_cpu_pct(after) > 25  # the burner is still busy a moment later
+    # still busy a moment later: an idle container reads about 0, and on a loaded host the
+    # burner's fair share can be a tenth of a core (9 % was seen in CI)
+    assert engine_cpu_pct(after) > 5
     assert view["memory_limit"] == 512 * MiB
     assert view["memory_limit"] == after["memory_stats"]["limit"]
     assert view["memory_bytes"] is not None and 0 < view["memory_bytes"] < 64 * MiB
