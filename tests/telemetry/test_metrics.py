@@ -237,7 +237,8 @@ def test_cpu_burner_shows_busy_cpu_matching_the_engine(sbx, docker_api, tmp_path
         while True:
             view = one_sample(sbx, box["id"])
             readings.append((view, engine_cpu_pct(engine.at(parse_time(view["time"])))))
-            if (view["cpu_pct"] is not None and view["cpu_pct"] > 50) or time.monotonic() > deadline:
+            over_half = view["cpu_pct"] is not None and view["cpu_pct"] > 50
+            if over_half or time.monotonic() > deadline:
                 break
         same_instant = engine.at(parse_time(view["time"]))
     finally:
