@@ -351,10 +351,11 @@ def test_paused_sandbox_burns_no_cpu_resumes_intact_and_is_reaped_on_time(
         "resume must continue the same processes, not restart the container"
     pid1 = sh(sbx, burner["id"], "tr '\\0' ' ' < /proc/1/cmdline")
     assert "while :; do :; done" in pid1, pid1
-    busy = cpu_percent(docker_api, ref, samples=2)
-    # busy again (well above the paused readings; the loop gets less than a core when the
-    # machine is shared)
-    assert len(busy) == 2 and max(busy) > 20.0, busy
+    busy = cpu_percent(docker_api, ref, samples=3)
+    # busy again, well above the paused readings (under 1 %). The loop gets less than a core
+    # when the machine is shared: at a load average of 10 on two cores its fair share is
+    # near a fifth of one, and CI saw a burner read 9 % for a second.
+    assert len(busy) == 3 and max(busy) > 5.0, busy
 
     # paused again, it is still reaped at its deadline
     ok(sbx("pause", burner["id"]))
