@@ -48,6 +48,8 @@ CODES: dict[int, type[SbxError]] = {int(c.exit_code): c for c in (
     OperationFailed, BadInput, NotFound, Conflict, Unavailable)}
 SSE = "text/event-stream"
 FOLLOW_RETRIES = 5  # a followed stream that drops reconnects this many times in a row
+STREAM_SLOT_WAIT_S = 30.0  # a stream refused for the service's stream caps (429) is asked
+# again, at its Retry-After, for this long: nothing ran, and slots free as streams end
 DOWNLOAD_CHUNK = 1024 * 1024  # a download's body is handed on in pieces of at most this
 
 
@@ -66,6 +68,23 @@ def error_from(status: int, body: Any, url: str) -> SbxError:
     if status in (502, 503, 504):
         return Unavailable(f"the sbx service at {url} answered {status}")
     return OperationFailed(f"the sbx service at {url} answered {status}")
+
+
+def _slot_wait(response: httpx.Response, error: SbxError, give_up: float | None) -> float | None:
+    """Seconds to wait before asking again for a stream the service refused because its
+    stream caps were reached (429 `unavailable`, Retry-After), or None to raise `error`: any
+    other answer, or STREAM_SLOT_WAIT_S has passed since the first refusal."""
+    if response.status_code != 429 or type(error) is not Unavailable:
+        return None
+    now = asyncio.get_running_loop().time()
+    if give_up is not None and now >= give_up:
+        return None
+    try:
+        after = float(response.headers.get("Retry-After", "1"))
+    except ValueError:
+        after = 1.0
+    pause = min(max(after, 0.05), 5.0)
+    return pause if give_up is None else min(pause, give_up - now)
 
 
 def _seconds(value: timedelta | None) -> float | None:
@@ -212,6 +231,8 @@ class RemoteTransport:
 
             last_id: str | None = None
             failures = 0
+            loop = asyncio.get_running_loop()
+            give_up: float | None = None  # when a stream refused for want of a slot stops asking
             while True:
                 headers = {"Accept": SSE}
                 if last_id is not None:
@@ -222,8 +243,14 @@ class RemoteTransport:
                         response = events.response
                         if response.status_code >= 400:
                             await response.aread()
-                            raise error_from(response.status_code, _json_or_none(response),
-                                             self.url)
+                            error = error_from(response.status_code, _json_or_none(response),
+                                               self.url)
+                            pause = _slot_wait(response, error, give_up)
+                            if pause is None:
+                                raise error
+                            give_up = give_up or loop.time() + STREAM_SLOT_WAIT_S
+                            await asyncio.sleep(pause)
+                            continue
                         async for item in events.aiter_sse():
                             failures = 0
                             if item.id:

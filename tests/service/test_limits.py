@@ -287,6 +287,86 @@ def test_streams_are_capped_per_key_and_in_all(limited):
             sock.close()
 
 
+def _refusals(caplog: pytest.LogCaptureFixture, path: str) -> int:
+    """How many of the library's requests to `path` the service answered 429 (httpx's log)."""
+    return sum(1 for r in caplog.records
+               if r.name == "httpx" and path in r.getMessage() and " 429 " in r.getMessage())
+
+
+def test_a_library_stream_refused_for_a_slot_waits_for_one_and_runs_once(limited, sbx_home,
+                                                                         caplog):
+    """An exec through the library is an event stream: refused because the key's streams are
+    all open (429, Retry-After), it is asked again until a slot frees, and then runs once."""
+    import logging
+
+    import sandboxer
+
+    caplog.set_level(logging.INFO, logger="httpx")
+    service = limited(SBX_SERVE_MAX_STREAMS_PER_KEY="1")
+    key = service.key("write", owner="runner")
+    execs = "SELECT count(*) AS n FROM events WHERE type = 'sandbox.exec'"
+    with sandboxer.Sandboxer(url=service.url, token=key) as sbx:
+        box = sbx.create("stubby")
+        before = query(sbx_home, execs)
+        held, status, _ = _open_stream(service.url, key)  # the key's only slot
+        assert status == 200
+        outcome: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = box.exec(["echo", "waited"])
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        try:
+            deadline = time.monotonic() + 60
+            while _refusals(caplog, "/exec") < 2:  # refused, then asked again
+                assert worker.is_alive(), outcome
+                assert time.monotonic() < deadline, "the exec was never refused twice"
+                time.sleep(0.05)
+            assert worker.is_alive() and query(sbx_home, execs) == before  # not run yet
+        finally:
+            held.close()
+        worker.join(120)
+        assert not worker.is_alive() and "error" not in outcome, outcome
+        result = outcome["result"]
+        assert result.exit_code == 0 and result.stdout == b"waited\n"
+        assert query(sbx_home, execs)[0]["n"] == before[0]["n"] + 1  # run once
+        box.destroy()
+
+
+def test_a_library_stream_that_finds_no_slot_in_time_says_which_cap(limited, sbx_home, caplog,
+                                                                    monkeypatch):
+    """Past STREAM_SLOT_WAIT_S the refusal reaches the caller as one line naming the cap, and
+    the command never ran."""
+    import logging
+
+    import sandboxer
+    import sandboxer._remote
+
+    caplog.set_level(logging.INFO, logger="httpx")
+    monkeypatch.setattr(sandboxer._remote, "STREAM_SLOT_WAIT_S", 1.5)
+    service = limited(SBX_SERVE_MAX_STREAMS_PER_KEY="1")
+    key = service.key("write", owner="runner")
+    execs = "SELECT count(*) AS n FROM events WHERE type = 'sandbox.exec'"
+    with sandboxer.Sandboxer(url=service.url, token=key) as sbx:
+        box = sbx.create("stubby")
+        before = query(sbx_home, execs)
+        held, status, _ = _open_stream(service.url, key)
+        assert status == 200
+        try:
+            with pytest.raises(sandboxer.Unavailable, match="SBX_SERVE_MAX_STREAMS_PER_KEY") \
+                    as refused:
+                box.exec(["echo", "never"])
+        finally:
+            held.close()
+        assert "\n" not in str(refused.value) and _refusals(caplog, "/exec") >= 2
+        assert query(sbx_home, execs) == before
+        box.destroy()
+
+
 # -- connections ------------------------------------------------------------------------------
 
 def test_a_connection_that_never_finishes_its_headers_is_closed(limited):
