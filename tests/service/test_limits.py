@@ -293,21 +293,31 @@ def _refusals(caplog: pytest.LogCaptureFixture, path: str) -> int:
                if r.name == "httpx" and path in r.getMessage() and " 429 " in r.getMessage())
 
 
-def test_a_library_stream_refused_for_a_slot_waits_for_one_and_runs_once(limited, sbx_home,
-                                                                         caplog):
-    """An exec through the library is an event stream: refused because the key's streams are
-    all open (429, Retry-After), it is asked again until a slot frees, and then runs once."""
-    import logging
+def _execs(home: Path) -> int:
+    return query(home, "SELECT count(*) AS n FROM events WHERE type = 'sandbox.exec'")[0]["n"]
 
-    import sandboxer
+
+@pytest.fixture
+def one_slot(limited, caplog):
+    """A live service whose keys may each hold one event stream, a write key of it, and
+    httpx's request log captured (to count the library's refused requests)."""
+    import logging
 
     caplog.set_level(logging.INFO, logger="httpx")
     service = limited(SBX_SERVE_MAX_STREAMS_PER_KEY="1")
-    key = service.key("write", owner="runner")
-    execs = "SELECT count(*) AS n FROM events WHERE type = 'sandbox.exec'"
+    return service, service.key("write", owner="runner")
+
+
+def test_a_library_stream_refused_for_a_slot_waits_for_one_and_runs_once(one_slot, sbx_home,
+                                                                         caplog):
+    """An exec through the library is an event stream: refused because the key's streams are
+    all open (429, Retry-After), it is asked again until a slot frees, and then runs once."""
+    import sandboxer
+
+    service, key = one_slot
     with sandboxer.Sandboxer(url=service.url, token=key) as sbx:
         box = sbx.create("stubby")
-        before = query(sbx_home, execs)
+        before = _execs(sbx_home)
         held, status, _ = _open_stream(service.url, key)  # the key's only slot
         assert status == 200
         outcome: dict[str, object] = {}
@@ -326,34 +336,29 @@ def test_a_library_stream_refused_for_a_slot_waits_for_one_and_runs_once(limited
                 assert worker.is_alive(), outcome
                 assert time.monotonic() < deadline, "the exec was never refused twice"
                 time.sleep(0.05)
-            assert worker.is_alive() and query(sbx_home, execs) == before  # not run yet
+            assert worker.is_alive() and _execs(sbx_home) == before  # not run yet
         finally:
             held.close()
         worker.join(120)
         assert not worker.is_alive() and "error" not in outcome, outcome
         result = outcome["result"]
         assert result.exit_code == 0 and result.stdout == b"waited\n"
-        assert query(sbx_home, execs)[0]["n"] == before[0]["n"] + 1  # run once
+        assert _execs(sbx_home) == before + 1  # run once
         box.destroy()
 
 
-def test_a_library_stream_that_finds_no_slot_in_time_says_which_cap(limited, sbx_home, caplog,
+def test_a_library_stream_that_finds_no_slot_in_time_says_which_cap(one_slot, sbx_home, caplog,
                                                                     monkeypatch):
     """Past STREAM_SLOT_WAIT_S the refusal reaches the caller as one line naming the cap, and
     the command never ran."""
-    import logging
-
     import sandboxer
     import sandboxer._remote
 
-    caplog.set_level(logging.INFO, logger="httpx")
     monkeypatch.setattr(sandboxer._remote, "STREAM_SLOT_WAIT_S", 1.5)
-    service = limited(SBX_SERVE_MAX_STREAMS_PER_KEY="1")
-    key = service.key("write", owner="runner")
-    execs = "SELECT count(*) AS n FROM events WHERE type = 'sandbox.exec'"
+    service, key = one_slot
     with sandboxer.Sandboxer(url=service.url, token=key) as sbx:
         box = sbx.create("stubby")
-        before = query(sbx_home, execs)
+        before = _execs(sbx_home)
         held, status, _ = _open_stream(service.url, key)
         assert status == 200
         try:
@@ -363,7 +368,7 @@ def test_a_library_stream_that_finds_no_slot_in_time_says_which_cap(limited, sbx
         finally:
             held.close()
         assert "\n" not in str(refused.value) and _refusals(caplog, "/exec") >= 2
-        assert query(sbx_home, execs) == before
+        assert _execs(sbx_home) == before
         box.destroy()
 
 
