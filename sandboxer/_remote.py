@@ -16,6 +16,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import os
 import urllib.parse
 import weakref
@@ -81,9 +82,9 @@ def _slot_wait(response: httpx.Response, error: SbxError, give_up: float | None)
         return None
     try:
         after = float(response.headers.get("Retry-After", "1"))
-    except ValueError:
+    except ValueError:  # an HTTP date: the service sends seconds
         after = 1.0
-    pause = min(max(after, 0.05), 5.0)
+    pause = min(max(after, 0.05), 5.0) if math.isfinite(after) else 1.0
     return pause if give_up is None else min(pause, give_up - now)
 
 
