@@ -167,7 +167,14 @@ class RemoteTransport:
         async def run() -> T:
             return await awaitable
 
-        return core.submit(run()).result()
+        future = core.submit(run())
+        try:
+            return future.result()
+        except BaseException:
+            # interrupted (Ctrl-C): stop it on the loop too, so that a call still waiting
+            # there (for a stream's slot) never runs after its caller has gone
+            future.cancel()
+            raise
 
     async def close(self) -> None:
         if self._closed:
@@ -249,9 +256,11 @@ class RemoteTransport:
                             pause = _slot_wait(response, error, give_up)
                             if pause is None:
                                 raise error
-                            give_up = give_up or loop.time() + STREAM_SLOT_WAIT_S
+                            if give_up is None:
+                                give_up = loop.time() + STREAM_SLOT_WAIT_S
                             await asyncio.sleep(pause)
                             continue
+                        give_up = None  # open: a later reconnect that is refused waits anew
                         async for item in events.aiter_sse():
                             failures = 0
                             if item.id:

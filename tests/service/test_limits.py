@@ -298,56 +298,65 @@ def _execs(home: Path) -> int:
 
 
 @pytest.fixture
-def one_slot(limited, caplog):
-    """A live service whose keys may each hold one event stream, a write key of it, and
-    httpx's request log captured (to count the library's refused requests)."""
+def slot_taken(limited, sbx_home, caplog):
+    """A live service whose keys may each hold one event stream; a library client of a write
+    key with a sandbox made; that key's one slot taken by a raw stream (`held`, closed by
+    the test when it frees the slot); httpx's request log captured (to count the library's
+    refused requests)."""
     import logging
+    from types import SimpleNamespace
+
+    import sandboxer
 
     caplog.set_level(logging.INFO, logger="httpx")
     service = limited(SBX_SERVE_MAX_STREAMS_PER_KEY="1")
-    return service, service.key("write", owner="runner")
-
-
-def test_a_library_stream_refused_for_a_slot_waits_for_one_and_runs_once(one_slot, sbx_home,
-                                                                         caplog):
-    """An exec through the library is an event stream: refused because the key's streams are
-    all open (429, Retry-After), it is asked again until a slot frees, and then runs once."""
-    import sandboxer
-
-    service, key = one_slot
+    key = service.key("write", owner="runner")
     with sandboxer.Sandboxer(url=service.url, token=key) as sbx:
         box = sbx.create("stubby")
         before = _execs(sbx_home)
-        held, status, _ = _open_stream(service.url, key)  # the key's only slot
+        held, status, _ = _open_stream(service.url, key)
         assert status == 200
-        outcome: dict[str, object] = {}
-
-        def run() -> None:
-            try:
-                outcome["result"] = box.exec(["echo", "waited"])
-            except Exception as exc:  # noqa: BLE001 - asserted below
-                outcome["error"] = exc
-
-        worker = threading.Thread(target=run)
-        worker.start()
         try:
-            deadline = time.monotonic() + 60
-            while _refusals(caplog, "/exec") < 2:  # refused, then asked again
-                assert worker.is_alive(), outcome
-                assert time.monotonic() < deadline, "the exec was never refused twice"
-                time.sleep(0.05)
-            assert worker.is_alive() and _execs(sbx_home) == before  # not run yet
+            yield SimpleNamespace(box=box, held=held, before=before)
         finally:
             held.close()
-        worker.join(120)
-        assert not worker.is_alive() and "error" not in outcome, outcome
-        result = outcome["result"]
-        assert result.exit_code == 0 and result.stdout == b"waited\n"
-        assert _execs(sbx_home) == before + 1  # run once
-        box.destroy()
+            box.destroy()
 
 
-def test_a_library_stream_that_finds_no_slot_in_time_says_which_cap(one_slot, sbx_home, caplog,
+def test_a_library_stream_refused_for_a_slot_waits_for_one_and_runs_once(slot_taken, sbx_home,
+                                                                         caplog, monkeypatch):
+    """An exec through the library is an event stream: refused because the key's streams are
+    all open (429, Retry-After), it is asked again until a slot frees, and then runs once."""
+    import sandboxer._remote
+
+    monkeypatch.setattr(sandboxer._remote, "STREAM_SLOT_WAIT_S", 300.0)  # a busy machine
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = slot_taken.box.exec(["echo", "waited"])
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while _refusals(caplog, "/exec") < 2:  # refused, then asked again
+            assert worker.is_alive(), outcome
+            assert time.monotonic() < deadline, "the exec was never refused twice"
+            time.sleep(0.05)
+        assert worker.is_alive() and _execs(sbx_home) == slot_taken.before  # not run yet
+    finally:
+        slot_taken.held.close()
+    worker.join(120)
+    assert not worker.is_alive() and "error" not in outcome, outcome
+    result = outcome["result"]
+    assert result.exit_code == 0 and result.stdout == b"waited\n"
+    assert _execs(sbx_home) == slot_taken.before + 1  # run once
+
+
+def test_a_library_stream_that_finds_no_slot_in_time_says_which_cap(slot_taken, sbx_home, caplog,
                                                                     monkeypatch):
     """Past STREAM_SLOT_WAIT_S the refusal reaches the caller as one line naming the cap, and
     the command never ran."""
@@ -355,21 +364,49 @@ def test_a_library_stream_that_finds_no_slot_in_time_says_which_cap(one_slot, sb
     import sandboxer._remote
 
     monkeypatch.setattr(sandboxer._remote, "STREAM_SLOT_WAIT_S", 1.5)
-    service, key = one_slot
-    with sandboxer.Sandboxer(url=service.url, token=key) as sbx:
-        box = sbx.create("stubby")
-        before = _execs(sbx_home)
-        held, status, _ = _open_stream(service.url, key)
-        assert status == 200
-        try:
-            with pytest.raises(sandboxer.Unavailable, match="SBX_SERVE_MAX_STREAMS_PER_KEY") \
-                    as refused:
-                box.exec(["echo", "never"])
-        finally:
-            held.close()
-        assert "\n" not in str(refused.value) and _refusals(caplog, "/exec") >= 2
-        assert _execs(sbx_home) == before
-        box.destroy()
+    started = time.monotonic()
+    with pytest.raises(sandboxer.Unavailable, match="SBX_SERVE_MAX_STREAMS_PER_KEY") as refused:
+        slot_taken.box.exec(["echo", "never"])
+    waited = time.monotonic() - started
+    slot_taken.held.close()
+    assert "\n" not in str(refused.value) and _refusals(caplog, "/exec") >= 2
+    assert 1.5 <= waited < 20, waited  # the bound set, not the default 30 s or forever
+    assert _execs(sbx_home) == slot_taken.before
+
+
+def test_a_sync_call_interrupted_while_it_waits_for_a_slot_never_runs(slot_taken, sbx_home,
+                                                                     caplog):
+    """Ctrl-C on a sync exec waiting for a slot stops its asking too: freed later, the slot
+    is not taken by a command its caller gave up on."""
+    import os
+    import signal
+
+    def interrupt_once_refused() -> None:
+        """Ctrl-C, as a terminal sends it, once the exec waits for its slot (and only then:
+        a SIGINT elsewhere would end the test run)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if _refusals(caplog, "/exec") >= 1:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_refused, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        slot_taken.box.exec(["echo", "abandoned"])
+    asked = _refusals(caplog, "/exec")
+    assert asked >= 1
+    # still asking, it would be refused again within each Retry-After (1 s): watch three of
+    # them (an absence has no condition to wait for, only a window)
+    quiet_until = time.monotonic() + 3.5
+    while time.monotonic() < quiet_until:
+        assert _refusals(caplog, "/exec") == asked, "the interrupted exec kept asking"
+        time.sleep(0.1)
+    slot_taken.held.close()
+    # the slot freed: a new exec runs (it too may wait for the service to see the slot
+    # free), and is the only one that ever ran
+    assert slot_taken.box.exec(["echo", "next"]).stdout == b"next\n"
+    assert _execs(sbx_home) == slot_taken.before + 1
 
 
 # -- connections ------------------------------------------------------------------------------
