@@ -391,9 +391,16 @@ def test_a_sync_call_interrupted_while_it_waits_for_a_slot_never_runs(slot_taken
                 return
             time.sleep(0.05)
 
-    threading.Thread(target=interrupt_once_refused, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        slot_taken.box.exec(["echo", "abandoned"])
+    assert threading.current_thread() is threading.main_thread()  # where SIGINT lands
+    # Python's own handler, as in a terminal: a run started in the background may have
+    # inherited SIGINT ignored
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_refused, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            slot_taken.box.exec(["echo", "abandoned"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
     asked = _refusals(caplog, "/exec")
     assert asked >= 1
     # still asking, it would be refused again within each Retry-After (1 s): watch three of
