@@ -83,6 +83,7 @@ class Leases:
         self.ttl = ttl
         self.install_id = install_id
         self.event = event  # writes one event inside the given transaction
+        self._together: list[tuple] = []  # begin_together's callers waiting for one commit
 
     def held_by_another(self, row: Mapping[str, Any]) -> bool:
         """Another live process holds the row's lease (a dead one of this host holds none)."""
@@ -101,46 +102,111 @@ class Leases:
         A callable `reason(row)` gives the reason true inside the transaction.
         """
         with self.db.write() as conn:
-            # The reaper (a precondition) skips a row another process has locked right now;
-            # everyone else waits the few milliseconds for it (PostgreSQL; SQLite has one writer).
-            row = conn.execute(_ROW if precondition is None else _ROW_UNLESS_LOCKED,
-                               {"b_id": sandbox_id}).mappings().first()
-            if row is None and precondition is not None and conn.execute(
-                    sa.select(SANDBOXES.c.id).where(SANDBOXES.c.id == sandbox_id)).first():
-                raise NotDue(f"sandbox {sandbox_id}: another process is acting on it")
-            if row is None:
-                raise NotFound(f"no sandbox {sandbox_id!r}")
-            if precondition is not None:
-                why_not = precondition(row)
-                if why_not:
-                    raise NotDue(f"sandbox {sandbox_id}: {why_not}")
-            current = State(row["state"])
-            resuming = current == intent  # completing an interrupted intent
-            if callable(reason):
-                reason = reason(row)
-            if resuming and reason is None:  # carry on with the interrupted intent's reason
-                reason = conn.execute(
-                    sa.select(EVENTS.c.reason)
-                    .where(EVENTS.c.sandbox_id == sandbox_id,
-                           EVENTS.c.type.in_(entry_events(intent)))
-                    .order_by(EVENTS.c.id.desc()).limit(1)
-                ).scalar()
-            if not resuming:
-                transition_event(current, intent)  # IllegalTransition when not allowed
-            if self.held_by_another(row):
-                raise Conflict(
-                    f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
-                    f"until {row['lease_expires_at']}"
-                )
-            fence = conn.execute(_BEGIN, {
-                "b_id": sandbox_id, "b_fence": row["fence"], "b_state": intent,
-                "b_owner": self.owner, "b_until": to_iso(self.clock.now() + self.ttl)}).scalar()
-            if fence is None:
-                raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
-            if not resuming:
-                self.event(conn, sandbox_id, transition_event(current, intent),
-                            reason=reason, payload=payload)
-            return Lease(sandbox_id, fence, reason), dict(row)
+            return self._begin_in(conn, sandbox_id, intent, reason=reason, payload=payload,
+                                  precondition=precondition)
+
+    async def begin_together(self, sandbox_id: str, intent: State,
+                             *, reason: str | None | Callable[[Mapping[str, Any]], str | None],
+                             precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
+                             ) -> tuple[Lease, dict[str, Any]]:
+        """`begin`, in one transaction with every other `begin_together` asked in the same
+        turn of the event loop: a reaper's N intents take one commit, so its N backend calls
+        leave together instead of one commit apart (docs/design.md, "What a reap of due
+        sandboxes costs"). Each outcome is its own: one that is not due changes nothing for
+        the others. A caller cancelled before the commit has no intent written."""
+        waiter: asyncio.Future = asyncio.get_running_loop().create_future()
+        if not self._together:
+            asyncio.get_running_loop().call_soon(self._begin_queued)
+        self._together.append((waiter, sandbox_id, intent, reason, precondition))
+        return await waiter
+
+    def _begin_queued(self) -> None:
+        queued = [item for item in self._together if not item[0].cancelled()]
+        self._together = []
+        try:
+            outcomes = self._begin_all([item[1:] for item in queued])
+        except Exception:  # the shared transaction failed: each alone, with its own error
+            outcomes = []
+            for _, *args in queued:
+                try:
+                    outcomes.append(self.begin(args[0], args[1], reason=args[2],
+                                               precondition=args[3]))
+                except Exception as exc:
+                    outcomes.append(exc)
+        except BaseException as exc:  # never leave a caller waiting
+            for waiter, *_ in queued:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            raise
+        for (waiter, *_), outcome in zip(queued, outcomes, strict=True):
+            if waiter.done():
+                continue
+            if isinstance(outcome, Exception):
+                waiter.set_exception(outcome)
+            else:
+                waiter.set_result(outcome)
+
+    @making_room
+    def _begin_all(self, items: list[tuple]) -> list[tuple[Lease, dict[str, Any]] | Exception]:
+        """The intents of `items` in one write transaction; a sandbox not found, not due or
+        busy is its outcome, raised before anything of it is written."""
+        outcomes: list[tuple[Lease, dict[str, Any]] | Exception] = []
+        with self.db.write() as conn:
+            for sandbox_id, intent, reason, precondition in items:
+                try:
+                    outcomes.append(self._begin_in(conn, sandbox_id, intent, reason=reason,
+                                                   precondition=precondition))
+                except (NotFound, Conflict) as exc:
+                    outcomes.append(exc)
+        return outcomes
+
+    def _begin_in(self, conn: Connection, sandbox_id: str, intent: State, *,
+                  reason: str | None | Callable[[Mapping[str, Any]], str | None],
+                  payload: Mapping[str, Any] | None = None,
+                  precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
+                  ) -> tuple[Lease, dict[str, Any]]:
+        """`begin` inside `conn`. Every refusal (NotFound, Conflict and its kinds) is raised
+        before anything is written, which `_begin_all` relies on."""
+        # The reaper (a precondition) skips a row another process has locked right now;
+        # everyone else waits the few milliseconds for it (PostgreSQL; SQLite has one writer).
+        row = conn.execute(_ROW if precondition is None else _ROW_UNLESS_LOCKED,
+                           {"b_id": sandbox_id}).mappings().first()
+        if row is None and precondition is not None and conn.execute(
+                sa.select(SANDBOXES.c.id).where(SANDBOXES.c.id == sandbox_id)).first():
+            raise NotDue(f"sandbox {sandbox_id}: another process is acting on it")
+        if row is None:
+            raise NotFound(f"no sandbox {sandbox_id!r}")
+        if precondition is not None:
+            why_not = precondition(row)
+            if why_not:
+                raise NotDue(f"sandbox {sandbox_id}: {why_not}")
+        current = State(row["state"])
+        resuming = current == intent  # completing an interrupted intent
+        if callable(reason):
+            reason = reason(row)
+        if resuming and reason is None:  # carry on with the interrupted intent's reason
+            reason = conn.execute(
+                sa.select(EVENTS.c.reason)
+                .where(EVENTS.c.sandbox_id == sandbox_id,
+                       EVENTS.c.type.in_(entry_events(intent)))
+                .order_by(EVENTS.c.id.desc()).limit(1)
+            ).scalar()
+        if not resuming:
+            transition_event(current, intent)  # IllegalTransition when not allowed
+        if self.held_by_another(row):
+            raise Conflict(
+                f"sandbox {sandbox_id} is busy: {row['lease_owner']} holds it "
+                f"until {row['lease_expires_at']}"
+            )
+        fence = conn.execute(_BEGIN, {
+            "b_id": sandbox_id, "b_fence": row["fence"], "b_state": intent,
+            "b_owner": self.owner, "b_until": to_iso(self.clock.now() + self.ttl)}).scalar()
+        if fence is None:
+            raise Conflict(f"sandbox {sandbox_id} changed under us; try again")
+        if not resuming:
+            self.event(conn, sandbox_id, transition_event(current, intent),
+                        reason=reason, payload=payload)
+        return Lease(sandbox_id, fence, reason), dict(row)
 
     def take(self, sandbox_id: str, states: frozenset[State] | set[State], verb: str,
               conn: Connection | None = None) -> Lease:

@@ -669,17 +669,22 @@ class Manager:
         try:
             return await self._destroy(sandbox_id, self.adapter(backend),
                                        reason=reason_now if expiring else reason,
-                                       precondition=still_due)
+                                       precondition=still_due, together=True)
         except (NotDue, NotFound):
             return None
 
     async def _destroy(self, sandbox_id: str, adapter: Adapter, *,
                        reason: str | None | Callable[[Mapping[str, Any]], str | None],
                        precondition: Callable[[Mapping[str, Any]], str | None] | None = None,
-                       error: str | None = None) -> dict[str, Any]:
-        """`error`: why it ends, kept in its record (a failed setup)."""
-        lease, row = self.leases.begin(sandbox_id, State.DESTROYING, reason=reason,
-                                 precondition=precondition)
+                       error: str | None = None, together: bool = False) -> dict[str, Any]:
+        """`error`: why it ends, kept in its record (a failed setup). `together`: the intent
+        shares a commit with the others asked at once (Leases.begin_together; the reaper's)."""
+        if together:
+            lease, row = await self.leases.begin_together(sandbox_id, State.DESTROYING,
+                                                          reason=reason, precondition=precondition)
+        else:
+            lease, row = self.leases.begin(sandbox_id, State.DESTROYING, reason=reason,
+                                           precondition=precondition)
         failpoint("destroy.after-intent")
         try:
             async with self.leases.holding(lease):

@@ -207,3 +207,76 @@ def test_operation_failed_wraps_unexpected_errors(mgr, stub_profile):
     StubAdapter.fail_next["create"] = RuntimeError("boom")
     with pytest.raises(OperationFailed, match="create failed on stub: boom"):
         asyncio.run(mgr.create(stub_profile))
+
+
+def due_sandboxes(mgr, profile, clock, count):
+    """`count` sandboxes of `profile` (ttl 10m), then the clock moved past their deadline."""
+    made = [asyncio.run(mgr.create(profile)) for _ in range(count)]
+    clock.advance(timedelta(minutes=11))
+    return [row["id"] for row in made]
+
+
+def test_the_reapers_intents_share_one_commit_and_each_keeps_its_own_outcome(mgr, stub_profile,
+                                                                            clock):
+    """The reaper's N destroys write their N intents in one commit, so the N backend calls
+    leave together; one that is no longer due, or busy, is refused alone and the rest go on."""
+    due_one, due_two, extended, busy = due_sandboxes(mgr, stub_profile, clock, 4)
+    asyncio.run(mgr.extend(extended, timedelta(minutes=30)))
+    other = Manager(mgr.db, clock, actor="other")
+    other.leases.begin(busy, "destroying", reason="manual")  # another process acts on it
+    events_before = len(rows(mgr, EVENTS))
+    writes, write = [], mgr.db.write
+    mgr.db.write = lambda: writes.append(1) or write()  # counts the write transactions
+
+    async def reap_all():
+        return await asyncio.gather(*(mgr.destroy_if(sid, "stub", reason="ttl")
+                                      for sid in (due_one, extended, busy, due_two)),
+                                    return_exceptions=True)
+
+    one, not_due, held, two = asyncio.run(reap_all())
+    assert one["state"] == two["state"] == "destroyed"
+    assert not_due is None and mgr.resolve(extended)["state"] == "running"
+    assert held is None and mgr.resolve(busy)["lease_owner"] == other.leases.owner
+    written = rows(mgr, EVENTS)[events_before:]
+    assert [(e["type"], e["sandbox_id"]) for e in written[:2]] == [
+        ("sandbox.destroying", due_one), ("sandbox.destroying", due_two)]  # one after the other
+    assert sorted((e["type"], e["sandbox_id"]) for e in written[2:]) == sorted(
+        [("sandbox.destroyed", due_one), ("sandbox.destroyed", due_two)])
+    assert len(writes) == 3  # the two intents together, then each result
+
+
+def test_a_reaper_cancelled_before_its_intent_commits_has_written_nothing(mgr, stub_profile, clock):
+    kept, reaped = due_sandboxes(mgr, stub_profile, clock, 2)
+    events_before = len(rows(mgr, EVENTS))
+
+    async def cancel_one():
+        first = asyncio.create_task(mgr.destroy_if(kept, "stub", reason="ttl"))
+        second = asyncio.create_task(mgr.destroy_if(reaped, "stub", reason="ttl"))
+        await asyncio.sleep(0)  # both wait for the shared commit, which has not run yet
+        first.cancel()
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    cancelled, done = asyncio.run(cancel_one())
+    assert isinstance(cancelled, asyncio.CancelledError) and done["state"] == "destroyed"
+    row = mgr.resolve(kept)
+    assert row["state"] == "running" and row["lease_owner"] is None
+    assert {e["sandbox_id"] for e in rows(mgr, EVENTS)[events_before:]} == {reaped}
+
+
+def test_one_intent_that_fails_unexpectedly_leaves_the_others_to_go_on(mgr, stub_profile, clock):
+    """The shared transaction is rolled back and each intent written alone: the failing one's
+    caller gets its error, the others their leases."""
+    good, bad = due_sandboxes(mgr, stub_profile, clock, 2)
+
+    def broken(row):
+        raise RuntimeError("the check itself broke")
+
+    async def both():
+        return await asyncio.gather(
+            mgr.leases.begin_together(good, "destroying", reason="ttl", precondition=lambda r: None),
+            mgr.leases.begin_together(bad, "destroying", reason="ttl", precondition=broken),
+            return_exceptions=True)
+
+    (lease, _), error = asyncio.run(both())
+    assert lease.sandbox_id == good and mgr.resolve(good)["state"] == "destroying"
+    assert isinstance(error, RuntimeError) and mgr.resolve(bad)["state"] == "running"
