@@ -127,10 +127,10 @@ class Leases:
             outcomes = self._begin_all([item[1:] for item in queued])
         except Exception:  # the shared transaction failed: each alone, with its own error
             outcomes = []
-            for _, *args in queued:
+            for _, sandbox_id, intent, reason, precondition in queued:
                 try:
-                    outcomes.append(self.begin(args[0], args[1], reason=args[2],
-                                               precondition=args[3]))
+                    outcomes.append(self.begin(sandbox_id, intent, reason=reason,
+                                               precondition=precondition))
                 except Exception as exc:
                     outcomes.append(exc)
         except BaseException as exc:  # never leave a caller waiting
