@@ -36,7 +36,8 @@ cost is printed beside the figures (information).
    outside, as `sbx reap`) and in a process that stays (timed inside, as the staying
    reaper), with no database and no look. Each round runs the six ways in an order of
    DUE_ORDERS, a Williams square (each way in each place, and right after each other way,
-   once in six rounds).
+   once in six rounds). A round that fails ends part 5; the rounds before it are kept and
+   the results say where it stopped (bench_due).
 
 Each row is the median of --rounds rounds (default 10; sizes and modes interleaved within a
 round, the sizes' order alternating), with the fitted cost per row (least squares slope over
@@ -91,6 +92,9 @@ def williams(n: int) -> list[list[int]]:
 DUE_ORDERS = [[DUE_ARMS[i] for i in row] for row in williams(len(DUE_ARMS))]
 PG = os.environ.get("SBX_TEST_PG", "sbx_test:sbx_test@127.0.0.1:5432")
 TIMEOUT_S = 600
+# each call of part 5: removing 100 takes about 3 s here; an engine that has not answered in
+# two minutes has stopped (see bench_due)
+DUE_TIMEOUT_S = 120
 
 # The bench fixture's module, written to the run's temp folder (see the module docstring).
 FIXTURE = '''"""BENCH FIXTURE of bench/bench_scale.py, not a backend: list() answers one running object
@@ -637,19 +641,38 @@ def check_due_reap(ctx: Context, home: Path, ids: list[str], refs: set[str],
 
 
 def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
+    """Part 5. A round that fails (the engine stopped answering: dockerd 20.10 on this 2-core
+    VM has, after 10-15 minutes of this churn, left a removal unanswered) ends the part; the
+    rounds completed before it are kept, and the results say where it stopped. With no
+    complete round the error is raised."""
     samples: dict[int, dict[str, list[float]]] = {
         n: {arm: [] for arm in DUE_ARMS} for n in counts}
+    stopped = None
+    ctx.timeout = DUE_TIMEOUT_S  # kept for the cleanup after it: part 5 is the run's last part
     remover = staying_process(ctx, [str(REMOVER), "stay"], ctx.sbx_env(ctx.home("docker-py")))
     try:
         for r in range(rounds):
+            got: dict[int, dict[str, float]] = {n: {} for n in counts}
+            try:
+                for n in counts:
+                    for arm in DUE_ORDERS[r % len(DUE_ORDERS)]:
+                        got[n][arm] = due_arm(ctx, arm, n, r, remover)
+                    print(f"   round {r + 1}/{rounds}, N={n}: " + ", ".join(
+                        f"{DUE_TITLES[arm]} {got[n][arm]:.2f} s" for arm in DUE_ARMS),
+                        flush=True)
+            except Exception as exc:
+                if not r:
+                    raise
+                stopped = f"round {r + 1} of {rounds} failed, so part 5 has {r}: " + " ".join(
+                    f"{type(exc).__name__}: {exc}".split())[:300]
+                print(f"   {stopped}", flush=True)
+                break
             for n in counts:
-                for arm in DUE_ORDERS[r % len(DUE_ORDERS)]:
-                    samples[n][arm].append(due_arm(ctx, arm, n, r, remover))
-                print(f"   round {r + 1}/{rounds}, N={n}: " + ", ".join(
-                    f"{DUE_TITLES[arm]} {samples[n][arm][-1]:.2f} s" for arm in DUE_ARMS),
-                    flush=True)
+                for arm in DUE_ARMS:
+                    samples[n][arm].append(got[n][arm])
     finally:
         end_staying(ctx, remover)
+    rounds = len(samples[counts[0]][DUE_ARMS[0]])
     med = {n: {k: median(v) for k, v in s.items()} for n, s in samples.items()}
     fits = {k: fit([float(n) for n in counts], [med[n][k] for n in counts]) for k in DUE_ARMS}
     ways = [arm for arm in DUE_ARMS if arm != "docker"]
@@ -663,8 +686,11 @@ def bench_due(ctx: Context, counts: list[int], rounds: int) -> dict[str, Any]:
                       "medians; fresh `sbx reap` with SBX_NO_SERVER=1, with `sbx server`, "
                       "one cycle of a reaper that stays, as `sbx reap --every` runs it; and "
                       "docker-py alone, the least a Python reaper can cost)")
+    if stopped:
+        print(f"   part 5 stopped early: {stopped}", flush=True)
     return {"counts": counts, "rounds": rounds, "samples_s": samples, "median_s": med,
-            "fit": {k: {"fixed_s": f[0], "per_sandbox_s": f[1]} for k, f in fits.items()}}
+            "fit": {k: {"fixed_s": f[0], "per_sandbox_s": f[1]} for k, f in fits.items()},
+            **({"stopped": stopped} if stopped else {})}
 
 
 # -- main -------------------------------------------------------------------------------------------
@@ -751,6 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         for k, f in due["fit"].items():
             info.append([f"reap of N due, {k}: fixed + per sandbox",
                          f"{f['fixed_s']:.3f} s + {ms(f['per_sandbox_s'])}", "", "info"])
+        if "stopped" in due:
+            info.append([f"part 5 stopped early: {due['stopped']}", "", "", "info"])
     common.finish(results, summary, info, run_id=ctx.run_id, started=started,
                   json_path=args.json)
     return 0
