@@ -756,12 +756,13 @@ def main(argv: list[str] | None = None) -> int:
              f"growth {us_per_row(fleet['slope_s_per_row']['get'])}", "info"]]
     if "due" in results:
         due = results["due"]
+        short = f" ({due['rounds']} of {args.reap_rounds} rounds)" if "stopped" in due else ""
         for n in due["counts"]:
             for arm, how in (("sbx", ""), ("sbx server", ", with sbx server"),
                              ("staying", ", one cycle of a reaper that stays "
                                          "(sbx reap --every)")):
                 ratio = due["median_s"][n][arm] / due["median_s"][n]["docker"]
-                summary.append((f"sbx reap of {n} due{how} / docker rm -f of {n}", ratio,
+                summary.append((f"sbx reap of {n} due{how} / docker rm -f of {n}{short}", ratio,
                                 TARGET_REAP_RATIO, f"{ratio:.2f}", f"<= {TARGET_REAP_RATIO}"))
         for n in due["counts"]:
             m = due["median_s"][n]
