@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -83,7 +84,10 @@ class Leases:
         self.ttl = ttl
         self.install_id = install_id
         self.event = event  # writes one event inside the given transaction
-        self._together: list[tuple] = []  # begin_together's callers waiting for one commit
+        # begin_together's callers waiting for one commit, by the loop they wait on (a loop
+        # stopped with its commit still queued must not hold up the next loop's callers)
+        self._together: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[tuple]] = (
+            weakref.WeakKeyDictionary())
 
     def held_by_another(self, row: Mapping[str, Any]) -> bool:
         """Another live process holds the row's lease (a dead one of this host holds none)."""
@@ -113,26 +117,35 @@ class Leases:
         turn of the event loop: a reaper's N intents take one commit, so its N backend calls
         leave together instead of one commit apart (docs/design.md, "What a reap of due
         sandboxes costs"). Each outcome is its own: one that is not due changes nothing for
-        the others. A caller cancelled before the commit has no intent written."""
-        waiter: asyncio.Future = asyncio.get_running_loop().create_future()
-        if not self._together:
-            asyncio.get_running_loop().call_soon(self._begin_queued)
-        self._together.append((waiter, sandbox_id, intent, reason, precondition))
-        return await waiter
-
-    def _begin_queued(self) -> None:
-        queued = [item for item in self._together if not item[0].cancelled()]
-        self._together = []
+        the others. A caller cancelled before the commit has no intent written; one cancelled
+        after it, before it could go on, gives its lease back (`release`: the intent stays
+        for the next cycle), as it would had the cancel reached its backend call."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future = loop.create_future()
+        queue = self._together.setdefault(loop, [])
+        if not queue:
+            loop.call_soon(self._begin_queued, loop)
+        queue.append((waiter, sandbox_id, intent, reason, precondition))
         try:
-            outcomes = self._begin_all([item[1:] for item in queued])
-        except Exception:  # the shared transaction failed: each alone, with its own error
-            outcomes = []
-            for _, sandbox_id, intent, reason, precondition in queued:
-                try:
-                    outcomes.append(self.begin(sandbox_id, intent, reason=reason,
-                                               precondition=precondition))
-                except Exception as exc:
-                    outcomes.append(exc)
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.release(waiter.result()[0], "cancelled before its backend call")
+            raise
+
+    def _begin_queued(self, loop: asyncio.AbstractEventLoop) -> None:
+        queued = [item for item in self._together.pop(loop, []) if not item[0].cancelled()]
+        try:
+            try:
+                outcomes = self._begin_all([item[1:] for item in queued])
+            except Exception:  # the shared transaction failed: each alone, with its own error
+                outcomes = []
+                for _, sandbox_id, intent, reason, precondition in queued:
+                    try:
+                        outcomes.append(self.begin(sandbox_id, intent, reason=reason,
+                                                   precondition=precondition))
+                    except Exception as exc:
+                        outcomes.append(exc)
         except BaseException as exc:  # never leave a caller waiting
             for waiter, *_ in queued:
                 if not waiter.done():

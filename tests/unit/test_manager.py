@@ -263,6 +263,57 @@ def test_a_reaper_cancelled_before_its_intent_commits_has_written_nothing(mgr, s
     assert {e["sandbox_id"] for e in rows(mgr, EVENTS)[events_before:]} == {reaped}
 
 
+def test_a_reaper_cancelled_after_its_intent_commits_gives_its_lease_back(mgr, stub_profile, clock):
+    """A reap cycle's timeout (or Ctrl-C) that lands between the shared commit and the caller
+    going on: the intent stays for the next cycle, and the lease is not left to lapse (until
+    then `sbx destroy` would be refused as busy and the next cycles would skip it)."""
+    (due,) = due_sandboxes(mgr, stub_profile, clock, 1)
+    events_before = len(rows(mgr, EVENTS))
+
+    async def cancel_after_the_commit():
+        reaping = asyncio.create_task(mgr.destroy_if(due, "stub", reason="ttl"))
+        while mgr.resolve(due)["state"] != "destroying":  # the shared commit has run
+            await asyncio.sleep(0)
+        reaping.cancel()  # before the reaping task has gone on from it
+        return await asyncio.gather(reaping, return_exceptions=True)
+
+    (cancelled,) = asyncio.run(cancel_after_the_commit())
+    assert isinstance(cancelled, asyncio.CancelledError)
+    row = mgr.resolve(due)
+    assert row["state"] == "destroying" and row["lease_owner"] is None  # the intent, free
+    assert f"stub-{due}" in StubAdapter.objects  # the backend was never asked
+    assert [e["type"] for e in rows(mgr, EVENTS)[events_before:]] == [
+        "sandbox.destroying", "sandbox.attempt-failed"]
+    row, _ = asyncio.run(mgr.destroy(due))  # not refused as busy: it carries the intent on
+    assert row["state"] == "destroyed" and f"stub-{due}" not in StubAdapter.objects
+
+
+def test_a_loop_stopped_with_its_shared_commit_queued_holds_up_no_later_caller(mgr, stub_profile,
+                                                                               clock):
+    """A Manager used on one loop that stopped before its queued commit ran (the library's
+    loop closed mid-reap) and then on another: the second loop's intents are written."""
+    first, second = due_sandboxes(mgr, stub_profile, clock, 2)
+    stopped = asyncio.new_event_loop()
+
+    async def queue_one():  # its first step queues the commit, then the loop stops
+        asyncio.get_running_loop().create_task(mgr.leases.begin_together(
+            first, "destroying", reason="ttl", precondition=lambda row: None))
+
+    stopped.run_until_complete(queue_one())
+    assert mgr.resolve(first)["state"] == "running"  # the commit never ran
+
+    async def on_another_loop():
+        return await asyncio.wait_for(mgr.destroy_if(second, "stub", reason="ttl"), 30)
+
+    assert asyncio.run(on_another_loop())["state"] == "destroyed"
+    waiting = asyncio.all_tasks(stopped)  # the first loop's caller, given up: nothing written
+    for task in waiting:
+        task.cancel()
+    stopped.run_until_complete(asyncio.gather(*waiting, return_exceptions=True))
+    stopped.close()
+    assert mgr.resolve(first)["state"] == "running" and mgr.resolve(first)["lease_owner"] is None
+
+
 def test_one_intent_that_fails_unexpectedly_leaves_the_others_to_go_on(mgr, stub_profile, clock):
     """The shared transaction is rolled back and each intent written alone: the failing one's
     caller gets its error, the others their leases."""
