@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -86,8 +85,7 @@ class Leases:
         self.event = event  # writes one event inside the given transaction
         # begin_together's callers waiting for one commit, by the loop they wait on (a loop
         # stopped with its commit still queued must not hold up the next loop's callers)
-        self._together: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[tuple]] = (
-            weakref.WeakKeyDictionary())
+        self._together: dict[asyncio.AbstractEventLoop, list[tuple]] = {}
 
     def held_by_another(self, row: Mapping[str, Any]) -> bool:
         """Another live process holds the row's lease (a dead one of this host holds none)."""
@@ -124,31 +122,40 @@ class Leases:
         waiter: asyncio.Future = loop.create_future()
         queue = self._together.setdefault(loop, [])
         if not queue:
+            for closed in [other for other in self._together if other.is_closed()]:
+                del self._together[closed]  # its callers went with it
             loop.call_soon(self._begin_queued, loop)
         queue.append((waiter, sandbox_id, intent, reason, precondition))
         try:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.release(waiter.result()[0], "cancelled before its backend call")
+                with contextlib.suppress(Exception):  # else its lease lapses; the cancel goes on
+                    self.release(waiter.result()[0], "cancelled before its backend call")
             raise
 
     def _begin_queued(self, loop: asyncio.AbstractEventLoop) -> None:
         queued = [item for item in self._together.pop(loop, []) if not item[0].cancelled()]
+        outcomes: list[Any] = []
         try:
             try:
                 outcomes = self._begin_all([item[1:] for item in queued])
             except Exception:  # the shared transaction failed: each alone, with its own error
-                outcomes = []
                 for _, sandbox_id, intent, reason, precondition in queued:
                     try:
                         outcomes.append(self.begin(sandbox_id, intent, reason=reason,
                                                    precondition=precondition))
                     except Exception as exc:
                         outcomes.append(exc)
-        except BaseException as exc:  # never leave a caller waiting
-            for waiter, *_ in queued:
-                if not waiter.done():
+        except BaseException as exc:
+            # never leave a caller waiting; one whose intent was written alone before this
+            # gets its lease, which it gives back as it is cancelled (begin_together)
+            for n, (waiter, *_) in enumerate(queued):
+                if waiter.done():
+                    continue
+                if n < len(outcomes) and not isinstance(outcomes[n], Exception):
+                    waiter.set_result(outcomes[n])
+                else:
                     waiter.set_exception(exc)
             raise
         for (waiter, *_), outcome in zip(queued, outcomes, strict=True):

@@ -299,19 +299,47 @@ def test_a_loop_stopped_with_its_shared_commit_queued_holds_up_no_later_caller(m
         asyncio.get_running_loop().create_task(mgr.leases.begin_together(
             first, "destroying", reason="ttl", precondition=lambda row: None))
 
-    stopped.run_until_complete(queue_one())
-    assert mgr.resolve(first)["state"] == "running"  # the commit never ran
-
     async def on_another_loop():
         return await asyncio.wait_for(mgr.destroy_if(second, "stub", reason="ttl"), 30)
 
-    assert asyncio.run(on_another_loop())["state"] == "destroyed"
-    waiting = asyncio.all_tasks(stopped)  # the first loop's caller, given up: nothing written
-    for task in waiting:
-        task.cancel()
-    stopped.run_until_complete(asyncio.gather(*waiting, return_exceptions=True))
-    stopped.close()
-    assert mgr.resolve(first)["state"] == "running" and mgr.resolve(first)["lease_owner"] is None
+    try:
+        stopped.run_until_complete(queue_one())
+        assert mgr.resolve(first)["state"] == "running"  # the commit never ran
+        assert asyncio.run(on_another_loop())["state"] == "destroyed"
+        waiting = asyncio.all_tasks(stopped)  # the first loop's caller, given up
+        for task in waiting:
+            task.cancel()
+        stopped.run_until_complete(asyncio.gather(*waiting, return_exceptions=True))
+    finally:
+        stopped.close()
+    row = mgr.resolve(first)
+    assert row["state"] == "running" and row["lease_owner"] is None  # nothing written for it
+
+
+def test_an_interrupt_while_intents_are_written_one_by_one_leaves_no_lease_held(mgr, stub_profile,
+                                                                                 clock):
+    """The shared transaction failed, so each intent is written alone; Ctrl-C lands while the
+    third is: the second's intent, already written, is released as its caller is cancelled,
+    not left leased until the lease lapses."""
+    broken_check, written, interrupted = due_sandboxes(mgr, stub_profile, clock, 3)
+
+    def broken(row):
+        raise RuntimeError("the check itself broke")
+
+    def interrupt(row):
+        raise KeyboardInterrupt
+
+    async def three():
+        return await asyncio.gather(*(
+            mgr.leases.begin_together(sandbox_id, "destroying", reason="ttl", precondition=check)
+            for sandbox_id, check in ((broken_check, broken), (written, lambda row: None),
+                                      (interrupted, interrupt))))
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(three())
+    row = mgr.resolve(written)
+    assert row["state"] == "destroying" and row["lease_owner"] is None
+    assert [mgr.resolve(i)["state"] for i in (broken_check, interrupted)] == ["running"] * 2
 
 
 def test_one_intent_that_fails_unexpectedly_leaves_the_others_to_go_on(mgr, stub_profile, clock):
