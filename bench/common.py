@@ -267,7 +267,18 @@ class BenchContext:
 
     def cleanup(self) -> None:
         """Remove by id the containers this run made and still holds, then anything else that
-        carries the run label; then the temporary folder. Never prunes."""
+        carries the run label; then the temporary folder. Never prunes. An engine that does
+        not answer (dockerd 20.10 has hung after long churn) leaves them, said in the notes
+        with the command that removes them later, and the run's results are still written."""
+        try:
+            self._remove_containers()
+        except subprocess.TimeoutExpired as exc:
+            self.notes.append(f"cleanup: the engine did not answer `{' '.join(exc.cmd[:3])}` "
+                              f"within {exc.timeout:.0f} s; this run's containers are left: "
+                              f"docker rm -f $(docker ps -aq --filter label={self.label})")
+        self._tmp.cleanup()
+
+    def _remove_containers(self) -> None:
         left = self.still_present(self.containers)
         if left:
             _, proc = self.run(["docker", "rm", "-f", *sorted(left)], check=False)
@@ -282,7 +293,6 @@ class BenchContext:
             self.run(["docker", "rm", "-f", *stray], check=False)
             self.notes.append(f"cleanup: {len(stray)} leftover container(s) with {self.label} "
                               f"removed by id: {' '.join(i[:12] for i in stray)}")
-        self._tmp.cleanup()
 
 
 # -- the run's metadata and summary ----------------------------------------------------------
