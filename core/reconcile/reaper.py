@@ -404,11 +404,12 @@ class Reaper:
             except Exception as exc:
                 raise _NotAsked(exc) from exc
 
+        checkpoint_rows = self.read_checkpoints()  # before anything is asked of a backend
         names = registry.names()  # every backend looked at at once, then judged in order
         looking = asyncio.gather(*(look(b) for b in names), return_exceptions=True)
         # the checkpoints' artifacts at the same time (an image listing is dockerd's
         # slowest call); those of a backend found unreachable are left out below
-        artifacts = asyncio.ensure_future(self._plan_checkpoints(now))
+        artifacts = asyncio.ensure_future(self._plan_checkpoints(now, checkpoint_rows))
         try:
             looks = await looking
             for backend, looked in zip(names, looks, strict=True):
@@ -482,7 +483,7 @@ class Reaper:
                 await self._note_unchanged(listed, now, started, fingerprint)
             return Plan(actions)
         except BaseException:
-            artifacts.cancel()
+            await _ended(artifacts)
             raise
 
     async def _note_unchanged(self, listed: list[str], now: datetime, started: float,
@@ -545,7 +546,8 @@ class Reaper:
         due = plan_reap([*mine, *await self._fleet_rows(rows, set(), now)], now,
                         self.warn_before, dead)
         pools = self._plan_pools(mine, now, dead, set(), set(), report)
-        return merge(await self._plan_checkpoints(now, rows_only=True), [*due, *pools])
+        return merge(await self._plan_checkpoints(now, self.read_checkpoints(), rows_only=True),
+                     [*due, *pools])
 
     def _plan_pools(self, mine: list[dict[str, Any]], now: datetime, dead: Collection[str],
                     unreachable: set[str], unreachable_rows: set[str],
@@ -596,15 +598,14 @@ class Reaper:
                        and (not r.get("backend_instance") or r["backend_instance"] == here)]
         return usable
 
-    async def _plan_checkpoints(self, now: datetime, *,
+    async def _plan_checkpoints(self, now: datetime, rows: list[dict[str, Any]], *,
                                 rows_only: bool = False) -> list[Action]:
         """One CHECKPOINTS action per backend with work: an expired or interrupted checkpoint,
         an artifact of ours that no row claims or that nobody holds, or a ready checkpoint
         whose artifact is gone. Nothing to do costs one listing (and a look for the artifacts
         of ready rows the listing does not show). `rows_only`: between full looks, when no
         artifact of ours changed (the backends' change markers), the rows alone say what
-        time made due."""
-        rows = self.read_checkpoints()
+        time made due. `rows`: the checkpoints' rows (read_checkpoints)."""
         now_iso, grace_iso = to_iso(now), to_iso(now - self.grace)
 
         async def has_work(backend: str) -> bool:
@@ -671,16 +672,19 @@ class Reaper:
 
             for kind in ORDER:  # each kind in parallel, kinds in order
                 if kind == CHECKPOINTS and checkpoints is not None:
-                    actions += [a for a in await checkpoints if a.backend not in unreachable]
+                    try:
+                        actions += [a for a in await checkpoints if a.backend not in unreachable]
+                    except Exception as exc:  # the rest is done: said in the report, not lost
+                        report.failed.append({"id": "checkpoints", "code": classify(exc)[0],
+                                              "error": one_line(exc)})
                 batch = [a for a in actions if a.kind == kind]
                 if batch:
                     await asyncio.gather(*(one(a) for a in batch))
             await self._reap_volumes(report)
             return report
         finally:
-            if checkpoints is not None and not checkpoints.done():  # the cycle ended first
-                checkpoints.cancel()
-                await asyncio.wait({checkpoints})  # nothing of a cycle outlives it
+            if checkpoints is not None:
+                await _ended(checkpoints)
 
     async def _reap_volumes(self, report: Report) -> None:
         """Volumes past their TTL, after the sandboxes (a sandbox reaped in this cycle lets
@@ -796,6 +800,15 @@ class Reaper:
             for adapter in self.adapters.values():
                 await adapter.close()
 
+
+async def _ended(task: asyncio.Future) -> None:
+    """`task` cancelled unless done, and waited for, so nothing of a cycle outlives it; its
+    error read, as the cycle has its own to report."""
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()
 
 
 async def _runs_a_process(mgr: Manager, sandbox_id: str | None, *,

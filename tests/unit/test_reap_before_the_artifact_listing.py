@@ -2,7 +2,8 @@
 artifact listing, on Docker an image listing and the engine's slowest call: CHECKPOINTS run
 last, so their part of the plan is awaited when the cycle comes to it, and is still done in
 that cycle (sandboxer/core/reconcile/reaper.py, Plan; docs/design.md, "What a reap of due
-sandboxes costs"). The stub is the test double here; bench/bench_scale.py part 5 measures
+sandboxes costs"). Checkpoint rows that cannot be read still stop the cycle before anything
+is asked of a backend, as an unreadable database always has. The stub is the test double here; bench/bench_scale.py part 5 measures
 the effect on the real engine."""
 
 import asyncio
@@ -134,5 +135,25 @@ def test_a_cycle_that_ends_before_the_listing_answers_leaves_no_listing_behind(d
         asyncio.run(cycle_past_its_limit())
         assert mgr.resolve(row["id"])["state"] == "destroyed"
         assert adapter.artifacts == [ORPHAN]  # left for the next cycle
+    finally:
+        asyncio.run(mgr.close())
+
+
+def test_checkpoints_that_cannot_be_read_leave_every_due_sandbox_as_it_was(due):
+    manager, clock, row = due
+    adapter = SlowListing()
+    mgr = manager(adapter)
+
+    def unreadable():
+        raise OSError("disk I/O error")
+
+    reaper = reaper_on(mgr, adapter, clock)
+    reaper.read_checkpoints = unreadable
+    try:
+        with pytest.raises(OSError, match="disk I/O error"):
+            asyncio.run(asyncio.wait_for(reaper.cycle(), 60))
+        assert mgr.resolve(row["id"])["state"] == "running"
+        assert ("destroy", row["backend_ref"]) not in StubAdapter.calls
+        assert adapter.order == []  # nothing was asked of the backend either
     finally:
         asyncio.run(mgr.close())
