@@ -288,9 +288,9 @@ PoolSource = Callable[[set[str]], tuple[dict[str, Any], dict[str, Any]]]
 
 class Plan(NamedTuple):
     """A cycle's actions. With other work to do, the checkpoints' part may still be on its
-    way (`checkpoints`, their backends' artifact listing: dockerd's slowest call, 17 ms of a
-    cycle's 21 ms look with ten sandboxes due): the destroys do not wait for it, as
-    CHECKPOINTS run last (ORDER), and those of an `unreachable` backend are left out."""
+    way (`checkpoints`: their backends' artifact listing, dockerd's slowest call; figures in
+    docs/design.md): the destroys do not wait for it, as CHECKPOINTS run last (ORDER), and
+    those of an `unreachable` backend are left out."""
 
     actions: list[Action]
     checkpoints: asyncio.Future[list[Action]] | None = None
