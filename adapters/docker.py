@@ -1600,6 +1600,7 @@ class DockerAdapter(Adapter):
             api.pause(ref)
             for member in _pod_members(api, ref):
                 api.pause(member)
+            _until_paused_is(api, ref, True)
 
         await self._on_container(ref, pause, "pause")
 
@@ -1608,6 +1609,7 @@ class DockerAdapter(Adapter):
             for member in _pod_members(api, ref):
                 api.unpause(member)
             api.unpause(ref)
+            _until_paused_is(api, ref, False)
 
         await self._on_container(ref, resume, "resume")
 
@@ -2238,6 +2240,21 @@ async def _in_thread(iterator: Iterator[bytes]) -> AsyncIterator[bytes]:
             return
         yield item
 
+
+# how long pause and resume wait for the engine's own record to agree (see _until_paused_is)
+PAUSE_SETTLES_WITHIN_S = 10.0
+
+
+def _until_paused_is(api: docker.APIClient, ref: str, paused: bool) -> None:
+    """Return once the engine reports `ref` paused (or not), so that what the caller reads
+    next agrees with what it asked. dockerd records a pause again when its runtime's event
+    for an earlier pause comes after the unpause (seen under gVisor on a busy host); the
+    resume's own event follows and puts it right. Past the limit, the call returns as it is."""
+    deadline = time.monotonic() + PAUSE_SETTLES_WITHIN_S
+    while bool(api.inspect_container(ref).get("State", {}).get("Paused")) != paused:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
 
 def _pod_members(api: docker.APIClient, ref: str) -> list[str]:
     """The service containers of the sandbox whose main container is `ref`."""
