@@ -2247,14 +2247,16 @@ PAUSE_SETTLES_WITHIN_S = 10.0
 
 def _until_paused_is(api: docker.APIClient, ref: str, paused: bool) -> None:
     """Return once the engine reports `ref` paused (or not), so that what the caller reads
-    next agrees with what it asked. dockerd records a pause again when its runtime's event
-    for an earlier pause comes after the unpause (seen under gVisor on a busy host); the
-    resume's own event follows and puts it right. Past the limit, the call returns as it is."""
+    next agrees with what it asked: under gVisor on a busy host, inspect right after an
+    answered unpause has read the container as not running (likely dockerd handling the
+    runtime's pause event after the unpause; the resume's own event puts it right). Past
+    the limit, the call returns as it is."""
     deadline = time.monotonic() + PAUSE_SETTLES_WITHIN_S
     while bool(api.inspect_container(ref).get("State", {}).get("Paused")) != paused:
         if time.monotonic() > deadline:
             return
         time.sleep(0.02)
+
 
 def _pod_members(api: docker.APIClient, ref: str) -> list[str]:
     """The service containers of the sandbox whose main container is `ref`."""
